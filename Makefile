@@ -1,0 +1,45 @@
+# The README's two set-up commands are `make demo` and `make test`; both start from nothing.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip install -c constraints.txt
+export HF_HUB_OFFLINE := 1
+export RAY_USAGE_STATS_ENABLED := 0
+
+.PHONY: demo test bench venv clean redis-server
+
+$(VENV)/.stamp-base: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) -q --upgrade pip
+	$(PIP) -q -e .
+	touch $@
+
+$(VENV)/.stamp-test: $(VENV)/.stamp-base
+	$(PIP) -q -e '.[test,bench]'
+	touch $@
+
+venv: $(VENV)/.stamp-base
+
+demo: $(VENV)/.stamp-base
+	$(VENV)/bin/evocache demo
+
+# Tests start their own redis-server on a free loopback port; this makes sure the binary exists.
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing redis-server (Debian package)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
+	    systemctl disable --now redis-server >/dev/null 2>&1 || true; \
+	  else \
+	    echo "redis-server is missing: install it (Debian/Ubuntu: sudo apt-get install redis-server) and rerun make test" >&2; \
+	    exit 1; \
+	  fi; }
+
+test: $(VENV)/.stamp-test redis-server
+	$(PY) -m pytest
+
+bench: $(VENV)/.stamp-test redis-server
+	$(PY) bench/overhead.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .evocache

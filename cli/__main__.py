@@ -1,0 +1,3 @@
+from evocache.cli.app import main
+
+main()

@@ -1,0 +1,35 @@
+"""The `evocache` command. Each room's commands live beside the code they drive; this module only mounts them.
+
+Heavy imports stay inside the commands that need them, so `evocache policy check` starts fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from evocache.dsl.commands import app as policy_app
+
+app = typer.Typer(
+    name="evocache",
+    help="evocache: a cache controller for LLM serving.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(policy_app, name="policy", help="Check and compare policy documents.")
+
+
+@app.command()
+def version() -> None:
+    """Print the installed evocache version."""
+    from importlib.metadata import version as dist_version
+
+    typer.echo(dist_version("evocache"))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

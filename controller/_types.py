@@ -1,0 +1,52 @@
+"""Identifiers and the stored entry: the values that cross between tiers, the store and the decorator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import NewType
+
+CacheKey = NewType("CacheKey", str)
+"""Hex digest binding function, model, revision, template, params, namespace and arguments."""
+
+Namespace = NewType("Namespace", str)
+"""Tenant scope. Every tier call names one; no call can reach an entry of another."""
+
+TierName = NewType("TierName", str)
+
+L1 = TierName("l1")
+L2 = TierName("l2")
+L3 = TierName("l3")
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A cached value with its lifetime. The TTL travels with the value through every tier.
+
+    ``value`` is the serialised payload (see ``controller._codec``); ``expires_at`` is an absolute time on the
+    store's clock (wall clock by default, so L2 and L3 entries written by one process expire for all), ``None``
+    for no expiry. ``sliding_ttl`` is set only when the rule opted into sliding renewal: each hit moves
+    ``expires_at`` to ``now + sliding_ttl``. ``saved_ms`` is what computing the value cost (an eviction signal).
+    """
+
+    value: bytes
+    expires_at: float | None
+    created_at: float
+    rule: str = ""
+    saved_ms: float = 0.0
+    sliding_ttl: float | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.value)
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
+
+    def renewed(self, now: float) -> Entry:
+        """The entry as it stands after a hit: a sliding entry gets a fresh lifetime, others are unchanged."""
+        if self.sliding_ttl is None:
+            return self
+        return replace(self, expires_at=now + self.sliding_ttl)
+
+    def remaining_ttl(self, now: float) -> float | None:
+        return None if self.expires_at is None else max(self.expires_at - now, 0.0)

@@ -1,0 +1,42 @@
+"""Errors of the controller room.
+
+    ControllerError
+    ├── ContractError        a @cache_if contract is invalid (raised at decoration time; wraps the dsl error)
+    ├── StoreConfigError     a store configuration is invalid
+    └── TierError            a tier could not do its job; converted into a counted miss at the tier boundary
+        ├── TierUnavailable  the backend is down, slow past its timeout, or out of space
+        └── CorruptEntry     a stored payload failed its checksum or could not be decoded
+
+Tier errors never reach a caller of a cached function: ``TieredStore`` turns them into misses, logs them
+and counts them (``evocache_tier_errors_total``).
+"""
+
+from __future__ import annotations
+
+
+class ControllerError(Exception):
+    """Base of every error the controller room raises on purpose."""
+
+
+class ContractError(ControllerError, ValueError):
+    """A @cache_if contract cannot be enforced: bad expression, unknown field, bad option."""
+
+
+class StoreConfigError(ControllerError, ValueError):
+    """A store configuration is invalid (unknown tier or eviction policy, bad size)."""
+
+
+class TierError(ControllerError):
+    """A tier failed. ``tier`` names it (``l1``, ``l2``, ``l3``)."""
+
+    def __init__(self, tier: str, message: str) -> None:
+        self.tier = tier
+        super().__init__(f"{tier}: {message}")
+
+
+class TierUnavailable(TierError):
+    """The tier's backend cannot be reached in time or refuses the write (down, timed out, full)."""
+
+
+class CorruptEntry(TierError):
+    """A payload failed its checksum or did not decode. It is never served."""

@@ -1,0 +1,1 @@
+"""evocache.controller.eviction"""
