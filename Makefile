@@ -21,7 +21,7 @@ $(VENV)/.stamp-test: $(VENV)/.stamp-base
 venv: $(VENV)/.stamp-base
 
 demo: $(VENV)/.stamp-base
-	$(VENV)/bin/evocache demo
+	$(PY) examples/demo.py
 
 # Tests start their own redis-server on a free loopback port; this makes sure the binary exists.
 redis-server:

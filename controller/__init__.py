@@ -1,1 +1,29 @@
-"""evocache.controller"""
+"""HOW it is cached: ``cache_if`` (enforcing a dsl contract), tiers, eviction, events, metrics.
+
+    from evocache.controller import cache_if
+
+    @cache_if("512 <= len(input_ids) <= 2048 and top_k <= 10", ttl="10m", model="my-model")
+    def generate(input_ids: list[int], top_k: int = 0) -> str: ...
+
+Public names are re-exported here; the modules behind them are private.
+"""
+
+from ._cache_if import CacheInfo, Tenant, cache_if, tenant_scope
+from ._events import AccessEvent, EventSink, JsonlSink, RedisStreamSink, RingSink, read_events
+from ._keys import derive_key, namespace_for
+from ._metrics import CacheMetrics
+from ._runtime import CacheRuntime, StoreConfig, build_runtime, configure, default_runtime, set_policy
+from ._serialize import JsonSerializer, PickleSerializer, Serializer
+from ._types import L1, L2, L3, CacheKey, Entry, Namespace, TierName
+from .errors import (
+    ContractError,
+    ControllerError,
+    CorruptEntry,
+    StoreConfigError,
+    TierError,
+    TierUnavailable,
+)
+from .eviction import EVICTION_POLICIES, EntryInfo, EvictionPolicy, make_eviction_policy
+from .tiers import DiskTier, Lookup, MemoryTier, RedisTier, Tier, TieredStore
+
+__all__ = [name for name in dir() if not name.startswith("_")]

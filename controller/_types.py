@@ -22,9 +22,9 @@ L3 = TierName("l3")
 class Entry:
     """A cached value with its lifetime. The TTL travels with the value through every tier.
 
-    ``value`` is the serialised payload (see ``controller._codec``); ``expires_at`` is an absolute time on the
-    store's clock (wall clock by default, so L2 and L3 entries written by one process expire for all), ``None``
-    for no expiry. ``sliding_ttl`` is set only when the rule opted into sliding renewal: each hit moves
+    ``value`` is the serialised payload (``controller._serialize``; tiers wrap it with ``controller._codec``);
+    ``expires_at`` is an absolute time on the store's clock (wall clock by default, so L2 and L3 entries written
+    by one process expire for all), ``None`` for no expiry. ``sliding_ttl`` is set only when the rule opted into sliding renewal: each hit moves
     ``expires_at`` to ``now + sliding_ttl``. ``saved_ms`` is what computing the value cost (an eviction signal).
     """
 

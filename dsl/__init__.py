@@ -15,7 +15,29 @@ from .errors import (
 from ._schema import STANDARD_FIELDS, STANDARD_SCHEMA, TYPE_NAMES, FieldType, Kind, RequestSchema
 
 # --- expression language exports (owned by the expression module) ---
+from ._compiler import Expression, compile_expression
+from ._functions import FUNCTIONS, FunctionSpec
 
 # --- policy document exports (owned by the policy module) ---
+from ._duration import format_duration, parse_duration
+from ._policy import (
+    AutoApprove,
+    Decision,
+    Defaults,
+    EvictionSpec,
+    Guardrails,
+    KvSpec,
+    Policy,
+    PolicyRef,
+    Rule,
+    SemanticSpec,
+    SloSpec,
+    TenantSpec,
+    load_policy,
+    parse_policy,
+    policy_to_dict,
+    policy_to_yaml,
+)
+from ._diff import Change, PolicyDiff, diff_policies
 
 __all__ = [name for name in dir() if not name.startswith("_")]

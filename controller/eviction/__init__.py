@@ -1,1 +1,57 @@
-"""evocache.controller.eviction"""
+"""evocache.controller.eviction: eviction policies and their registry.
+
+One policy = one small class making one decision (see ``_base.EvictionPolicy``). The registry maps the names a
+policy document uses (``eviction: {l1: s3fifo}``) to classes; ``make_eviction_policy`` is the one place a name
+becomes a policy.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from ..errors import StoreConfigError
+from ._base import Clock, EntryInfo, EvictionPolicy
+from ._lfu import LFUPolicy
+from ._lru import LRUPolicy
+from ._lruk import LRUKPolicy
+from ._s3fifo import S3FIFOPolicy
+from ._weighted import WeightedPolicy
+
+__all__ = [
+    "EVICTION_POLICIES",
+    "Clock",
+    "EntryInfo",
+    "EvictionPolicy",
+    "LFUPolicy",
+    "LRUKPolicy",
+    "LRUPolicy",
+    "S3FIFOPolicy",
+    "WeightedPolicy",
+    "make_eviction_policy",
+]
+
+EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
+    cls.name: cls for cls in (LRUPolicy, LFUPolicy, LRUKPolicy, S3FIFOPolicy, WeightedPolicy)
+}
+"""Policy name -> class. The learned policy registers itself here under ``"learned"``."""
+
+
+def make_eviction_policy(name: str, *, capacity: int | None = None, **kwargs: Any) -> EvictionPolicy:
+    """A new policy of the registered ``name``, built with ``kwargs`` (``clock``, ``rng``, its own options).
+
+    ``capacity`` is the owner's capacity in bytes. An owner always knows it and may always pass it; it reaches
+    only the classes whose constructor takes a ``capacity`` (those that size their structure in bytes, like
+    S3-FIFO's queues); the others have no use for it.
+
+    Raises ``StoreConfigError`` naming the known policies for an unknown name; an option the class does not
+    take raises ``TypeError`` and a bad value ``ValueError``, from the class itself.
+    """
+    try:
+        cls = EVICTION_POLICIES[name]
+    except KeyError:
+        known = ", ".join(sorted(EVICTION_POLICIES))
+        raise StoreConfigError(f"unknown eviction policy {name!r}; known: {known}") from None
+    if capacity is not None and "capacity" in inspect.signature(cls).parameters:
+        kwargs["capacity"] = capacity
+    return cls(**kwargs)

@@ -1,0 +1,175 @@
+"""Per-call cost of evocache's cache paths against the plain alternatives, run side by side.
+
+    make bench            (or: .venv/bin/python bench/overhead.py [--rounds 15] [--json out.json])
+
+Three ratios, each the median over interleaved rounds (this machine is shared and noisy; the two sides of a ratio
+always run back to back in the same process):
+
+1. L1 hit through ``@cache_if`` against a ``cachetools.cached`` hit on the same function and arguments.
+2. L2 hit through ``@cache_if`` (a store with Redis only) against a raw redis-py GET of the same payload.
+3. The miss path of ``@cache_if`` (every call new arguments: plan, lookup, call, store, events) against calling
+   the same 1 ms function bare.
+
+Targets (issue 2): ratio 1 <= 3.0, ratio 2 <= 1.2, ratio 3 <= 1.05.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+import cachetools
+import redis
+
+from evocache.controller import StoreConfig, build_runtime, cache_if
+
+PROMPT = "What is the exchange rate for a transfer from EUR to GBP today, and is there a fee? " * 4
+ANSWER = "The rate is shown in the app before you confirm; transfers between your own accounts are free. " * 10
+
+
+def per_call(fn: Callable[[], object], n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n
+
+
+def ratio(candidate: Callable[[], object], baseline: Callable[[], object], n: int, rounds: int) -> dict:
+    """Median per-call seconds of both sides over interleaved rounds, and the ratio of the medians."""
+    cand, base = [], []
+    for _ in range(rounds):
+        base.append(per_call(baseline, n))
+        cand.append(per_call(candidate, n))
+    c, b = statistics.median(cand), statistics.median(base)
+    return {"candidate_us": c * 1e6, "baseline_us": b * 1e6, "ratio": c / b}
+
+
+def l1_hit(rounds: int) -> dict:
+    runtime = build_runtime(StoreConfig(events="ring"))
+
+    def model(prompt: str, temperature: float = 0.0, top_k: int = 0) -> str:
+        return ANSWER
+
+    ours = cache_if("len(prompt) <= 4096 and top_k <= 10", model="m", store=runtime)(model)
+    theirs = cachetools.cached(cachetools.LRUCache(maxsize=1024))(model)
+    ours(PROMPT, 0.0, 5)
+    theirs(PROMPT, 0.0, 5)
+    assert ours.cache_info().hits == 0
+    out = ratio(lambda: ours(PROMPT, 0.0, 5), lambda: theirs(PROMPT, 0.0, 5), 20_000, rounds)
+    assert ours.cache_info().hits > 0 and ours.cache_info().misses == 1
+    runtime.close()
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Redis:
+    """A throwaway redis-server on a free loopback port, unless EVOCACHE_REDIS_URL names one."""
+
+    def __enter__(self) -> str:
+        self.proc = None
+        if os.environ.get("EVOCACHE_REDIS_URL"):
+            return os.environ["EVOCACHE_REDIS_URL"]
+        binary = shutil.which("redis-server")
+        if not binary:
+            sys.exit("bench needs redis-server (Debian: apt-get install redis-server) or EVOCACHE_REDIS_URL")
+        self.dir = tempfile.mkdtemp(prefix="evobench-")
+        port = _free_port()
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self.dir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        url = f"redis://127.0.0.1:{port}/0"
+        client = redis.Redis.from_url(url)
+        for _ in range(200):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.02)
+        client.close()
+        return url
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def l2_hit(url: str, rounds: int) -> dict:
+    runtime = build_runtime(StoreConfig(redis_url=url, events="ring", l2_timeout_s=1.0))
+
+    def model(prompt: str, temperature: float = 0.0) -> str:
+        return ANSWER
+
+    ours = cache_if("len(prompt) <= 4096", model="m", tiers=["l2"], store=runtime)(model)
+    ours(PROMPT)
+    client = redis.Redis.from_url(url)
+    client.set("bench:raw", ANSWER.encode())
+    out = ratio(lambda: ours(PROMPT), lambda: client.get("bench:raw"), 2_000, rounds)
+    assert ours.cache_info().misses == 1 and ours.cache_info().hits > 0
+    client.close()
+    runtime.close()
+    return out
+
+
+def miss_path(rounds: int) -> dict:
+    runtime = build_runtime(StoreConfig(events="ring"))
+    counter = iter(range(10**9))
+
+    def model(prompt: str, temperature: float = 0.0) -> str:
+        time.sleep(0.001)
+        return ANSWER
+
+    ours = cache_if("len(prompt) <= 4096", model="m", store=runtime)(model)
+    out = ratio(lambda: ours(f"{PROMPT} #{next(counter)}"), lambda: model(f"{PROMPT} #{next(counter)}"), 200, rounds)
+    assert ours.cache_info().hits == 0
+    runtime.close()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+
+    results = {"l1_hit_vs_cachetools": l1_hit(args.rounds)}
+    with _Redis() as url:
+        results["l2_hit_vs_redis_get"] = l2_hit(url, args.rounds)
+    results["miss_path_vs_bare_1ms"] = miss_path(max(args.rounds // 3, 5))
+    targets = {"l1_hit_vs_cachetools": 3.0, "l2_hit_vs_redis_get": 1.2, "miss_path_vs_bare_1ms": 1.05}
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="evocache per-call overhead (median of interleaved rounds)")
+    for col in ("comparison", "evocache µs", "baseline µs", "ratio", "target"):
+        table.add_column(col, justify="right" if col != "comparison" else "left")
+    for name, r in results.items():
+        ok = r["ratio"] <= targets[name]
+        table.add_row(name, f"{r['candidate_us']:.2f}", f"{r['baseline_us']:.2f}",
+                      f"[{'green' if ok else 'red'}]{r['ratio']:.3f}[/]", f"≤ {targets[name]}")
+    Console().print(table)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"results": results, "targets": targets}, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""The byte form of an ``Entry`` in the shared tiers (L2 Redis, L3 disk), and the namespace/key checks.
+
+Layout (little endian)::
+
+    magic  b"EVC"            3 bytes
+    format version           1 byte   (FORMAT_VERSION)
+    flags                    1 byte   bit 0: expires_at present, bit 1: sliding_ttl present
+    expires_at               f64      (0.0 when absent)
+    created_at               f64
+    saved_ms                 f64
+    sliding_ttl              f64      (0.0 when absent)
+    rule length              u16
+    rule                     UTF-8
+    payload                  the rest, up to the digest
+    digest                   16 bytes: BLAKE2b over (namespace, key, everything above)
+
+The digest binds the blob to the namespace and key it was written under: a blob copied under another key or
+namespace fails its check exactly like a flipped bit or a truncated write, so a tier can never serve one
+tenant's value to another even when its own storage is tampered with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import struct
+from collections.abc import Sequence
+
+from ._types import CacheKey, Entry, Namespace, TierName
+from .errors import CorruptEntry
+
+MAGIC = b"EVC"
+FORMAT_VERSION = 1
+DIGEST_SIZE = 16
+
+# Fixed part of the header; the rule and the payload follow it, the digest closes the blob.
+_HEAD = struct.Struct("<3sBBddddH")
+_HAS_EXPIRY = 0x01
+_HAS_SLIDING = 0x02
+_KNOWN_FLAGS = _HAS_EXPIRY | _HAS_SLIDING
+_MAX_RULE = 0xFFFF
+
+OVERHEAD = _HEAD.size + DIGEST_SIZE
+"""Bytes an encoded entry adds to its value, not counting the rule name."""
+
+_NS_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
+_KEY_RE = re.compile(r"[0-9a-f]{16,128}")
+
+
+def check_ns(ns: Namespace) -> None:
+    """Raise ``ValueError`` unless ``ns`` is a valid namespace (``^[A-Za-z0-9._-]{1,128}$``).
+
+    The controller validates namespaces already; tiers check again because a namespace is part of a storage
+    key, and a separator smuggled into one would let it address another tenant's entries.
+    """
+    if not (isinstance(ns, str) and _NS_RE.fullmatch(ns)):
+        raise ValueError(f"invalid namespace {ns!r}: expected 1-128 characters of [A-Za-z0-9._-]")
+
+
+def check_keys(keys: Sequence[CacheKey]) -> None:
+    """Raise ``ValueError`` unless every key is a lower-case hex digest of 16 to 128 characters."""
+    for key in keys:
+        if not (isinstance(key, str) and _KEY_RE.fullmatch(key)):
+            raise ValueError(f"invalid cache key {key!r}: expected 16-128 lower-case hex digits")
+
+
+def encoded_size(entry: Entry) -> int:
+    """Length of ``encode_entry(..., entry)`` without encoding it."""
+    return OVERHEAD + len(entry.rule.encode()) + len(entry.value)
+
+
+def _digest(ns: str, key: str, body: bytes | memoryview) -> bytes:
+    h = hashlib.blake2b(digest_size=DIGEST_SIZE)
+    # Length prefixes keep (ns, key) unambiguous: ("ab", "c…") and ("a", "bc…") hash differently.
+    nsb, keyb = ns.encode(), key.encode()
+    h.update(len(nsb).to_bytes(2, "little"))
+    h.update(nsb)
+    h.update(len(keyb).to_bytes(2, "little"))
+    h.update(keyb)
+    h.update(body)
+    return h.digest()
+
+
+def encode_entry(ns: Namespace, key: CacheKey, entry: Entry) -> bytes:
+    """The checksummed blob of ``entry`` as stored under ``(ns, key)``.
+
+    Raises ``ValueError`` for a rule name over 65535 UTF-8 bytes, ``TypeError`` for a value that is not bytes.
+    """
+    if not isinstance(entry.value, bytes | bytearray):
+        raise TypeError(f"Entry.value must be bytes, not {type(entry.value).__name__}")
+    rule = entry.rule.encode()
+    if len(rule) > _MAX_RULE:
+        raise ValueError(f"rule name is {len(rule)} bytes; at most {_MAX_RULE} fit the header")
+    flags = (_HAS_EXPIRY if entry.expires_at is not None else 0) | (
+        _HAS_SLIDING if entry.sliding_ttl is not None else 0
+    )
+    head = _HEAD.pack(
+        MAGIC,
+        FORMAT_VERSION,
+        flags,
+        0.0 if entry.expires_at is None else entry.expires_at,
+        entry.created_at,
+        entry.saved_ms,
+        0.0 if entry.sliding_ttl is None else entry.sliding_ttl,
+        len(rule),
+    )
+    body = b"".join((head, rule, entry.value))
+    return body + _digest(ns, key, body)
+
+
+def decode_entry(ns: Namespace, key: CacheKey, blob: bytes, *, tier: TierName) -> Entry:
+    """The entry in ``blob``, which must have been encoded under exactly ``(ns, key)``.
+
+    Raises ``CorruptEntry(tier, ...)`` when the blob is too short, has another magic or format version, fails
+    its digest (a flipped bit, a truncation, a blob written under another key or namespace) or has an
+    inconsistent header. Never returns a partially checked entry.
+    """
+    view = memoryview(blob)
+    if len(view) < OVERHEAD:
+        raise CorruptEntry(tier, f"entry {ns}/{key}: {len(view)} bytes, shorter than any entry")
+    if view[:3] != MAGIC:
+        raise CorruptEntry(tier, f"entry {ns}/{key}: bad magic {bytes(view[:3])!r}")
+    if view[3] != FORMAT_VERSION:
+        raise CorruptEntry(tier, f"entry {ns}/{key}: unsupported format version {view[3]}")
+    body = view[:-DIGEST_SIZE]
+    if _digest(ns, key, body) != view[-DIGEST_SIZE:]:
+        raise CorruptEntry(tier, f"entry {ns}/{key}: checksum mismatch")
+    _, _, flags, expires_at, created_at, saved_ms, sliding_ttl, rule_len = _HEAD.unpack_from(body)
+    # The digest matched, so these can only fail for a blob made by a buggy or foreign writer.
+    if flags & ~_KNOWN_FLAGS or _HEAD.size + rule_len > len(body):
+        raise CorruptEntry(tier, f"entry {ns}/{key}: inconsistent header")
+    rule_end = _HEAD.size + rule_len
+    try:
+        rule = str(body[_HEAD.size : rule_end], "utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorruptEntry(tier, f"entry {ns}/{key}: rule name is not UTF-8") from exc
+    return Entry(
+        value=bytes(body[rule_end:]),
+        expires_at=expires_at if flags & _HAS_EXPIRY else None,
+        created_at=created_at,
+        rule=rule,
+        saved_ms=saved_ms,
+        sliding_ttl=sliding_ttl if flags & _HAS_SLIDING else None,
+    )

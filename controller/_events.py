@@ -1,0 +1,165 @@
+"""Access events: one JSON object per cache decision, the format the replay simulator and the agent read.
+
+    {"t": 1732867200.123, "key": "9f2c...", "ns": "tenant-a", "rule": "long-context-greedy",
+     "policy": "chat-prod@7", "outcome": "hit", "tier": "l2", "size": 5321, "latency_ms": 0.41,
+     "saved_ms": 812.0, "semantic": null}
+
+``outcome`` is one of ``hit`` (served from ``tier``), ``miss`` (the function ran), ``bypass`` (not looked up:
+the contract or rule said no, the call samples, or an argument has no canonical form; ``reason`` says which),
+``store`` (written to the tiers in ``tier``, comma-separated) and ``reject`` (computed but not admitted:
+too large, unserializable, or a stream that failed). A sink that fails never fails a call: its errors are
+logged and counted in ``errors``.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger("evocache.controller.events")
+
+OUTCOMES = ("hit", "miss", "bypass", "store", "reject")
+
+
+@dataclass(frozen=True, slots=True)
+class AccessEvent:
+    t: float
+    key: str
+    ns: str
+    rule: str
+    policy: str
+    outcome: str
+    tier: str | None
+    size: int
+    latency_ms: float
+    saved_ms: float
+    fn: str = ""
+    reason: str = ""
+    semantic: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AccessEvent:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+class EventSink(Protocol):
+    def emit(self, event: AccessEvent) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class RingSink:
+    """The last ``capacity`` events in memory (the embedded default; tests and the demo read it)."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self._events: collections.deque[AccessEvent] = collections.deque(maxlen=capacity)
+        self.errors = 0
+
+    def emit(self, event: AccessEvent) -> None:
+        self._events.append(event)  # deque.append is atomic under the GIL
+
+    def events(self) -> list[AccessEvent]:
+        return list(self._events)
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def close(self) -> None:
+        return None
+
+
+class JsonlSink:
+    """Appends one JSON line per event to ``path``; lines are buffered and flushed every ``flush_every`` events
+    and on ``flush()``/``close()``. A write error (disk full) drops the buffered events and counts them."""
+
+    def __init__(self, path: str | os.PathLike[str], *, flush_every: int = 256) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._lock = threading.Lock()
+        self._buffer: list[str] = []
+        self._flush_every = flush_every
+        self.errors = 0
+
+    def emit(self, event: AccessEvent) -> None:
+        line = event.to_json()
+        with self._lock:
+            self._buffer.append(line)
+            if len(self._buffer) >= self._flush_every:
+                self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        if not self._buffer or self._file.closed:
+            return
+        lines, self._buffer = self._buffer, []
+        try:
+            self._file.write("\n".join(lines) + "\n")
+            self._file.flush()
+        except OSError as exc:
+            self.errors += len(lines)
+            log.warning("event sink %s: %d events dropped: %s", self.path, len(lines), exc)
+
+    def flush(self) -> None:
+        with self._lock:
+            self._flush_locked()
+
+    def close(self) -> None:
+        with self._lock:
+            self._flush_locked()
+            self._file.close()
+
+
+class RedisStreamSink:
+    """XADD each event (field ``e`` = the JSON) to a capped Redis stream; the cluster's shared event stream."""
+
+    def __init__(self, url: str, *, stream: str = "evocache:events", maxlen: int = 1_000_000,
+                 socket_timeout: float = 0.05, client: Any = None) -> None:
+        import redis
+
+        self._redis_errors = (redis.RedisError, OSError)
+        self.client = client or redis.Redis.from_url(
+            url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
+        )
+        self.stream = stream
+        self.maxlen = maxlen
+        self.errors = 0
+
+    def emit(self, event: AccessEvent) -> None:
+        try:
+            self.client.xadd(self.stream, {"e": event.to_json()}, maxlen=self.maxlen, approximate=True)
+        except self._redis_errors as exc:
+            self.errors += 1
+            if self.errors == 1 or self.errors % 1000 == 0:
+                log.warning("event stream %s: %d events dropped (%s)", self.stream, self.errors, exc)
+
+    def read(self, count: int = 1000) -> list[AccessEvent]:
+        rows = self.client.xrange(self.stream, count=count)
+        return [AccessEvent.from_dict(json.loads(fields[b"e"])) for _, fields in rows]
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def read_events(path: str | os.PathLike[str]) -> Iterator[AccessEvent]:
+    """Stream the events of a JSONL file. A malformed line raises ValueError naming file and line."""
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                yield AccessEvent.from_dict(json.loads(line))
+            except (json.JSONDecodeError, TypeError) as exc:
+                raise ValueError(f"{path}:{lineno}: not an access event: {exc}") from exc

@@ -1,0 +1,137 @@
+"""Cache keys and namespaces.
+
+A key binds everything that could make two calls' answers differ: the function's identity, the model id and
+revision, the prompt-template hash, the normalised generation parameters, the tenant namespace and the
+canonicalised arguments. Each part is length-prefixed inside the hashed material, so no choice of values can
+make one part's bytes read as another's, and two calls share a key only when every part is equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from ._types import CacheKey, Namespace
+
+_SAFE_TENANT = re.compile(r"[A-Za-z0-9_-]{1,100}")
+
+# Generation parameters that change an answer. A value equal to the "off" value normalises to None, so
+# `top_k=0`, `top_k=-1` and no top_k at all share a key (they sample identically).
+GENERATION_PARAMS: Mapping[str, Any] = {
+    "temperature": None,
+    "top_k": (0, -1),
+    "top_p": (1.0,),
+    "min_p": (0.0,),
+    "max_tokens": (),
+    "seed": (),
+    "stop": (),
+    "repetition_penalty": (1.0,),
+    "presence_penalty": (0.0,),
+    "frequency_penalty": (0.0,),
+}
+
+
+class Uncacheable(TypeError):
+    """An argument has no canonical form (an arbitrary object): the call is served uncached."""
+
+
+def namespace_for(tenant_id: str) -> Namespace:
+    """The namespace of a tenant. Readable ids map to themselves; any other id maps to ``h.<digest>``.
+
+    The dot cannot occur in a readable id, so the two forms never collide.
+    """
+    if not isinstance(tenant_id, str) or not tenant_id:
+        raise ValueError(f"tenant id must be a non-empty string, got {tenant_id!r}")
+    if _SAFE_TENANT.fullmatch(tenant_id):
+        return Namespace(tenant_id)
+    return Namespace("h." + hashlib.blake2b(tenant_id.encode(), digest_size=16).hexdigest())
+
+
+def template_hash(template: str | None) -> str:
+    return "" if template is None else hashlib.sha256(template.encode()).hexdigest()[:32]
+
+
+def normalise_params(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """Generation parameters in a canonical order with "off" values dropped and floats rounded."""
+    out = []
+    for name in sorted(params):
+        value = params[name]
+        if value is None:
+            continue
+        off = GENERATION_PARAMS.get(name, ())
+        if off and value in off:
+            continue
+        if isinstance(value, float):
+            value = round(value, 6)
+            if name == "temperature" and value == 0.0:
+                value = 0.0  # -0.0 and 0.0 are the same greedy decode
+        out.append((name, _canon(value)))
+    return tuple(out)
+
+
+def _canon(value: Any, depth: int = 0) -> Any:
+    """A type-tagged canonical form, compared through ``repr``.
+
+    Sequences of any kind become lists; every other non-scalar becomes a tuple whose first item is its tag, so
+    no list of strings can read like bytes, a set or a mapping. Mappings sort their keys.
+    """
+    if depth > 32:
+        raise Uncacheable("argument nesting deeper than 32")
+    t = type(value)
+    if value is None or t is bool or t is int or t is str:
+        return value
+    if t is float:
+        if math.isnan(value):
+            return ("nan",)
+        return value if math.isfinite(value) else ("inf", value > 0)
+    if t is bytes or t is bytearray:
+        return ("b", bytes(value).hex())
+    if isinstance(value, (list, tuple)):
+        return [_canon(v, depth + 1) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return ("set", sorted((_canon(v, depth + 1) for v in value), key=repr))
+    if isinstance(value, Mapping):
+        items = sorted(((str(k), _canon(v, depth + 1)) for k, v in value.items()), key=lambda kv: kv[0])
+        return ("map", items)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return ("dc", t.__qualname__, _canon(dataclasses.asdict(value), depth + 1))
+    dump = getattr(value, "model_dump", None)  # pydantic models
+    if callable(dump):
+        return ("pd", t.__qualname__, _canon(dump(), depth + 1))
+    tolist = getattr(value, "tolist", None)  # numpy arrays and torch tensors
+    if callable(tolist):
+        return _canon(tolist(), depth + 1)
+    raise Uncacheable(f"no canonical form for an argument of type {t.__qualname__}")
+
+
+def _part(h: Any, label: bytes, data: bytes) -> None:
+    h.update(label)
+    h.update(len(data).to_bytes(8, "big"))
+    h.update(data)
+
+
+def derive_key(
+    *,
+    function: str,
+    model: str,
+    revision: str,
+    template: str,
+    params: tuple[tuple[str, Any], ...],
+    ns: Namespace,
+    args: Mapping[str, Any],
+) -> CacheKey:
+    """The key of one call. Raises ``Uncacheable`` for arguments without a canonical form."""
+    h = hashlib.sha256()
+    _part(h, b"fn", function.encode())
+    _part(h, b"model", model.encode())
+    _part(h, b"rev", revision.encode())
+    _part(h, b"tpl", template.encode())
+    _part(h, b"params", repr(params).encode())
+    _part(h, b"ns", ns.encode())
+    canon = sorted((name, _canon(value)) for name, value in args.items())
+    _part(h, b"args", repr(canon).encode())
+    return CacheKey(h.hexdigest())

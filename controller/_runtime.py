@@ -1,0 +1,302 @@
+"""Store configuration and the runtime that decorated functions use.
+
+A ``CacheRuntime`` is what a call needs besides its own contract: the tiered store, the event sink, the metrics
+and (optionally) the policy in force. It is immutable; applying a new policy or configuration builds a new one
+and swaps it in whole, so a call sees either the old runtime or the new one, never a mix.
+
+With no set-up, ``default_runtime()`` is process memory only (64 MiB, LRU) with events in a memory ring:
+``@cache_if`` works in a plain script at once. ``configure(StoreConfig(...))`` (or a Ray replica) installs
+another one for the whole process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ._events import EventSink, JsonlSink, RedisStreamSink, RingSink
+from ._keys import namespace_for
+from ._metrics import CacheMetrics
+from ._types import L1, L2, L3, Namespace, TierName
+from .errors import StoreConfigError
+from .eviction import make_eviction_policy
+from .tiers._base import Tier
+from .tiers._memory import MemoryTier
+from .tiers._tiered import TieredStore
+
+if TYPE_CHECKING:
+    from evocache.dsl import Policy
+
+MiB = 1 << 20
+
+
+class StoreConfig(BaseModel):
+    """Where entries and events go. Validated once, here, at the edge.
+
+    ``redis_url`` defaults to ``$EVOCACHE_REDIS_URL`` when set (cluster mode); without it there is no L2 and no
+    Redis event stream. ``disk_path`` enables L3. ``events`` picks the sink: ``ring`` (memory), ``jsonl`` (to
+    ``events_path``), ``redis`` (a capped stream) or ``none``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    l1_bytes: int = Field(64 * MiB, gt=0)
+    l1_eviction: str = "lru"
+    redis_url: str | None = Field(default_factory=lambda: os.environ.get("EVOCACHE_REDIS_URL") or None)
+    l2_prefix: str = Field("evc", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
+    l2_timeout_s: float = Field(0.05, gt=0)
+    l2_retry_after_s: float = Field(1.0, ge=0)
+    disk_path: str | None = None
+    l3_bytes: int = Field(1024 * MiB, gt=0)
+    events: Literal["ring", "jsonl", "redis", "none"] = "ring"
+    events_path: str | None = None
+    ring_capacity: int = Field(100_000, gt=0)
+
+    @classmethod
+    def parse(cls, data: Mapping[str, object]) -> StoreConfig:
+        """Validate a mapping; errors become ``StoreConfigError`` naming each field."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            lines = [f"{'.'.join(map(str, e['loc'])) or '<config>'}: {e['msg']}" for e in exc.errors()]
+            raise StoreConfigError("invalid store configuration:\n  " + "\n  ".join(lines)) from exc
+
+
+class _NullSink:
+    errors = 0
+
+    def emit(self, event: object) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class _PolicyHolder:
+    """Lets tiers built once read quotas and weights from whichever policy is in force."""
+
+    def __init__(self, policy: Policy | None) -> None:
+        self.policy = policy
+
+    def _tenant(self, ns: Namespace):
+        policy = self.policy
+        if policy is None or not policy.tenants:
+            return None
+        spec = _tenant_index(policy).get(ns)
+        return spec if spec is not None else policy.tenants.get("default")
+
+    def l1_quota(self, capacity: int) -> Callable[[Namespace], int | None]:
+        def quota(ns: Namespace) -> int | None:
+            spec = self._tenant(ns)
+            return None if spec is None else int(spec.l1_share * capacity)
+
+        return quota
+
+    def l2_quota(self, capacity: int | None) -> Callable[[Namespace], int | None]:
+        def quota(ns: Namespace) -> int | None:
+            spec = self._tenant(ns)
+            return None if spec is None or capacity is None else int(spec.l2_share * capacity)
+
+        return quota
+
+    def weight(self, ns: Namespace) -> float:
+        spec = self._tenant(ns)
+        return 1.0 if spec is None else float(spec.weight)
+
+
+_generation = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheRuntime:
+    store: TieredStore
+    events: EventSink
+    metrics: CacheMetrics
+    policy: Policy | None = None
+    clock: Callable[[], float] = time.time
+    tenants: _PolicyHolder = field(default_factory=lambda: _PolicyHolder(None))
+    generation: int = field(default_factory=lambda: next(_generation))
+
+    @property
+    def policy_ref(self) -> str:
+        return self.policy.ref if self.policy is not None else ""
+
+    @property
+    def tier_names(self) -> tuple[TierName, ...]:
+        return tuple(self.store.tiers)
+
+    def with_policy(self, policy: Policy | None) -> CacheRuntime:
+        """The same store, events and metrics under another policy (a new generation: decision memos reset).
+
+        Tenant quotas and weights are read through the runtime's policy holder, so they follow the new policy.
+        """
+        _check_policy_fits(policy)
+        new = replace(self, policy=policy, generation=next(_generation))
+        self.tenants.policy = policy
+        return new
+
+    def close(self) -> None:
+        self.events.close()
+        self.store.close()
+
+
+_index_cache: dict[str, dict[Namespace, object]] = {}
+
+
+def _tenant_index(policy: Policy) -> dict[Namespace, object]:
+    index = _index_cache.get(policy.content_hash)
+    if index is None:
+        index = {namespace_for(name): spec for name, spec in policy.tenants.items()}
+        _index_cache[policy.content_hash] = index
+    return index
+
+
+# L1 runs any registered policy class. L2 evicts inside a tenant's quota by last use (Redis's own maxmemory
+# policy governs the rest); L3 maps onto diskcache's policies. A name a tier cannot honour is refused, not ignored.
+_L2_EVICTION = frozenset({"lru"})
+_L3_EVICTION = {"lru": "least-recently-used", "lfu": "least-frequently-used", "fifo": "least-recently-stored"}
+
+
+def _check_policy_fits(policy: Policy | None) -> None:
+    """Reject a policy this controller cannot enforce before anything is applied."""
+    if policy is None:
+        return
+    spec = policy.eviction
+    for field_name, name in (("l1", spec.l1), ("fallback", spec.fallback)):
+        if name is None:
+            continue
+        try:
+            make_eviction_policy(name)
+        except StoreConfigError as exc:
+            raise StoreConfigError(f"policy {policy.ref}: eviction.{field_name}: {exc}") from exc
+    if spec.l2 is not None and spec.l2 not in _L2_EVICTION:
+        raise StoreConfigError(
+            f"policy {policy.ref}: eviction.l2: {spec.l2!r} is not supported; known: {sorted(_L2_EVICTION)}"
+        )
+    if spec.l3 is not None and spec.l3 not in _L3_EVICTION:
+        raise StoreConfigError(
+            f"policy {policy.ref}: eviction.l3: {spec.l3!r} is not supported; known: {sorted(_L3_EVICTION)}"
+        )
+
+
+def build_runtime(
+    config: StoreConfig | None = None,
+    *,
+    policy: Policy | None = None,
+    clock: Callable[[], float] = time.time,
+    metrics: CacheMetrics | None = None,
+) -> CacheRuntime:
+    """Build tiers, event sink and metrics from ``config``. Raises ``StoreConfigError``; builds nothing partial."""
+    config = config or StoreConfig()
+    _check_policy_fits(policy)
+    holder = _PolicyHolder(policy)
+    metrics = metrics or CacheMetrics()
+    eviction = config.l1_eviction
+    if policy is not None and policy.eviction.l1:
+        eviction = policy.eviction.l1
+    tiers: list[Tier] = [
+        MemoryTier(
+            config.l1_bytes,
+            policy=make_eviction_policy(eviction, capacity=config.l1_bytes),
+            quota=holder.l1_quota(config.l1_bytes),
+            weight=holder.weight,
+            clock=clock,
+            on_fault=metrics.tier_fault,
+        )
+    ]
+    if config.redis_url:
+        from .tiers._redis import RedisTier
+
+        tiers.append(
+            RedisTier(
+                config.redis_url,
+                prefix=config.l2_prefix,
+                socket_timeout=config.l2_timeout_s,
+                connect_timeout=config.l2_timeout_s,
+                retry_after=config.l2_retry_after_s,
+                quota=holder.l2_quota(None),
+                clock=clock,
+                on_fault=metrics.tier_fault,
+            )
+        )
+    if config.disk_path:
+        from .tiers._disk import DiskTier
+
+        l3_eviction = policy.eviction.l3 if policy is not None and policy.eviction.l3 else "fifo"
+        tiers.append(
+            DiskTier(
+                config.disk_path,
+                size_limit=config.l3_bytes,
+                eviction_policy=_L3_EVICTION[l3_eviction],
+                clock=clock,
+                on_fault=metrics.tier_fault,
+            )
+        )
+    store = TieredStore(tiers, clock=clock, on_error=metrics.tier_error)
+    events: EventSink
+    if config.events == "ring":
+        events = RingSink(config.ring_capacity)
+    elif config.events == "jsonl":
+        if not config.events_path:
+            raise StoreConfigError("events: jsonl needs events_path")
+        events = JsonlSink(Path(config.events_path))
+    elif config.events == "redis":
+        if not config.redis_url:
+            raise StoreConfigError("events: redis needs redis_url")
+        events = RedisStreamSink(config.redis_url, socket_timeout=config.l2_timeout_s)
+    else:
+        events = _NullSink()
+    return CacheRuntime(store=store, events=events, metrics=metrics, policy=policy, clock=clock, tenants=holder)
+
+
+_lock = threading.Lock()
+_default: CacheRuntime | None = None
+
+
+def default_runtime() -> CacheRuntime:
+    """The process runtime, created on first use as process memory only."""
+    global _default
+    rt = _default
+    if rt is None:
+        with _lock:
+            if _default is None:
+                _default = build_runtime(StoreConfig(events="ring"))
+            rt = _default
+    return rt
+
+
+def configure(
+    config: StoreConfig | CacheRuntime | None = None, *, policy: Policy | None = None
+) -> CacheRuntime:
+    """Install a runtime for every ``@cache_if`` function of the process that was not given its own store.
+
+    The previous runtime is closed after the swap. Returns the new runtime.
+    """
+    global _default
+    new = config if isinstance(config, CacheRuntime) else build_runtime(config, policy=policy)
+    if isinstance(config, CacheRuntime) and policy is not None:
+        new = new.with_policy(policy)
+    with _lock:
+        old, _default = _default, new
+    if old is not None and old is not new and old.store is not new.store:
+        old.close()
+    return new
+
+
+def set_policy(policy: Policy | None) -> CacheRuntime:
+    """Apply ``policy`` to the process runtime. A policy it cannot enforce raises and changes nothing."""
+    global _default
+    with _lock:
+        base = _default
+    new = (base or default_runtime()).with_policy(policy)
+    with _lock:
+        _default = new
+    return new

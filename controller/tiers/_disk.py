@@ -1,0 +1,151 @@
+"""L3: entries in a local diskcache directory (SQLite index, large values in their own files)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+import diskcache
+
+from .._codec import check_keys, check_ns, decode_entry, encode_entry
+from .._types import L3, CacheKey, Entry, Namespace
+from ..errors import CorruptEntry, StoreConfigError, TierUnavailable
+from ._base import FaultHook, Tier, log_fault
+
+log = logging.getLogger("evocache.controller.tiers.disk")
+
+_BACKEND_ERRORS = (diskcache.Timeout, sqlite3.Error, OSError)
+
+# Bytes held, read from diskcache's index. Values under its min_file_size sit inline in the `value` column
+# (their `size` column is 0); larger ones live in files whose length is the `size` column.
+_USAGE_SQL = (
+    "SELECT COALESCE(SUM(CASE WHEN filename IS NULL THEN length(value) ELSE size END), 0) FROM Cache"
+    " WHERE (expire_time IS NULL OR expire_time > ?)"
+)
+
+
+class DiskTier(Tier):
+    """Entries in ``directory``, bounded to about ``size_limit`` bytes.
+
+    diskcache provides the atomic writes (a value's file is written before the index row that points at it,
+    inside one SQLite transaction) and the bound: past ``size_limit`` it culls entries in
+    ``eviction_policy`` order (default least-recently-stored, which keeps reads free of index writes).
+    Entries are stored checksummed under ``"<ns>:<key>"`` and tagged with their namespace, which is what
+    ``usage(ns)`` sums (stored bytes: entry plus the codec's header and checksum). ``timeout`` bounds how long
+    a call waits for a SQLite lock held by another process.
+
+    SQLite errors, OS errors (``ENOSPC`` included) and lock timeouts raise ``TierUnavailable``. A directory
+    that cannot be opened raises ``StoreConfigError`` at construction.
+    """
+
+    name = L3
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        size_limit: int = 2**30,
+        eviction_policy: str = "least-recently-stored",
+        timeout: float = 0.1,
+        clock: Callable[[], float] = time.time,
+        on_fault: FaultHook = log_fault,
+    ) -> None:
+        super().__init__(on_fault=on_fault)
+        if eviction_policy not in diskcache.EVICTION_POLICY:
+            known = ", ".join(sorted(diskcache.EVICTION_POLICY))
+            raise ValueError(f"unknown eviction_policy {eviction_policy!r}; known: {known}")
+        if size_limit <= 0:
+            raise ValueError(f"size_limit must be positive, not {size_limit}")
+        self._clock = clock
+        try:
+            self._cache = diskcache.Cache(
+                os.fspath(directory),
+                size_limit=size_limit,
+                eviction_policy=eviction_policy,
+                timeout=timeout,
+                tag_index=True,
+                statistics=False,
+            )
+        except _BACKEND_ERRORS as exc:
+            raise StoreConfigError(f"cannot open the disk tier at {directory}: {exc}") from exc
+
+    @property
+    def directory(self) -> str:
+        return self._cache.directory
+
+    def get_many(self, ns: Namespace, keys: Sequence[CacheKey]) -> list[Entry | None]:
+        check_ns(ns)
+        check_keys(keys)
+        now = self._clock()
+        out: list[Entry | None] = []
+        renewed: list[tuple[CacheKey, Entry]] = []
+        corrupt = 0
+        with self._backend("get"):
+            for key in keys:
+                entry = None
+                blob = self._cache.get(f"{ns}:{key}")
+                if blob is not None:
+                    try:
+                        entry = decode_entry(ns, key, blob, tier=L3)
+                    except CorruptEntry as exc:
+                        log.warning("%s", exc)
+                        self._cache.delete(f"{ns}:{key}")
+                        corrupt += 1
+                if entry is not None and entry.expired(now):
+                    entry = None
+                if entry is not None and entry.sliding_ttl is not None:
+                    entry = entry.renewed(now)
+                    renewed.append((key, entry))
+                out.append(entry)
+        for _ in range(corrupt):
+            self.on_fault(L3, "corrupt")
+        if renewed:
+            self._store(ns, renewed, now)
+        return out
+
+    def set_many(self, ns: Namespace, items: Sequence[tuple[CacheKey, Entry]]) -> None:
+        check_ns(ns)
+        check_keys([key for key, _ in items])
+        now = self._clock()
+        live = [(key, entry) for key, entry in items if not entry.expired(now)]
+        if live:
+            self._store(ns, live, now)
+
+    def delete(self, ns: Namespace, keys: Sequence[CacheKey]) -> int:
+        check_ns(ns)
+        check_keys(keys)
+        with self._backend("delete"):
+            return sum(bool(self._cache.delete(f"{ns}:{key}")) for key in keys)
+
+    def usage(self, ns: Namespace | None = None) -> int:
+        # diskcache has no per-tag size query, so this reads its index through its own connection (a private
+        # attribute). Expired rows it has not culled yet are not counted: nothing can read them any more.
+        if ns is None:
+            sql, params = _USAGE_SQL, (time.time(),)
+        else:
+            check_ns(ns)
+            sql, params = _USAGE_SQL + " AND tag = ?", (time.time(), ns)
+        with self._backend("usage"):
+            ((used,),) = self._cache._sql(sql, params).fetchall()
+        return int(used)
+
+    def close(self) -> None:
+        self._cache.close()
+
+    def _store(self, ns: Namespace, items: Sequence[tuple[CacheKey, Entry]], now: float) -> None:
+        blobs = [(key, entry, encode_entry(ns, key, entry)) for key, entry in items]
+        with self._backend("set"), self._cache.transact():
+            for key, entry, blob in blobs:
+                expire = None if entry.expires_at is None else entry.expires_at - now
+                self._cache.set(f"{ns}:{key}", blob, expire=expire, tag=ns)
+
+    @contextmanager
+    def _backend(self, op: str) -> Iterator[None]:
+        try:
+            yield
+        except _BACKEND_ERRORS as exc:
+            raise TierUnavailable(L3, f"{op}: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,346 @@
+"""L2: entries shared by every replica through Redis, with per-namespace byte quotas.
+
+Layout under ``prefix`` (``p``) for a namespace ``ns``::
+
+    p:ns:<key>      the checksummed entry (controller._codec), with a Redis TTL taken from entry.expires_at
+    p:ns:#sizes     HASH  key -> stored bytes
+    p:ns:#order     ZSET  key -> sequence number of its last store (or hit, under a quota): eviction order
+    p:ns:#exp       ZSET  key -> server-clock deadline (ms) of keys stored with a TTL
+    p:ns:#used      STRING bytes held by the namespace
+    p:ns:#seq       STRING the sequence counter behind #order
+    p:#namespaces   SET   namespaces ever written, for usage() over all of them
+
+Keys are hex digests and namespaces cannot contain ``:`` or ``#``, so no entry name can collide with the
+bookkeeping names. The bookkeeping changes only inside Lua scripts, so it moves atomically with the entries:
+a store, a delete and a quota eviction are each one script call. Redis expires entries on its own; the sizes
+of entries it expired are removed when a script meets them (``#exp`` due, or reached by an eviction walk).
+The bookkeeping keys carry no TTL: under a ``maxmemory`` policy, use a ``volatile-*`` one so that Redis evicts
+entries with a TTL rather than the bookkeeping (an ``allkeys-*`` policy can drop it and skew ``usage``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError, RedisError
+from redis.retry import Retry
+
+from .._codec import check_keys, check_ns, decode_entry, encode_entry
+from .._types import L2, CacheKey, Entry, Namespace
+from ..errors import CorruptEntry, TierUnavailable
+from ._base import FaultHook, Tier, log_fault
+
+log = logging.getLogger("evocache.controller.tiers.redis")
+
+Quota = Callable[[Namespace], int | None]
+"""``quota(ns)``: the bytes a namespace may hold in L2, or ``None`` for no limit."""
+
+_PREFIX_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+# Expired entries whose sizes a store may clean up before storing (bounded to keep a store's latency flat)
+# and that a usage() call may clean up (enough for an exact figure in any realistic interval between calls).
+_PURGE_ON_STORE = 64
+_PURGE_ON_USAGE = 10_000
+
+# KEYS: sizes, order, exp, used, seq, namespaces.  ARGV[1]: the entry key prefix "p:ns:", ARGV[2]: ns.
+_PRELUDE = """
+local sizes, order, exp, used, seq, spaces = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local prefix = ARGV[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local function forget(member)
+  local size = redis.call('HGET', sizes, member)
+  if size then
+    redis.call('HDEL', sizes, member)
+    redis.call('DECRBY', used, size)
+  end
+  redis.call('ZREM', order, member)
+  redis.call('ZREM', exp, member)
+end
+
+local function purge(limit)
+  local due = redis.call('ZRANGEBYSCORE', exp, '-inf', now, 'LIMIT', 0, limit)
+  for _, member in ipairs(due) do
+    if redis.call('EXISTS', prefix .. member) == 0 then forget(member) end
+  end
+end
+"""
+
+# ARGV[3]: quota in bytes (-1: none); then (key, blob, px) per item, px 0 meaning no expiry.
+# Returns the keys evicted for the quota, oldest first.
+_STORE = (
+    _PRELUDE
+    + f"purge({_PURGE_ON_STORE})"
+    + """
+local quota = tonumber(ARGV[3])
+redis.call('SADD', spaces, ARGV[2])
+for i = 4, #ARGV, 3 do
+  local member, blob, px = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  -- An entry larger than the whole quota would evict everything and then itself: leave the namespace alone.
+  if quota < 0 or #blob <= quota then
+    local old = redis.call('HGET', sizes, member)
+    if old then redis.call('DECRBY', used, old) end
+    if px > 0 then
+      redis.call('SET', prefix .. member, blob, 'PX', px)
+      redis.call('ZADD', exp, now + px, member)
+    else
+      redis.call('SET', prefix .. member, blob)
+      redis.call('ZREM', exp, member)
+    end
+    redis.call('HSET', sizes, member, #blob)
+    redis.call('INCRBY', used, #blob)
+    redis.call('ZADD', order, redis.call('INCR', seq), member)
+  end
+end
+local evicted = {}
+if quota >= 0 then
+  while tonumber(redis.call('GET', used) or '0') > quota do
+    local oldest = redis.call('ZRANGE', order, 0, 0)
+    if #oldest == 0 then break end
+    if redis.call('DEL', prefix .. oldest[1]) == 1 then evicted[#evicted + 1] = oldest[1] end
+    forget(oldest[1])
+  end
+end
+return evicted
+"""
+)
+
+# ARGV[3..]: keys. Returns how many entries were present.
+_DELETE = (
+    _PRELUDE
+    + """
+local n = 0
+for i = 3, #ARGV do
+  n = n + redis.call('DEL', prefix .. ARGV[i])
+  forget(ARGV[i])
+end
+return n
+"""
+)
+
+# ARGV[3..]: keys that were read; the ones still accounted for move to the young end of the eviction order.
+_TOUCH = (
+    _PRELUDE
+    + """
+for i = 3, #ARGV do
+  if redis.call('ZSCORE', order, ARGV[i]) then
+    redis.call('ZADD', order, redis.call('INCR', seq), ARGV[i])
+  end
+end
+return 0
+"""
+)
+
+_USAGE = _PRELUDE + f"purge({_PURGE_ON_USAGE})" + "\nreturn tonumber(redis.call('GET', used) or '0')\n"
+
+
+class RedisTier(Tier):
+    """Entries in Redis, shared by every process that uses the same ``url`` and ``prefix``.
+
+    ``get_many`` is one round trip (one MGET; MGET plus an order update, pipelined, for a namespace with a
+    quota); hits on sliding entries cost a second one to store the renewed lifetime. ``set_many`` is one
+    script call for the whole batch. Entries carry a Redis TTL, from ``entry.expires_at`` on ``clock``.
+
+    ``quota(ns)`` caps the bytes a namespace holds; a store that takes it over evicts that namespace's entries
+    in least-recently-stored order (least-recently-used among hits, since a hit under a quota refreshes the
+    entry's place) until it fits. ``usage`` counts stored bytes (entry plus the codec's header and checksum).
+
+    Every Redis failure (down, timeout, OOM refusal, ...) raises ``TierUnavailable``. After one, calls within
+    ``retry_after`` seconds (measured on ``clock``) raise ``TierUnavailable`` without touching the network, so
+    a dead or hung Redis costs one timeout per ``retry_after``, not one per request; the first call after that
+    tries again, and redis-py reconnects by itself when Redis is back.
+
+    ``client`` replaces the client built from ``url`` and the timeouts (it must not decode responses);
+    ``close()`` closes only a client the tier built itself.
+    """
+
+    name = L2
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        prefix: str = "evc",
+        socket_timeout: float = 0.05,
+        connect_timeout: float = 0.05,
+        retry_after: float = 1.0,
+        quota: Quota | None = None,
+        clock: Callable[[], float] = time.time,
+        on_fault: FaultHook = log_fault,
+        client: redis.Redis | None = None,
+    ) -> None:
+        super().__init__(on_fault=on_fault)
+        if not _PREFIX_RE.fullmatch(prefix):
+            raise ValueError(f"invalid prefix {prefix!r}: expected 1-64 characters of [A-Za-z0-9._:-]")
+        if socket_timeout <= 0 or connect_timeout <= 0:
+            raise ValueError("socket_timeout and connect_timeout must be positive")
+        if retry_after < 0:
+            raise ValueError("retry_after must not be negative")
+        self._prefix = prefix
+        self._retry_after = retry_after
+        self._quota = quota
+        self._clock = clock
+        self._owns_client = client is None
+        if client is None:
+            # No redis-py retries: a retry doubles the time a dead Redis costs a request, and the circuit
+            # breaker below already decides when to try again.
+            client = redis.Redis.from_url(
+                url,
+                socket_timeout=socket_timeout,
+                socket_connect_timeout=connect_timeout,
+                retry=Retry(NoBackoff(), 0),
+            )
+        self._client = client
+        self._store_script = client.register_script(_STORE)
+        self._delete_script = client.register_script(_DELETE)
+        self._touch_script = client.register_script(_TOUCH)
+        self._usage_script = client.register_script(_USAGE)
+        self._down_until = 0.0
+        self._last_error = ""
+
+    # -- the tier interface -------------------------------------------------------------------------------
+
+    def get_many(self, ns: Namespace, keys: Sequence[CacheKey]) -> list[Entry | None]:
+        check_ns(ns)
+        check_keys(keys)
+        if not keys:
+            return []
+        names = [f"{self._prefix}:{ns}:{key}" for key in keys]
+        with self._backend("get"):
+            if self._limit(ns) is None:
+                blobs = self._client.mget(names)
+            else:
+                blobs = self._mget_and_touch(ns, names, keys)
+        now = self._clock()
+        out: list[Entry | None] = []
+        corrupt: list[CacheKey] = []
+        renewed: list[tuple[CacheKey, Entry]] = []
+        for key, blob in zip(keys, blobs, strict=True):
+            entry = None
+            if blob is not None:
+                try:
+                    entry = decode_entry(ns, key, blob, tier=L2)
+                except CorruptEntry as exc:
+                    log.warning("%s", exc)
+                    corrupt.append(key)
+            if entry is not None and entry.expired(now):
+                entry = None
+            if entry is not None and entry.sliding_ttl is not None:
+                entry = entry.renewed(now)
+                renewed.append((key, entry))
+            out.append(entry)
+        if corrupt:
+            self.delete(ns, corrupt)
+            for _ in corrupt:
+                self.on_fault(L2, "corrupt")
+        if renewed:
+            self._store(ns, renewed, now)
+        return out
+
+    def set_many(self, ns: Namespace, items: Sequence[tuple[CacheKey, Entry]]) -> None:
+        check_ns(ns)
+        check_keys([key for key, _ in items])
+        now = self._clock()
+        live = [(key, entry) for key, entry in items if not entry.expired(now)]
+        if live:
+            self._store(ns, live, now)
+
+    def delete(self, ns: Namespace, keys: Sequence[CacheKey]) -> int:
+        check_ns(ns)
+        check_keys(keys)
+        if not keys:
+            return 0
+        with self._backend("delete"):
+            return int(self._delete_script(keys=self._books(ns), args=[self._entry_prefix(ns), ns, *keys]))
+
+    def usage(self, ns: Namespace | None = None) -> int:
+        if ns is not None:
+            check_ns(ns)
+        with self._backend("usage"):
+            if ns is not None:
+                return int(self._usage_script(keys=self._books(ns), args=[self._entry_prefix(ns), ns]))
+            spaces = sorted(raw.decode() for raw in self._client.smembers(f"{self._prefix}:#namespaces"))
+            pipe = self._client.pipeline(transaction=False)
+            for space in spaces:
+                self._usage_script(
+                    keys=self._books(space), args=[self._entry_prefix(space), space], client=pipe
+                )
+            return sum(int(n) for n in pipe.execute())
+
+    def close(self) -> None:
+        if self._owns_client:
+            self._client.close()
+
+    # -- internals ---------------------------------------------------------------------------------------
+
+    def _limit(self, ns: Namespace) -> int | None:
+        return None if self._quota is None else self._quota(ns)
+
+    def _entry_prefix(self, ns: str) -> str:
+        return f"{self._prefix}:{ns}:"
+
+    def _books(self, ns: str) -> list[str]:
+        base = f"{self._prefix}:{ns}:#"
+        return [
+            base + "sizes",
+            base + "order",
+            base + "exp",
+            base + "used",
+            base + "seq",
+            f"{self._prefix}:#namespaces",
+        ]
+
+    def _mget_and_touch(
+        self, ns: Namespace, names: list[str], keys: Sequence[CacheKey]
+    ) -> list[bytes | None]:
+        # EVALSHA straight into the pipeline: redis-py's pipelined Script objects add a SCRIPT EXISTS round
+        # trip to every execute. The script is missing only after a Redis restart; it is then loaded here.
+        books = self._books(ns)
+        args = [self._entry_prefix(ns), ns, *keys]
+        pipe = self._client.pipeline(transaction=False)
+        pipe.mget(names)
+        pipe.evalsha(self._touch_script.sha, len(books), *books, *args)
+        blobs, touched = pipe.execute(raise_on_error=False)
+        if isinstance(blobs, Exception):
+            raise blobs
+        if isinstance(touched, NoScriptError):
+            self._touch_script(keys=books, args=args)
+        elif isinstance(touched, Exception):
+            raise touched
+        return blobs
+
+    def _store(self, ns: Namespace, items: Sequence[tuple[CacheKey, Entry]], now: float) -> None:
+        limit = self._limit(ns)
+        if limit is not None and limit < 0:
+            raise ValueError(f"quota for namespace {ns!r} is {limit}; it must be >= 0 or None")
+        args: list[str | bytes | int] = [self._entry_prefix(ns), ns, -1 if limit is None else limit]
+        for key, entry in items:
+            px = 0 if entry.expires_at is None else max(math.ceil((entry.expires_at - now) * 1000), 1)
+            args += [key, encode_entry(ns, key, entry), px]
+        with self._backend("set"):
+            evicted = self._store_script(keys=self._books(ns), args=args)
+        if evicted:
+            log.debug("namespace %s over its L2 quota: evicted %d entries", ns, len(evicted))
+
+    @contextmanager
+    def _backend(self, op: str) -> Iterator[None]:
+        """Run Redis calls behind the circuit breaker, mapping every Redis error to ``TierUnavailable``."""
+        if self._down_until and self._clock() < self._down_until:
+            raise TierUnavailable(
+                L2, f"{op} skipped: Redis failed less than {self._retry_after}s ago ({self._last_error})"
+            )
+        try:
+            yield
+        except (RedisError, OSError) as exc:
+            self._down_until = self._clock() + self._retry_after
+            self._last_error = f"{op}: {type(exc).__name__}: {exc}"
+            raise TierUnavailable(L2, self._last_error) from exc
+        self._down_until = 0.0

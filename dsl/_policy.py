@@ -1,0 +1,662 @@
+"""Policy documents: the validated, immutable, versioned rules that decide what is cached and how.
+
+A document is YAML (see ``examples/policies/``). ``parse_policy`` / ``load_policy`` read it safely,
+validate it into a frozen ``Policy`` and compile every rule's ``when`` against the standard request schema
+extended with the document's ``fields``. Every problem found, schema or expression, is reported in one
+``PolicyError`` whose issues name file, line, column and field path (``rules[0].ttl``); a document either
+loads whole or not at all.
+
+``Policy.decide(view)`` picks the first rule whose ``when`` holds and returns a ``Decision`` with the rule's
+values merged over the defaults.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import keyword
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from os import PathLike
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NewType, get_args
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PrivateAttr,
+    Strict,
+    ValidationError,
+    ValidationInfo,
+    WrapSerializer,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from ._compiler import compile_expression
+from ._duration import format_duration, parse_duration
+from ._schema import ANY, STANDARD_FIELDS, STANDARD_SCHEMA, TYPE_NAMES, FieldType, RequestSchema
+from ._yaml import LocatedDocument, Path, format_path, load_located
+from .errors import ExpressionError, ExpressionEvalError, PolicyError, PolicyIssue
+
+if TYPE_CHECKING:
+    from ._compiler import Expression
+
+PolicyRef = NewType("PolicyRef", str)  # "chat-prod@7": what replicas report and access events carry
+
+TIERS = ("l1", "l2", "l3")
+DEFAULT_RULE = "default"  # Decision.rule when no rule matched; so no rule may be called this
+
+
+# --- value types ------------------------------------------------------------------------------------------
+
+
+def _check_name(value: str) -> str:
+    # Names end up in refs ("name@7"), diff paths ("rules[name].ttl") and metric labels: keep them plain.
+    if not (0 < len(value) <= 64 and value[0].isascii() and value[0].isalnum()) or not all(
+        c.isascii() and (c.isalnum() or c in "-_.") for c in value
+    ):
+        raise ValueError(
+            f"invalid name {value!r}: use letters, digits, '-', '_' and '.', starting with a "
+            "letter or digit, at most 64 characters"
+        )
+    return value
+
+
+def _check_identifier(value: str) -> str:
+    if not (value.isascii() and value.isidentifier()) or keyword.iskeyword(value):
+        raise ValueError(f"invalid name {value!r}: expected an identifier such as lru or s3fifo")
+    return value
+
+
+def _check_tier(value: str) -> str:
+    if value not in TIERS:
+        raise ValueError(f"unknown tier {value!r}; known tiers: {', '.join(TIERS)}")
+    return value
+
+
+def _normalise_tiers(value: tuple[str, ...]) -> tuple[str, ...]:
+    if not value:
+        raise ValueError(f"list at least one tier ({', '.join(TIERS)})")
+    if len(set(value)) != len(value):
+        raise ValueError(f"tier listed twice in {list(value)}")
+    # Lookups always go l1 → l2 → l3, so the written order carries no meaning; sorting keeps diffs quiet.
+    return tuple(sorted(value, key=TIERS.index))
+
+
+def _positive_duration(value: object) -> float:
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError(f"a ttl must be positive; got {value!r}")
+    return seconds
+
+
+def _check_field_name(value: str) -> str:
+    _check_identifier(value)
+    if value in STANDARD_FIELDS:
+        raise ValueError(f"{value!r} is a standard request field; declare only extra fields")
+    return value
+
+
+def _check_type_name(value: str) -> str:
+    if value not in TYPE_NAMES:
+        raise ValueError(f"unknown type {value!r}; known types: {', '.join(TYPE_NAMES)}")
+    return value
+
+
+def _bool_condition(value: object) -> object:
+    # `when: true` reads as a YAML boolean; as a condition it means the expression `true` (a catch-all rule).
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value
+
+
+def _frozen_mapping(value: dict[str, Any]) -> Mapping[str, Any]:
+    # Sorted: the order of tenants or declared fields carries no meaning, so it must not show in a diff.
+    return MappingProxyType(dict(sorted(value.items())))
+
+
+def _dump_mapping(value: Mapping[str, Any], handler: Any) -> Any:
+    return handler(dict(value))
+
+
+Name = Annotated[str, Strict(), AfterValidator(_check_name)]
+Identifier = Annotated[str, Strict(), AfterValidator(_check_identifier)]
+Tier = Annotated[str, Strict(), AfterValidator(_check_tier)]
+Tiers = Annotated[tuple[Tier, ...], AfterValidator(_normalise_tiers)]
+Duration = Annotated[
+    float,
+    BeforeValidator(_positive_duration),
+    PlainSerializer(format_duration, return_type=str, when_used="json"),
+]
+Bool = Annotated[bool, Strict()]
+Int = Annotated[int, Strict()]
+Number = Annotated[float, Strict()]  # strict float still takes ints; it refuses strings and booleans
+Share = Annotated[Number, Field(ge=0, le=1)]
+CacheMode = Literal["response", "bypass"]
+FieldName = Annotated[str, Strict(), AfterValidator(_check_field_name)]
+TypeName = Annotated[str, Strict(), AfterValidator(_check_type_name)]
+FrozenMapping = WrapSerializer(_dump_mapping)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# --- the document -----------------------------------------------------------------------------------------
+
+
+class SemanticSpec(_Model):
+    """Semantic matching: reuse an answer to a similar prompt if the estimated error stays below
+    ``max_error``. ``max_error: 0`` switches it off (so a rule can override defaults that switch it on)."""
+
+    max_error: Annotated[Number, Field(ge=0, le=1)]
+
+
+class KvSpec(_Model):
+    """KV prefix reuse. ``reuse: none`` switches it off (to override defaults)."""
+
+    reuse: Literal["prefix", "none"] = "prefix"
+    rope_shift: Bool = False
+
+
+class Defaults(_Model):
+    """Values for requests no rule matches, and for every setting a matching rule leaves out."""
+
+    cache: CacheMode = "response"
+    ttl: Duration = 300.0
+    tiers: Tiers = ("l1",)
+    max_entry_bytes: Annotated[Int, Field(gt=0)] | None = None
+    allow_sampling: Bool = False
+    stream: Bool = True
+    semantic: SemanticSpec | None = None
+    kv: KvSpec | None = None
+
+
+class Rule(_Model):
+    """One rule: when ``when`` holds for a request, the rule's settings apply; the ones it leaves out (None)
+    come from ``defaults``. ``sliding`` (renew the ttl on every hit) is off unless a rule turns it on."""
+
+    name: Name
+    when: Annotated[str, BeforeValidator(_bool_condition), Strict(), Field(min_length=1)]
+    cache: CacheMode | None = None
+    ttl: Duration | None = None
+    sliding: Bool | None = None
+    tiers: Tiers | None = None
+    max_entry_bytes: Annotated[Int, Field(gt=0)] | None = None
+    allow_sampling: Bool | None = None
+    stream: Bool | None = None
+    semantic: SemanticSpec | None = None
+    kv: KvSpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _count(cls, data: Any, info: ValidationInfo) -> Any:
+        check = _load_check(info)
+        if check is not None:
+            check.rule_index += 1
+        return data
+
+    @field_validator("name")
+    @classmethod
+    def _unique_name(cls, value: str, info: ValidationInfo) -> str:
+        if value == DEFAULT_RULE:
+            raise ValueError(f"{DEFAULT_RULE!r} is reserved: it names the defaults in decisions")
+        check = _load_check(info)
+        if check is not None:
+            first = check.rule_names.setdefault(value, check.rule_index)
+            if first != check.rule_index:
+                raise ValueError(f"duplicate rule name {value!r} (first used by rules[{first}])")
+        return value
+
+    @field_validator("when")
+    @classmethod
+    def _compile_when(cls, value: str, info: ValidationInfo) -> str:
+        check = _load_check(info)
+        if check is not None:
+            try:
+                compile_expression(value, check.schema)
+            except ExpressionError as exc:
+                raise PydanticCustomError(
+                    "expression", "{message}", {"message": exc.message, "error": exc}
+                ) from None
+        # Trailing newlines from `|` blocks are not part of the condition; leading text is kept as written
+        # so that error columns still match the document.
+        return value.rstrip()
+
+
+class TenantSpec(_Model):
+    """A tenant's shares of the L1 and L2 capacity (1.0: no quota) and its weight against other tenants."""
+
+    l1_share: Share = 1.0
+    l2_share: Share = 1.0
+    weight: Annotated[Number, Field(gt=0)] = 1.0
+
+
+class EvictionSpec(_Model):
+    """Eviction policy per tier, by name; ``fallback`` serves while a learned policy is unavailable. Names are
+    only checked to be identifiers here: the controller checks them against its registry."""
+
+    l1: Identifier | None = None
+    l2: Identifier | None = None
+    l3: Identifier | None = None
+    fallback: Identifier = "lru"
+
+    def per_tier(self) -> dict[str, str]:
+        """``{tier: policy name}`` for the tiers this spec sets (``fallback`` is not a tier)."""
+        return {tier: name for tier in TIERS if (name := getattr(self, tier)) is not None}
+
+
+class SloSpec(_Model):
+    """Service objectives the policy loop watches during a canary."""
+
+    p99_ms: Annotated[Number, Field(gt=0)] | None = None
+    max_error_rate: Share | None = None
+
+
+class AutoApprove(_Model):
+    """Changes small enough to roll out without a person: ``ttl_change``, the largest relative ttl change."""
+
+    ttl_change: Annotated[Number, Field(ge=0)] | None = None
+
+
+class Guardrails(_Model):
+    auto_approve: AutoApprove | None = None
+
+
+class Policy(_Model):
+    """A validated policy document. Immutable; equal (and hashed) by ``content_hash``.
+
+    Build one with ``parse_policy`` or ``load_policy``, which report positions.
+    ``Policy.model_validate(data)`` also works and checks the same things, but its errors carry no positions.
+    """
+
+    name: Name = Field(alias="policy")
+    version: Annotated[Int, Field(ge=1)]
+    fields: Annotated[dict[FieldName, TypeName], AfterValidator(_frozen_mapping), FrozenMapping] = Field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    defaults: Defaults = Defaults()
+    rules: tuple[Rule, ...] = ()
+    tenants: Annotated[dict[Name, TenantSpec], AfterValidator(_frozen_mapping), FrozenMapping] = Field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    eviction: EvictionSpec = EvictionSpec()
+    slo: SloSpec = SloSpec()
+    guardrails: Guardrails = Guardrails()
+
+    _schema: RequestSchema = PrivateAttr()
+    _plan: tuple[tuple[Expression, Decision], ...] = PrivateAttr()
+    _fallthrough: Decision = PrivateAttr()
+    _hash: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _prepare(self) -> Policy:
+        schema = _schema_for(self.fields)
+        errors: list[InitErrorDetails] = []
+        seen: dict[str, int] = {}
+        plan = []
+        for i, rule in enumerate(self.rules):
+            first = seen.setdefault(rule.name, i)
+            if first != i:
+                message = f"duplicate rule name {rule.name!r} (first used by rules[{first}])"
+                errors.append(_line_error("value_error", message, ("rules", i, "name"), rule.name))
+            try:
+                plan.append((compile_expression(rule.when, schema), _resolve(self.defaults, rule)))
+            except ExpressionError as exc:
+                errors.append(_line_error("expression", exc.message, ("rules", i, "when"), rule.when, exc))
+        if errors:
+            # Reached only when built without parse_policy (which checks all this while validating fields).
+            raise ValidationError.from_exception_data(type(self).__name__, errors)
+        self._schema = schema
+        self._plan = tuple(plan)
+        self._fallthrough = _resolve(self.defaults, None)
+        return self
+
+    @property
+    def schema(self) -> RequestSchema:  # type: ignore[override]  # BaseModel.schema is pydantic-v1 legacy
+        """The request schema the rules were compiled against: the standard fields plus ``fields``."""
+        return self._schema
+
+    @property
+    def content_hash(self) -> str:
+        """sha256 (hex) of the normalised document (``policy_to_dict``, as canonical JSON)."""
+        if self._hash is None:  # computed on first use, outside validation, so a bug here is not an "issue"
+            canonical = json.dumps(
+                policy_to_dict(self), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+            )
+            self._hash = hashlib.sha256(canonical.encode()).hexdigest()
+        return self._hash
+
+    @property
+    def ref(self) -> PolicyRef:
+        return PolicyRef(f"{self.name}@{self.version}")
+
+    def decide(self, view: Mapping[str, Any]) -> Decision:
+        """The decision for one request view: the first rule whose ``when`` holds, merged over the defaults;
+        the defaults alone (rule ``"default"``) if none holds.
+
+        A ``when`` that fails to evaluate on this view (``ExpressionEvalError``: a value of the wrong type, a
+        bound exceeded) does not fail the request: that rule counts as not matching, the search goes on, and
+        the rule's name is listed in ``Decision.skipped`` so the caller can log and count it. Nothing else is
+        caught.
+        """
+        skipped: list[str] = []
+        for condition, decision in self._plan:
+            try:
+                matched = condition.test(view)
+            except ExpressionEvalError:
+                skipped.append(decision.rule)
+                continue
+            if matched:
+                return replace(decision, skipped=tuple(skipped)) if skipped else decision
+        if skipped:
+            return replace(self._fallthrough, skipped=tuple(skipped))
+        return self._fallthrough
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Policy) and other.content_hash == self.content_hash
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        # Pickled (Ray, multiprocessing, deepcopy) as its normalised document, which validates back to an
+        # equal policy; the compiled rules and read-only mappings are rebuilt on the other side.
+        return (Policy.model_validate, (policy_to_dict(self),))
+
+    def __copy__(self) -> Policy:
+        return self  # immutable: a copy would be indistinguishable
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> Policy:
+        return self
+
+    def __hash__(self) -> int:
+        return hash(self.content_hash)
+
+    def __repr__(self) -> str:
+        return f"Policy({self.ref}, {len(self.rules)} rules, {self.content_hash[:12]})"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the policy decides for one request, with every value resolved (the rule's over the defaults).
+
+    ``cache`` is False for ``cache: bypass``. ``semantic_max_error`` is None when semantic matching is off;
+    ``kv_reuse`` is None when KV reuse is off. ``skipped`` names the rules before this one whose ``when``
+    could not be evaluated on the view (see ``Policy.decide``).
+    """
+
+    rule: str
+    cache: bool
+    ttl: float
+    sliding: bool
+    tiers: tuple[str, ...]
+    max_entry_bytes: int | None
+    allow_sampling: bool
+    stream: bool
+    semantic_max_error: float | None
+    kv_reuse: str | None
+    kv_rope_shift: bool = False
+    skipped: tuple[str, ...] = ()
+
+
+def _resolve(defaults: Defaults, rule: Rule | None) -> Decision:
+    def pick(name: str) -> Any:
+        value = getattr(rule, name) if rule is not None else None
+        return getattr(defaults, name) if value is None else value
+
+    semantic: SemanticSpec | None = pick("semantic")
+    kv: KvSpec | None = pick("kv")
+    kv_on = kv is not None and kv.reuse != "none"
+    return Decision(
+        rule=rule.name if rule is not None else DEFAULT_RULE,
+        cache=pick("cache") == "response",
+        ttl=pick("ttl"),
+        sliding=bool(rule is not None and rule.sliding),
+        tiers=pick("tiers"),
+        max_entry_bytes=pick("max_entry_bytes"),
+        allow_sampling=pick("allow_sampling"),
+        stream=pick("stream"),
+        semantic_max_error=semantic.max_error if semantic is not None and semantic.max_error > 0 else None,
+        kv_reuse=kv.reuse if kv_on else None,
+        kv_rope_shift=kv_on and kv.rope_shift,
+    )
+
+
+def _schema_for(fields: Mapping[str, str]) -> RequestSchema:
+    if not fields:
+        return STANDARD_SCHEMA
+    return STANDARD_SCHEMA.extend({name: TYPE_NAMES[type_name] for name, type_name in fields.items()})
+
+
+def _line_error(
+    kind: str, message: str, loc: Path, value: Any, exc: ExpressionError | None = None
+) -> InitErrorDetails:
+    ctx: dict[str, Any] = {"message": message}
+    if exc is not None:
+        ctx["error"] = exc
+    return InitErrorDetails(type=PydanticCustomError(kind, "{message}", ctx), loc=loc, input=value)
+
+
+# --- loading ----------------------------------------------------------------------------------------------
+
+_CHECK = "evocache.dsl.policy"  # key of the load check in pydantic's validation context
+
+
+@dataclass(slots=True)
+class _LoadCheck:
+    """State shared by the validators while ``parse_policy`` validates one document, so that expression and
+    duplicate-name errors are found alongside every other error, each at its own path."""
+
+    schema: RequestSchema
+    rule_names: dict[str, int]
+    rule_index: int = -1  # index of the rule being validated (rules are validated in order)
+
+
+def _load_check(info: ValidationInfo) -> _LoadCheck | None:
+    context = info.context
+    return context.get(_CHECK) if isinstance(context, dict) else None
+
+
+def _provisional_schema(raw_fields: object) -> RequestSchema:
+    """The schema to check expressions against while ``fields`` itself may be invalid: a declared name whose
+    type is wrong still counts as declared (type ANY), so the expression is not blamed for it as well."""
+    if not isinstance(raw_fields, dict):
+        return STANDARD_SCHEMA
+    extra: dict[str, FieldType] = {}
+    for name, type_name in raw_fields.items():
+        if isinstance(name, str) and name not in STANDARD_FIELDS:
+            extra[name] = TYPE_NAMES.get(type_name, ANY) if isinstance(type_name, str) else ANY
+    return STANDARD_SCHEMA.extend(extra) if extra else STANDARD_SCHEMA
+
+
+def parse_policy(text: str, source: str = "<string>") -> Policy:
+    """Validate a policy document given as YAML text. ``source`` names it in issues (a file name).
+
+    Raises ``PolicyError`` with every issue found (YAML, schema, expressions), each with its line, column and
+    field path, in document order. Raises ``TypeError`` if ``text`` is not a str.
+    """
+    doc = load_located(text, source)
+    if not isinstance(doc.data, dict):
+        got = "an empty document" if doc.data is None else f"a {type(doc.data).__name__}"
+        pos = doc.locate(())
+        raise PolicyError(
+            [
+                PolicyIssue(
+                    source,
+                    pos and pos.line,
+                    pos and pos.column,
+                    "",
+                    f"a policy document is a mapping with `policy` and `version`; got {got}",
+                )
+            ]
+        )
+    check = _LoadCheck(_provisional_schema(doc.data.get("fields")), {})
+    try:
+        return Policy.model_validate(doc.data, context={_CHECK: check})
+    except ValidationError as exc:
+        raise PolicyError(_issues(exc, doc)) from None
+
+
+def load_policy(path: str | PathLike[str]) -> Policy:
+    """Load and validate the policy document at ``path`` (UTF-8 YAML).
+
+    Raises ``PolicyError`` for an invalid document (including text that is not UTF-8) and ``OSError``
+    (``FileNotFoundError``, ...) when the file cannot be read.
+    """
+    source = str(path)
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PolicyError([PolicyIssue(source, None, None, "", f"not UTF-8 text: {exc}")]) from None
+    return parse_policy(text, source)
+
+
+# --- mapping pydantic errors back to the document -------------------------------------------------------
+
+_EXPECTED = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "tuple_type": "a list",
+    "list_type": "a list",
+    "dict_type": "a mapping",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+}
+
+
+def _issues(exc: ValidationError, doc: LocatedDocument) -> list[PolicyIssue]:
+    issues = []
+    for err in exc.errors(include_url=False):
+        loc = tuple(err["loc"])
+        on_key = err["type"] == "extra_forbidden"
+        if loc and loc[-1] == "[key]":  # a dict key failed: pydantic puts the key, then "[key]"
+            loc, on_key = loc[:-1], True
+        ctx = err.get("ctx") or {}
+        expression_error = ctx.get("error")
+        if isinstance(expression_error, ExpressionError):
+            issues.append(_expression_issue(expression_error, loc, doc))
+            continue
+        pos = doc.locate(loc, key=on_key)
+        issues.append(
+            PolicyIssue(
+                doc.source, pos and pos.line, pos and pos.column, format_path(loc), _message(err, loc)
+            )
+        )
+    issues.sort(key=lambda i: (i.line is None, i.line or 0, i.column or 0))
+    return issues
+
+
+def _message(err: Any, loc: Path) -> str:
+    kind = err["type"]
+    if kind == "missing":
+        return "required field is missing"
+    if kind == "extra_forbidden":
+        known = _known_fields(loc[:-1])
+        return f"unknown field {loc[-1]!r}" + (f"; known fields: {', '.join(known)}" if known else "")
+    if kind == "value_error":
+        return str(err["ctx"]["error"])
+    if kind in _EXPECTED:
+        return f"expected {_EXPECTED[kind]}; got {_describe(err['input'])}"
+    # Constraint errors ("Input should be less than or equal to 1"): pydantic's wording, in ours.
+    message = err["msg"].replace("Input should be", "must be", 1)
+    value = err["input"]
+    return message if isinstance(value, dict | list) else f"{message}; got {_describe(value)}"
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if value is None:
+        return "null"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _known_fields(loc: Path) -> list[str]:
+    """Field names of the model at ``loc`` (walking Policy's annotations), for unknown-field hints."""
+    model: Any = Policy
+    for part in loc:
+        if isinstance(part, int) or model is None:
+            continue  # a list index or a dict key: the item type was already taken
+        info = next((f for n, f in model.model_fields.items() if (f.alias or n) == part), None)
+        model = _item_model(info.annotation) if info is not None else None
+    if model is None:
+        return []
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def _item_model(annotation: Any) -> Any:
+    # Unwrap Optional[X], tuple[X, ...], dict[K, X] and Annotated[...] down to a model class, if there is one.
+    stack = [annotation]
+    while stack:
+        t = stack.pop()
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            return t
+        stack.extend(get_args(t))
+    return None
+
+
+def _expression_issue(exc: ExpressionError, loc: Path, doc: LocatedDocument) -> PolicyIssue:
+    """Shift the expression's line and column by where its scalar sits in the file."""
+    pos = None
+    positions = doc.scalar_positions(loc)
+    if positions is not None:
+        lines = exc.source.split("\n")
+        line = min(max(exc.line, 1), len(lines))
+        index = sum(len(text) + 1 for text in lines[: line - 1]) + max(exc.column, 1) - 1
+        pos = positions[min(index, len(positions) - 1)]
+    else:
+        pos = doc.locate(loc)
+    caret = str(exc).partition("\n")[
+        2
+    ]  # the expression line and its caret, as the expression error draws them
+    message = f"{exc.message}\n{caret}" if caret else exc.message
+    return PolicyIssue(doc.source, pos and pos.line, pos and pos.column, format_path(loc), message)
+
+
+# --- the normalised document ------------------------------------------------------------------------------
+
+
+def policy_to_dict(policy: Policy) -> dict[str, Any]:
+    """The normalised document as plain JSON-compatible data: keys in schema order, defaults filled in,
+    durations spelled the normalised way (``1h30m``), tiers in lookup order, tenants and fields sorted.
+    Settings a rule leaves to the defaults are left out."""
+    return policy.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style with indented lists; a list of plain scalars (tiers) on one line."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.Node:
+    flow = all(isinstance(item, str | int | float | bool) for item in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_Dumper.add_representer(list, _represent_list)
+
+
+def policy_to_yaml(policy: Policy) -> str:
+    """The normalised document as YAML text: what ``evocache policy show`` prints and diffs compare. Parsing
+    it gives back an equal policy."""
+    return yaml.dump(
+        policy_to_dict(policy),
+        Dumper=_Dumper,
+        sort_keys=False,
+        allow_unicode=True,
+        default_flow_style=False,
+        width=1_000_000,
+    )

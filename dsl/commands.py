@@ -1,0 +1,122 @@
+"""`evocache policy ...`: check, compare and show policy documents.
+
+Exit codes: 0 success; 1 an invalid document (every issue printed), or, for ``diff --exit-code``, documents
+that differ; 2 a file that cannot be read. Nothing heavy is imported here: the commands start fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from ._policy import Policy
+
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="Check, compare and show policy documents."
+)
+
+EXIT_INVALID = 1
+EXIT_UNREADABLE = 2
+
+
+class _Failed(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+def _load(path: Path) -> Policy:
+    """Load ``path``; print what is wrong and raise ``_Failed`` with the exit code if it cannot be."""
+    from ._policy import load_policy
+    from .errors import PolicyError
+
+    try:
+        return load_policy(path)
+    except PolicyError as exc:
+        for issue in exc.issues:
+            typer.echo(str(issue))
+        raise _Failed(EXIT_INVALID) from None
+    except OSError as exc:
+        typer.echo(f"error: {path}: {exc.strerror or exc}", err=True)
+        raise _Failed(EXIT_UNREADABLE) from None
+
+
+@app.command()
+def check(files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="Policy documents.")]) -> None:
+    """Validate policy documents: `ok NAME@VERSION HASH` for each valid one, every issue of the others."""
+    code = 0
+    for path in files:
+        try:
+            policy = _load(path)
+        except _Failed as failed:
+            code = max(code, failed.code)
+            continue
+        typer.echo(f"ok {policy.ref} {policy.content_hash[:12]}")
+    raise typer.Exit(code)
+
+
+@app.command()
+def diff(
+    old: Annotated[Path, typer.Argument(metavar="OLD")],
+    new: Annotated[Path, typer.Argument(metavar="NEW")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print only the list of changes, as JSON.")] = False,
+    exit_code: Annotated[
+        bool, typer.Option("--exit-code", help="Exit with 1 when the policies differ.")
+    ] = False,
+) -> None:
+    """Compare two policy documents: a unified diff of the normalised documents, then the list of changes.
+
+    Prints nothing for equal documents (``--json`` prints ``[]``).
+    """
+    from ._diff import diff_policies
+
+    code = 0
+    loaded = []
+    for path in (old, new):
+        try:
+            loaded.append(_load(path))
+        except _Failed as failed:
+            code = max(code, failed.code)
+    if code:
+        raise typer.Exit(code)
+    result = diff_policies(*loaded)
+    if as_json:
+        typer.echo(result.to_json())
+    elif not result.empty:
+        _print_diff(result.text)
+        typer.echo("")
+        for change in result.changes:
+            typer.echo(str(change))
+    raise typer.Exit(1 if exit_code and not result.empty else 0)
+
+
+@app.command()
+def show(file: Annotated[Path, typer.Argument(metavar="FILE")]) -> None:
+    """Print the normalised document: key order fixed, defaults filled in, durations spelled one way."""
+    from ._policy import policy_to_yaml
+
+    try:
+        policy = _load(file)
+    except _Failed as failed:
+        raise typer.Exit(failed.code) from None
+    typer.echo(policy_to_yaml(policy), nl=False)
+
+
+_DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("@@", "cyan"), ("+", "green"), ("-", "red"))
+
+
+def _print_diff(text: str) -> None:
+    if not sys.stdout.isatty():  # piped or captured: plain text, and rich stays unimported
+        typer.echo(text, nl=False)
+        return
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(highlight=False, soft_wrap=True)
+
+    for line in text.splitlines():
+        style = next((s for prefix, s in _DIFF_STYLES if line.startswith(prefix)), "")
+        console.print(Text(line, style=style))

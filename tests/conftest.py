@@ -1,0 +1,60 @@
+"""Shared fixtures: a real redis-server started by the suite (never a mock, never a skip)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from _redis_server import RedisServer
+
+
+class FakeClock:
+    """A clock that moves only when told: ``clock()`` reads it, ``clock.advance(s)`` moves it."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    return FakeClock()
+
+
+def _new_server() -> RedisServer:
+    # A missing redis-server fails the Redis tests loudly: a skipped Redis suite would let a broken CI pass.
+    try:
+        return RedisServer()
+    except FileNotFoundError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """One redis-server for the session, on a free loopback port. Tests share it through ``redis_url``."""
+    server = _new_server().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """The session server's URL, flushed so the test starts from an empty Redis."""
+    if not redis_server.running:  # a test may have stopped it; bring it back rather than fail the next one
+        redis_server.start()
+    with redis_server.client() as admin:
+        admin.flushall()
+    return redis_server.url
+
+
+@pytest.fixture
+def restartable_redis() -> Iterator[RedisServer]:
+    """A redis-server of the test's own, free to be killed and restarted on the same port."""
+    server = _new_server().start()
+    yield server
+    server.close()

@@ -1,0 +1,147 @@
+"""`evocache policy check | diff | show`, through typer's runner and once through the installed command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from evocache.dsl import diff_policies, load_policy, policy_to_yaml
+from evocache.dsl.commands import app
+from typer.testing import CliRunner
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "policies"
+V7 = EXAMPLES / "chat-prod.yaml"
+V8 = EXAMPLES / "chat-prod-v8.yaml"
+MINIMAL = EXAMPLES / "minimal.yaml"
+BROKEN = EXAMPLES / "broken"
+
+runner = CliRunner()
+
+
+def ok_line(path: Path) -> str:
+    p = load_policy(path)
+    return f"ok {p.ref} {p.content_hash[:12]}"
+
+
+def test_check_valid_files() -> None:
+    result = runner.invoke(app, ["check", str(V7), str(MINIMAL)])
+    assert (result.exit_code, result.stdout, result.stderr) == (0, f"{ok_line(V7)}\n{ok_line(MINIMAL)}\n", "")
+    assert ok_line(MINIMAL).startswith("ok minimal@1 ") and len(ok_line(MINIMAL)) == len("ok minimal@1 ") + 12
+
+
+def test_check_invalid_file_prints_every_issue_with_carets() -> None:
+    path = BROKEN / "unknown-name.yaml"
+    result = runner.invoke(app, ["check", str(V7), str(path)])
+    assert result.exit_code == 1
+    assert result.stdout.splitlines() == [
+        ok_line(V7),
+        f"{path}:5:32: rules[0].when: unknown name 'tenant_tier'; did you mean 'tenant'? (known fields: input_ids, "
+        "max_tokens, model, model_revision, prompt, seed, stream, temperature, tenant, top_k, top_p)",
+        '  temperature == 0 and tenant_tier == "pro"',
+        "                       ^",
+    ]
+
+
+def test_check_reports_all_issues_of_a_document(tmp_path: Path) -> None:
+    doc = tmp_path / "two.yaml"
+    doc.write_text("policy: two\nversion: 0\ndefaults: {tiers: [l9]}\n")
+    result = runner.invoke(app, ["check", str(doc)])
+    assert result.exit_code == 1
+    assert result.stdout.splitlines() == [
+        f"{doc}:2:10: version: must be greater than or equal to 1; got int 0",
+        f"{doc}:3:20: defaults.tiers[0]: unknown tier 'l9'; known tiers: l1, l2, l3",
+    ]
+
+
+def test_check_missing_file_exits_2_after_checking_the_rest(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    result = runner.invoke(app, ["check", str(missing), str(BROKEN / "bad-ttl.yaml"), str(V7)])
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {missing}: No such file or directory\n"
+    assert result.stdout.splitlines()[0].startswith(f"{BROKEN / 'bad-ttl.yaml'}:7:10: rules[0].ttl: ")
+    assert result.stdout.splitlines()[-1] == ok_line(V7)
+
+
+def test_diff_identical_prints_nothing() -> None:
+    result = runner.invoke(app, ["diff", str(V7), str(V7)])
+    assert (result.exit_code, result.stdout) == (0, "")
+    assert runner.invoke(app, ["diff", "--exit-code", str(V7), str(V7)]).exit_code == 0
+
+
+def test_diff_prints_unified_text_then_changes() -> None:
+    expected = diff_policies(load_policy(V7), load_policy(V8))
+    result = runner.invoke(app, ["diff", str(V7), str(V8)])
+    assert result.exit_code == 0
+    assert result.stdout == expected.text + "\n" + "".join(f"{c}\n" for c in expected.changes)
+    assert "\x1b[" not in result.stdout  # not a terminal: no colour codes
+    assert runner.invoke(app, ["diff", "--exit-code", str(V7), str(V8)]).exit_code == 1
+
+
+def test_diff_json_prints_only_the_changes() -> None:
+    result = runner.invoke(app, ["diff", "--json", str(V7), str(V8)])
+    assert result.exit_code == 0
+    changes = json.loads(result.stdout)
+    assert changes[0] == {"kind": "changed", "path": "version", "old": 7, "new": 8}
+    assert [c["path"] for c in changes] == [
+        c.path for c in diff_policies(load_policy(V7), load_policy(V8)).changes
+    ]
+    assert json.loads(runner.invoke(app, ["diff", "--json", str(V7), str(V7)]).stdout) == []
+
+
+def test_diff_of_an_invalid_document_prints_issues_and_exits_1(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["diff", str(V7), str(BROKEN / "duplicate-rule.yaml")])
+    assert result.exit_code == 1
+    assert result.stdout == (
+        f"{BROKEN / 'duplicate-rule.yaml'}:6:11: rules[1].name: "
+        "duplicate rule name 'greedy' (first used by rules[0])\n"
+    )
+    assert runner.invoke(app, ["diff", str(V7), str(tmp_path / "gone.yaml")]).exit_code == 2
+
+
+def test_show_prints_the_normalised_document() -> None:
+    result = runner.invoke(app, ["show", str(V8)])
+    assert (result.exit_code, result.stdout) == (0, policy_to_yaml(load_policy(V8)))
+    assert runner.invoke(app, ["show", str(BROKEN / "wrong-type.yaml")]).exit_code == 1
+
+
+def evocache_command() -> str:
+    script = Path(sys.executable).parent / "evocache"
+    assert script.exists(), f"the console script is not installed at {script}"
+    return str(script)
+
+
+def test_installed_entry_point_checks_files() -> None:
+    done = subprocess.run(
+        [evocache_command(), "policy", "check", str(V7), str(BROKEN / "unknown-tier.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert done.stdout.splitlines() == [
+        ok_line(V7),
+        f"{BROKEN / 'unknown-tier.yaml'}:3:24: defaults.tiers[1]: unknown tier 'l4'; known tiers: l1, l2, l3",
+    ]
+    missing = subprocess.run(
+        [evocache_command(), "policy", "check", "/nonexistent/p.yaml"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert missing.returncode == 2
+
+
+@pytest.mark.parametrize("module", ["evocache.dsl.commands", "evocache.cli.app"])
+def test_commands_import_nothing_heavy(module: str) -> None:
+    code = (
+        f"import sys, {module}\n"
+        "heavy = sorted(m for m in ('torch', 'ray', 'numpy', 'sentence_transformers', 'langgraph', 'rich')"
+        " if m in sys.modules)\n"
+        "print(heavy)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
