@@ -24,6 +24,7 @@ repeated call skips binding, the contract and hashing.
 from __future__ import annotations
 
 import asyncio
+from bisect import bisect_left
 import contextlib
 import contextvars
 import functools
@@ -34,8 +35,8 @@ import time
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from evocache.dsl import (
     STANDARD_FIELDS,
@@ -48,9 +49,9 @@ from evocache.dsl import (
     parse_duration,
 )
 
-from ._events import AccessEvent
+from ._metrics import LATENCY_BUCKETS
 from ._keys import GENERATION_PARAMS, Uncacheable, derive_key, namespace_for, normalise_params, template_hash
-from ._runtime import CacheRuntime, default_runtime
+from ._runtime import CacheRuntime, current_runtime
 from ._serialize import SERIALIZERS, Serializer, Unserializable, dump_chunks, load_chunks
 from ._types import L1, CacheKey, Entry, Namespace, TierName
 from .errors import ContractError
@@ -61,13 +62,31 @@ _VALID_TIERS = ("l1", "l2", "l3")
 ANY_TYPE = FieldType(Kind.ANY)
 _SIMPLE = frozenset({str, int, float, bool, type(None), bytes})
 _MEMO_LIMIT = 8192
+_IMMUTABLE_TAGS = frozenset(b"sb")  # payload tags of str and bytes values (controller._serialize)
+
+
+def _memo_key(args: tuple, kwargs: dict, generation: int) -> tuple | None:
+    """The plan memo's key for a call whose arguments are all simple immutable values, else None.
+
+    Argument types are part of it: 1, 1.0 and True are equal and hash alike but key differently.
+    """
+    types_ = tuple(map(type, args))
+    if kwargs:
+        kw = tuple(kwargs.items())
+        types_ += tuple(map(type, kwargs.values()))
+    else:
+        kw = ()
+    if _SIMPLE.issuperset(types_):
+        return (args, kw, types_, _current_tenant.get(), generation)
+    return None
 
 
 # --- tenants ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Tenant:
+class Tenant(NamedTuple):
+    """Who a call is for. A named tuple: it is part of every memo key, and tuples hash in C."""
+
     id: str = "default"
     tier: str = "default"
 
@@ -155,6 +174,16 @@ class _Plan:
     tiers: tuple[TierName, ...] = ()
     max_entry_bytes: int | None = None
     stream_ok: bool = True
+    # Derived, read by the L1 hit path: whether L1 is asked first, and this plan's metric label tuples.
+    l1_first: bool = field(init=False, default=False)
+    hit_labels: tuple[str, str, str] = field(init=False, default=("", "", ""))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "l1_first", self.key is not None and bool(self.tiers) and self.tiers[0] == L1)
+        object.__setattr__(self, "hit_labels", (self.rule, L1, "hit"))
+
+
+_MISSING: Any = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,8 +323,11 @@ class CachedFunction:
         self._has_var_kw = any(p.kind is p.VAR_KEYWORD for p in self.signature.parameters.values())
         self._tenant_param = "tenant" in self.signature.parameters
         self._memo: dict[Any, _Plan] = {}
-        self._memo_lock = threading.Lock()
+        self._memo_lock = threading.Lock()  # guards clearing; lookups and inserts are single dict operations
+        # Decoded str/bytes values of recent L1 hits, by entry identity: immutable, so safe to hand out again.
+        self._decoded: dict[tuple[Namespace, CacheKey], tuple[Entry, Any]] = {}
         self.counters = _Counters()
+        self._hot_hit = self._make_hot_hit()
         if inspect.isasyncgenfunction(fn):
             self.kind, wrapper = "asyncgen", self._wrap_asyncgen()
         elif inspect.iscoroutinefunction(fn):
@@ -331,19 +363,14 @@ class CachedFunction:
 
     # -- planning ----------------------------------------------------------------------------------------
 
-    def _plan(self, rt: CacheRuntime, args: tuple, kwargs: dict) -> _Plan:
-        tenant = _current_tenant.get()
-        memo_key = None
-        if all(type(a) in _SIMPLE for a in args) and all(type(v) in _SIMPLE for v in kwargs.values()):
-            # Types are part of the memo key: 1, 1.0 and True are equal and hash alike but key differently.
-            memo_key = (
-                args, tuple(map(type, args)), tuple(kwargs.items()), tuple(map(type, kwargs.values())),
-                tenant, rt.generation,
-            )
+    def _plan(self, rt: CacheRuntime, args: tuple, kwargs: dict, memo_key: tuple | None = None) -> _Plan:
+        if memo_key is None:
+            memo_key = _memo_key(args, kwargs, rt.generation)
+        if memo_key is not None:
             plan = self._memo.get(memo_key)
             if plan is not None:
                 return plan
-        plan = self._plan_slow(rt, args, kwargs, tenant)
+        plan = self._plan_slow(rt, args, kwargs, _current_tenant.get())
         if memo_key is not None:
             with self._memo_lock:
                 if len(self._memo) >= _MEMO_LIMIT:
@@ -440,13 +467,77 @@ class CachedFunction:
     def _emit(self, rt: CacheRuntime, plan: _Plan, outcome: str, tier: str | None, size: int,
               seconds: float, saved_ms: float = 0.0, reason: str = "") -> None:
         rt.metrics.record(plan.rule, tier, outcome, seconds)
-        rt.events.emit(
-            AccessEvent(
-                t=rt.clock(), key=plan.key or "", ns=plan.ns, rule=plan.rule, policy=rt.policy_ref,
-                outcome=outcome, tier=tier, size=size, latency_ms=seconds * 1000.0, saved_ms=saved_ms,
-                fn=self.identity, reason=reason or plan.reason,
-            )
-        )
+        # A plain tuple in AccessEvent field order (see controller._events).
+        rt.events.record((
+            rt.clock(), plan.key or "", plan.ns, plan.rule, rt.policy_ref, outcome, tier, size,
+            seconds * 1000.0, saved_ms, self.identity, reason or plan.reason, None,
+        ))
+
+    def _make_hot_hit(self) -> Callable[[CacheRuntime, tuple, dict], tuple[_Plan | None, tuple | None, Any]]:
+        """The L1 hit path: memoised plan, lock-free L1 read (``MemoryTier.peek``), no store round trip.
+
+        The returned function gives ``(plan, memo_key, value)``; ``value`` is ``_MISSING`` when the call must
+        take the full path (no memoised plan, a rule that does not read L1 first, or no plain live L1 entry),
+        and the plan and memo key found so far are handed on so nothing is computed twice. It runs on every
+        call, so everything it reads is bound here once (a closure variable is cheaper than an attribute).
+        For sync and async functions; streams take the full path.
+        """
+        memo_get = self._memo.get
+        decoded = self._decoded
+        loads = self.serializer.loads
+        counters = self.counters
+        identity = self.identity
+        tenant_get = _current_tenant.get
+        issimple = _SIMPLE.issuperset
+        buckets = LATENCY_BUCKETS
+
+        def hot_hit(rt: CacheRuntime, args: tuple, kwargs: dict) -> tuple[_Plan | None, tuple | None, Any]:
+            # Inlined _memo_key: argument types are part of the key (1, 1.0 and True hash alike).
+            types_ = tuple(map(type, args))
+            if kwargs:
+                kw = tuple(kwargs.items())
+                types_ += tuple(map(type, kwargs.values()))
+            else:
+                kw = ()
+            if not issimple(types_):
+                return None, None, _MISSING
+            memo_key = (args, kw, types_, tenant_get(), rt.generation)
+            plan = memo_get(memo_key)
+            l1 = rt.l1
+            if plan is None or not plan.l1_first or l1 is None:
+                return plan, memo_key, _MISSING
+            clock = rt.clock
+            now = clock()
+            entry = l1.peek(plan.ns, plan.key, now)
+            if entry is None:
+                return plan, memo_key, _MISSING
+            slot = (plan.ns, plan.key)
+            cached = decoded.get(slot)
+            if cached is not None and cached[0] is entry:
+                value = cached[1]
+            else:
+                payload = entry.value
+                try:
+                    value = loads(payload)
+                except (ValueError, UnicodeDecodeError, EOFError):
+                    return plan, memo_key, _MISSING  # the full path drops and counts it
+                if payload and payload[0] in _IMMUTABLE_TAGS:
+                    if len(decoded) >= _MEMO_LIMIT:
+                        decoded.clear()
+                    decoded[slot] = (entry, value)
+            counters.hits += 1
+            seconds = clock() - now
+            metrics = rt.metrics  # inlined CacheMetrics.record
+            cells = metrics.decisions.get(plan.hit_labels) or metrics.cells(plan.hit_labels)
+            cells[bisect_left(buckets, seconds)] += 1
+            cells[-1] += seconds
+            rt.events.record((
+                now, plan.key, plan.ns, plan.rule, rt.policy_ref, "hit", L1, len(entry.value), seconds * 1000.0,
+                entry.saved_ms, identity, "", None,
+            ))
+            return plan, memo_key, value
+
+        return hot_hit
 
     # -- lookup and admission (shared by every function kind) ---------------------------------------------
 
@@ -507,7 +598,7 @@ class CachedFunction:
 
     def _start(self, args: tuple, kwargs: dict) -> tuple[CacheRuntime, _Plan, float]:
         started = time.perf_counter()
-        rt = self.runtime or default_runtime()
+        rt = self.runtime or current_runtime()
         return rt, self._plan(rt, args, kwargs), started
 
     def _offload(self, rt: CacheRuntime) -> bool:
@@ -519,8 +610,17 @@ class CachedFunction:
     def _wrap_sync(self) -> Callable[..., Any]:
         fn = self.fn
 
+        hot_hit = self._hot_hit
+        runtime = self.runtime
+
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            rt, plan, started = self._start(args, kwargs)
+            rt = runtime or current_runtime()
+            plan, memo_key, value = hot_hit(rt, args, kwargs)
+            if value is not _MISSING:
+                return value
+            started = time.perf_counter()
+            if plan is None:
+                plan = self._plan(rt, args, kwargs, memo_key)
             if plan.key is None:
                 self._bypass(rt, plan, started)
                 return fn(*args, **kwargs)
@@ -543,7 +643,13 @@ class CachedFunction:
         fn = self.fn
 
         async def wrapper(*args: Any, **kwargs: Any) -> Any:
-            rt, plan, started = self._start(args, kwargs)
+            rt = self.runtime or current_runtime()
+            plan, memo_key, value = self._hot_hit(rt, args, kwargs)
+            if value is not _MISSING:
+                return value
+            started = time.perf_counter()
+            if plan is None:
+                plan = self._plan(rt, args, kwargs, memo_key)
             if plan.key is None:
                 self._bypass(rt, plan, started)
                 return await fn(*args, **kwargs)
@@ -639,12 +745,12 @@ class CachedFunction:
 
     def cache_key(self, *args: Any, **kwargs: Any) -> CacheKey | None:
         """The key this call would use, or None when it would bypass the cache."""
-        rt = self.runtime or default_runtime()
+        rt = self.runtime or current_runtime()
         return self._plan(rt, args, kwargs).key
 
     def invalidate(self, *args: Any, **kwargs: Any) -> bool:
         """Delete this call's entry from every tier. True when some tier held it."""
-        rt = self.runtime or default_runtime()
+        rt = self.runtime or current_runtime()
         plan = self._plan(rt, args, kwargs)
         return plan.key is not None and rt.store.delete(plan.ns, [plan.key]) > 0
 

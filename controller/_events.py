@@ -19,17 +19,18 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 log = logging.getLogger("evocache.controller.events")
 
 OUTCOMES = ("hit", "miss", "bypass", "store", "reject")
 
 
-@dataclass(frozen=True, slots=True)
-class AccessEvent:
+class AccessEvent(NamedTuple):
+    """One decision. A named tuple, so the request path can record a plain tuple in this field order and a
+    reader turns it into an event for free (``AccessEvent._make(record)``)."""
+
     t: float
     key: str
     ns: str
@@ -45,37 +46,54 @@ class AccessEvent:
     semantic: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return self._asdict()
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), separators=(",", ":"))
+        return json.dumps(self._asdict(), separators=(",", ":"))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AccessEvent:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        return cls(**{k: data[k] for k in cls._fields if k in data})
+
+
+EventRecord = tuple
+"""A plain tuple in ``AccessEvent`` field order: what the request path hands to a sink."""
 
 
 class EventSink(Protocol):
-    def emit(self, event: AccessEvent) -> None: ...
+    """Receives every decision. ``record`` is on the request path: it must be cheap and must not raise."""
+
+    errors: int
+
+    def record(self, rec: EventRecord) -> None: ...
+
+    def flush(self) -> None: ...
 
     def close(self) -> None: ...
 
 
 class RingSink:
-    """The last ``capacity`` events in memory (the embedded default; tests and the demo read it)."""
+    """The last ``capacity`` events in memory (the embedded default; tests and the demo read it).
+
+    Records are kept as the plain tuples the request path made and become ``AccessEvent``s only when read.
+    """
 
     def __init__(self, capacity: int = 100_000) -> None:
-        self._events: collections.deque[AccessEvent] = collections.deque(maxlen=capacity)
+        self._records: collections.deque[EventRecord] = collections.deque(maxlen=capacity)
+        self.record = self._records.append  # deque.append is atomic under the GIL: no lock, no extra call
         self.errors = 0
 
     def emit(self, event: AccessEvent) -> None:
-        self._events.append(event)  # deque.append is atomic under the GIL
+        self._records.append(tuple(event))
 
     def events(self) -> list[AccessEvent]:
-        return list(self._events)
+        return [AccessEvent._make(r) for r in list(self._records)]
 
     def __len__(self) -> int:
-        return len(self._events)
+        return len(self._records)
+
+    def flush(self) -> None:
+        return None
 
     def close(self) -> None:
         return None
@@ -90,27 +108,31 @@ class JsonlSink:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._lock = threading.Lock()
-        self._buffer: list[str] = []
+        self._buffer: list[EventRecord] = []
         self._flush_every = flush_every
         self.errors = 0
 
-    def emit(self, event: AccessEvent) -> None:
-        line = event.to_json()
+    def record(self, rec: EventRecord) -> None:
+        # Formatting waits for the flush, so a burst of decisions pays for JSON once per batch.
         with self._lock:
-            self._buffer.append(line)
+            self._buffer.append(rec)
             if len(self._buffer) >= self._flush_every:
                 self._flush_locked()
+
+    def emit(self, event: AccessEvent) -> None:
+        self.record(tuple(event))
 
     def _flush_locked(self) -> None:
         if not self._buffer or self._file.closed:
             return
-        lines, self._buffer = self._buffer, []
+        records, self._buffer = self._buffer, []
         try:
+            lines = [AccessEvent._make(r).to_json() for r in records]
             self._file.write("\n".join(lines) + "\n")
             self._file.flush()
         except OSError as exc:
-            self.errors += len(lines)
-            log.warning("event sink %s: %d events dropped: %s", self.path, len(lines), exc)
+            self.errors += len(records)
+            log.warning("event sink %s: %d events dropped: %s", self.path, len(records), exc)
 
     def flush(self) -> None:
         with self._lock:
@@ -137,6 +159,9 @@ class RedisStreamSink:
         self.maxlen = maxlen
         self.errors = 0
 
+    def record(self, rec: EventRecord) -> None:
+        self.emit(AccessEvent._make(rec))
+
     def emit(self, event: AccessEvent) -> None:
         try:
             self.client.xadd(self.stream, {"e": event.to_json()}, maxlen=self.maxlen, approximate=True)
@@ -144,6 +169,9 @@ class RedisStreamSink:
             self.errors += 1
             if self.errors == 1 or self.errors % 1000 == 0:
                 log.warning("event stream %s: %d events dropped (%s)", self.stream, self.errors, exc)
+
+    def flush(self) -> None:
+        return None
 
     def read(self, count: int = 1000) -> list[AccessEvent]:
         rows = self.client.xrange(self.stream, count=count)

@@ -108,12 +108,6 @@ def _canon(value: Any, depth: int = 0) -> Any:
     raise Uncacheable(f"no canonical form for an argument of type {t.__qualname__}")
 
 
-def _part(h: Any, label: bytes, data: bytes) -> None:
-    h.update(label)
-    h.update(len(data).to_bytes(8, "big"))
-    h.update(data)
-
-
 def derive_key(
     *,
     function: str,
@@ -124,14 +118,17 @@ def derive_key(
     ns: Namespace,
     args: Mapping[str, Any],
 ) -> CacheKey:
-    """The key of one call. Raises ``Uncacheable`` for arguments without a canonical form."""
-    h = hashlib.sha256()
-    _part(h, b"fn", function.encode())
-    _part(h, b"model", model.encode())
-    _part(h, b"rev", revision.encode())
-    _part(h, b"tpl", template.encode())
-    _part(h, b"params", repr(params).encode())
-    _part(h, b"ns", ns.encode())
+    """The key of one call. Raises ``Uncacheable`` for arguments without a canonical form.
+
+    The hashed material is the parts in a fixed order, each prefixed by its length: no part can bleed into
+    the next, whatever bytes it holds.
+    """
     canon = sorted((name, _canon(value)) for name, value in args.items())
-    _part(h, b"args", repr(canon).encode())
-    return CacheKey(h.hexdigest())
+    material = b"".join(
+        len(b).to_bytes(8, "big") + b
+        for b in (
+            function.encode(), model.encode(), revision.encode(), template.encode(),
+            repr(params).encode(), ns.encode(), repr(canon).encode(),
+        )
+    )
+    return CacheKey(hashlib.sha256(material).hexdigest())

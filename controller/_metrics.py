@@ -1,57 +1,92 @@
 """Prometheus metrics per rule, tier and outcome.
 
-Each ``CacheMetrics`` owns a ``CollectorRegistry`` (pass ``prometheus_client.REGISTRY`` to expose on the
-process default). Labelled children are bound once and kept in dicts: ``Counter.labels()`` costs more than the
-increment itself, and this runs on every request.
+Decisions are counted in plain dicts and exposed through a custom collector: a labelled prometheus ``Counter``
+takes a lock and a label lookup per increment, which would cost more than an L1 hit itself. The collector
+turns the dicts into ``evocache_requests_total`` and ``evocache_lookup_seconds`` when scraped. Increments are
+not locked: under the GIL a lost update needs a thread switch between the read and the write of one dict item,
+so a count can be short by a few under heavy multi-threaded load, never over.
+
+Rare events (tier errors, dropped entries) use ordinary prometheus counters.
+Each ``CacheMetrics`` owns a ``CollectorRegistry`` unless given one (``prometheus_client.REGISTRY`` exposes on
+the process default).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+import bisect
+from collections.abc import Iterator
 
-_LATENCY_BUCKETS = (0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+LATENCY_BUCKETS = (0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
+
+
+# Cells of one (rule, tier, outcome): a count per bucket (bisect_left index; the last one is +Inf), then the
+# sum of seconds. Their total is the decision count, so one structure serves the counter and the histogram.
+_SUM = len(LATENCY_BUCKETS) + 1
+
+
+class _DecisionCollector(Collector):
+    def __init__(self) -> None:
+        self.cells: dict[tuple[str, str, str], list[float]] = {}
+        self.stored: dict[tuple[str, str], int] = {}
+
+    def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
+        requests = CounterMetricFamily(
+            "evocache_requests", "Cache decisions by rule, tier and outcome.", labels=["rule", "tier", "outcome"]
+        )
+        hist = HistogramMetricFamily(
+            "evocache_lookup_seconds", "Time spent in the cache per decision (function time excluded).",
+            labels=["rule", "tier", "outcome"],
+        )
+        for labels, cells in list(self.cells.items()):
+            cumulative, buckets = 0.0, []
+            for bound, n in zip((*map(str, LATENCY_BUCKETS), "+Inf"), cells[:_SUM], strict=True):
+                cumulative += n
+                buckets.append((bound, cumulative))
+            requests.add_metric(list(labels), cumulative)
+            hist.add_metric(list(labels), buckets, cells[_SUM])
+        yield requests
+        yield hist
+        stored = CounterMetricFamily(
+            "evocache_stored_bytes", "Payload bytes written, by rule and tier.", labels=["rule", "tier"]
+        )
+        for labels, n in list(self.stored.items()):
+            stored.add_metric(list(labels), n)
+        yield stored
 
 
 class CacheMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.requests = Counter(
-            "evocache_requests", "Cache decisions by rule, tier and outcome.",
-            ["rule", "tier", "outcome"], registry=self.registry,
-        )
-        self.latency = Histogram(
-            "evocache_lookup_seconds", "Time spent in the cache per decision (function time excluded).",
-            ["rule", "outcome"], buckets=_LATENCY_BUCKETS, registry=self.registry,
-        )
-        self.stored_bytes = Counter(
-            "evocache_stored_bytes", "Payload bytes written, by rule and tier.",
-            ["rule", "tier"], registry=self.registry,
-        )
+        self._decisions = _DecisionCollector()
+        self.registry.register(self._decisions)
+        # Read and updated in place by the L1 hit path (controller._cache_if), which inlines `record`.
+        self.decisions = self._decisions.cells
         self.tier_errors = Counter(
             "evocache_tier_errors", "Tier failures turned into misses or skipped writes.",
             ["tier", "op"], registry=self.registry,
         )
         self.tier_faults = Counter(
-            "evocache_tier_faults", "Entries a tier dropped itself (corrupt payloads).",
+            "evocache_tier_faults", "Entries dropped as corrupt or undecodable, by tier.",
             ["tier", "kind"], registry=self.registry,
         )
-        self._req: dict[tuple[str, str, str], Counter] = {}
-        self._lat: dict[tuple[str, str], Histogram] = {}
 
     def record(self, rule: str, tier: str | None, outcome: str, seconds: float) -> None:
-        key = (rule, tier or "", outcome)
-        child = self._req.get(key)
-        if child is None:
-            child = self._req[key] = self.requests.labels(*key)
-        child.inc()
-        lkey = (rule, outcome)
-        hist = self._lat.get(lkey)
-        if hist is None:
-            hist = self._lat[lkey] = self.latency.labels(*lkey)
-        hist.observe(seconds)
+        labels = (rule, tier or "", outcome)
+        cells = self.decisions.get(labels) or self.cells(labels)
+        cells[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        cells[-1] += seconds
+
+    def cells(self, labels: tuple[str, str, str]) -> list[float]:
+        """The cells of ``(rule, tier, outcome)``: a count per bucket (the last is +Inf), then the sum."""
+        return self.decisions.setdefault(labels, [0.0] * (_SUM + 1))
 
     def stored(self, rule: str, tier: str, size: int) -> None:
-        self.stored_bytes.labels(rule, tier).inc(size)
+        stored = self._decisions.stored
+        stored[(rule, tier)] = stored.get((rule, tier), 0) + size
 
     def tier_error(self, tier: str, op: str, _exc: BaseException | None = None) -> None:
         self.tier_errors.labels(tier, op).inc()

@@ -73,7 +73,13 @@ class StoreConfig(BaseModel):
 class _NullSink:
     errors = 0
 
+    def record(self, rec: object) -> None:
+        return None
+
     def emit(self, event: object) -> None:
+        return None
+
+    def flush(self) -> None:
         return None
 
     def close(self) -> None:
@@ -124,10 +130,14 @@ class CacheRuntime:
     clock: Callable[[], float] = time.time
     tenants: _PolicyHolder = field(default_factory=lambda: _PolicyHolder(None))
     generation: int = field(default_factory=lambda: next(_generation))
+    # Derived in __post_init__ (and again by every `replace`): read on every call, so no property lookups.
+    policy_ref: str = field(init=False, default="")
+    l1: MemoryTier | None = field(init=False, default=None)
 
-    @property
-    def policy_ref(self) -> str:
-        return self.policy.ref if self.policy is not None else ""
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "policy_ref", self.policy.ref if self.policy is not None else "")
+        first = next(iter(self.store.tiers.values()), None)
+        object.__setattr__(self, "l1", first if isinstance(first, MemoryTier) else None)
 
     @property
     def tier_names(self) -> tuple[TierName, ...]:
@@ -142,6 +152,10 @@ class CacheRuntime:
         new = replace(self, policy=policy, generation=next(_generation))
         self.tenants.policy = policy
         return new
+
+    def flush(self) -> None:
+        """Write out buffered events (a JSONL sink buffers a batch)."""
+        self.events.flush()
 
     def close(self) -> None:
         self.events.close()
@@ -259,6 +273,11 @@ def build_runtime(
 
 _lock = threading.Lock()
 _default: CacheRuntime | None = None
+
+
+def current_runtime() -> CacheRuntime:
+    """The process runtime (the request path's accessor: one global read once it exists)."""
+    return _default or default_runtime()
 
 
 def default_runtime() -> CacheRuntime:

@@ -1,14 +1,15 @@
-"""Syntax tree of the expression language: frozen, slotted nodes, each carrying the position of its main token.
+"""Syntax tree of the expression language: frozen, slotted nodes, each with the position of its main token.
 
-The main token is the one an error about the node points at: the name for ``Name`` and ``Attribute`` (the member
-name), the operator for ``Binary``, ``Unary`` and each comparison, ``[`` for ``Index`` and ``ListExpr``, ``(``
-for ``Call``. ``start()`` gives the first token of a node, used where an error is about a whole operand.
+The main token is the one an error about the node points at: the name for ``Name`` and ``Attribute``
+(the member name), the operator for ``Binary``, ``Unary`` and each comparison, ``[`` for ``Index`` and
+``ListExpr``, ``(`` for ``Call``. ``start()`` gives the first token of a node, used where an error is about a
+whole operand.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +103,7 @@ class Compare:
     column: int
 
 
-Node = Union[Literal, ListExpr, Name, Attribute, Index, Call, Unary, Binary, BoolOp, Compare]
+Node = Literal | ListExpr | Name | Attribute | Index | Call | Unary | Binary | BoolOp | Compare
 
 
 def start(node: Node) -> tuple[int, int]:

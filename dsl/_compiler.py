@@ -1,4 +1,4 @@
-"""Compiler: syntax tree + ``RequestSchema`` -> a tree of closures, type-checked on the way; and ``Expression``.
+"""Compiler: syntax tree + ``RequestSchema`` -> a tree of closures, type-checked on the way; ``Expression``.
 
 Every node becomes one closure ``fn(view) -> value``. All decisions (which operator, which checks, which
 constant) are made here, once, so evaluation does no dispatch on strings or node types: a compiled
@@ -10,6 +10,20 @@ mismatch is an ``ExpressionCompileError``; where a kind is not known (``any`` fi
 the view are checked against their declared type when read, so every later step can trust the static type.
 A node whose operands are all constant is evaluated at compile time; an evaluation error there (``1 // 0``,
 ``[1][3]``) becomes an ``ExpressionCompileError`` at the same position.
+
+The language, in short:
+
+- literals: ints, floats, 'str' and "str" (escapes \\n \\t \\" \\' \\\\ only), true/false/none (or
+  True/False/None), lists ``[1, 2, "a"]``; a list value is a tuple at runtime;
+- ``or``, ``and``, ``not`` take bools only (``top_k and x`` is an error, not a truthiness test);
+- ``== != < <= > >=`` chain as in Python; ``==`` never equates a bool with a number; ordering needs two
+  numbers or two strings; comparing a none with anything by ``==`` is allowed (``seed == none``);
+- ``in``/``not in``: list membership or substring; ``+`` adds numbers or joins strings (at most 64 KiB);
+  ``- * / // %`` on numbers; unary ``-``. There is no ``**`` and no string or list repetition; every integer
+  result stays within |x| <= 2**63 and every float result is finite;
+- ``tenant.tier``: members of a record the schema declares; ``input_ids[0]``: an int index into a list;
+- calls: only the functions in ``FUNCTIONS``, by name;
+- bounds: 4096 characters of source, nesting depth 32, string literals of 1024 characters, 256 list items.
 """
 
 from __future__ import annotations
@@ -21,7 +35,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._ast import Attribute, Binary, BoolOp, Call, Compare, CompareOp, Index, ListExpr, Literal, Name, Node, Unary
+from ._ast import (
+    Attribute,
+    Binary,
+    BoolOp,
+    Call,
+    Compare,
+    CompareOp,
+    Index,
+    ListExpr,
+    Literal,
+    Name,
+    Node,
+    Unary,
+)
 from ._ast import start as start_of
 from ._functions import FUNCTIONS, FunctionSpec, PatternError, SignatureError, compile_pattern
 from ._parser import parse
@@ -52,7 +79,13 @@ _STR_KINDS = frozenset({Kind.STR})
 _LIST_KINDS = frozenset({Kind.LIST})
 _INT_KINDS = frozenset({Kind.INT})
 _ORDERED = NUMBER | _STR_KINDS
-_LITERAL_TYPES: Mapping[type, FieldType] = {bool: BOOL, int: INT, float: FLOAT, str: STR, type(None): NONE_TYPE}
+_LITERAL_TYPES: Mapping[type, FieldType] = {
+    bool: BOOL,
+    int: INT,
+    float: FLOAT,
+    str: STR,
+    type(None): NONE_TYPE,
+}
 _ARITHMETIC: Mapping[str, Callable[[Any, Any], Any]] = {
     "+": operator.add,
     "-": operator.sub,
@@ -76,8 +109,8 @@ _EXPECTED = (TypeError, ValueError, OverflowError, ZeroDivisionError, RecursionE
 class Expression:
     """A compiled expression. Build it with ``compile_expression``.
 
-    ``fields`` are the top-level request fields it reads; ``result_type`` is its static type (``Kind.ANY`` where
-    it depends on an ``any`` field).
+    ``fields`` are the top-level request fields it reads; ``result_type`` is its static type (``Kind.ANY``
+    where it depends on an ``any`` field).
     """
 
     source: str
@@ -87,11 +120,11 @@ class Expression:
     _start: tuple[int, int] = field(repr=False, compare=False)
 
     def evaluate(self, view: Mapping[str, Any]) -> Any:
-        """The value of the expression on a request view (list values come back as tuples or as the view's lists).
+        """The value of the expression on a request view (a list comes back as a tuple or as the view's list).
 
         Raises ``ExpressionEvalError`` for a field missing from the view, a value of the wrong type, a bound
-        exceeded, a division by zero or an index out of range; nothing else. A ``view`` that is not a Mapping is
-        a caller bug and raises ``TypeError``.
+        exceeded, a division by zero or an index out of range; nothing else. A ``view`` that is not a Mapping
+        is a caller bug and raises ``TypeError``.
         """
         if type(view) is not dict and not isinstance(view, Mapping):
             raise TypeError(f"a request view must be a Mapping, got {type(view).__name__}")
@@ -112,10 +145,10 @@ class Expression:
 def compile_expression(source: str, schema: RequestSchema = STANDARD_SCHEMA) -> Expression:
     """Compile ``source`` against ``schema``; results are cached per (source, schema).
 
-    Raises ``ExpressionSyntaxError`` for malformed text and ``ExpressionCompileError`` for unknown names, fields
-    or functions, type errors visible without a request, and bounds broken by literals (both carry the line and
-    column of the offending token). A ``source`` that is not a str or a ``schema`` that is not a RequestSchema
-    raises ``TypeError``.
+    Raises ``ExpressionSyntaxError`` for malformed text and ``ExpressionCompileError`` for unknown names,
+    fields or functions, type errors visible without a request, and bounds broken by literals (both carry the
+    line and column of the offending token). A ``source`` that is not a str or a ``schema`` that is not a
+    RequestSchema raises ``TypeError``.
     """
     if not isinstance(source, str):
         raise TypeError(f"an expression must be a str, got {type(source).__name__}")
@@ -207,10 +240,12 @@ class _Compiler:
     def require(self, code: _Code, kinds: frozenset[Kind], what: str, node: Node) -> None:
         """Compile error unless ``code`` may have one of ``kinds``."""
         if _known(code.type) and code.type.kind not in widen(kinds):
-            raise self.error(f"{what} must be {describe_kinds(kinds)}, got {describe_type(code.type)}", *start_of(node))
+            raise self.error(
+                f"{what} must be {describe_kinds(kinds)}, got {describe_type(code.type)}", *start_of(node)
+            )
 
     def guard(self, code: _Code, kinds: frozenset[Kind], what: str, node: Node) -> Fn:
-        """``code.fn``, with a runtime kind check in front when the static type does not guarantee ``kinds``."""
+        """``code.fn``, with a runtime kind check in front unless the static type guarantees ``kinds``."""
         if _trusted(code.type, kinds):
             return code.fn
         fn, fast, allowed = code.fn, exact_types(kinds), widen(kinds)
@@ -260,8 +295,16 @@ class _Compiler:
         declared = self.schema.fields.get(name)
         if declared is None:
             if name in FUNCTIONS:
-                raise self.error(f"'{name}' is a function: call it, as in {FUNCTIONS[name].signature}", node.line, node.column)
-            raise self.error(_unknown(f"unknown name '{name}'", name, self.schema.fields, "known fields"), node.line, node.column)
+                raise self.error(
+                    f"'{name}' is a function: call it, as in {FUNCTIONS[name].signature}",
+                    node.line,
+                    node.column,
+                )
+            raise self.error(
+                _unknown(f"unknown name '{name}'", name, self.schema.fields, "known fields"),
+                node.line,
+                node.column,
+            )
         self.fields.add(name)
         where = self.where(node.line, node.column)
         check = self.checker(declared, where, f"field '{name}'")
@@ -299,12 +342,18 @@ class _Compiler:
         record = target.type
         if record.kind is not Kind.RECORD or not record.fields:
             raise self.error(
-                f"{path} is {describe_type(record)}, not a record with declared members: '.{name}' is not allowed",
-                node.line, node.column,
+                f"{path} is {describe_type(record)}, not a record with declared members: "
+                f"'.{name}' is not allowed",
+                node.line,
+                node.column,
             )
         declared = record.fields.get(name)
         if declared is None:
-            raise self.error(_unknown(f"{path} has no member '{name}'", name, record.fields, "known members"), node.line, node.column)
+            raise self.error(
+                _unknown(f"{path} has no member '{name}'", name, record.fields, "known members"),
+                node.line,
+                node.column,
+            )
         where = self.where(node.line, node.column)
         check = self.checker(declared, where, f"{path}.{name}") or (lambda value: value)
         get, missing = target.fn, f"{path} has no member '{name}' in this request"
@@ -342,14 +391,20 @@ class _Compiler:
         callee = node.callee
         if not isinstance(callee, Name):
             raise self.error(
-                f"only the allow-listed functions can be called ({', '.join(sorted(FUNCTIONS))})", node.line, node.column
+                f"only the allow-listed functions can be called ({', '.join(sorted(FUNCTIONS))})",
+                node.line,
+                node.column,
             )
         name = callee.name
         spec = FUNCTIONS.get(name)
         if spec is None:
             if name.startswith("__"):
                 raise self.error("names starting with '__' are not allowed", callee.line, callee.column)
-            raise self.error(_unknown(f"unknown function '{name}'", name, FUNCTIONS, "known functions"), callee.line, callee.column)
+            raise self.error(
+                _unknown(f"unknown function '{name}'", name, FUNCTIONS, "known functions"),
+                callee.line,
+                callee.column,
+            )
         if not spec.accepts(len(node.args)):
             count = len(spec.params)
             wanted = f"{'at least ' if spec.variadic else ''}{count} argument{'' if count == 1 else 's'}"
@@ -362,7 +417,8 @@ class _Compiler:
         except SignatureError as exc:
             raise self.error(exc.message, *start_of(node.args[exc.argument])) from None
         fns = [
-            self.guard(arg, spec.param(i), f"argument {i + 1} of {name}()", node.args[i]) for i, arg in enumerate(args)
+            self.guard(arg, spec.param(i), f"argument {i + 1} of {name}()", node.args[i])
+            for i, arg in enumerate(args)
         ]
         return self.finish(_call_closure(spec, fns, self.where(callee.line, callee.column)), result, args)
 
@@ -410,18 +466,27 @@ class _Compiler:
                 raise self.error(
                     f"'{op}' needs {'numbers or strings' if op == '+' else 'numbers'}, "
                     f"got {describe_type(lt)} and {describe_type(rt)}{hint}",
-                    node.line, node.column,
+                    node.line,
+                    node.column,
                 )
         if op == "+" and _known(lt) and _known(rt) and _family(lt.kind) is not _family(rt.kind):
-            raise self.error(f"'+' cannot join {describe_type(lt)} and {describe_type(rt)}", node.line, node.column)
+            raise self.error(
+                f"'+' cannot join {describe_type(lt)} and {describe_type(rt)}", node.line, node.column
+            )
         kinds = {lt.kind, rt.kind}
         if op == "+" and Kind.STR in kinds:
-            fn = _concat(self.guard(left, _STR_KINDS, "the left operand of '+'", node.left),
-                         self.guard(right, _STR_KINDS, "the right operand of '+'", node.right), where)
+            fn = _concat(
+                self.guard(left, _STR_KINDS, "the left operand of '+'", node.left),
+                self.guard(right, _STR_KINDS, "the right operand of '+'", node.right),
+                where,
+            )
             return self.finish(fn, STR, [left, right])
         if op == "+" and kinds == {Kind.ANY}:
-            fn = _dynamic_add(self.guard(left, _ORDERED, "the left operand of '+'", node.left),
-                              self.guard(right, _ORDERED, "the right operand of '+'", node.right), where)
+            fn = _dynamic_add(
+                self.guard(left, _ORDERED, "the left operand of '+'", node.left),
+                self.guard(right, _ORDERED, "the right operand of '+'", node.right),
+                where,
+            )
             return self.finish(fn, ANY, [left, right])
         fn = _arithmetic(
             _ARITHMETIC[op],
@@ -435,9 +500,12 @@ class _Compiler:
     def bool_op(self, node: BoolOp) -> _Code:
         operands = [self.compile(o) for o in node.operands]
         what = f"an operand of '{node.op}'"
-        for code, child in zip(operands, node.operands):
+        for code, child in zip(operands, node.operands, strict=True):
             self.require(code, _BOOL_KINDS, what, child)
-        fns = [self.guard(code, _BOOL_KINDS, what, child) for code, child in zip(operands, node.operands)]
+        fns = [
+            self.guard(code, _BOOL_KINDS, what, child)
+            for code, child in zip(operands, node.operands, strict=True)
+        ]
         fn = _conjunction(fns) if node.op == "and" else _disjunction(fns)
         return self.finish(fn, BOOL, operands)
 
@@ -452,11 +520,20 @@ class _Compiler:
         return _COMPARISONS[op.symbol](self, op, left.type, right.type, right, where)
 
     def equality(self, op: CompareOp, lt: FieldType, rt: FieldType, right: _Code, where: _Where) -> Callable:
-        if _known(lt) and _known(rt) and Kind.NONE not in (lt.kind, rt.kind) and _family(lt.kind) is not _family(rt.kind):
-            raise self.error(f"'{op.symbol}' compares {describe_type(lt)} with {describe_type(rt)}", op.line, op.column)
+        if (
+            _known(lt)
+            and _known(rt)
+            and Kind.NONE not in (lt.kind, rt.kind)
+            and _family(lt.kind) is not _family(rt.kind)
+        ):
+            raise self.error(
+                f"'{op.symbol}' compares {describe_type(lt)} with {describe_type(rt)}", op.line, op.column
+            )
         equal = op.symbol == "=="
         if Kind.NONE in (lt.kind, rt.kind):
-            return operator.is_ if equal else operator.is_not  # none is a singleton: identity is exact and safe
+            return (
+                operator.is_ if equal else operator.is_not
+            )  # none is a singleton: identity is exact and safe
         if _family(lt.kind) == _family(rt.kind) and _family(lt.kind) in (Kind.FLOAT, Kind.STR, Kind.BOOL):
             return operator.eq if equal else operator.ne
         return _checked(values_equal, where, negate=not equal)
@@ -464,27 +541,48 @@ class _Compiler:
     def ordering(self, op: CompareOp, lt: FieldType, rt: FieldType, right: _Code, where: _Where) -> Callable:
         for t in (lt, rt):
             if _known(t) and t.kind not in _ORDERED:
-                raise self.error(f"'{op.symbol}' needs numbers or strings, got {describe_type(t)}", op.line, op.column)
+                raise self.error(
+                    f"'{op.symbol}' needs numbers or strings, got {describe_type(t)}", op.line, op.column
+                )
         if _known(lt) and _known(rt) and _family(lt.kind) is not _family(rt.kind):
-            raise self.error(f"'{op.symbol}' cannot compare {describe_type(lt)} with {describe_type(rt)}", op.line, op.column)
+            raise self.error(
+                f"'{op.symbol}' cannot compare {describe_type(lt)} with {describe_type(rt)}",
+                op.line,
+                op.column,
+            )
         compare = _ORDERING[op.symbol]
         if _trusted(lt, _ORDERED) and _trusted(rt, _ORDERED):
             return compare
         return _checked_order(compare, op.symbol, where)
 
-    def membership(self, op: CompareOp, lt: FieldType, rt: FieldType, right: _Code, where: _Where) -> Callable:
+    def membership(
+        self, op: CompareOp, lt: FieldType, rt: FieldType, right: _Code, where: _Where
+    ) -> Callable:
         inside = op.symbol == "in"
         if _known(rt) and rt.kind not in (Kind.LIST, Kind.STR):
-            raise self.error(f"'{op.symbol}' needs a list or a string on the right, got {describe_type(rt)}", op.line, op.column)
+            raise self.error(
+                f"'{op.symbol}' needs a list or a string on the right, got {describe_type(rt)}",
+                op.line,
+                op.column,
+            )
         if rt.kind is Kind.STR and _known(lt) and lt.kind is not Kind.STR:
-            raise self.error(f"'{op.symbol}' on a string needs a string on the left, got {describe_type(lt)}", op.line, op.column)
+            raise self.error(
+                f"'{op.symbol}' on a string needs a string on the left, got {describe_type(lt)}",
+                op.line,
+                op.column,
+            )
         item = rt.item if rt.kind is Kind.LIST and rt.item is not None else ANY
         if (
-            rt.kind is Kind.LIST and _known(lt) and _known(item) and Kind.NONE not in (lt.kind, item.kind)
+            rt.kind is Kind.LIST
+            and _known(lt)
+            and _known(item)
+            and Kind.NONE not in (lt.kind, item.kind)
             and _family(lt.kind) is not _family(item.kind)
         ):
             raise self.error(
-                f"'{op.symbol}' looks for {describe_type(lt)} among items of type {describe_type(item)}", op.line, op.column
+                f"'{op.symbol}' looks for {describe_type(lt)} among items of type {describe_type(item)}",
+                op.line,
+                op.column,
             )
         scalar = _trusted(lt, NUMBER) or _trusted(lt, _STR_KINDS)
         if scalar and right.const and rt.kind is Kind.LIST and _hashable_like(right.value, lt):
@@ -548,7 +646,9 @@ def _combine(op: Callable[[Any, Any], Any], a: Any, b: Any, where: _Where) -> An
 def _join_strings(a: str, b: str, where: _Where) -> str:
     # Checked before joining, so an oversized result is never built.
     if len(a) + len(b) > MAX_STRING_BUILD:
-        raise where.error(f"'+' would build a string of {len(a) + len(b)} characters (limit {MAX_STRING_BUILD})")
+        raise where.error(
+            f"'+' would build a string of {len(a) + len(b)} characters (limit {MAX_STRING_BUILD})"
+        )
     return a + b
 
 
@@ -620,7 +720,9 @@ def _checked(test: Callable[[Any, Any], bool], where: _Where, *, negate: bool) -
     return checked
 
 
-def _checked_order(compare: Callable[[Any, Any], bool], symbol: str, where: _Where) -> Callable[[Any, Any], bool]:
+def _checked_order(
+    compare: Callable[[Any, Any], bool], symbol: str, where: _Where
+) -> Callable[[Any, Any], bool]:
     def checked_order(a: Any, b: Any) -> bool:
         ka, kb = kind_of(a), kind_of(b)
         if (ka in NUMBER and kb in NUMBER) or (ka is Kind.STR and kb is Kind.STR):
@@ -653,7 +755,7 @@ def _chain(operands: list[_Code], steps: list[Callable[[Any, Any], bool]]) -> Fn
 
         return between
     fns = [code.fn for code in operands]
-    links = list(zip(steps, fns[1:]))
+    links = list(zip(steps, fns[1:], strict=True))
     head = fns[0]
 
     def chain(view: View) -> bool:
@@ -719,7 +821,7 @@ def _call_closure(spec: FunctionSpec, fns: list[Fn], where: _Where) -> Fn:
 
 
 def _join(types: list[FieldType]) -> FieldType:
-    """The item type of a list literal: the common type of its items, ``number`` for mixed numbers, else any."""
+    """The item type of a list literal: the items' common type, ``number`` for mixed numbers, else any."""
     if not types:
         return ANY
     kinds = {t.kind for t in types}

@@ -2,12 +2,12 @@
 
 Each spec declares the kinds of its arguments; the compiler checks arity and the kinds it knows statically and
 inserts runtime checks only for arguments whose kind it does not know (``any`` fields, optional fields). The
-``result`` hook computes the static result type and enforces rules that a per-argument kind cannot say (``min``
-takes one list or several numbers; ``contains`` on a string needs a string).
+``result`` hook computes the static result type and enforces rules that a per-argument kind cannot say
+(``min`` takes one list or several numbers; ``contains`` on a string needs a string).
 
-``matches(text, pattern)`` takes its pattern as a string literal, compiled once at compile time. Python's ``re``
-backtracks and has no time limit, so patterns that could backtrack catastrophically are rejected and the rest
-run under a size bound:
+``matches(text, pattern)`` takes its pattern as a string literal, compiled once at compile time. Python's
+``re`` backtracks and has no time limit, so patterns that could backtrack catastrophically are rejected and
+the rest run under a size bound:
 
 - at most 200 characters;
 - no repeated group (``*``, ``+``, ``{n,}``, ``{m,n}`` with n > 1) that contains a variable quantifier or an
@@ -71,7 +71,7 @@ class FunctionSpec:
     ``params`` holds the accepted kinds of each argument (``Kind.FLOAT`` means any number, ``Kind.ANY`` any
     value); with ``variadic`` the last parameter repeats, so the function takes ``len(params)`` or more
     arguments. ``impl`` receives the evaluated arguments (already checked against ``params``) and raises
-    ``Fault`` for a runtime failure. ``pattern_argument`` names the argument that must be a regex string literal.
+    ``Fault`` for a runtime failure. ``pattern_argument`` is the argument that must be a regex string literal.
     """
 
     name: str
@@ -111,7 +111,9 @@ def _extreme_type(name: str) -> Callable[[Sequence[FieldType]], FieldType]:
             return INT if item.kind is Kind.INT else FLOAT
         for i, t in enumerate(args):
             if len(args) > 1 and t.kind is Kind.LIST:
-                raise SignatureError(f"{name}() takes one list or several numbers, not a list among others", i)
+                raise SignatureError(
+                    f"{name}() takes one list or several numbers, not a list among others", i
+                )
         return INT if all(t.kind is Kind.INT for t in args) else FLOAT
 
     return result
@@ -120,7 +122,9 @@ def _extreme_type(name: str) -> Callable[[Sequence[FieldType]], FieldType]:
 def _contains_type(args: Sequence[FieldType]) -> FieldType:
     container, item = args
     if container.kind is Kind.STR and item.kind not in (Kind.STR, Kind.ANY):
-        raise SignatureError(f"contains() on a string needs a string to look for, got {describe_type(item)}", 1)
+        raise SignatureError(
+            f"contains() on a string needs a string to look for, got {describe_type(item)}", 1
+        )
     return BOOL
 
 
@@ -192,7 +196,8 @@ def _contains(container: Any, item: Any) -> bool:
 def _matches(text: str, pattern: SafePattern) -> bool:
     if len(text) > pattern.max_text:
         raise Fault(
-            f"matches() text of {len(text)} characters is longer than this pattern may search ({pattern.max_text}); "
+            f"matches() text of {len(text)} characters is longer than this pattern may search "
+            f"({pattern.max_text}); "
             "anchor the pattern with '^' or use fewer unbounded quantifiers"
         )
     return pattern.regex.search(text) is not None
@@ -202,26 +207,47 @@ FUNCTIONS: Mapping[str, FunctionSpec] = MappingProxyType(
     {
         spec.name: spec
         for spec in (
-            FunctionSpec("len", (frozenset({Kind.STR, Kind.LIST}),), _returns(INT), len, "len(str | list) -> int"),
             FunctionSpec(
-                "min", (_NUM | {Kind.LIST},), _extreme_type("min"), _extreme("min", min),
-                "min(number, ...) | min(list) -> number", variadic=True,
+                "len", (frozenset({Kind.STR, Kind.LIST}),), _returns(INT), len, "len(str | list) -> int"
             ),
             FunctionSpec(
-                "max", (_NUM | {Kind.LIST},), _extreme_type("max"), _extreme("max", max),
-                "max(number, ...) | max(list) -> number", variadic=True,
+                "min",
+                (_NUM | {Kind.LIST},),
+                _extreme_type("min"),
+                _extreme("min", min),
+                "min(number, ...) | min(list) -> number",
+                variadic=True,
+            ),
+            FunctionSpec(
+                "max",
+                (_NUM | {Kind.LIST},),
+                _extreme_type("max"),
+                _extreme("max", max),
+                "max(number, ...) | max(list) -> number",
+                variadic=True,
             ),
             FunctionSpec("abs", (_NUM,), _same_number, _abs, "abs(number) -> number"),
             FunctionSpec("lower", (_STR,), _returns(STR), str.lower, "lower(str) -> str"),
             FunctionSpec("upper", (_STR,), _returns(STR), str.upper, "upper(str) -> str"),
-            FunctionSpec("startswith", (_STR, _STR), _returns(BOOL), str.startswith, "startswith(str, str) -> bool"),
-            FunctionSpec("endswith", (_STR, _STR), _returns(BOOL), str.endswith, "endswith(str, str) -> bool"),
             FunctionSpec(
-                "contains", (frozenset({Kind.STR, Kind.LIST}), _ANY), _contains_type, _contains,
+                "startswith", (_STR, _STR), _returns(BOOL), str.startswith, "startswith(str, str) -> bool"
+            ),
+            FunctionSpec(
+                "endswith", (_STR, _STR), _returns(BOOL), str.endswith, "endswith(str, str) -> bool"
+            ),
+            FunctionSpec(
+                "contains",
+                (frozenset({Kind.STR, Kind.LIST}), _ANY),
+                _contains_type,
+                _contains,
                 "contains(str | list, any) -> bool",
             ),
             FunctionSpec(
-                "matches", (_STR, _STR), _returns(BOOL), _matches, "matches(str, 'pattern') -> bool",
+                "matches",
+                (_STR, _STR),
+                _returns(BOOL),
+                _matches,
+                "matches(str, 'pattern') -> bool",
                 pattern_argument=1,
             ),
             FunctionSpec("int", (_NUM | _STR,), _returns(INT), _to_int, "int(number | str) -> int"),
@@ -240,7 +266,7 @@ _GROUP_OPENERS = ("(?:", "(?=", "(?!", "(?<=", "(?<!", "(?>")
 
 @dataclass(frozen=True, slots=True)
 class SafePattern:
-    """A compiled ``matches`` pattern and the longest text it may search (its work bound, see the module doc)."""
+    """A compiled ``matches`` pattern and the longest text it may search (its work bound: see the module)."""
 
     regex: re.Pattern[str]
     max_text: int

@@ -1,9 +1,9 @@
 """Lexer of the expression language: text -> tokens, each with its 1-based line and column.
 
 The lexer is where hostile text is turned away first: only ASCII names, the operators of the language and
-plain string/number literals exist. Everything else (``**``, ``=``, ``;``, ``:``, f-strings, Python keywords such
-as ``lambda`` or ``import``, fullwidth letters, zero-width characters) is an ``ExpressionSyntaxError`` pointing
-at the offending character, with a message that says what to write instead where there is an obvious answer.
+plain string/number literals exist. Everything else (``**``, ``=``, ``;``, ``:``, f-strings, Python keywords
+such as ``lambda`` or ``import``, fullwidth letters, zero-width characters) is an ``ExpressionSyntaxError``
+pointing at the offending character, with a message that says what to write instead where that is obvious.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from .errors import ExpressionCompileError, ExpressionSyntaxError
 MAX_SOURCE_CHARS = 4096
 MAX_STRING_CHARS = 1024
 MAX_INT_LITERAL = 2**63
-# 2**63 has 19 digits; anything longer is out of range without converting it (int() of a huge digit string is slow).
+# 2**63 has 19 digits: anything longer is out of range without converting it (int() of long digit strings
+# is slow).
 _MAX_INT_DIGITS = 19
 
 # Keywords of the language. Both spellings of the constants are accepted; each maps to one token type.
@@ -74,8 +75,8 @@ _REJECTED = {
 
 _ESCAPES = {"n": "\n", "t": "\t", '"': '"', "'": "'", "\\": "\\"}
 _STRING_PREFIXES = frozenset({"f", "r", "b", "u", "rb", "br", "fr", "rf"})
-# Every character str.splitlines() breaks at. A raw one inside a string would make the error caret point at the
-# wrong line, so they are rejected there; outside strings only \n, \r\n and \r are line breaks.
+# Every character str.splitlines() breaks at. A raw one inside a string would make the error caret point at
+# the wrong line, so they are rejected there; outside strings only \n, \r\n and \r are line breaks.
 _LINE_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -84,8 +85,8 @@ _NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?")
 
 @dataclass(frozen=True, slots=True)
 class Token:
-    """One token. ``type`` is ``"int"``, ``"float"``, ``"str"``, ``"name"``, ``"eof"``, or the operator or keyword
-    itself (``"=="``, ``"and"``, ``"true"``); ``value`` is the literal's value or the name's text."""
+    """One token. ``type`` is ``"int"``, ``"float"``, ``"str"``, ``"name"``, ``"eof"``, or the operator or
+    keyword itself (``"=="``, ``"and"``, ``"true"``); ``value`` is the literal's value or the name's text."""
 
     type: str
     value: Any
@@ -159,11 +160,15 @@ class _Lexer:
         word, column = match.group(), self.column
         self.pos = match.end()
         if word in _STRING_PREFIXES and self.source[self.pos : self.pos + 1] in ("'", '"'):
-            raise self.fail(f"string prefix '{word}' is not supported (no f-strings, raw or byte strings)", column=column)
+            raise self.fail(
+                f"string prefix '{word}' is not supported (no f-strings, raw or byte strings)", column=column
+            )
         if word in _KEYWORDS:
             self._add(_KEYWORDS[word], None, column)
         elif word in _RESERVED:
-            hint = _PYTHON_KEYWORD_HINTS.get(word, f"'{word}' is a Python keyword and means nothing in an expression")
+            hint = _PYTHON_KEYWORD_HINTS.get(
+                word, f"'{word}' is a Python keyword and means nothing in an expression"
+            )
             raise self.fail(hint, column=column)
         else:
             self._add("name", word, column)
@@ -179,7 +184,9 @@ class _Lexer:
         if match.group(1) or match.group(2):
             value = float(text)
             if value in (float("inf"), float("-inf")):
-                raise ExpressionCompileError(f"float literal {text} is out of range", self.source, self.line, column)
+                raise ExpressionCompileError(
+                    f"float literal {text} is out of range", self.source, self.line, column
+                )
             self._add("float", value, column)
             return
         if len(text) > 1 and text[0] == "0":
@@ -187,7 +194,9 @@ class _Lexer:
         if len(text) > _MAX_INT_DIGITS or int(text) > MAX_INT_LITERAL:
             raise ExpressionCompileError(
                 f"integer literal {text[:24]}{'...' if len(text) > 24 else ''} is larger than 2**63",
-                self.source, self.line, column,
+                self.source,
+                self.line,
+                column,
             )
         self._add("int", int(text), column)
 
@@ -217,7 +226,9 @@ class _Lexer:
         if len(chars) > MAX_STRING_CHARS:
             raise ExpressionCompileError(
                 f"string literal of {len(chars)} characters is longer than {MAX_STRING_CHARS}",
-                self.source, self.line, column,
+                self.source,
+                self.line,
+                column,
             )
         self.pos = i + 1
         self._add("str", "".join(chars), column)

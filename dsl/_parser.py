@@ -4,9 +4,9 @@ Binding powers follow Python: ``or`` < ``and`` < ``not`` < comparisons (chained)
 unary ``-`` < postfix (call, index, attribute). ``and``/``or`` chains and comparison chains become one n-ary
 node each, so a long ``a and b and c ...`` does not make the tree deep.
 
-Nesting depth is the height of the tree, where a parenthesised group counts as a level of its own. It is capped
-at ``MAX_DEPTH`` (an ``ExpressionCompileError`` at the token that goes one level too deep); the cap also bounds
-the recursion of the parser, the compiler and the evaluator, so none of them can hit Python's recursion limit.
+Nesting depth is the height of the tree, where a parenthesised group counts as a level of its own. It is
+capped at ``MAX_DEPTH`` (an ``ExpressionCompileError`` at the token that goes one level too deep); the cap
+also bounds the recursion of the parser, the compiler and the evaluator: none can reach Python's limit.
 """
 
 from __future__ import annotations
@@ -14,7 +14,19 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ._ast import (
-    Attribute, Binary, BoolOp, Call, Compare, CompareOp, Index, ListExpr, Literal, Name, Node, Unary, start,
+    Attribute,
+    Binary,
+    BoolOp,
+    Call,
+    Compare,
+    CompareOp,
+    Index,
+    ListExpr,
+    Literal,
+    Name,
+    Node,
+    Unary,
+    start,
 )
 from ._lexer import MAX_SOURCE_CHARS, Token, tokenize
 from .errors import ExpressionCompileError, ExpressionSyntaxError
@@ -54,7 +66,9 @@ def parse(source: str) -> Node:
         # Only the head of the text goes into the error: str(err) of a 10 MB expression must stay readable.
         raise ExpressionCompileError(
             f"expression is {len(source)} characters long; the limit is {MAX_SOURCE_CHARS}",
-            source[: MAX_SOURCE_CHARS + 1], line, column,
+            source[: MAX_SOURCE_CHARS + 1],
+            line,
+            column,
         )
     return _Parser(source, tokenize(source)).run()
 
@@ -99,11 +113,13 @@ class _Parser:
             raise self.syntax("empty expression", self.current)
         node, _ = self.child(0, self.current)
         if self.current.type != "eof":
-            raise self.syntax(f"unexpected {_describe(self.current)} after a complete expression", self.current)
+            raise self.syntax(
+                f"unexpected {_describe(self.current)} after a complete expression", self.current
+            )
         return node
 
     def child(self, power: int, opener: Token) -> tuple[Node, int]:
-        """Parse a sub-expression one level deeper than the caller; ``opener`` is blamed when that is too deep."""
+        """Parse a sub-expression one level deeper than the caller; blame ``opener`` if that is too deep."""
         self.depth += 1
         if self.depth > MAX_DEPTH:
             raise self.too_deep(opener)
@@ -113,7 +129,7 @@ class _Parser:
             self.depth -= 1
 
     def expression(self, power: int) -> tuple[Node, int]:
-        """Parse while the next infix operator binds tighter than ``power``; returns the node and its height."""
+        """Parse while the next infix operator binds tighter than ``power``; return the node and height."""
         tok = self.advance()
         prefix = _PREFIX.get(tok.type)
         if prefix is None:
@@ -158,7 +174,10 @@ class _Parser:
         if len(items) > MAX_LIST_ITEMS:
             line, column = start(items[MAX_LIST_ITEMS])
             raise ExpressionCompileError(
-                f"list literal has {len(items)} items; the limit is {MAX_LIST_ITEMS}", self.source, line, column
+                f"list literal has {len(items)} items; the limit is {MAX_LIST_ITEMS}",
+                self.source,
+                line,
+                column,
             )
         return ListExpr(tuple(items), tok.line, tok.column), 1 + max(heights, default=0)
 
@@ -226,8 +245,11 @@ class _Parser:
         self.advance()
         if self.current.type == "(":
             raise ExpressionCompileError(
-                f"method calls are not allowed ('.{name.value}(...)'): only the allow-listed functions can be called",
-                self.source, name.line, name.column,
+                f"method calls are not allowed ('.{name.value}(...)'): "
+                "only the allow-listed functions can be called",
+                self.source,
+                name.line,
+                name.column,
             )
         return Attribute(target, name.value, name.line, name.column), height + 1
 
@@ -281,4 +303,3 @@ def _describe(tok: Token) -> str:
     if tok.type == "name":
         return f"name '{tok.value}'"
     return f"'{tok.type}'"
-

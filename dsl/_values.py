@@ -1,8 +1,8 @@
 """Values at request time: which Python values the language accepts, how they compare, and the runtime bounds.
 
-A view is caller data, so nothing about its values is trusted: reading a declared field checks the value against
-the field's type (``conforms``), and operations on values whose type is not known statically (``Kind.ANY``)
-check the value's kind first (``kind_of``). bool is never a number here, although Python treats it as one.
+A view is caller data, so nothing about its values is trusted: reading a declared field checks the value
+against the field's type, and operations on values whose type is not known statically (``Kind.ANY``) check
+the value's kind first (``kind_of``). bool is never a number here, although Python treats it as one.
 """
 
 from __future__ import annotations
@@ -90,7 +90,9 @@ def accepted_kinds(t: FieldType) -> frozenset[Kind]:
 def describe_type(t: FieldType) -> str:
     """``int``, ``number``, ``list[int]``, ``record{id, tier}``, ``int or none``: for error messages."""
     if t.kind is Kind.LIST:
-        text = f"list[{describe_type(t.item)}]" if t.item is not None and t.item.kind is not Kind.ANY else "list"
+        text = (
+            f"list[{describe_type(t.item)}]" if t.item is not None and t.item.kind is not Kind.ANY else "list"
+        )
     elif t.kind is Kind.RECORD:
         text = "record{" + ", ".join(sorted(t.fields)) + "}" if t.fields else "record"
     elif t.kind is Kind.FLOAT:
@@ -124,7 +126,7 @@ def values_equal(a: Any, b: Any) -> bool:
     if ka is not kb:
         return False
     if ka is Kind.LIST:
-        return len(a) == len(b) and all(values_equal(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(values_equal(x, y) for x, y in zip(a, b, strict=True))
     if ka is Kind.RECORD:
         return a.keys() == b.keys() and all(values_equal(a[k], b[k]) for k in a)
     return bool(a == b)

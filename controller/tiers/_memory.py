@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import threading
@@ -51,7 +52,10 @@ class MemoryTier(Tier):
     renewed (``Entry.renewed``). ``get_many`` only ever sees the namespace it is given.
 
     Thread safety: one lock around every method, the policy's notifications included (policies are not
-    thread-safe themselves); Ray replicas call tiers from several threads.
+    thread-safe themselves); Ray replicas call tiers from several threads. The one exception is ``peek``, the
+    request path's read, which takes no lock: it records its hit in a read buffer that is replayed to the policy
+    under the lock before the next locked operation (the read buffer of Caffeine), so the policy sees every
+    hit, in order, before it next chooses a victim.
 
     ``policy`` must be new (tracking no key): the tier keeps it in step with its contents and is its only
     notifier. ``quota(ns)`` gives a namespace's byte quota (``None``: none) and ``weight(ns)`` the tenant
@@ -95,6 +99,30 @@ class MemoryTier(Tier):
         self._expiry: list[tuple[float, int, Slot]] = []
         self._seq = itertools.count()
         self._hits = self._misses = self._evictions = self._expirations = self._rejected = 0
+        # Bounded so that a tier read only through peek() under lock contention cannot grow without limit;
+        # a full buffer forgets its oldest reads (recency hints, never data).
+        self._reads: collections.deque[Slot] = collections.deque(maxlen=_READ_BUFFER_MAX)
+
+    # -- the request path's lock-free read ---------------------------------------------------------------
+
+    def peek(self, ns: Namespace, key: CacheKey, now: float) -> Entry | None:
+        """The live entry for a hit that needs no write, read without the lock; ``None`` means "ask
+        ``get_many``" (absent, expired or sliding), not "absent". Namespace and key are not validated here:
+        the caller derived them, and a dict lookup on ``(ns, key)`` cannot reach another namespace."""
+        entry = self._entries.get((ns, key))
+        if entry is None or entry.sliding_ttl is not None:
+            return None
+        expires_at = entry.expires_at
+        if expires_at is not None and now >= expires_at:
+            return None
+        reads = self._reads
+        reads.append((ns, key))
+        if len(reads) >= _READ_BUFFER_DRAIN and self._lock.acquire(blocking=False):
+            try:
+                self._drain_reads()
+            finally:
+                self._lock.release()
+        return entry
 
     # -- the Tier interface ------------------------------------------------------------------------------
 
@@ -102,6 +130,7 @@ class MemoryTier(Tier):
         check_ns(ns)
         check_keys(keys)
         with self._lock:
+            self._drain_reads()
             now = self._clock()
             return [self._get((ns, key), now) for key in keys]
 
@@ -109,6 +138,7 @@ class MemoryTier(Tier):
         check_ns(ns)
         check_keys([key for key, _ in items])
         with self._lock:
+            self._drain_reads()
             now = self._clock()
             for key, entry in items:
                 self._set((ns, key), entry, now)
@@ -118,6 +148,7 @@ class MemoryTier(Tier):
         check_ns(ns)
         check_keys(keys)
         with self._lock:
+            self._drain_reads()
             now = self._clock()
             present = 0
             for key in keys:
@@ -141,6 +172,7 @@ class MemoryTier(Tier):
     def close(self) -> None:
         """Drop every entry (the policy is told of each)."""
         with self._lock:
+            self._reads.clear()
             for slot in list(self._entries):
                 self._drop(slot)
             self._expiry.clear()
@@ -160,9 +192,18 @@ class MemoryTier(Tier):
     @property
     def stats(self) -> MemoryStats:
         with self._lock:
+            self._drain_reads()
             return MemoryStats(self._hits, self._misses, self._evictions, self._expirations, self._rejected)
 
     # -- internals (called with the lock held) -----------------------------------------------------------
+
+    def _drain_reads(self) -> None:
+        reads, entries, on_hit = self._reads, self._entries, self._policy.on_hit
+        while reads:
+            slot = reads.popleft()
+            if slot in entries:  # evicted or deleted since the read: nothing to tell the policy
+                self._hits += 1
+                on_hit(slot)
 
     def _get(self, slot: Slot, now: float) -> Entry | None:
         entry = self._entries.get(slot)
@@ -257,6 +298,10 @@ class MemoryTier(Tier):
             if entry is not None and entry.expired(now):
                 self._drop(slot)
                 self._expirations += 1
+
+
+_READ_BUFFER_DRAIN = 64
+_READ_BUFFER_MAX = 16 * _READ_BUFFER_DRAIN
 
 
 def _sizeof(slot: Slot, entry: Entry) -> int:
