@@ -10,7 +10,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 
 $(VENV)/.stamp-base: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) -q --upgrade pip
+	$(PIP) -q --upgrade pip 'setuptools>=68' wheel
 	$(PIP) -q -e .
 	touch $@
 

@@ -328,6 +328,7 @@ class CachedFunction:
         self._decoded: dict[tuple[Namespace, CacheKey], tuple[Entry, Any]] = {}
         self.counters = _Counters()
         self._hot_hit = self._make_hot_hit()
+        self._bind = self._make_binder()
         if inspect.isasyncgenfunction(fn):
             self.kind, wrapper = "asyncgen", self._wrap_asyncgen()
         elif inspect.iscoroutinefunction(fn):
@@ -378,19 +379,57 @@ class CachedFunction:
                 self._memo[memo_key] = plan
         return plan
 
-    def _plan_slow(self, rt: CacheRuntime, args: tuple, kwargs: dict, tenant: Tenant) -> _Plan:
+    def _bind_slow(self, args: tuple, kwargs: dict) -> tuple[dict[str, Any], bool]:
+        """Any signature, through ``inspect``: ``(arguments, tenant passed explicitly)``. A call that does not
+        fit the signature raises the same ``TypeError`` the function would."""
         bound = self.signature.bind(*args, **kwargs)
-        explicit_tenant = self._tenant_param and bound.arguments.get("tenant") is not None
+        explicit_tenant = bound.arguments.get("tenant") is not None
         bound.apply_defaults()
         arguments: dict[str, Any] = {}
         for pname, value in bound.arguments.items():
-            if pname in self.ignore:
-                continue
             param = self.signature.parameters[pname]
             if param.kind is param.VAR_KEYWORD:
                 arguments.update(value)
             else:
                 arguments[pname] = value
+        return arguments, explicit_tenant
+
+    def _make_binder(self) -> Callable[[tuple, dict], tuple[dict[str, Any], bool]]:
+        """A binder for the common signature (named parameters only, no ``*args``/``**kwargs``, no
+        positional-only), several times cheaper than ``Signature.bind``; anything unusual goes to
+        ``_bind_slow``, which also produces the proper ``TypeError`` for a call that does not fit."""
+        params = self.signature.parameters.values()
+        if any(p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params):
+            return self._bind_slow
+        positional = tuple(p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)
+        names = frozenset(p.name for p in params)
+        defaults = tuple((p.name, p.default) for p in params if p.default is not p.empty)
+        slow = self._bind_slow
+
+        def bind(args: tuple, kwargs: dict) -> tuple[dict[str, Any], bool]:
+            if len(args) > len(positional):
+                return slow(args, kwargs)
+            out = dict(zip(positional, args))
+            for name, value in kwargs.items():
+                if name in out or name not in names:
+                    return slow(args, kwargs)
+                out[name] = value
+            explicit_tenant = out.get("tenant") is not None
+            if len(out) < len(names):
+                for name, default in defaults:
+                    if name not in out:
+                        out[name] = default
+                if len(out) < len(names):  # a required argument is missing
+                    return slow(args, kwargs)
+            return out, explicit_tenant
+
+        return bind
+
+    def _plan_slow(self, rt: CacheRuntime, args: tuple, kwargs: dict, tenant: Tenant) -> _Plan:
+        arguments, explicit_tenant = self._bind(args, kwargs)
+        explicit_tenant = explicit_tenant and self._tenant_param
+        for pname in self.ignore:
+            arguments.pop(pname, None)
         # The tenant is not an argument of the key but its namespace: an explicit `tenant` argument names it,
         # else the enclosing tenant_scope, else the parameter's default, else "default".
         if explicit_tenant:
@@ -401,9 +440,6 @@ class CachedFunction:
                 tenant = _tenant_of(default)
         ns = namespace_for(tenant.id)
         view = dict(arguments)
-        for pname, ftype in self.schema.fields.items():
-            if ftype.kind is Kind.LIST and isinstance(view.get(pname), tuple):
-                view[pname] = list(view[pname])
         view["tenant"] = tenant.view()
         view.setdefault("model", self.model)
         view.setdefault("model_revision", self.model_revision)

@@ -42,7 +42,8 @@ class StoreConfig(BaseModel):
     """Where entries and events go. Validated once, here, at the edge.
 
     ``redis_url`` defaults to ``$EVOCACHE_REDIS_URL`` when set (cluster mode); without it there is no L2 and no
-    Redis event stream. ``disk_path`` enables L3. ``events`` picks the sink: ``ring`` (memory), ``jsonl`` (to
+    Redis event stream. ``l2_bytes`` is evocache's share of Redis memory: tenant quotas in L2 are the policy's
+    ``l2_share`` of it (without it L2 has no per-tenant quota and Redis's own maxmemory policy governs). ``disk_path`` enables L3. ``events`` picks the sink: ``ring`` (memory), ``jsonl`` (to
     ``events_path``), ``redis`` (a capped stream) or ``none``.
     """
 
@@ -51,6 +52,7 @@ class StoreConfig(BaseModel):
     l1_bytes: int = Field(64 * MiB, gt=0)
     l1_eviction: str = "lru"
     redis_url: str | None = Field(default_factory=lambda: os.environ.get("EVOCACHE_REDIS_URL") or None)
+    l2_bytes: int | None = Field(None, gt=0)
     l2_prefix: str = Field("evc", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
     l2_timeout_s: float = Field(0.05, gt=0)
     l2_retry_after_s: float = Field(1.0, ge=0)
@@ -106,10 +108,10 @@ class _PolicyHolder:
 
         return quota
 
-    def l2_quota(self, capacity: int | None) -> Callable[[Namespace], int | None]:
+    def l2_quota(self, capacity: int) -> Callable[[Namespace], int | None]:
         def quota(ns: Namespace) -> int | None:
             spec = self._tenant(ns)
-            return None if spec is None or capacity is None else int(spec.l2_share * capacity)
+            return None if spec is None else int(spec.l2_share * capacity)
 
         return quota
 
@@ -236,7 +238,7 @@ def build_runtime(
                 socket_timeout=config.l2_timeout_s,
                 connect_timeout=config.l2_timeout_s,
                 retry_after=config.l2_retry_after_s,
-                quota=holder.l2_quota(None),
+                quota=holder.l2_quota(config.l2_bytes) if config.l2_bytes else None,
                 clock=clock,
                 on_fault=metrics.tier_fault,
             )

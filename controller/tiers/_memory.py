@@ -249,18 +249,16 @@ class MemoryTier(Tier):
         return quota is None or size <= quota
 
     def _make_room(self, ns: Namespace, size: int, quota: int | None, now: float) -> None:
-        def over_quota() -> bool:
-            return quota is not None and self._ns_bytes.get(ns, 0) + size > quota
-
-        def over_capacity() -> bool:
-            return self._bytes + size > self.capacity_bytes
-
-        if over_quota() or over_capacity():
-            self._drop_expired(now)
-        while over_quota():
+        if not self._over_quota(ns, size, quota) and self._bytes + size <= self.capacity_bytes:
+            return  # the common case, on every write: no room to make
+        self._drop_expired(now)
+        while self._over_quota(ns, size, quota):
             self._evict(self._policy.victim(ns))
-        while over_capacity():
+        while self._bytes + size > self.capacity_bytes:
             self._evict(self._policy.victim())
+
+    def _over_quota(self, ns: Namespace, size: int, quota: int | None) -> bool:
+        return quota is not None and self._ns_bytes.get(ns, 0) + size > quota
 
     def _evict(self, victim: Hashable) -> None:
         slot = cast(Slot, victim)

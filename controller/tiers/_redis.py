@@ -24,8 +24,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 
 import redis
 from redis.backoff import NoBackoff
@@ -205,6 +204,7 @@ class RedisTier(Tier):
         self._usage_script = client.register_script(_USAGE)
         self._down_until = 0.0
         self._last_error = ""
+        self._guards = {op: _Guard(self, op) for op in ("get", "set", "delete", "usage")}
 
     # -- the tier interface -------------------------------------------------------------------------------
 
@@ -331,17 +331,38 @@ class RedisTier(Tier):
         if evicted:
             log.debug("namespace %s over its L2 quota: evicted %d entries", ns, len(evicted))
 
-    @contextmanager
-    def _backend(self, op: str) -> Iterator[None]:
+    def _backend(self, op: str) -> _Guard:
         """Run Redis calls behind the circuit breaker, mapping every Redis error to ``TierUnavailable``."""
-        if self._down_until and self._clock() < self._down_until:
+        return self._guards[op]
+
+
+class _Guard:
+    """The circuit breaker around one kind of Redis call (a class, not @contextmanager: this is on every read).
+
+    Entering raises ``TierUnavailable`` at once while the breaker is open; a Redis or socket error inside the
+    block opens it for ``retry_after`` seconds and is re-raised as ``TierUnavailable``; a success closes it.
+    """
+
+    __slots__ = ("tier", "op")
+
+    def __init__(self, tier: RedisTier, op: str) -> None:
+        self.tier = tier
+        self.op = op
+
+    def __enter__(self) -> None:
+        tier = self.tier
+        if tier._down_until and tier._clock() < tier._down_until:
             raise TierUnavailable(
-                L2, f"{op} skipped: Redis failed less than {self._retry_after}s ago ({self._last_error})"
+                L2, f"{self.op} skipped: Redis failed less than {tier._retry_after}s ago ({tier._last_error})"
             )
-        try:
-            yield
-        except (RedisError, OSError) as exc:
-            self._down_until = self._clock() + self._retry_after
-            self._last_error = f"{op}: {type(exc).__name__}: {exc}"
-            raise TierUnavailable(L2, self._last_error) from exc
-        self._down_until = 0.0
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        tier = self.tier
+        if exc is None:
+            tier._down_until = 0.0
+            return False
+        if isinstance(exc, (RedisError, OSError)):
+            tier._down_until = tier._clock() + tier._retry_after
+            tier._last_error = f"{self.op}: {type(exc).__name__}: {exc}"
+            raise TierUnavailable(L2, tier._last_error) from exc
+        return False
