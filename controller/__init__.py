@@ -12,7 +12,15 @@ from ._cache_if import CacheInfo, Tenant, cache_if, tenant_scope
 from ._events import AccessEvent, EventSink, JsonlSink, RedisStreamSink, RingSink, read_events
 from ._keys import derive_key, namespace_for
 from ._metrics import CacheMetrics
-from ._runtime import CacheRuntime, StoreConfig, build_runtime, configure, default_runtime, set_policy
+from ._runtime import (
+    CacheRuntime,
+    StoreConfig,
+    build_runtime,
+    configure,
+    current_runtime,
+    default_runtime,
+    set_policy,
+)
 from ._serialize import JsonSerializer, PickleSerializer, Serializer
 from ._types import L1, L2, L3, CacheKey, Entry, Namespace, TierName
 from .errors import (
@@ -26,4 +34,51 @@ from .errors import (
 from .eviction import EVICTION_POLICIES, EntryInfo, EvictionPolicy, make_eviction_policy
 from .tiers import DiskTier, Lookup, MemoryTier, RedisTier, Tier, TieredStore
 
-__all__ = [name for name in dir() if not name.startswith("_")]
+__all__ = [
+    "AccessEvent",
+    "CacheInfo",
+    "CacheKey",
+    "CacheMetrics",
+    "CacheRuntime",
+    "ContractError",
+    "ControllerError",
+    "CorruptEntry",
+    "DiskTier",
+    "EVICTION_POLICIES",
+    "Entry",
+    "EntryInfo",
+    "EventSink",
+    "EvictionPolicy",
+    "JsonSerializer",
+    "JsonlSink",
+    "L1",
+    "L2",
+    "L3",
+    "Lookup",
+    "MemoryTier",
+    "Namespace",
+    "PickleSerializer",
+    "RedisStreamSink",
+    "RedisTier",
+    "RingSink",
+    "Serializer",
+    "StoreConfig",
+    "StoreConfigError",
+    "Tenant",
+    "Tier",
+    "TierError",
+    "TierName",
+    "TierUnavailable",
+    "TieredStore",
+    "build_runtime",
+    "cache_if",
+    "configure",
+    "current_runtime",
+    "default_runtime",
+    "derive_key",
+    "make_eviction_policy",
+    "namespace_for",
+    "read_events",
+    "set_policy",
+    "tenant_scope",
+]

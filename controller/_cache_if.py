@@ -409,7 +409,7 @@ class CachedFunction:
         def bind(args: tuple, kwargs: dict) -> tuple[dict[str, Any], bool]:
             if len(args) > len(positional):
                 return slow(args, kwargs)
-            out = dict(zip(positional, args))
+            out = dict(zip(positional, args, strict=False))  # fewer args than parameters is fine
             for name, value in kwargs.items():
                 if name in out or name not in names:
                     return slow(args, kwargs)

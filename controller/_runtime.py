@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ._events import EventSink, JsonlSink, RedisStreamSink, RingSink
 from ._keys import namespace_for
 from ._metrics import CacheMetrics
-from ._types import L1, L2, L3, Namespace, TierName
+from ._types import Namespace, TierName
 from .errors import StoreConfigError
 from .eviction import make_eviction_policy
 from .tiers._base import Tier

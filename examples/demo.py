@@ -60,7 +60,7 @@ def main() -> None:
     runtime = configure(
         build_runtime(
             StoreConfig(
-                l1_bytes=256 * 1024,  # small on purpose, so the demo shows evictions and L3 hits
+                l1_bytes=64 * 1024,  # small on purpose, so the demo shows evictions and L3 hits
                 disk_path=str(workdir / "l3"),
                 events="jsonl",
                 events_path=str(events_path),

@@ -11,10 +11,11 @@ from contextlib import contextmanager
 
 import diskcache
 
-from .._codec import check_keys, check_ns, decode_entry, encode_entry
+from .._codec import check_keys, check_ns, encode_entry
 from .._types import L3, CacheKey, Entry, Namespace
-from ..errors import CorruptEntry, StoreConfigError, TierUnavailable
-from ._base import FaultHook, Tier, log_fault
+from ..errors import StoreConfigError, TierUnavailable
+from ._base import FaultHook, log_fault
+from ._blob import BlobTier
 
 log = logging.getLogger("evocache.controller.tiers.disk")
 
@@ -28,7 +29,7 @@ _USAGE_SQL = (
 )
 
 
-class DiskTier(Tier):
+class DiskTier(BlobTier):
     """Entries in ``directory``, bounded to about ``size_limit`` bytes.
 
     diskcache provides the atomic writes (a value's file is written before the index row that points at it,
@@ -54,13 +55,12 @@ class DiskTier(Tier):
         clock: Callable[[], float] = time.time,
         on_fault: FaultHook = log_fault,
     ) -> None:
-        super().__init__(on_fault=on_fault)
+        super().__init__(clock=clock, on_fault=on_fault)
         if eviction_policy not in diskcache.EVICTION_POLICY:
             known = ", ".join(sorted(diskcache.EVICTION_POLICY))
             raise ValueError(f"unknown eviction_policy {eviction_policy!r}; known: {known}")
         if size_limit <= 0:
             raise ValueError(f"size_limit must be positive, not {size_limit}")
-        self._clock = clock
         try:
             self._cache = diskcache.Cache(
                 os.fspath(directory),
@@ -77,43 +77,9 @@ class DiskTier(Tier):
     def directory(self) -> str:
         return self._cache.directory
 
-    def get_many(self, ns: Namespace, keys: Sequence[CacheKey]) -> list[Entry | None]:
-        check_ns(ns)
-        check_keys(keys)
-        now = self._clock()
-        out: list[Entry | None] = []
-        renewed: list[tuple[CacheKey, Entry]] = []
-        corrupt = 0
+    def _fetch(self, ns: Namespace, keys: Sequence[CacheKey]) -> list[bytes | None]:
         with self._backend("get"):
-            for key in keys:
-                entry = None
-                blob = self._cache.get(f"{ns}:{key}")
-                if blob is not None:
-                    try:
-                        entry = decode_entry(ns, key, blob, tier=L3)
-                    except CorruptEntry as exc:
-                        log.warning("%s", exc)
-                        self._cache.delete(f"{ns}:{key}")
-                        corrupt += 1
-                if entry is not None and entry.expired(now):
-                    entry = None
-                if entry is not None and entry.sliding_ttl is not None:
-                    entry = entry.renewed(now)
-                    renewed.append((key, entry))
-                out.append(entry)
-        for _ in range(corrupt):
-            self.on_fault(L3, "corrupt")
-        if renewed:
-            self._store(ns, renewed, now)
-        return out
-
-    def set_many(self, ns: Namespace, items: Sequence[tuple[CacheKey, Entry]]) -> None:
-        check_ns(ns)
-        check_keys([key for key, _ in items])
-        now = self._clock()
-        live = [(key, entry) for key, entry in items if not entry.expired(now)]
-        if live:
-            self._store(ns, live, now)
+            return [self._cache.get(f"{ns}:{key}") for key in keys]
 
     def delete(self, ns: Namespace, keys: Sequence[CacheKey]) -> int:
         check_ns(ns)

@@ -31,10 +31,11 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 from redis.retry import Retry
 
-from .._codec import check_keys, check_ns, decode_entry, encode_entry
+from .._codec import check_keys, check_ns, encode_entry
 from .._types import L2, CacheKey, Entry, Namespace
-from ..errors import CorruptEntry, TierUnavailable
-from ._base import FaultHook, Tier, log_fault
+from ..errors import TierUnavailable
+from ._base import FaultHook, log_fault
+from ._blob import BlobTier
 
 log = logging.getLogger("evocache.controller.tiers.redis")
 
@@ -141,7 +142,7 @@ return 0
 _USAGE = _PRELUDE + f"purge({_PURGE_ON_USAGE})" + "\nreturn tonumber(redis.call('GET', used) or '0')\n"
 
 
-class RedisTier(Tier):
+class RedisTier(BlobTier):
     """Entries in Redis, shared by every process that uses the same ``url`` and ``prefix``.
 
     ``get_many`` is one round trip (one MGET; MGET plus an order update, pipelined, for a namespace with a
@@ -176,7 +177,7 @@ class RedisTier(Tier):
         on_fault: FaultHook = log_fault,
         client: redis.Redis | None = None,
     ) -> None:
-        super().__init__(on_fault=on_fault)
+        super().__init__(clock=clock, on_fault=on_fault)
         if not _PREFIX_RE.fullmatch(prefix):
             raise ValueError(f"invalid prefix {prefix!r}: expected 1-64 characters of [A-Za-z0-9._:-]")
         if socket_timeout <= 0 or connect_timeout <= 0:
@@ -186,7 +187,6 @@ class RedisTier(Tier):
         self._prefix = prefix
         self._retry_after = retry_after
         self._quota = quota
-        self._clock = clock
         self._owns_client = client is None
         if client is None:
             # No redis-py retries: a retry doubles the time a dead Redis costs a request, and the circuit
@@ -208,51 +208,13 @@ class RedisTier(Tier):
 
     # -- the tier interface -------------------------------------------------------------------------------
 
-    def get_many(self, ns: Namespace, keys: Sequence[CacheKey]) -> list[Entry | None]:
-        check_ns(ns)
-        check_keys(keys)
-        if not keys:
-            return []
+    def _fetch(self, ns: Namespace, keys: Sequence[CacheKey]) -> list[bytes | None]:
         names = [f"{self._prefix}:{ns}:{key}" for key in keys]
         with self._backend("get"):
             if self._limit(ns) is None:
                 # One key (the request path's usual case): GET, whose bulk reply parses faster than MGET's array.
-                blobs = [self._client.get(names[0])] if len(names) == 1 else self._client.mget(names)
-            else:
-                blobs = self._mget_and_touch(ns, names, keys)
-        now = self._clock()
-        out: list[Entry | None] = []
-        corrupt: list[CacheKey] = []
-        renewed: list[tuple[CacheKey, Entry]] = []
-        for key, blob in zip(keys, blobs, strict=True):
-            entry = None
-            if blob is not None:
-                try:
-                    entry = decode_entry(ns, key, blob, tier=L2)
-                except CorruptEntry as exc:
-                    log.warning("%s", exc)
-                    corrupt.append(key)
-            if entry is not None and entry.expired(now):
-                entry = None
-            if entry is not None and entry.sliding_ttl is not None:
-                entry = entry.renewed(now)
-                renewed.append((key, entry))
-            out.append(entry)
-        if corrupt:
-            self.delete(ns, corrupt)
-            for _ in corrupt:
-                self.on_fault(L2, "corrupt")
-        if renewed:
-            self._store(ns, renewed, now)
-        return out
-
-    def set_many(self, ns: Namespace, items: Sequence[tuple[CacheKey, Entry]]) -> None:
-        check_ns(ns)
-        check_keys([key for key, _ in items])
-        now = self._clock()
-        live = [(key, entry) for key, entry in items if not entry.expired(now)]
-        if live:
-            self._store(ns, live, now)
+                return [self._client.get(names[0])] if len(names) == 1 else self._client.mget(names)
+            return self._mget_and_touch(ns, names, keys)
 
     def delete(self, ns: Namespace, keys: Sequence[CacheKey]) -> int:
         check_ns(ns)

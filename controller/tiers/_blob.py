@@ -1,0 +1,75 @@
+"""The part L2 (Redis) and L3 (disk) share: entries kept outside the process as checksummed blobs."""
+
+from __future__ import annotations
+
+import abc
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from .._codec import check_keys, check_ns, decode_entry
+from .._types import CacheKey, Entry, Namespace
+from ..errors import CorruptEntry
+from ._base import FaultHook, Tier, log_fault
+
+log = logging.getLogger("evocache.controller.tiers")
+
+
+class BlobTier(Tier):
+    """A tier whose backend holds ``controller._codec`` blobs.
+
+    The base does what every such tier must do the same way: decode and verify each blob, drop (delete and
+    report through ``on_fault``) a corrupt one, hide expired entries, write back renewed sliding entries, and
+    skip already-expired writes. A backend supplies ``_fetch`` (one blob or ``None`` per key, in order) and
+    ``_store`` (encode and write with the backend's own TTL), both raising ``TierUnavailable`` on failure.
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.time, on_fault: FaultHook = log_fault) -> None:
+        super().__init__(on_fault=on_fault)
+        self._clock = clock
+
+    @abc.abstractmethod
+    def _fetch(self, ns: Namespace, keys: Sequence[CacheKey]) -> list[bytes | None]: ...
+
+    @abc.abstractmethod
+    def _store(self, ns: Namespace, items: Sequence[tuple[CacheKey, Entry]], now: float) -> None: ...
+
+    def get_many(self, ns: Namespace, keys: Sequence[CacheKey]) -> list[Entry | None]:
+        check_ns(ns)
+        check_keys(keys)
+        if not keys:
+            return []
+        blobs = self._fetch(ns, keys)
+        now = self._clock()
+        out: list[Entry | None] = []
+        corrupt: list[CacheKey] = []
+        renewed: list[tuple[CacheKey, Entry]] = []
+        for key, blob in zip(keys, blobs, strict=True):
+            entry = None
+            if blob is not None:
+                try:
+                    entry = decode_entry(ns, key, blob, tier=self.name)
+                except CorruptEntry as exc:
+                    log.warning("%s", exc)
+                    corrupt.append(key)
+            if entry is not None and entry.expired(now):
+                entry = None
+            if entry is not None and entry.sliding_ttl is not None:
+                entry = entry.renewed(now)
+                renewed.append((key, entry))
+            out.append(entry)
+        if corrupt:
+            self.delete(ns, corrupt)
+            for _ in corrupt:
+                self.on_fault(self.name, "corrupt")
+        if renewed:
+            self._store(ns, renewed, now)
+        return out
+
+    def set_many(self, ns: Namespace, items: Sequence[tuple[CacheKey, Entry]]) -> None:
+        check_ns(ns)
+        check_keys([key for key, _ in items])
+        now = self._clock()
+        live = [(key, entry) for key, entry in items if not entry.expired(now)]
+        if live:
+            self._store(ns, live, now)
