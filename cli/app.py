@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import typer
 
+from evocache.dsl.commands import ENFORCEMENT_CHECKS
 from evocache.dsl.commands import app as policy_app
 
 app = typer.Typer(
@@ -17,6 +18,15 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(policy_app, name="policy", help="Check and compare policy documents.")
+
+
+def _controller_can_enforce(policy) -> None:  # noqa: ANN001 - a dsl Policy; imported lazily
+    from evocache.controller import check_policy
+
+    check_policy(policy)  # StoreConfigError is a ValueError
+
+
+ENFORCEMENT_CHECKS.append(_controller_can_enforce)
 
 
 @app.command()

@@ -151,6 +151,27 @@ def _field_type(annotation: Any, name: str) -> FieldType:
     return ANY_TYPE
 
 
+def _signature(fn: Callable[..., Any]) -> inspect.Signature:
+    """The signature with annotations resolved where they can be (``from __future__ import annotations``
+    makes them strings); one that names something undefined keeps its strings, which count as ``any``."""
+    try:
+        return inspect.signature(fn, eval_str=True)
+    except (NameError, SyntaxError, TypeError):
+        return inspect.signature(fn)
+
+
+def _guarded(predicate: Callable[[Mapping[str, Any]], bool]) -> Callable[[Mapping[str, Any]], bool]:
+    """A user predicate whose failures read like an expression's: the call is served uncached, never failed."""
+
+    def test(view: Mapping[str, Any]) -> bool:
+        try:
+            return predicate(view)
+        except Exception as exc:  # noqa: BLE001 - the user's own code, at the boundary that must not fail a call
+            raise ExpressionEvalError(f"predicate raised {type(exc).__name__}: {exc}", "<callable>") from exc
+
+    return test
+
+
 @dataclass(frozen=True, slots=True)
 class _Options:
     ttl: float
@@ -307,7 +328,7 @@ class CachedFunction:
         self.ignore = ignore
         self.serializer = serializer
         self.runtime = runtime
-        self.signature = inspect.signature(fn)
+        self.signature = _signature(fn)
         self.schema = self._schema()
         self.condition_source = condition if isinstance(condition, str) else getattr(condition, "__name__", "callable")
         if isinstance(condition, str):
@@ -317,7 +338,7 @@ class CachedFunction:
                 raise ContractError(f"@cache_if on {self.identity}: {exc}") from exc
             self._test: Callable[[Mapping[str, Any]], bool] = expr.test
         elif callable(condition):
-            self._test = condition
+            self._test = _guarded(condition)
         else:
             raise ContractError(f"@cache_if condition must be an expression or a callable, got {condition!r}")
         self._has_var_kw = any(p.kind is p.VAR_KEYWORD for p in self.signature.parameters.values())
@@ -329,6 +350,7 @@ class CachedFunction:
         self.counters = _Counters()
         self._hot_hit = self._make_hot_hit()
         self._bind = self._make_binder()
+        self._warned: set[tuple[str, str]] = set()
         if inspect.isasyncgenfunction(fn):
             self.kind, wrapper = "asyncgen", self._wrap_asyncgen()
         elif inspect.iscoroutinefunction(fn):
@@ -461,6 +483,10 @@ class CachedFunction:
         if rt.policy is not None:
             decision = rt.policy.decide(view)
             rule = decision.rule
+            if decision.skipped:
+                # A rule that could not be evaluated might have said bypass: fail closed, never past it.
+                self._warn_once(rt, decision.skipped)
+                return _Plan(None, ns, decision.skipped[0], "rule-error")
             if not decision.cache:
                 return _Plan(None, ns, rule, "rule")
             ttl, sliding, max_bytes = decision.ttl, decision.sliding, decision.max_entry_bytes
@@ -497,6 +523,15 @@ class CachedFunction:
             log.debug("%s: %s", self.identity, exc)
             return _Plan(None, ns, rule, "uncacheable-args")
         return _Plan(key, ns, rule, "", ttl, sliding, chosen, max_bytes, stream_ok)
+
+    def _warn_once(self, rt: CacheRuntime, rules: tuple[str, ...]) -> None:
+        for rule in rules:
+            if (rt.policy_ref, rule) not in self._warned:
+                self._warned.add((rt.policy_ref, rule))
+                log.warning(
+                    "%s: rule %s of %s cannot be evaluated for this function's calls (a field it does not "
+                    "provide?); such calls are not cached", self.identity, rule, rt.policy_ref,
+                )
 
     # -- events ------------------------------------------------------------------------------------------
 
@@ -555,7 +590,7 @@ class CachedFunction:
                 payload = entry.value
                 try:
                     value = loads(payload)
-                except (ValueError, UnicodeDecodeError, EOFError):
+                except ValueError:
                     return plan, memo_key, _MISSING  # the full path drops and counts it
                 if payload and payload[0] in _IMMUTABLE_TAGS:
                     if len(decoded) >= _MEMO_LIMIT:
@@ -586,7 +621,7 @@ class CachedFunction:
                 value = load_chunks(entry.value) if self.kind in ("gen", "asyncgen") else self.serializer.loads(
                     entry.value
                 )
-            except (ValueError, UnicodeDecodeError, EOFError) as exc:
+            except ValueError as exc:  # UnicodeDecodeError is one; serializers raise nothing else
                 log.warning("%s: undecodable payload in %s dropped: %s", self.identity, found.tier, exc)
                 rt.metrics.tier_fault(found.tier or "", "undecodable")
                 rt.store.delete(plan.ns, [plan.key])

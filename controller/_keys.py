@@ -19,19 +19,21 @@ from ._types import CacheKey, Namespace
 
 _SAFE_TENANT = re.compile(r"[A-Za-z0-9_-]{1,100}")
 
-# Generation parameters that change an answer. A value equal to the "off" value normalises to None, so
-# `top_k=0`, `top_k=-1` and no top_k at all share a key (they sample identically).
-GENERATION_PARAMS: Mapping[str, Any] = {
-    "temperature": None,
-    "top_k": (0, -1),
-    "top_p": (1.0,),
-    "min_p": (0.0,),
-    "max_tokens": (),
-    "seed": (),
-    "stop": (),
-    "repetition_penalty": (1.0,),
-    "presence_penalty": (0.0,),
-    "frequency_penalty": (0.0,),
+# Generation parameters that change an answer: name -> (numeric kind or None, the values that switch it off).
+# A value that switches a parameter off is dropped, so `top_k=0`, `top_k=-1` and no top_k share a key (they
+# decode identically). Float parameters are compared as floats (`temperature=0` is `0.0`) at 12 significant
+# digits, which merges representation noise (0.30000000000000004) but never a real setting (1e-7 stays 1e-7).
+GENERATION_PARAMS: Mapping[str, tuple[type | None, tuple[Any, ...]]] = {
+    "temperature": (float, ()),
+    "top_k": (int, (0, -1)),
+    "top_p": (float, (1.0,)),
+    "min_p": (float, (0.0,)),
+    "max_tokens": (int, ()),
+    "seed": (int, ()),
+    "stop": (None, ()),
+    "repetition_penalty": (float, (1.0,)),
+    "presence_penalty": (float, (0.0,)),
+    "frequency_penalty": (float, (0.0,)),
 }
 
 
@@ -62,13 +64,11 @@ def normalise_params(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
         value = params[name]
         if value is None:
             continue
-        off = GENERATION_PARAMS.get(name, ())
-        if off and value in off:
+        kind, off = GENERATION_PARAMS.get(name, (None, ()))
+        if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = float(f"{float(value):.12g}") + 0.0  # + 0.0 turns -0.0 into 0.0
+        if value in off:
             continue
-        if isinstance(value, float):
-            value = round(value, 6)
-            if name == "temperature" and value == 0.0:
-                value = 0.0  # -0.0 and 0.0 are the same greedy decode
         out.append((name, _canon(value)))
     return tuple(out)
 
@@ -87,7 +87,8 @@ def _canon(value: Any, depth: int = 0) -> Any:
     if t is float:
         if math.isnan(value):
             return ("nan",)
-        return value if math.isfinite(value) else ("inf", value > 0)
+        # -0.0 == 0.0 in Python, as in the plan memo: one argument, one key.
+        return value + 0.0 if math.isfinite(value) else ("inf", value > 0)
     if t is bytes or t is bytearray:
         return ("b", bytes(value).hex())
     if isinstance(value, (list, tuple)):
@@ -95,7 +96,7 @@ def _canon(value: Any, depth: int = 0) -> Any:
     if isinstance(value, (set, frozenset)):
         return ("set", sorted((_canon(v, depth + 1) for v in value), key=repr))
     if isinstance(value, Mapping):
-        items = sorted(((str(k), _canon(v, depth + 1)) for k, v in value.items()), key=lambda kv: kv[0])
+        items = sorted(((_canon(k, depth + 1), _canon(v, depth + 1)) for k, v in value.items()), key=repr)
         return ("map", items)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return ("dc", t.__qualname__, _canon(dataclasses.asdict(value), depth + 1))

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ._events import EventSink, JsonlSink, RedisStreamSink, RingSink
 from ._keys import namespace_for
@@ -28,9 +28,7 @@ from ._metrics import CacheMetrics
 from ._types import Namespace, TierName
 from .errors import StoreConfigError
 from .eviction import make_eviction_policy
-from .tiers._base import Tier
-from .tiers._memory import MemoryTier
-from .tiers._tiered import TieredStore
+from .tiers import DiskTier, MemoryTier, RedisTier, Tier, TieredStore
 
 if TYPE_CHECKING:
     from evocache.dsl import Policy
@@ -61,6 +59,14 @@ class StoreConfig(BaseModel):
     events: Literal["ring", "jsonl", "redis", "none"] = "ring"
     events_path: str | None = None
     ring_capacity: int = Field(100_000, gt=0)
+
+    @model_validator(mode="after")
+    def _sinks_have_their_targets(self) -> StoreConfig:
+        if self.events == "jsonl" and not self.events_path:
+            raise ValueError("events: jsonl needs events_path")
+        if self.events == "redis" and not self.redis_url:
+            raise ValueError("events: redis needs redis_url")
+        return self
 
     @classmethod
     def parse(cls, data: Mapping[str, object]) -> StoreConfig:
@@ -131,6 +137,7 @@ class CacheRuntime:
     policy: Policy | None = None
     clock: Callable[[], float] = time.time
     tenants: _PolicyHolder = field(default_factory=lambda: _PolicyHolder(None))
+    config: StoreConfig = field(default_factory=lambda: StoreConfig(events="none"))
     generation: int = field(default_factory=lambda: next(_generation))
     # Derived in __post_init__ (and again by every `replace`): read on every call, so no property lookups.
     policy_ref: str = field(init=False, default="")
@@ -145,15 +152,29 @@ class CacheRuntime:
     def tier_names(self) -> tuple[TierName, ...]:
         return tuple(self.store.tiers)
 
-    def with_policy(self, policy: Policy | None) -> CacheRuntime:
-        """The same store, events and metrics under another policy (a new generation: decision memos reset).
+    def activate(self, policy: Policy | None) -> CacheRuntime:
+        """Put ``policy`` in force on this runtime's store; returns the runtime to use from now on.
 
-        Tenant quotas and weights are read through the runtime's policy holder, so they follow the new policy.
+        Everything is checked first (eviction names, L2 quotas); a policy that cannot be enforced raises
+        ``StoreConfigError`` and changes nothing. Then, together: tenant quotas and weights switch (tiers read
+        them through the shared holder), L1 and L3 switch eviction if the policy names another one (L1's new
+        policy is told of every held entry, oldest first), and the returned runtime is a new generation, so
+        memoised decisions of the old rules are not reused. The store is shared: this runtime object keeps the
+        old rules but sees the new quotas, so build candidates with the replay simulator, not here.
         """
-        _check_policy_fits(policy)
-        new = replace(self, policy=policy, generation=next(_generation))
+        _check_policy_fits(policy, self.config)
+        l1_name = _l1_eviction(self.config, policy)
+        new_l1 = None
+        if self.l1 is not None and l1_name != _l1_eviction(self.config, self.policy):
+            new_l1 = make_eviction_policy(l1_name, capacity=self.config.l1_bytes)
+        disk = self.store.tiers.get("l3")
+        # -- nothing below can fail on the policy's account --
         self.tenants.policy = policy
-        return new
+        if new_l1 is not None:
+            self.l1.replace_policy(new_l1)
+        if isinstance(disk, DiskTier):
+            disk.set_eviction(_L3_EVICTION[_l3_eviction(policy)])
+        return replace(self, policy=policy, generation=next(_generation))
 
     def flush(self) -> None:
         """Write out buffered events (a JSONL sink buffers a batch)."""
@@ -181,10 +202,34 @@ _L2_EVICTION = frozenset({"lru"})
 _L3_EVICTION = {"lru": "least-recently-used", "lfu": "least-frequently-used", "fifo": "least-recently-stored"}
 
 
-def _check_policy_fits(policy: Policy | None) -> None:
+def _l1_eviction(config: StoreConfig, policy: Policy | None) -> str:
+    return policy.eviction.l1 if policy is not None and policy.eviction.l1 else config.l1_eviction
+
+
+def _l3_eviction(policy: Policy | None) -> str:
+    return policy.eviction.l3 if policy is not None and policy.eviction.l3 else "fifo"
+
+
+def check_policy(policy: Policy, config: StoreConfig | None = None) -> None:
+    """Raise ``StoreConfigError`` unless this controller can enforce ``policy`` (with ``config``'s store).
+
+    The dsl room validates a policy on its own; this adds what only the controller knows: the eviction
+    policies it has, and that L2 tenant shares have an ``l2_bytes`` to be shares of.
+    """
+    _check_policy_fits(policy, config)
+
+
+def _check_policy_fits(policy: Policy | None, config: StoreConfig | None = None) -> None:
     """Reject a policy this controller cannot enforce before anything is applied."""
     if policy is None:
         return
+    if config is not None and config.redis_url and not config.l2_bytes:
+        shared = sorted(name for name, spec in policy.tenants.items() if spec.l2_share < 1.0)
+        if shared:
+            raise StoreConfigError(
+                f"policy {policy.ref}: tenants {shared} set l2_share, but the store has no l2_bytes to share "
+                "(StoreConfig.l2_bytes: evocache's part of Redis memory)"
+            )
     spec = policy.eviction
     for field_name, name in (("l1", spec.l1), ("fallback", spec.fallback)):
         if name is None:
@@ -212,16 +257,13 @@ def build_runtime(
 ) -> CacheRuntime:
     """Build tiers, event sink and metrics from ``config``. Raises ``StoreConfigError``; builds nothing partial."""
     config = config or StoreConfig()
-    _check_policy_fits(policy)
+    _check_policy_fits(policy, config)
     holder = _PolicyHolder(policy)
     metrics = metrics or CacheMetrics()
-    eviction = config.l1_eviction
-    if policy is not None and policy.eviction.l1:
-        eviction = policy.eviction.l1
     tiers: list[Tier] = [
         MemoryTier(
             config.l1_bytes,
-            policy=make_eviction_policy(eviction, capacity=config.l1_bytes),
+            policy=make_eviction_policy(_l1_eviction(config, policy), capacity=config.l1_bytes),
             quota=holder.l1_quota(config.l1_bytes),
             weight=holder.weight,
             clock=clock,
@@ -229,8 +271,6 @@ def build_runtime(
         )
     ]
     if config.redis_url:
-        from .tiers._redis import RedisTier
-
         tiers.append(
             RedisTier(
                 config.redis_url,
@@ -244,33 +284,31 @@ def build_runtime(
             )
         )
     if config.disk_path:
-        from .tiers._disk import DiskTier
-
-        l3_eviction = policy.eviction.l3 if policy is not None and policy.eviction.l3 else "fifo"
         tiers.append(
             DiskTier(
                 config.disk_path,
                 size_limit=config.l3_bytes,
-                eviction_policy=_L3_EVICTION[l3_eviction],
+                eviction_policy=_L3_EVICTION[_l3_eviction(policy)],
                 clock=clock,
                 on_fault=metrics.tier_fault,
             )
         )
     store = TieredStore(tiers, clock=clock, on_error=metrics.tier_error)
-    events: EventSink
-    if config.events == "ring":
-        events = RingSink(config.ring_capacity)
-    elif config.events == "jsonl":
-        if not config.events_path:
-            raise StoreConfigError("events: jsonl needs events_path")
-        events = JsonlSink(Path(config.events_path))
-    elif config.events == "redis":
-        if not config.redis_url:
-            raise StoreConfigError("events: redis needs redis_url")
-        events = RedisStreamSink(config.redis_url, socket_timeout=config.l2_timeout_s)
-    else:
-        events = _NullSink()
-    return CacheRuntime(store=store, events=events, metrics=metrics, policy=policy, clock=clock, tenants=holder)
+    events = _SINKS[config.events](config)
+    return CacheRuntime(
+        store=store, events=events, metrics=metrics, policy=policy, clock=clock, tenants=holder, config=config
+    )
+
+
+# By StoreConfig.events; the config's validator has checked that each sink has what it needs.
+_SINKS: dict[str, Callable[[StoreConfig], EventSink]] = {
+    "ring": lambda config: RingSink(config.ring_capacity),
+    "jsonl": lambda config: JsonlSink(Path(config.events_path)),
+    "redis": lambda config: RedisStreamSink(
+        config.redis_url, socket_timeout=config.l2_timeout_s, retry_after=config.l2_retry_after_s
+    ),
+    "none": lambda config: _NullSink(),
+}
 
 
 _lock = threading.Lock()
@@ -304,7 +342,7 @@ def configure(
     global _default
     new = config if isinstance(config, CacheRuntime) else build_runtime(config, policy=policy)
     if isinstance(config, CacheRuntime) and policy is not None:
-        new = new.with_policy(policy)
+        new = new.activate(policy)
     with _lock:
         old, _default = _default, new
     if old is not None and old is not new and old.store is not new.store:
@@ -317,7 +355,7 @@ def set_policy(policy: Policy | None) -> CacheRuntime:
     global _default
     with _lock:
         base = _default
-    new = (base or default_runtime()).with_policy(policy)
+    new = (base or default_runtime()).activate(policy)
     with _lock:
         _default = new
     return new

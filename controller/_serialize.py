@@ -23,6 +23,9 @@ class Unserializable(TypeError):
 
 
 class Serializer(Protocol):
+    """``loads`` raises ``ValueError`` (or ``UnicodeDecodeError``) for a payload it cannot read, and nothing
+    else: the caller drops such an entry and recomputes."""
+
     name: str
 
     def dumps(self, value: Any) -> bytes: ...
@@ -56,6 +59,8 @@ def load_chunks(payload: bytes) -> list[str | bytes]:
     pos, end = 1, len(payload)
     while pos < end:
         kind = payload[pos : pos + 1]
+        if pos + 5 > end:
+            raise ValueError("truncated stream payload")
         (n,) = _LEN.unpack_from(payload, pos + 1)
         pos += 5
         data = payload[pos : pos + n]
@@ -115,7 +120,10 @@ class PickleSerializer:
     def loads(self, payload: bytes) -> Any:
         if payload[:1] != b"p":
             raise ValueError("not a pickle payload")
-        return pickle.loads(payload[1:])  # noqa: S301 - opt-in, documented above
+        try:
+            return pickle.loads(payload[1:])  # noqa: S301 - opt-in, documented above
+        except Exception as exc:  # noqa: BLE001 - unpickling can raise anything (a class gone since a deploy)
+            raise ValueError(f"payload does not unpickle: {type(exc).__name__}: {exc}") from exc
 
 
 SERIALIZERS: dict[str, Serializer] = {"json": JsonSerializer(), "pickle": PickleSerializer()}

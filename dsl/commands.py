@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -21,6 +22,11 @@ app = typer.Typer(
 
 EXIT_INVALID = 1
 EXIT_UNREADABLE = 2
+
+ENFORCEMENT_CHECKS: list[Callable[[Policy], None]] = []
+"""What the rooms that enforce a policy add to `check`: each raises ``ValueError`` with a message for a
+document they cannot enforce (the controller: unknown eviction policies). The `evocache` command registers
+them; the dsl room cannot import those rooms itself."""
 
 
 class _Failed(Exception):
@@ -53,6 +59,17 @@ def check(files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="P
             policy = _load(path)
         except _Failed as failed:
             code = max(code, failed.code)
+            continue
+        problems = []
+        for enforce in ENFORCEMENT_CHECKS:
+            try:
+                enforce(policy)
+            except ValueError as exc:
+                problems.append(str(exc))
+        if problems:
+            for problem in problems:
+                typer.echo(f"{path}: {problem}")
+            code = max(code, EXIT_INVALID)
             continue
         typer.echo(f"ok {policy.ref} {policy.content_hash[:12]}")
     raise typer.Exit(code)

@@ -54,7 +54,12 @@ def main() -> None:
     console = Console()
 
     workdir = Path(args.workdir)
-    shutil.rmtree(workdir, ignore_errors=True)
+    marker = workdir / ".evocache-demo"
+    if workdir.exists() and any(workdir.iterdir()) and not marker.exists():
+        raise SystemExit(f"{workdir} exists and was not made by this demo: choose another --workdir")
+    shutil.rmtree(workdir, ignore_errors=True)  # a previous run's L3 and events: start from a cold cache
+    workdir.mkdir(parents=True)
+    marker.touch()
     events_path = workdir / "events.jsonl"
     policy = load_policy(HERE / "policies" / "demo.yaml")
     runtime = configure(

@@ -390,7 +390,7 @@ rules:
 
 def test_policy_rules_decide_and_label_events(rt, clock):
     policy = parse_policy(POLICY)
-    runtime = rt.with_policy(policy)
+    runtime = rt.activate(policy)
 
     @cache_if("true", store=runtime)
     def gen(prompt: str, temperature: float = 0.0) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evocache.controller import StoreConfig, build_runtime, cache_if, tenant_scope
+from evocache.controller import StoreConfig, StoreConfigError, build_runtime, cache_if, tenant_scope
 from evocache.dsl import parse_policy
 
 pytestmark = pytest.mark.redis
@@ -24,6 +24,7 @@ tenants:
 
 def replica(url, **config):
     """One replica's runtime: its own process memory (L1), the shared Redis (L2)."""
+    config.setdefault("l2_bytes", 1 << 20)
     return build_runtime(StoreConfig(redis_url=url, events="ring", l2_timeout_s=0.5, **config),
                          policy=parse_policy(POLICY))
 
@@ -110,6 +111,11 @@ def test_l2_tenant_quota_from_the_policy(redis_url):
         for i in range(5):
             assert answer.invalidate(f"g{i}")
     runtime.close()
+
+
+def test_l2_shares_without_l2_bytes_are_refused(redis_url):
+    with pytest.raises(StoreConfigError, match="l2_bytes"):
+        build_runtime(StoreConfig(redis_url=redis_url, events="ring"), policy=parse_policy(POLICY))
 
 
 def test_l1_tenant_quota_from_the_policy(redis_url):

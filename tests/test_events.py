@@ -41,14 +41,62 @@ def test_read_events_names_the_bad_line(tmp_path):
 
 
 @pytest.mark.redis
-def test_redis_stream_sink(redis_url):
-    sink = RedisStreamSink(redis_url, stream="test:events")
+def test_redis_stream_sink_batches(redis_url):
+    sink = RedisStreamSink(redis_url, stream="test:events", batch=2)
     sink.emit(EVENT)
-    assert sink.read() == [EVENT]
-    sink.close()
+    assert sink.read() == []  # buffered until the batch fills
+    sink.emit(EVENT)
+    assert sink.read() == [EVENT, EVENT]
+    sink.emit(EVENT)
+    sink.close()  # close flushes
+    assert RedisStreamSink(redis_url, stream="test:events").read() == [EVENT] * 3
 
 
-def test_redis_stream_sink_down_never_raises():
-    sink = RedisStreamSink("redis://127.0.0.1:1/0", socket_timeout=0.05)
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class CountingDeadClient:
+    """A client whose pipeline always fails, counting how often the sink tries."""
+
+    def __init__(self) -> None:
+        self.attempts = 0
+
+    def pipeline(self, transaction: bool = False):
+        import redis
+
+        client = self
+
+        class Pipe:
+            def xadd(self, *args, **kwargs):
+                return None
+
+            def execute(self):
+                client.attempts += 1
+                raise redis.TimeoutError("hung")
+
+        return Pipe()
+
+    def close(self) -> None:
+        return None
+
+
+def test_redis_stream_sink_down_drops_and_counts_without_retrying_each_batch():
+    clock, client = FakeClock(), CountingDeadClient()
+    sink = RedisStreamSink("redis://unused", batch=2, retry_after=1.0, clock=clock, client=client)
+    for _ in range(10):
+        sink.emit(EVENT)  # never raises
+    assert (sink.errors, client.attempts) == (10, 1)  # one try, then the breaker drops the rest
+    clock.now = 1.5
+    sink.emit(EVENT), sink.emit(EVENT)
+    assert (sink.errors, client.attempts) == (12, 2)
+
+
+def test_redis_stream_sink_unreachable_never_raises():
+    sink = RedisStreamSink("redis://127.0.0.1:1/0", socket_timeout=0.05, batch=1)
     sink.emit(EVENT)
     assert sink.errors == 1

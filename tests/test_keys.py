@@ -71,7 +71,7 @@ def test_generation_params_normalised():
     assert normalise_params({"top_k": 0, "top_p": 1.0, "temperature": 0.0}) == (("temperature", 0.0),)
     assert normalise_params({"top_k": -1}) == normalise_params({})
     assert normalise_params({"temperature": -0.0}) == normalise_params({"temperature": 0})
-    assert normalise_params({"top_p": 0.9000000001}) == normalise_params({"top_p": 0.9})
+    assert normalise_params({"top_p": 0.9000000000000001}) == normalise_params({"top_p": 0.9})
     assert normalise_params({"top_k": 5}) != normalise_params({"top_k": 6})
 
 
@@ -88,3 +88,18 @@ def test_namespace_for_readable_and_hashed_ids():
 def test_distinct_tenants_never_share_a_namespace(a, b):
     if a != b:
         assert namespace_for(a) != namespace_for(b)
+
+
+def test_mapping_keys_keep_their_type():
+    assert key(args={"p": {1: "a"}}) != key(args={"p": {"1": "a"}})
+
+
+def test_float_params_compare_as_floats_without_merging_real_settings():
+    assert normalise_params({"temperature": 0}) == normalise_params({"temperature": 0.0})
+    assert normalise_params({"temperature": 1e-7}) != normalise_params({"temperature": 0.0})
+    assert normalise_params({"top_p": 0.1 + 0.2}) == normalise_params({"top_p": 0.3})
+    assert normalise_params({"top_p": 1}) == normalise_params({})
+
+
+def test_negative_zero_is_zero():
+    assert key(args={"p": -0.0}) == key(args={"p": 0.0})

@@ -86,7 +86,7 @@ def test_chat_prod_v7_to_v8() -> None:
             },
         ),
         Change("changed", "tenants.acme.weight", 2.0, 3.0),
-        Change("changed", "eviction.l1", "s3fifo", "learned"),
+        Change("changed", "eviction.l1", "s3fifo", "weighted"),
         Change("changed", "eviction.fallback", "lru", "s3fifo"),
     )
     assert [str(c) for c in diff.changes] == [
@@ -96,7 +96,7 @@ def test_chat_prod_v7_to_v8() -> None:
         "changed  rules[long-context-greedy].semantic.max_error: 0.02 -> 0.015",
         "added    rules[summaries]",
         "changed  tenants.acme.weight: 2.0 -> 3.0",
-        'changed  eviction.l1: "s3fifo" -> "learned"',
+        'changed  eviction.l1: "s3fifo" -> "weighted"',
         'changed  eviction.fallback: "lru" -> "s3fifo"',
     ]
     assert diff.text.startswith(

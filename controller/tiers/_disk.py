@@ -77,6 +77,15 @@ class DiskTier(BlobTier):
     def directory(self) -> str:
         return self._cache.directory
 
+    def set_eviction(self, eviction_policy: str) -> None:
+        """Switch diskcache's eviction order (a policy document named another); entries stay."""
+        if eviction_policy not in diskcache.EVICTION_POLICY:
+            known = ", ".join(sorted(diskcache.EVICTION_POLICY))
+            raise ValueError(f"unknown eviction_policy {eviction_policy!r}; known: {known}")
+        with self._backend("set"):
+            if self._cache.eviction_policy != eviction_policy:
+                self._cache.reset("eviction_policy", eviction_policy)
+
     def _fetch(self, ns: Namespace, keys: Sequence[CacheKey]) -> list[bytes | None]:
         with self._backend("get"):
             return [self._cache.get(f"{ns}:{key}") for key in keys]

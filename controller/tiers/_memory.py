@@ -177,6 +177,23 @@ class MemoryTier(Tier):
                 self._drop(slot)
             self._expiry.clear()
 
+    def replace_policy(self, policy: EvictionPolicy) -> None:
+        """Switch to another eviction policy (a new policy document named one). ``policy`` must be new; it is
+        told of every held entry, oldest write first, before it makes its first choice."""
+        if len(policy):
+            raise ValueError(f"the {type(policy).__name__} already tracks {len(policy)} keys; give a new one")
+        with self._lock:
+            self._drain_reads()
+            for slot, entry in self._entries.items():
+                weight = self._weight(slot[0]) if self._weight is not None else 1.0
+                info = EntryInfo(size=_sizeof(slot, entry), ns=slot[0], saved_ms=entry.saved_ms, weight=weight)
+                policy.on_insert(slot, info)
+            self._policy = policy
+
+    @property
+    def policy(self) -> EvictionPolicy:
+        return self._policy
+
     # -- introspection -----------------------------------------------------------------------------------
 
     def __len__(self) -> int:
