@@ -8,7 +8,8 @@
 Public names are re-exported here; the modules behind them are private.
 """
 
-from ._cache_if import CacheInfo, Tenant, cache_if, tenant_scope
+from ._cache_if import CacheInfo, cache_if
+from ._contract import Tenant, tenant_scope
 from ._events import AccessEvent, EventSink, JsonlSink, RedisStreamSink, RingSink, read_events
 from ._keys import derive_key, namespace_for
 from ._metrics import CacheMetrics

@@ -47,14 +47,21 @@ _NS_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _KEY_RE = re.compile(r"[0-9a-f]{16,128}")
 
 
+_checked_ns: set[str] = set()  # namespaces seen valid: a set lookup instead of a regex on every call
+
+
 def check_ns(ns: Namespace) -> None:
     """Raise ``ValueError`` unless ``ns`` is a valid namespace (``^[A-Za-z0-9._-]{1,128}$``).
 
     The controller validates namespaces already; tiers check again because a namespace is part of a storage
     key, and a separator smuggled into one would let it address another tenant's entries.
     """
+    if type(ns) is str and ns in _checked_ns:
+        return
     if not (isinstance(ns, str) and _NS_RE.fullmatch(ns)):
         raise ValueError(f"invalid namespace {ns!r}: expected 1-128 characters of [A-Za-z0-9._-]")
+    if len(_checked_ns) < 65_536:  # bounded: tenants are many but not unbounded in one process
+        _checked_ns.add(ns)
 
 
 def check_keys(keys: Sequence[CacheKey]) -> None:

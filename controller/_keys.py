@@ -9,6 +9,7 @@ make one part's bytes read as another's, and two calls share a key only when eve
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 import re
@@ -125,11 +126,18 @@ def derive_key(
     the next, whatever bytes it holds.
     """
     canon = sorted((name, _canon(value)) for name, value in args.items())
-    material = b"".join(
-        len(b).to_bytes(8, "big") + b
-        for b in (
-            function.encode(), model.encode(), revision.encode(), template.encode(),
-            repr(params).encode(), ns.encode(), repr(canon).encode(),
-        )
-    )
+    material = b"".join((
+        _identity_part(function, model, revision, template),
+        _framed(repr(params).encode()), _framed(ns.encode()), _framed(repr(canon).encode()),
+    ))
     return CacheKey(hashlib.sha256(material).hexdigest())
+
+
+def _framed(data: bytes) -> bytes:
+    return len(data).to_bytes(8, "big") + data
+
+
+@functools.lru_cache(maxsize=4096)
+def _identity_part(function: str, model: str, revision: str, template: str) -> bytes:
+    """The framed parts that are fixed per function and model: computed once, not on every miss."""
+    return b"".join(_framed(s.encode()) for s in (function, model, revision, template))

@@ -484,3 +484,32 @@ def test_heap_rebuilds_instead_of_growing_with_updates() -> None:
     assert heap._ns_items <= 2 * 5 + NsHeap._SLACK + 1
     assert heap.lowest() == "k0"  # k0 was updated longest ago, at step 9995
     assert heap.lowest("A") == "k1"
+
+
+@pytest.mark.parametrize("name", sorted(EVICTION_POLICIES))
+def test_batched_hits_equal_hits_one_by_one(name):
+    """on_hits (the L1 read buffer's replay) must leave a policy exactly where on_hit one by one would."""
+    import random as _random
+
+    rng = _random.Random(7)
+    keys = [f"k{i}" for i in range(30)]
+    hits = [rng.choice(keys[:12]) for _ in range(200)]
+
+    def run(batched: bool) -> list:
+        clock = iter(range(10**6))
+        policy = EVICTION_POLICIES[name](clock=lambda: float(next(clock)), rng=_random.Random(0))
+        for i, key in enumerate(keys):
+            policy.on_insert(key, EntryInfo(size=10 + i, ns="a" if i % 2 else "b", saved_ms=float(i)))
+        if batched:
+            policy.on_hits(hits)
+        else:
+            for key in hits:
+                policy.on_hit(key)
+        victims = []
+        for _ in range(len(keys)):
+            victim = policy.victim()
+            victims.append(victim)
+            policy.on_remove(victim)
+        return victims
+
+    assert run(batched=True) == run(batched=False)

@@ -12,15 +12,14 @@ from __future__ import annotations
 import abc
 import random
 import time
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Sequence
+from typing import NamedTuple
 
 Clock = Callable[[], float]
 
 
-@dataclass(frozen=True, slots=True)
-class EntryInfo:
-    """What a policy may know about an entry when it is inserted."""
+class EntryInfo(NamedTuple):
+    """What a policy may know about an entry when it is inserted. (A named tuple: one is made per write.)"""
 
     size: int
     ns: str = ""
@@ -32,7 +31,8 @@ class EvictionPolicy(abc.ABC):
     """Tracks the keys held by its owner and chooses victims.
 
     Contract (checked by the shared suite in tests/test_eviction.py):
-    - ``on_insert`` is called once per key added, ``on_hit`` on every hit, ``on_remove`` whenever the owner
+    - ``on_insert`` is called once per key added, ``on_hit`` (or ``on_hits``, batched) on every hit,
+      ``on_remove`` whenever the owner
       drops a key for any reason (evicted, expired, deleted, replaced: a replacement is remove + insert).
     - ``victim()`` returns a key currently held and does not remove it; the owner calls ``on_remove`` after.
       ``victim(ns)`` restricts the choice to keys inserted with that namespace (tenant quotas).
@@ -51,6 +51,13 @@ class EvictionPolicy(abc.ABC):
 
     @abc.abstractmethod
     def on_hit(self, key: Hashable) -> None: ...
+
+    def on_hits(self, keys: Sequence[Hashable]) -> None:
+        """Hits in the order they happened (the L1 tier replays its read buffer in batches). A policy may
+        override it when a batch can be applied more cheaply than hit by hit, with the same result."""
+        on_hit = self.on_hit
+        for key in keys:
+            on_hit(key)
 
     @abc.abstractmethod
     def on_remove(self, key: Hashable) -> None: ...

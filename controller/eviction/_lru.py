@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 from ._base import Clock, EntryInfo, EvictionPolicy
 from ._index import NsQueue
@@ -32,6 +32,13 @@ class LRUPolicy(EvictionPolicy):
     def on_hit(self, key: Hashable) -> None:
         """Raises ``KeyError`` if ``key`` is not held."""
         self._order.requeue(key)
+
+    def on_hits(self, keys: Sequence[Hashable]) -> None:
+        """Only a key's last hit decides its place in LRU order, so a batch moves each key once, in the order
+        of their last hits."""
+        requeue = self._order.requeue
+        for key in reversed(dict.fromkeys(reversed(keys))):
+            requeue(key)
 
     def on_remove(self, key: Hashable) -> None:
         """Raises ``KeyError`` if ``key`` is not held."""

@@ -105,18 +105,19 @@ class MemoryTier(Tier):
 
     # -- the request path's lock-free read ---------------------------------------------------------------
 
-    def peek(self, ns: Namespace, key: CacheKey, now: float) -> Entry | None:
-        """The live entry for a hit that needs no write, read without the lock; ``None`` means "ask
-        ``get_many``" (absent, expired or sliding), not "absent". Namespace and key are not validated here:
-        the caller derived them, and a dict lookup on ``(ns, key)`` cannot reach another namespace."""
-        entry = self._entries.get((ns, key))
+    def peek(self, slot: Slot, now: float) -> Entry | None:
+        """The live entry at ``slot = (ns, key)`` for a hit that needs no write, read without the lock;
+        ``None`` means "ask ``get_many``" (absent, expired or sliding), not "absent". The slot is not
+        validated here: the caller derived it, and a dict lookup on ``(ns, key)`` cannot reach another
+        namespace."""
+        entry = self._entries.get(slot)
         if entry is None or entry.sliding_ttl is not None:
             return None
         expires_at = entry.expires_at
         if expires_at is not None and now >= expires_at:
             return None
         reads = self._reads
-        reads.append((ns, key))
+        reads.append(slot)
         if len(reads) >= _READ_BUFFER_DRAIN and self._lock.acquire(blocking=False):
             try:
                 self._drain_reads()
@@ -215,12 +216,15 @@ class MemoryTier(Tier):
     # -- internals (called with the lock held) -----------------------------------------------------------
 
     def _drain_reads(self) -> None:
-        reads, entries, on_hit = self._reads, self._entries, self._policy.on_hit
-        while reads:
-            slot = reads.popleft()
-            if slot in entries:  # evicted or deleted since the read: nothing to tell the policy
-                self._hits += 1
-                on_hit(slot)
+        if not self._reads:
+            return
+        # Swap the buffer rather than pop it item by item; a peek() racing the swap may append to the old
+        # one after it was read, which loses that one recency hint (the buffer is lossy by design).
+        reads, self._reads = self._reads, collections.deque(maxlen=_READ_BUFFER_MAX)
+        entries = self._entries
+        held = [slot for slot in reads if slot in entries]  # evicted or deleted since: nothing to tell
+        self._hits += len(held)
+        self._policy.on_hits(held)
 
     def _get(self, slot: Slot, now: float) -> Entry | None:
         entry = self._entries.get(slot)

@@ -84,7 +84,23 @@ class TieredStore:
         return MappingProxyType(self._tiers)
 
     def get(self, ns: Namespace, key: CacheKey, tiers: Iterable[str] | None = None) -> Lookup:
-        return self.get_many(ns, [key], tiers)[0]
+        """``get_many(ns, [key], tiers)[0]`` without the batch bookkeeping: the request path's lookup."""
+        chain = self._chain(tiers)
+        now = self._clock()
+        failed: set[TierName] = set()
+        for depth, tier in enumerate(chain):
+            try:
+                (entry,) = tier.get_many(ns, [key])
+            except TierError as exc:
+                self._absorb(tier.name, "get", exc)
+                failed.add(tier.name)
+                continue
+            if entry is not None and not entry.expired(now):
+                for upper in chain[:depth]:
+                    if upper.name not in failed:
+                        self._write(upper, ns, [(key, entry)])
+                return Lookup(entry, tier.name)
+        return MISS
 
     def get_many(
         self, ns: Namespace, keys: Sequence[CacheKey], tiers: Iterable[str] | None = None

@@ -1,0 +1,438 @@
+"""What a ``@cache_if`` function may cache, and what one call will do: the contract and its plans.
+
+The dsl room parses and type-checks the contract's expression; this module gives it the request view the
+function can provide (its parameters, typed from their annotations, plus ``tenant``, ``model`` and
+``model_revision``) and turns each call into a ``Plan``: the key, the namespace and the rule's decision. Plans
+are memoised per (simple arguments, tenant, runtime generation), so a repeated call skips binding, the
+contract, the policy and hashing. A condition (expression or Python callable) must therefore be a pure
+function of the view: it is evaluated once per distinct call, and again only when the runtime changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import inspect
+import logging
+import threading
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from evocache.dsl import (
+    STANDARD_FIELDS,
+    DslError,
+    ExpressionEvalError,
+    FieldType,
+    Kind,
+    RequestSchema,
+    compile_expression,
+    parse_duration,
+)
+
+from ._keys import GENERATION_PARAMS, Uncacheable, derive_key, namespace_for, normalise_params
+from ._runtime import CacheRuntime
+from ._types import L1, CacheKey, Namespace, TierName
+from .errors import ContractError
+
+log = logging.getLogger("evocache.controller")
+
+VALID_TIERS = ("l1", "l2", "l3")
+ANY_TYPE = FieldType(Kind.ANY)
+SIMPLE_TYPES = frozenset({str, int, float, bool, type(None), bytes})
+MEMO_LIMIT = 8192
+
+
+# --- tenants ---------------------------------------------------------------------------------------------
+
+
+class Tenant(NamedTuple):
+    """Who a call is for. A named tuple: it is part of every memo key, and tuples hash in C."""
+
+    id: str = "default"
+    tier: str = "default"
+
+    def view(self) -> dict[str, str]:
+        return {"id": self.id, "tier": self.tier}
+
+
+DEFAULT_TENANT = Tenant()
+current_tenant: contextvars.ContextVar[Tenant] = contextvars.ContextVar("evocache_tenant", default=DEFAULT_TENANT)
+
+
+@contextlib.contextmanager
+def tenant_scope(tenant_id: str, tier: str = "default") -> Iterator[None]:
+    """Calls inside the block are made for ``tenant_id`` (unless a ``tenant`` argument says otherwise)."""
+    namespace_for(tenant_id)  # validates
+    token = current_tenant.set(Tenant(tenant_id, tier))
+    try:
+        yield
+    finally:
+        current_tenant.reset(token)
+
+
+def _tenant_of(value: Any) -> Tenant:
+    if isinstance(value, Tenant):
+        return value
+    if isinstance(value, str):
+        return Tenant(value)
+    if isinstance(value, Mapping) and isinstance(value.get("id"), str):
+        return Tenant(value["id"], str(value.get("tier", "default")))
+    raise TypeError(f"tenant must be a tenant id, a Tenant or a mapping with 'id', got {type(value).__qualname__}")
+
+
+# --- the request view the function can provide ----------------------------------------------------------
+
+_ANNOTATION_KINDS: Mapping[Any, FieldType] = {
+    int: FieldType(Kind.INT),
+    float: FieldType(Kind.FLOAT),
+    str: FieldType(Kind.STR),
+    bool: FieldType(Kind.BOOL),
+}
+
+
+def _field_type(annotation: Any, name: str) -> FieldType:
+    """The view type of a parameter: from its annotation where it maps, else the standard field's, else ANY."""
+    if annotation is inspect.Parameter.empty:
+        return STANDARD_FIELDS.get(name, ANY_TYPE)
+    if isinstance(annotation, str):  # postponed annotations we cannot resolve safely: trust the standard name
+        return STANDARD_FIELDS.get(name, ANY_TYPE)
+    if annotation in _ANNOTATION_KINDS:
+        return _ANNOTATION_KINDS[annotation]
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            inner = _field_type(rest[0], "")
+            return FieldType(inner.kind, item=inner.item, fields=inner.fields, optional=True)
+        return ANY_TYPE
+    if origin in (list, tuple, Sequence, typing.Sequence) or annotation in (list, tuple):
+        item = _field_type(args[0], "") if args and args[0] is not Ellipsis else ANY_TYPE
+        return FieldType(Kind.LIST, item=item)
+    return ANY_TYPE
+
+
+def signature_of(fn: Callable[..., Any]) -> inspect.Signature:
+    """The signature with annotations resolved where they can be (``from __future__ import annotations``
+    makes them strings); one that names something undefined keeps its strings, which count as ``any``."""
+    try:
+        return inspect.signature(fn, eval_str=True)
+    except (NameError, SyntaxError, TypeError):
+        return inspect.signature(fn)
+
+
+def _guarded(predicate: Callable[[Mapping[str, Any]], bool]) -> Callable[[Mapping[str, Any]], bool]:
+    """A user predicate whose failures read like an expression's: the call is served uncached, never failed."""
+
+    def test(view: Mapping[str, Any]) -> bool:
+        try:
+            return predicate(view)
+        except Exception as exc:  # noqa: BLE001 - the user's own code, at the boundary that must not fail a call
+            raise ExpressionEvalError(f"predicate raised {type(exc).__name__}: {exc}", "<callable>") from exc
+
+    return test
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """The decorator's own decision, used when no policy is in force."""
+
+    ttl: float
+    sliding: bool
+    tiers: tuple[TierName, ...] | None
+    max_entry_bytes: int | None
+    allow_sampling: bool
+    stream: bool
+
+    @classmethod
+    def validated(
+        cls,
+        ttl: str | float,
+        sliding: bool,
+        tiers: Sequence[str] | None,
+        max_entry_bytes: int | None,
+        allow_sampling: bool,
+        stream: bool,
+    ) -> Options:
+        """Options from the decorator's arguments; ``ContractError`` names the bad one."""
+        try:
+            seconds = parse_duration(ttl)
+        except (DslError, ValueError, TypeError) as exc:
+            raise ContractError(f"ttl: {exc}") from exc
+        if tiers is not None:
+            unknown = [t for t in tiers if t not in VALID_TIERS]
+            if unknown or not tiers:
+                raise ContractError(f"tiers: unknown {unknown}; known: {list(VALID_TIERS)}")
+        if max_entry_bytes is not None and max_entry_bytes <= 0:
+            raise ContractError("max_entry_bytes must be positive")
+        return cls(
+            ttl=seconds,
+            sliding=bool(sliding),
+            tiers=tuple(TierName(t) for t in tiers) if tiers is not None else None,
+            max_entry_bytes=max_entry_bytes,
+            allow_sampling=bool(allow_sampling),
+            stream=bool(stream),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one call will do: computed once per (arguments, tenant, runtime generation), then memoised.
+
+    ``key`` is ``None`` for a bypass, with ``reason`` saying why (``contract``, ``contract-error``, ``rule``,
+    ``rule-error``, ``sampling``, ``no-tier``, ``uncacheable-args``).
+    """
+
+    key: CacheKey | None
+    ns: Namespace
+    rule: str
+    reason: str
+    ttl: float = 0.0
+    sliding: bool = False
+    tiers: tuple[TierName, ...] = ()
+    max_entry_bytes: int | None = None
+    stream_ok: bool = True
+    # Derived, read by the L1 hit path: the L1 slot, whether L1 is asked first, the hit's metric labels.
+    slot: tuple[Namespace, CacheKey] | None = field(init=False, default=None)
+    l1_first: bool = field(init=False, default=False)
+    hit_labels: tuple[str, str, str] = field(init=False, default=("", "", ""))
+
+    def __post_init__(self) -> None:
+        if self.key is not None:
+            object.__setattr__(self, "slot", (self.ns, self.key))
+            object.__setattr__(self, "l1_first", bool(self.tiers) and self.tiers[0] == L1)
+        object.__setattr__(self, "hit_labels", (self.rule, L1, "hit"))
+
+
+def memo_key(args: tuple, kwargs: dict, generation: int) -> tuple | None:
+    """The plan memo's key for a call whose arguments are all simple immutable values, else None.
+
+    Argument types are part of it: 1, 1.0 and True are equal and hash alike but key differently. (-0.0 and
+    0.0 are one argument here as in ``controller._keys``.) The L1 hit path inlines this; keep them alike.
+    """
+    types_ = tuple(map(type, args))
+    if kwargs:
+        kw = tuple(kwargs.items())
+        types_ += tuple(map(type, kwargs.values()))
+    else:
+        kw = ()
+    if SIMPLE_TYPES.issuperset(types_):
+        return (args, kw, types_, current_tenant.get(), generation)
+    return None
+
+
+# --- the contract ------------------------------------------------------------------------------------------
+
+
+class Contract:
+    """One function's contract: its request view, its condition, its options and its memoised plans.
+
+    Raises ``ContractError`` at construction (decoration time) for a condition that names a field the
+    function cannot provide, a type error in it, or an ``ignore`` naming no parameter.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        condition: str | Callable[[Mapping[str, Any]], bool],
+        options: Options,
+        *,
+        identity: str,
+        model: str,
+        model_revision: str,
+        template: str,
+        ignore: frozenset[str],
+    ) -> None:
+        self.identity = identity
+        self.options = options
+        self.model = model
+        self.model_revision = model_revision
+        self.template = template
+        self.ignore = ignore
+        self.signature = signature_of(fn)
+        self.schema = self._schema()
+        if isinstance(condition, str):
+            try:
+                expr = compile_expression(condition, self.schema)
+            except DslError as exc:
+                raise ContractError(f"@cache_if on {self.identity}: {exc}") from exc
+            self._test: Callable[[Mapping[str, Any]], bool] = expr.test
+        elif callable(condition):
+            self._test = _guarded(condition)
+        else:
+            raise ContractError(f"@cache_if condition must be an expression or a callable, got {condition!r}")
+        self._tenant_param = "tenant" in self.signature.parameters
+        # Generation parameters go into the key normalised; with **kwargs any of them may arrive.
+        has_var_kw = any(p.kind is p.VAR_KEYWORD for p in self.signature.parameters.values())
+        self._generation_params = tuple(
+            name for name in GENERATION_PARAMS if has_var_kw or name in self.signature.parameters
+        )
+        self.memo: dict[Any, Plan] = {}
+        self._memo_lock = threading.Lock()  # guards clearing; lookups and inserts are single dict operations
+        self._bind = self._make_binder()
+        self._warned: set[tuple[str, str]] = set()
+
+    def _schema(self) -> RequestSchema:
+        fields: dict[str, FieldType] = {}
+        for pname, param in self.signature.parameters.items():
+            if pname in self.ignore or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                continue
+            fields[pname] = _field_type(param.annotation, pname)
+        fields["tenant"] = STANDARD_FIELDS["tenant"]
+        fields.setdefault("model", STANDARD_FIELDS["model"])
+        fields.setdefault("model_revision", STANDARD_FIELDS["model_revision"])
+        unknown = self.ignore - set(self.signature.parameters)
+        if unknown:
+            raise ContractError(f"@cache_if on {self.identity}: ignore names unknown parameters {sorted(unknown)}")
+        return RequestSchema(fields)
+
+    def plan(self, rt: CacheRuntime, args: tuple, kwargs: dict, key: tuple | None = None) -> Plan:
+        """The plan of one call, memoised when its arguments allow (``key``: its memo key, if known)."""
+        if key is None:
+            key = memo_key(args, kwargs, rt.generation)
+        if key is not None:
+            plan = self.memo.get(key)
+            if plan is not None:
+                return plan
+        plan = self._plan(rt, args, kwargs, current_tenant.get())
+        if key is not None:
+            with self._memo_lock:
+                if len(self.memo) >= MEMO_LIMIT:
+                    self.memo.clear()
+                self.memo[key] = plan
+        return plan
+
+    def _bind_slow(self, args: tuple, kwargs: dict) -> tuple[dict[str, Any], bool]:
+        """Any signature, through ``inspect``: ``(arguments, tenant passed explicitly)``. A call that does not
+        fit the signature raises the same ``TypeError`` the function would."""
+        bound = self.signature.bind(*args, **kwargs)
+        explicit_tenant = bound.arguments.get("tenant") is not None
+        bound.apply_defaults()
+        arguments: dict[str, Any] = {}
+        for pname, value in bound.arguments.items():
+            param = self.signature.parameters[pname]
+            if param.kind is param.VAR_KEYWORD:
+                arguments.update(value)
+            else:
+                arguments[pname] = value
+        return arguments, explicit_tenant
+
+    def _make_binder(self) -> Callable[[tuple, dict], tuple[dict[str, Any], bool]]:
+        """A binder for the common signature (named parameters only, no ``*args``/``**kwargs``, no
+        positional-only), several times cheaper than ``Signature.bind``; anything unusual goes to
+        ``_bind_slow``, which also produces the proper ``TypeError`` for a call that does not fit."""
+        params = self.signature.parameters.values()
+        if any(p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params):
+            return self._bind_slow
+        positional = tuple(p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)
+        names = frozenset(p.name for p in params)
+        defaults = tuple((p.name, p.default) for p in params if p.default is not p.empty)
+        slow = self._bind_slow
+
+        def bind(args: tuple, kwargs: dict) -> tuple[dict[str, Any], bool]:
+            if len(args) > len(positional):
+                return slow(args, kwargs)
+            out = dict(zip(positional, args, strict=False))  # fewer args than parameters is fine
+            for name, value in kwargs.items():
+                if name in out or name not in names:
+                    return slow(args, kwargs)
+                out[name] = value
+            explicit_tenant = out.get("tenant") is not None
+            if len(out) < len(names):
+                for name, default in defaults:
+                    if name not in out:
+                        out[name] = default
+                if len(out) < len(names):  # a required argument is missing
+                    return slow(args, kwargs)
+            return out, explicit_tenant
+
+        return bind
+
+    def _plan(self, rt: CacheRuntime, args: tuple, kwargs: dict, tenant: Tenant) -> Plan:
+        arguments, explicit_tenant = self._bind(args, kwargs)
+        explicit_tenant = explicit_tenant and self._tenant_param
+        for pname in self.ignore:
+            arguments.pop(pname, None)
+        # The tenant is not an argument of the key but its namespace: an explicit `tenant` argument names it,
+        # else the enclosing tenant_scope, else the parameter's default, else "default".
+        if explicit_tenant:
+            tenant = _tenant_of(arguments.pop("tenant"))
+        elif self._tenant_param:
+            default = arguments.pop("tenant", None)
+            if tenant is DEFAULT_TENANT and default is not None:
+                tenant = _tenant_of(default)
+        ns = namespace_for(tenant.id)
+        view = dict(arguments)
+        view["tenant"] = tenant.view()
+        view.setdefault("model", self.model)
+        view.setdefault("model_revision", self.model_revision)
+
+        try:
+            allowed = self._test(view)
+        except ExpressionEvalError as exc:
+            log.warning("%s: contract could not be evaluated, call not cached: %s", self.identity, exc.message)
+            return Plan(None, ns, "contract", "contract-error")
+        if allowed is not True:
+            return Plan(None, ns, "contract", "contract")
+
+        opts = self.options
+        rule = self.identity
+        tiers = opts.tiers
+        ttl, sliding, max_bytes, allow_sampling, stream_ok = (
+            opts.ttl, opts.sliding, opts.max_entry_bytes, opts.allow_sampling, opts.stream,
+        )
+        if rt.policy is not None:
+            decision = rt.policy.decide(view)
+            rule = decision.rule
+            if decision.skipped:
+                # A rule that could not be evaluated might have said bypass: fail closed, never past it.
+                self._warn_once(rt, decision.skipped)
+                return Plan(None, ns, decision.skipped[0], "rule-error")
+            if not decision.cache:
+                return Plan(None, ns, rule, "rule")
+            ttl, sliding, max_bytes = decision.ttl, decision.sliding, decision.max_entry_bytes
+            allow_sampling, stream_ok = decision.allow_sampling, decision.stream
+            tiers = tuple(TierName(t) for t in decision.tiers)
+
+        temperature = arguments.get("temperature")
+        if (
+            not allow_sampling
+            and isinstance(temperature, (int, float))
+            and temperature > 0
+            and arguments.get("seed") is None
+        ):
+            return Plan(None, ns, rule, "sampling")
+
+        available = rt.tier_names
+        chosen = tuple(t for t in (tiers or available) if t in available)
+        if not chosen:
+            return Plan(None, ns, rule, "no-tier")
+        rest = dict(arguments)
+        params = {name: rest.pop(name) for name in self._generation_params if name in rest}
+        model = arguments.get("model", self.model) if isinstance(arguments.get("model"), str) else self.model
+        try:
+            key = derive_key(
+                function=self.identity,
+                model=model,
+                revision=self.model_revision,
+                template=self.template,
+                params=normalise_params(params),
+                ns=ns,
+                args=rest,
+            )
+        except Uncacheable as exc:
+            log.debug("%s: %s", self.identity, exc)
+            return Plan(None, ns, rule, "uncacheable-args")
+        return Plan(key, ns, rule, "", ttl, sliding, chosen, max_bytes, stream_ok)
+
+    def _warn_once(self, rt: CacheRuntime, rules: tuple[str, ...]) -> None:
+        for rule in rules:
+            if (rt.policy_ref, rule) not in self._warned:
+                self._warned.add((rt.policy_ref, rule))
+                log.warning(
+                    "%s: rule %s of %s cannot be evaluated for this function's calls (a field it does not "
+                    "provide?); such calls are not cached", self.identity, rule, rt.policy_ref,
+                )
