@@ -36,7 +36,7 @@ from typing import Any
 from ._contract import SIMPLE_TYPES, Contract, Options, Plan, current_tenant
 from ._keys import template_hash
 from ._metrics import LATENCY_BUCKETS
-from ._runtime import CacheRuntime, current_runtime
+from ._runtime import CacheRuntime, StoreConfig, build_runtime, current_runtime
 from ._serialize import SERIALIZERS, Serializer, Unserializable, dump_chunks, load_chunks
 from ._types import L1, CacheKey, Entry, Namespace
 from .errors import ContractError
@@ -82,7 +82,7 @@ def cache_if(
     name: str | None = None,
     ignore: Sequence[str] = (),
     serializer: str | Serializer = "json",
-    store: CacheRuntime | None = None,
+    store: CacheRuntime | StoreConfig | None = None,
 ) -> Callable[[Callable[..., Any]], Any]:
     """Cache a function's results while ``condition`` holds for the call.
 
@@ -91,10 +91,12 @@ def cache_if(
     ``ttl`` is a duration (``"10m"``) or seconds; ``sliding`` renews it on every hit. ``tiers`` restricts the
     tiers written and read (default: every tier of the store). ``model``/``model_revision``/``prompt_template``
     are part of the key. ``ignore`` names parameters left out of the key and view (``self``, a logger).
-    ``store`` pins a runtime (default: the process runtime, see ``configure``). A callable condition must be a
-    pure function of the view: it is evaluated once per distinct call (see ``controller._contract``).
+    ``store`` pins a runtime, or a ``StoreConfig`` to build one for this function alone (default: the process
+    runtime, see ``configure``, which a replica sets). A callable condition must be a pure function of the
+    view: it is evaluated once per distinct call (see ``controller._contract``).
 
-    Raises ``ContractError`` at decoration time for an invalid contract or option.
+    Raises ``ContractError`` at decoration time for an invalid contract or option (``StoreConfigError`` for a
+    store that cannot be built).
     """
 
     def decorate(fn: Callable[..., Any]) -> Any:
@@ -109,7 +111,8 @@ def cache_if(
             template=template_hash(prompt_template),
             ignore=frozenset(ignore),
         )
-        return CachedFunction(fn, contract, _serializer(serializer), store).wrapper
+        runtime = build_runtime(store) if isinstance(store, StoreConfig) else store
+        return CachedFunction(fn, contract, _serializer(serializer), runtime).wrapper
 
     return decorate
 

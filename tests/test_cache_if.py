@@ -432,3 +432,15 @@ def test_metrics_per_rule_tier_and_outcome(rt):
     assert rt.metrics.value("evocache_requests_total", rule="metered", tier="l1", outcome="hit") == 2
     assert rt.metrics.value("evocache_requests_total", rule="metered", tier="", outcome="miss") == 1
     assert b"evocache_lookup_seconds_bucket" in rt.metrics.exposition()
+
+
+def test_a_store_configuration_gives_the_function_its_own_tiers(tmp_path):
+    @cache_if("true", store=StoreConfig(disk_path=str(tmp_path / "own-l3"), events="ring"))
+    def f(x: int) -> int:
+        return x
+
+    f(1), f(1)
+    runtime = f.cached_function.runtime
+    assert list(runtime.store.tiers) == ["l1", "l3"] and runtime.store.tiers["l3"].usage() > 0
+    assert f.cache_info().hits == 1
+    runtime.close()
