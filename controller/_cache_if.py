@@ -38,12 +38,11 @@ from ._keys import template_hash
 from ._metrics import LATENCY_BUCKETS
 from ._runtime import CacheRuntime, StoreConfig, build_runtime, current_runtime
 from ._serialize import SERIALIZERS, Serializer, Unserializable, dump_chunks, load_chunks
-from ._types import L1, CacheKey, Entry, Namespace
+from ._types import L1, CacheKey, Entry
 from .errors import ContractError
 
 log = logging.getLogger("evocache.controller")
 
-_MEMO_LIMIT = 8192
 _IMMUTABLE_TAGS = frozenset(b"sb")  # payload tags of str and bytes values (controller._serialize)
 _MISSING: Any = object()
 
@@ -137,8 +136,6 @@ class CachedFunction:
         self.identity = contract.identity
         self.serializer = serializer
         self.runtime = runtime
-        # Decoded str/bytes values of recent L1 hits, by entry identity: immutable, so safe to hand out again.
-        self._decoded: dict[tuple[Namespace, CacheKey], tuple[Entry, Any]] = {}
         self.counters = _Counters()
         self._hot_hit = self._make_hot_hit()
         if inspect.isasyncgenfunction(fn):
@@ -180,7 +177,6 @@ class CachedFunction:
         async functions; streams take the full path.
         """
         memo_get = self.contract.memo.get
-        decoded = self._decoded
         loads = self.serializer.loads
         counters = self.counters
         identity = self.identity
@@ -198,37 +194,31 @@ class CachedFunction:
                 kw = ()
             if not issimple(types_):
                 return _MISSING
-            plan = memo_get((args, kw, types_, tenant_get(), rt.generation))
-            l1 = rt.l1
-            if plan is None or not plan.l1_first or l1 is None:
+            generation, peek, clock, record, policy_ref = rt.hot
+            plan = memo_get((args, kw, types_, tenant_get(), generation))
+            if plan is None or not plan.l1_first:  # l1_first: this runtime has an L1
                 return _MISSING
-            clock = rt.clock
             now = clock()
             slot = plan.slot
-            entry = l1.peek(slot, now)
+            entry = peek(slot, now)
             if entry is None:
                 return _MISSING
-            cached = decoded.get(slot)
-            if cached is not None and cached[0] is entry:
-                value = cached[1]
-            else:
+            decoded_entry, value = plan.decoded
+            if decoded_entry is not entry:
                 payload = entry.value
                 try:
                     value = loads(payload)
                 except ValueError:
                     return _MISSING  # the full path drops and counts it
                 if payload and payload[0] in _IMMUTABLE_TAGS:
-                    if len(decoded) >= _MEMO_LIMIT:
-                        decoded.clear()
-                    decoded[slot] = (entry, value)
+                    object.__setattr__(plan, "decoded", (entry, value))  # see Plan.decoded
             counters.hits += 1
             seconds = clock() - now
-            metrics = rt.metrics  # inlined CacheMetrics.record
-            cells = metrics.decisions.get(plan.hit_labels) or metrics.cells(plan.hit_labels)
+            cells = plan.hit_cells  # inlined CacheMetrics.record
             cells[bisect_left(buckets, seconds)] += 1
             cells[-1] += seconds
-            rt.events.record((
-                now, plan.key, plan.ns, plan.rule, rt.policy_ref, "hit", L1, len(entry.value), seconds * 1000.0,
+            record((
+                now, plan.key, plan.ns, plan.rule, policy_ref, "hit", L1, len(entry.value), seconds * 1000.0,
                 entry.saved_ms, identity, "", None,
             ))
             return value

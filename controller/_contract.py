@@ -195,16 +195,20 @@ class Plan:
     tiers: tuple[TierName, ...] = ()
     max_entry_bytes: int | None = None
     stream_ok: bool = True
-    # Derived, read by the L1 hit path: the L1 slot, whether L1 is asked first, the hit's metric labels.
+    # For the L1 hit path: the metric cells an L1 hit of this plan counts in (the runtime's metrics: a plan
+    # lives only as long as its runtime generation). Derived: the L1 slot and whether L1 is asked first.
+    hit_cells: list[float] | None = field(default=None, compare=False)
+    # (entry, value): the last L1 entry this plan decoded and its value, kept when the value is immutable
+    # (str, bytes) so a hit on the same entry object hands it out again. The one field that changes after
+    # construction: the L1 hit path swaps the whole pair (one attribute store, so readers see either pair).
+    decoded: tuple[Any, Any] = field(default=(None, None), compare=False)
     slot: tuple[Namespace, CacheKey] | None = field(init=False, default=None)
     l1_first: bool = field(init=False, default=False)
-    hit_labels: tuple[str, str, str] = field(init=False, default=("", "", ""))
 
     def __post_init__(self) -> None:
         if self.key is not None:
             object.__setattr__(self, "slot", (self.ns, self.key))
-            object.__setattr__(self, "l1_first", bool(self.tiers) and self.tiers[0] == L1)
-        object.__setattr__(self, "hit_labels", (self.rule, L1, "hit"))
+            object.__setattr__(self, "l1_first", bool(self.tiers) and self.tiers[0] == L1 and self.hit_cells is not None)
 
 
 def memo_key(args: tuple, kwargs: dict, generation: int) -> tuple | None:
@@ -426,7 +430,8 @@ class Contract:
         except Uncacheable as exc:
             log.debug("%s: %s", self.identity, exc)
             return Plan(None, ns, rule, "uncacheable-args")
-        return Plan(key, ns, rule, "", ttl, sliding, chosen, max_bytes, stream_ok)
+        hit_cells = rt.metrics.cells((rule, L1, "hit")) if chosen[0] == L1 else None
+        return Plan(key, ns, rule, "", ttl, sliding, chosen, max_bytes, stream_ok, hit_cells)
 
     def _warn_once(self, rt: CacheRuntime, rules: tuple[str, ...]) -> None:
         for rule in rules:
