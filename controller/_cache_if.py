@@ -27,22 +27,32 @@ import asyncio
 import functools
 import inspect
 import logging
+import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._contract import SIMPLE_TYPES, Contract, Options, Plan, current_tenant
+from ._contract import (
+    DECODED_MAX_BYTES,
+    SIMPLE_TYPES,
+    Contract,
+    Options,
+    Plan,
+    current_tenant,
+    function_identity,
+)
 from ._keys import template_hash
 from ._metrics import LATENCY_BUCKETS
 from ._runtime import CacheRuntime, StoreConfig, build_runtime, current_runtime
 from ._serialize import SERIALIZERS, Serializer, Unserializable, dump_chunks, load_chunks
-from ._types import L1, CacheKey, Entry
+from ._types import L1, CacheKey, Entry, Namespace
 from .errors import ContractError
 
 log = logging.getLogger("evocache.controller")
 
+_INVALIDATED_MAX = 65_536
 _IMMUTABLE_TAGS = frozenset(b"sb")  # payload tags of str and bytes values (controller._serialize)
 _MISSING: Any = object()
 
@@ -99,7 +109,7 @@ def cache_if(
     """
 
     def decorate(fn: Callable[..., Any]) -> Any:
-        identity = name or f"{fn.__module__}.{fn.__qualname__}"
+        identity = function_identity(fn, name)
         contract = Contract(
             fn,
             condition,
@@ -137,6 +147,10 @@ class CachedFunction:
         self.serializer = serializer
         self.runtime = runtime
         self.counters = _Counters()
+        self._epoch = 0  # bumped by every invalidate/refresh (see _invalidate_slot)
+        self._epoch_floor = 0
+        self._invalidated: dict[tuple[Namespace, CacheKey], int] = {}
+        self._epoch_lock = threading.Lock()
         self._hot_hit = self._make_hot_hit()
         if inspect.isasyncgenfunction(fn):
             self.kind, wrapper = "asyncgen", self._wrap_asyncgen()
@@ -210,7 +224,7 @@ class CachedFunction:
                     value = loads(payload)
                 except ValueError:
                     return _MISSING  # the full path drops and counts it
-                if payload and payload[0] in _IMMUTABLE_TAGS:
+                if payload and payload[0] in _IMMUTABLE_TAGS and len(payload) <= DECODED_MAX_BYTES:
                     object.__setattr__(plan, "decoded", (entry, value))  # see Plan.decoded
             counters.hits += 1
             seconds = clock() - now
@@ -227,8 +241,10 @@ class CachedFunction:
 
     # -- lookup and admission (shared by every function kind) ---------------------------------------------
 
-    def _lookup(self, rt: CacheRuntime, plan: Plan, started: float) -> tuple[bool, Any]:
-        """(hit, value). A payload that does not decode is deleted and counted, and the call is a miss."""
+    def _lookup(self, rt: CacheRuntime, plan: Plan, started: float) -> tuple[bool, Any, int]:
+        """``(hit, value, epoch)``; ``epoch`` is what ``_admit`` checks a miss's result against (see
+        ``_invalidate_slot``). A payload that does not decode is deleted and counted, and the call is a miss."""
+        epoch = self._epoch
         found = rt.store.get(plan.ns, plan.key, plan.tiers)
         entry = found.entry
         if entry is not None:
@@ -243,13 +259,17 @@ class CachedFunction:
             else:
                 self.counters.hits += 1
                 self._emit(rt, plan, "hit", found.tier, entry.size, time.perf_counter() - started, entry.saved_ms)
-                return True, value
+                return True, value, epoch
         self.counters.misses += 1
         self._emit(rt, plan, "miss", None, 0, time.perf_counter() - started)
-        return False, None
+        return False, None, epoch
 
-    def _admit(self, rt: CacheRuntime, plan: Plan, payload: bytes | None, saved_ms: float, reason: str = "") -> None:
+    def _admit(
+        self, rt: CacheRuntime, plan: Plan, payload: bytes | None, saved_ms: float, reason: str, epoch: int
+    ) -> None:
         started = time.perf_counter()
+        if payload is not None and (epoch < self._epoch_floor or self._invalidated.get(plan.slot, 0) > epoch):
+            payload, reason = None, "invalidated"  # computed before an invalidate/refresh: stale on arrival
         if payload is None or (plan.max_entry_bytes is not None and len(payload) > plan.max_entry_bytes):
             self.counters.rejects += 1
             size = 0 if payload is None else len(payload)
@@ -270,6 +290,19 @@ class CachedFunction:
         for tier in plan.tiers:
             rt.metrics.stored(plan.rule, tier, len(payload))
         self._emit(rt, plan, "store", ",".join(plan.tiers), len(payload), time.perf_counter() - started, saved_ms)
+
+    def _invalidate_slot(self, slot: tuple[Namespace, CacheKey]) -> int:
+        """Mark ``slot`` invalidated now; returns the new epoch. A miss whose lookup began before this (its
+        epoch is lower) finishes but is not stored, so an invalidate or refresh is never undone by a slower
+        call that read the old state. Within this process; other replicas' in-flight misses are not seen."""
+        with self._epoch_lock:
+            self._epoch += 1
+            if len(self._invalidated) >= _INVALIDATED_MAX:
+                # Forgetting the marks would let an old miss through, so refuse every miss begun before now.
+                self._invalidated.clear()
+                self._epoch_floor = self._epoch
+            self._invalidated[slot] = self._epoch
+            return self._epoch
 
     def _encode(self, value: Any) -> tuple[bytes | None, str]:
         try:
@@ -309,19 +342,30 @@ class CachedFunction:
             if plan.key is None:
                 self._bypass(rt, plan, started)
                 return fn(*args, **kwargs)
-            hit, value = self._lookup(rt, plan, started)
+            hit, value, epoch = self._lookup(rt, plan, started)
             if hit:
                 return value
-            return self._compute(rt, plan, args, kwargs)
+            return self._compute(rt, plan, args, kwargs, epoch)
 
         return wrapper
 
-    def _compute(self, rt: CacheRuntime, plan: Plan, args: tuple, kwargs: dict) -> Any:
+    def _compute(self, rt: CacheRuntime, plan: Plan, args: tuple, kwargs: dict, epoch: int) -> Any:
         t0 = time.perf_counter()
         value = self.fn(*args, **kwargs)
         saved_ms = (time.perf_counter() - t0) * 1000.0
         payload, reason = self._encode(value)
-        self._admit(rt, plan, payload, saved_ms, reason)
+        self._admit(rt, plan, payload, saved_ms, reason, epoch)
+        return value
+
+    async def _compute_async(self, rt: CacheRuntime, plan: Plan, args: tuple, kwargs: dict, epoch: int) -> Any:
+        t0 = time.perf_counter()
+        value = await self.fn(*args, **kwargs)
+        saved_ms = (time.perf_counter() - t0) * 1000.0
+        payload, reason = self._encode(value)
+        if self._offload(rt):
+            await asyncio.to_thread(self._admit, rt, plan, payload, saved_ms, reason, epoch)
+        else:
+            self._admit(rt, plan, payload, saved_ms, reason, epoch)
         return value
 
     def _wrap_async(self) -> Callable[..., Any]:
@@ -337,22 +381,13 @@ class CachedFunction:
             if plan.key is None:
                 self._bypass(rt, plan, started)
                 return await fn(*args, **kwargs)
-            offload = self._offload(rt)
-            if offload:
-                hit, value = await asyncio.to_thread(self._lookup, rt, plan, started)
+            if self._offload(rt):
+                hit, value, epoch = await asyncio.to_thread(self._lookup, rt, plan, started)
             else:
-                hit, value = self._lookup(rt, plan, started)
+                hit, value, epoch = self._lookup(rt, plan, started)
             if hit:
                 return value
-            t0 = time.perf_counter()
-            value = await fn(*args, **kwargs)
-            saved_ms = (time.perf_counter() - t0) * 1000.0
-            payload, reason = self._encode(value)
-            if offload:
-                await asyncio.to_thread(self._admit, rt, plan, payload, saved_ms, reason)
-            else:
-                self._admit(rt, plan, payload, saved_ms, reason)
-            return value
+            return await self._compute_async(rt, plan, args, kwargs, epoch)
 
         return wrapper
 
@@ -365,61 +400,68 @@ class CachedFunction:
             return None, "unserializable"
 
     def _wrap_gen(self) -> Callable[..., Any]:
-        fn = self.fn
-
+        # A plain function returning the stream, not a generator function: the runtime, the tenant scope and
+        # the plan are taken when the call is made, as for every other kind. A generator's body would read
+        # them at the first next(), maybe outside the caller's tenant_scope, and cache under another tenant.
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             rt, plan, started = self._start(args, kwargs)
-            if plan.key is None:
-                self._bypass(rt, plan, started)
-                yield from fn(*args, **kwargs)
-                return
-            hit, chunks = self._lookup(rt, plan, started)
-            if hit:
-                yield from chunks
-                return
-            recorded: list = []
-            t0 = time.perf_counter()
-            # A stream that raises or is closed early never reaches _admit: partial streams are not stored.
-            for chunk in fn(*args, **kwargs):
-                recorded.append(chunk)
-                yield chunk
-            payload, reason = self._stream_payload(plan, recorded)
-            self._admit(rt, plan, payload, (time.perf_counter() - t0) * 1000.0, reason)
+            return self._stream(rt, plan, started, args, kwargs)
 
         return wrapper
+
+    def _stream(self, rt: CacheRuntime, plan: Plan, started: float, args: tuple, kwargs: dict) -> Iterator[Any]:
+        if plan.key is None:
+            self._bypass(rt, plan, started)
+            yield from self.fn(*args, **kwargs)
+            return
+        hit, chunks, epoch = self._lookup(rt, plan, started)
+        if hit:
+            yield from chunks
+            return
+        recorded: list = []
+        t0 = time.perf_counter()
+        # A stream that raises or is closed early never reaches _admit: partial streams are not stored.
+        for chunk in self.fn(*args, **kwargs):
+            recorded.append(chunk)
+            yield chunk
+        payload, reason = self._stream_payload(plan, recorded)
+        self._admit(rt, plan, payload, (time.perf_counter() - t0) * 1000.0, reason, epoch)
 
     def _wrap_asyncgen(self) -> Callable[..., Any]:
-        fn = self.fn
-
-        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:  # see _wrap_gen
             rt, plan, started = self._start(args, kwargs)
-            if plan.key is None:
-                self._bypass(rt, plan, started)
-                async for chunk in fn(*args, **kwargs):
-                    yield chunk
-                return
-            offload = self._offload(rt)
-            if offload:
-                hit, chunks = await asyncio.to_thread(self._lookup, rt, plan, started)
-            else:
-                hit, chunks = self._lookup(rt, plan, started)
-            if hit:
-                for chunk in chunks:
-                    yield chunk
-                return
-            recorded: list = []
-            t0 = time.perf_counter()
-            async for chunk in fn(*args, **kwargs):
-                recorded.append(chunk)
-                yield chunk
-            payload, reason = self._stream_payload(plan, recorded)
-            saved_ms = (time.perf_counter() - t0) * 1000.0
-            if offload:
-                await asyncio.to_thread(self._admit, rt, plan, payload, saved_ms, reason)
-            else:
-                self._admit(rt, plan, payload, saved_ms, reason)
+            return self._astream(rt, plan, started, args, kwargs)
 
         return wrapper
+
+    async def _astream(
+        self, rt: CacheRuntime, plan: Plan, started: float, args: tuple, kwargs: dict
+    ) -> AsyncIterator[Any]:
+        if plan.key is None:
+            self._bypass(rt, plan, started)
+            async for chunk in self.fn(*args, **kwargs):
+                yield chunk
+            return
+        offload = self._offload(rt)
+        if offload:
+            hit, chunks, epoch = await asyncio.to_thread(self._lookup, rt, plan, started)
+        else:
+            hit, chunks, epoch = self._lookup(rt, plan, started)
+        if hit:
+            for chunk in chunks:
+                yield chunk
+            return
+        recorded: list = []
+        t0 = time.perf_counter()
+        async for chunk in self.fn(*args, **kwargs):
+            recorded.append(chunk)
+            yield chunk
+        payload, reason = self._stream_payload(plan, recorded)
+        saved_ms = (time.perf_counter() - t0) * 1000.0
+        if offload:
+            await asyncio.to_thread(self._admit, rt, plan, payload, saved_ms, reason, epoch)
+        else:
+            self._admit(rt, plan, payload, saved_ms, reason, epoch)
 
     # -- per-call controls -------------------------------------------------------------------------------
 
@@ -433,10 +475,14 @@ class CachedFunction:
         return self.contract.plan(rt, args, kwargs).key
 
     def invalidate(self, *args: Any, **kwargs: Any) -> bool:
-        """Delete this call's entry from every tier. True when some tier held it."""
+        """Delete this call's entry from every tier (a miss of it already under way will not store its
+        result). True when some tier held it."""
         rt = self.runtime or current_runtime()
         plan = self.contract.plan(rt, args, kwargs)
-        return plan.key is not None and rt.store.delete(plan.ns, [plan.key]) > 0
+        if plan.key is None:
+            return False
+        self._invalidate_slot(plan.slot)
+        return rt.store.delete(plan.ns, [plan.key]) > 0
 
     def bypass(self, *args: Any, **kwargs: Any) -> Any:
         """Call the function without reading or writing the cache (an event with reason ``caller``)."""
@@ -451,15 +497,9 @@ class CachedFunction:
         if plan.key is None:
             self._bypass(rt, plan, started)
             return self.fn(*args, **kwargs)
-        if self.kind == "async":
-            return self._refresh_async(rt, plan, args, kwargs)
-        if self.kind != "sync":
+        if self.kind not in ("sync", "async"):
             raise TypeError("refresh() is for sync and async functions; for streams, invalidate() then call")
-        return self._compute(rt, plan, args, kwargs)
-
-    async def _refresh_async(self, rt: CacheRuntime, plan: Plan, args: tuple, kwargs: dict) -> Any:
-        t0 = time.perf_counter()
-        value = await self.fn(*args, **kwargs)
-        payload, reason = self._encode(value)
-        await asyncio.to_thread(self._admit, rt, plan, payload, (time.perf_counter() - t0) * 1000.0, reason)
-        return value
+        epoch = self._invalidate_slot(plan.slot)  # misses already under way must not overwrite this result
+        if self.kind == "async":
+            return self._compute_async(rt, plan, args, kwargs, epoch)
+        return self._compute(rt, plan, args, kwargs, epoch)

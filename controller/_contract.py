@@ -42,7 +42,52 @@ log = logging.getLogger("evocache.controller")
 VALID_TIERS = ("l1", "l2", "l3")
 ANY_TYPE = FieldType(Kind.ANY)
 SIMPLE_TYPES = frozenset({str, int, float, bool, type(None), bytes})
+# The plan memo holds its calls' arguments: bounded in plans and in argument bytes (prompts can be long).
 MEMO_LIMIT = 8192
+MEMO_BYTES = 32 << 20
+# A plan keeps the decoded value of its last L1 hit only for payloads this small, so the memo never holds
+# more than MEMO_LIMIT * DECODED_MAX_BYTES of values that L1 may have evicted since.
+DECODED_MAX_BYTES = 4096
+_CODE_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType, type)
+
+
+def function_identity(fn: Callable[..., Any], name: str | None) -> str:
+    """The identity a function's keys bind: ``name`` if given, else module and qualified name, plus, for a
+    closure, the canonical form of the data it captured (two closures from one factory compute different
+    things). Captured code (functions, classes, modules) does not count; captured data without a canonical
+    form is a ``ContractError``: give such a function a ``name=`` that tells its variants apart."""
+    if name:
+        return name
+    identity = f"{fn.__module__}.{fn.__qualname__}"
+    cells = fn.__closure__ or ()
+    captured = {}
+    for var, cell in zip(fn.__code__.co_freevars, cells, strict=True):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # not bound yet (a recursive reference): code, not data
+            continue
+        if isinstance(value, _CODE_TYPES):
+            continue
+        captured[var] = value
+    if not captured:
+        return identity
+    try:
+        digest = derive_key(function=identity, model="", revision="", template="", params=(), ns=Namespace("-"),
+                            args=captured)
+    except Uncacheable as exc:
+        raise ContractError(
+            f"@cache_if on {identity}: the closure captures {sorted(captured)}, which have no canonical form "
+            f"({exc}); pass name=... to identify this variant of the function"
+        ) from exc
+    return f"{identity}#{digest[:16]}"
+
+
+def _approx_bytes(args: tuple, kwargs: dict) -> int:
+    size = 64
+    for value in (*args, *kwargs.values()):
+        if type(value) is str or type(value) is bytes:
+            size += len(value)
+    return size
 
 
 # --- tenants ---------------------------------------------------------------------------------------------
@@ -59,7 +104,9 @@ class Tenant(NamedTuple):
 
 
 DEFAULT_TENANT = Tenant()
-current_tenant: contextvars.ContextVar[Tenant] = contextvars.ContextVar("evocache_tenant", default=DEFAULT_TENANT)
+# None outside any tenant_scope: "no scope" must stay distinguishable from a scope for the tenant "default",
+# because only the former lets a `tenant` parameter's default name the tenant. Part of every memo key.
+current_tenant: contextvars.ContextVar[Tenant | None] = contextvars.ContextVar("evocache_tenant", default=None)
 
 
 @contextlib.contextmanager
@@ -275,6 +322,7 @@ class Contract:
             name for name in GENERATION_PARAMS if has_var_kw or name in self.signature.parameters
         )
         self.memo: dict[Any, Plan] = {}
+        self._memo_bytes = 0
         self._memo_lock = threading.Lock()  # guards clearing; lookups and inserts are single dict operations
         self._bind = self._make_binder()
         self._warned: set[tuple[str, str]] = set()
@@ -303,10 +351,13 @@ class Contract:
                 return plan
         plan = self._plan(rt, args, kwargs, current_tenant.get())
         if key is not None:
+            size = _approx_bytes(args, kwargs)
             with self._memo_lock:
-                if len(self.memo) >= MEMO_LIMIT:
+                if len(self.memo) >= MEMO_LIMIT or self._memo_bytes + size > MEMO_BYTES:
                     self.memo.clear()
+                    self._memo_bytes = 0
                 self.memo[key] = plan
+                self._memo_bytes += size
         return plan
 
     def _bind_slow(self, args: tuple, kwargs: dict) -> tuple[dict[str, Any], bool]:
@@ -355,20 +406,24 @@ class Contract:
 
         return bind
 
-    def _plan(self, rt: CacheRuntime, args: tuple, kwargs: dict, tenant: Tenant) -> Plan:
+    def _plan(self, rt: CacheRuntime, args: tuple, kwargs: dict, scope: Tenant | None) -> Plan:
         arguments, explicit_tenant = self._bind(args, kwargs)
         explicit_tenant = explicit_tenant and self._tenant_param
         for pname in self.ignore:
             arguments.pop(pname, None)
         # The tenant is not an argument of the key but its namespace: an explicit `tenant` argument names it,
         # else the enclosing tenant_scope, else the parameter's default, else "default".
-        if explicit_tenant:
-            tenant = _tenant_of(arguments.pop("tenant"))
-        elif self._tenant_param:
-            default = arguments.pop("tenant", None)
-            if tenant is DEFAULT_TENANT and default is not None:
-                tenant = _tenant_of(default)
-        ns = namespace_for(tenant.id)
+        given = arguments.pop("tenant", None) if self._tenant_param else None
+        try:
+            if explicit_tenant or (scope is None and given is not None):
+                tenant = _tenant_of(given)
+            else:
+                tenant = scope or DEFAULT_TENANT
+            ns = namespace_for(tenant.id)
+        except (TypeError, ValueError) as exc:
+            # The function may accept what the cache cannot scope: serve it, uncached.
+            log.warning("%s: tenant argument not usable for caching (%s); call not cached", self.identity, exc)
+            return Plan(None, namespace_for(DEFAULT_TENANT.id), "contract", "bad-tenant")
         view = dict(arguments)
         view["tenant"] = tenant.view()
         view.setdefault("model", self.model)
@@ -430,7 +485,8 @@ class Contract:
         except Uncacheable as exc:
             log.debug("%s: %s", self.identity, exc)
             return Plan(None, ns, rule, "uncacheable-args")
-        hit_cells = rt.metrics.cells((rule, L1, "hit")) if chosen[0] == L1 else None
+        # The L1 hit path needs a MemoryTier as L1 (its lock-free peek); any other "l1" takes the full path.
+        hit_cells = rt.metrics.cells((rule, L1, "hit")) if chosen[0] == L1 and rt.l1 is not None else None
         return Plan(key, ns, rule, "", ttl, sliding, chosen, max_bytes, stream_ok, hit_cells)
 
     def _warn_once(self, rt: CacheRuntime, rules: tuple[str, ...]) -> None:

@@ -116,6 +116,9 @@ class JsonlSink:
     def record(self, rec: EventRecord) -> None:
         # Formatting waits for the flush, so a burst of decisions pays for JSON once per batch.
         with self._lock:
+            if self._file.closed:  # a function still pinned to a runtime that was closed: count, keep nothing
+                self.errors += 1
+                return
             self._buffer.append(rec)
             if len(self._buffer) >= self._flush_every:
                 self._flush_locked()
@@ -148,14 +151,16 @@ class JsonlSink:
 class RedisStreamSink:
     """XADD events to a capped Redis stream (field ``e`` = the JSON): the cluster's shared event stream.
 
-    Events go out in pipelined batches of ``batch`` (and on ``flush``/``close``), so the request path pays one
-    round trip per batch, not per decision. While Redis fails, events are dropped and counted in ``errors``
-    rather than waited for: after a failed batch nothing is sent for ``retry_after`` seconds, so a hung Redis
-    costs one socket timeout per period, not one per request.
+    The request path only appends to a buffer; a background thread sends it in pipelined batches every
+    ``interval`` seconds (sooner once ``batch`` events wait), so no request, and no event loop, ever waits on
+    Redis for its event. While Redis fails, events are dropped and counted in ``errors``: after a failed batch
+    nothing is sent for ``retry_after`` seconds. The buffer is bounded (``max_buffer``); past it, events are
+    dropped and counted too. ``flush`` sends what waits now; ``close`` flushes and stops the thread.
     """
 
     def __init__(self, url: str, *, stream: str = "evocache:events", maxlen: int = 1_000_000,
-                 socket_timeout: float = 0.05, batch: int = 64, retry_after: float = 1.0,
+                 socket_timeout: float = 0.05, batch: int = 256, interval: float = 0.05,
+                 retry_after: float = 1.0, max_buffer: int = 100_000,
                  clock: Callable[[], float] = time.monotonic, client: Any = None) -> None:
         import redis
 
@@ -167,50 +172,67 @@ class RedisStreamSink:
         self.maxlen = maxlen
         self.errors = 0
         self._batch = batch
+        self._interval = interval
         self._retry_after = retry_after
+        self._max_buffer = max_buffer
         self._clock = clock
         self._down_until = 0.0
-        self._buffer: list[EventRecord] = []
-        self._lock = threading.Lock()
+        self._buffer: collections.deque[EventRecord] = collections.deque()
+        self._wake = threading.Event()
+        self._send_lock = threading.Lock()  # one sender at a time: the thread, or a caller's flush()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"evocache-events-{stream}", daemon=True)
+        self._thread.start()
 
     def record(self, rec: EventRecord) -> None:
-        with self._lock:
-            self._buffer.append(rec)
-            if len(self._buffer) >= self._batch:
-                self._flush_locked()
+        if self._closed or len(self._buffer) >= self._max_buffer:
+            self.errors += 1
+            return
+        self._buffer.append(rec)  # atomic; the sender pops from the other end
+        if len(self._buffer) >= self._batch:
+            self._wake.set()
 
     def emit(self, event: AccessEvent) -> None:
         self.record(tuple(event))
 
     def flush(self) -> None:
-        with self._lock:
-            self._flush_locked()
+        """Send everything buffered now, on the calling thread."""
+        self._send()
 
-    def _flush_locked(self) -> None:
-        records, self._buffer = self._buffer, []
-        if not records:
-            return
-        if self._clock() < self._down_until:
-            self.errors += len(records)
-            return
-        try:
-            pipe = self.client.pipeline(transaction=False)
-            for rec in records:
-                pipe.xadd(self.stream, {"e": AccessEvent._make(rec).to_json()}, maxlen=self.maxlen,
-                          approximate=True)
-            pipe.execute()
-        except self._redis_errors as exc:
-            self._down_until = self._clock() + self._retry_after
-            self.errors += len(records)
-            log.warning("event stream %s: %d events dropped, %d in all (%s)", self.stream, len(records),
-                        self.errors, exc)
+    def _run(self) -> None:
+        while not self._closed:
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            self._send()
+
+    def _send(self) -> None:
+        with self._send_lock:
+            while self._buffer:
+                records = [self._buffer.popleft() for _ in range(min(len(self._buffer), self._batch))]
+                if self._clock() < self._down_until:
+                    self.errors += len(records)
+                    continue
+                try:
+                    pipe = self.client.pipeline(transaction=False)
+                    for rec in records:
+                        pipe.xadd(self.stream, {"e": AccessEvent._make(rec).to_json()}, maxlen=self.maxlen,
+                                  approximate=True)
+                    pipe.execute()
+                except self._redis_errors as exc:
+                    self._down_until = self._clock() + self._retry_after
+                    self.errors += len(records)
+                    log.warning("event stream %s: %d events dropped, %d in all (%s)", self.stream,
+                                len(records), self.errors, exc)
 
     def read(self, count: int = 1000) -> list[AccessEvent]:
         rows = self.client.xrange(self.stream, count=count)
         return [AccessEvent.from_dict(json.loads(fields[b"e"])) for _, fields in rows]
 
     def close(self) -> None:
-        self.flush()
+        self._closed = True
+        self._wake.set()
+        self._thread.join(timeout=5)
+        self._send()
         self.client.close()
 
 

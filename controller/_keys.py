@@ -100,14 +100,25 @@ def _canon(value: Any, depth: int = 0) -> Any:
         items = sorted(((_canon(k, depth + 1), _canon(v, depth + 1)) for k, v in value.items()), key=repr)
         return ("map", items)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return ("dc", t.__qualname__, _canon(dataclasses.asdict(value), depth + 1))
+        # Field by field, not dataclasses.asdict: that deep-copies (failing on locks and handles) and
+        # drops the tags of nested dataclasses.
+        fields = [(f.name, _canon(getattr(value, f.name), depth + 1)) for f in dataclasses.fields(value)]
+        return ("dc", t.__module__, t.__qualname__, fields)
     dump = getattr(value, "model_dump", None)  # pydantic models
     if callable(dump):
-        return ("pd", t.__qualname__, _canon(dump(), depth + 1))
+        return ("pd", t.__module__, t.__qualname__, _canon(_call(dump, t), depth + 1))
     tolist = getattr(value, "tolist", None)  # numpy arrays and torch tensors
     if callable(tolist):
-        return _canon(tolist(), depth + 1)
+        return _canon(_call(tolist, t), depth + 1)
     raise Uncacheable(f"no canonical form for an argument of type {t.__qualname__}")
+
+
+def _call(export: Any, t: type) -> Any:
+    """An argument's own export method; whatever it raises makes the call uncacheable, never failed."""
+    try:
+        return export()
+    except Exception as exc:  # noqa: BLE001 - third-party code at the boundary that must not fail a call
+        raise Uncacheable(f"{t.__qualname__}.{export.__name__}() failed: {type(exc).__name__}: {exc}") from exc
 
 
 def derive_key(

@@ -26,7 +26,7 @@ from ._events import EventSink, JsonlSink, RedisStreamSink, RingSink
 from ._keys import namespace_for
 from ._metrics import CacheMetrics
 from ._types import Namespace, TierName
-from .errors import StoreConfigError
+from .errors import StoreConfigError, TierUnavailable
 from .eviction import make_eviction_policy
 from .tiers import DiskTier, MemoryTier, RedisTier, Tier, TieredStore
 
@@ -174,12 +174,16 @@ class CacheRuntime:
         if self.l1 is not None and l1_name != _l1_eviction(self.config, self.policy):
             new_l1 = make_eviction_policy(l1_name, capacity=self.config.l1_bytes)
         disk = self.store.tiers.get("l3")
-        # -- nothing below can fail on the policy's account --
+        if isinstance(disk, DiskTier):
+            # The one step that can fail (another process holding the disk index locked), so it goes first.
+            try:
+                disk.set_eviction(_L3_EVICTION[_l3_eviction(policy)])
+            except TierUnavailable as exc:
+                raise StoreConfigError(f"policy {policy.ref if policy else None}: L3 eviction: {exc}") from exc
+        # -- nothing below can fail --
         self.tenants.policy = policy
         if new_l1 is not None:
             self.l1.replace_policy(new_l1)
-        if isinstance(disk, DiskTier):
-            disk.set_eviction(_L3_EVICTION[_l3_eviction(policy)])
         return replace(self, policy=policy, generation=next(_generation))
 
     def flush(self) -> None:
@@ -317,7 +321,9 @@ _SINKS: dict[str, Callable[[StoreConfig], EventSink]] = {
 }
 
 
-_lock = threading.Lock()
+# Guards _default. Reentrant: set_policy and configure hold it across the whole swap, so two of them never
+# interleave (each activation compares against the runtime actually in force).
+_lock = threading.RLock()
 _default: CacheRuntime | None = None
 
 
@@ -346,10 +352,10 @@ def configure(
     The previous runtime is closed after the swap. Returns the new runtime.
     """
     global _default
-    new = config if isinstance(config, CacheRuntime) else build_runtime(config, policy=policy)
-    if isinstance(config, CacheRuntime) and policy is not None:
-        new = new.activate(policy)
     with _lock:
+        new = config if isinstance(config, CacheRuntime) else build_runtime(config, policy=policy)
+        if isinstance(config, CacheRuntime) and policy is not None:
+            new = new.activate(policy)
         old, _default = _default, new
     if old is not None and old is not new and old.store is not new.store:
         old.close()
@@ -360,8 +366,5 @@ def set_policy(policy: Policy | None) -> CacheRuntime:
     """Apply ``policy`` to the process runtime. A policy it cannot enforce raises and changes nothing."""
     global _default
     with _lock:
-        base = _default
-    new = (base or default_runtime()).activate(policy)
-    with _lock:
-        _default = new
-    return new
+        _default = default_runtime().activate(policy)
+        return _default

@@ -85,10 +85,11 @@ class JsonSerializer:
         tag = b"t" if t is tuple else b"j"
         try:
             text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise Unserializable(f"not a JSON document: {exc}") from exc
-        # json turns nested tuples into lists and int dict keys into strings: refuse what would not round trip.
-        back = json.loads(text)
+            # json turns nested tuples into lists and int dict keys into strings: refuse what would not
+            # round trip.
+            back = json.loads(text)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise Unserializable(f"not a JSON document: {type(exc).__name__}: {exc}") from exc
         if (tuple(back) if tag == b"t" else back) != value:
             raise Unserializable("value does not round-trip through JSON (nested tuples or non-str keys)")
         return tag + text.encode()
@@ -114,8 +115,8 @@ class PickleSerializer:
     def dumps(self, value: Any) -> bytes:
         try:
             return b"p" + pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        except (pickle.PicklingError, TypeError, AttributeError) as exc:
-            raise Unserializable(str(exc)) from exc
+        except Exception as exc:  # noqa: BLE001 - a value's own __reduce__ can raise anything
+            raise Unserializable(f"{type(exc).__name__}: {exc}") from exc
 
     def loads(self, payload: bytes) -> Any:
         if payload[:1] != b"p":

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -41,14 +42,15 @@ def test_read_events_names_the_bad_line(tmp_path):
 
 
 @pytest.mark.redis
-def test_redis_stream_sink_batches(redis_url):
-    sink = RedisStreamSink(redis_url, stream="test:events", batch=2)
+def test_redis_stream_sink_sends_in_the_background(redis_url):
+    sink = RedisStreamSink(redis_url, stream="test:events", interval=0.01)
     sink.emit(EVENT)
-    assert sink.read() == []  # buffered until the batch fills
-    sink.emit(EVENT)
-    assert sink.read() == [EVENT, EVENT]
-    sink.emit(EVENT)
-    sink.close()  # close flushes
+    deadline = time.monotonic() + 5
+    while not sink.read() and time.monotonic() < deadline:  # no flush: the sender thread delivers it
+        time.sleep(0.01)
+    assert sink.read() == [EVENT]
+    sink.emit(EVENT), sink.emit(EVENT)
+    sink.close()  # close flushes what is left
     assert RedisStreamSink(redis_url, stream="test:events").read() == [EVENT] * 3
 
 
@@ -89,14 +91,31 @@ def test_redis_stream_sink_down_drops_and_counts_without_retrying_each_batch():
     clock, client = FakeClock(), CountingDeadClient()
     sink = RedisStreamSink("redis://unused", batch=2, retry_after=1.0, clock=clock, client=client)
     for _ in range(10):
-        sink.emit(EVENT)  # never raises
+        sink.emit(EVENT)  # never raises, never waits
+    sink.flush()
     assert (sink.errors, client.attempts) == (10, 1)  # one try, then the breaker drops the rest
     clock.now = 1.5
     sink.emit(EVENT), sink.emit(EVENT)
+    sink.flush()
     assert (sink.errors, client.attempts) == (12, 2)
+    sink.close()
 
 
 def test_redis_stream_sink_unreachable_never_raises():
     sink = RedisStreamSink("redis://127.0.0.1:1/0", socket_timeout=0.05, batch=1)
     sink.emit(EVENT)
+    sink.flush()
     assert sink.errors == 1
+    sink.close()
+
+
+def test_jsonl_sink_writes_every_flush_every_events_and_nothing_after_close(tmp_path):
+    path = tmp_path / "events.jsonl"
+    sink = JsonlSink(path, flush_every=3)
+    for _ in range(4):
+        sink.emit(EVENT)
+    assert len(path.read_text().splitlines()) == 3  # one batch written, one event waiting
+    sink.close()
+    assert len(path.read_text().splitlines()) == 4
+    sink.emit(EVENT)  # after close: counted, not kept
+    assert sink.errors == 1 and sink._buffer == []

@@ -218,11 +218,12 @@ class MemoryTier(Tier):
     def _drain_reads(self) -> None:
         if not self._reads:
             return
-        # Swap the buffer rather than pop it item by item; a peek() racing the swap may append to the old
-        # one after it was read, which loses that one recency hint (the buffer is lossy by design).
+        # Swap the buffer rather than pop it item by item. A peek() racing the swap may still append to the
+        # old one: tuple() copies it in one C call (no iteration that such an append could break), and an
+        # append after the copy loses that one recency hint (the buffer is lossy by design).
         reads, self._reads = self._reads, collections.deque(maxlen=_READ_BUFFER_MAX)
         entries = self._entries
-        held = [slot for slot in reads if slot in entries]  # evicted or deleted since: nothing to tell
+        held = [slot for slot in tuple(reads) if slot in entries]  # evicted or deleted since: nothing to tell
         self._hits += len(held)
         self._policy.on_hits(held)
 
