@@ -54,7 +54,20 @@ log = logging.getLogger("evocache.controller")
 
 _INVALIDATED_MAX = 65_536
 _IMMUTABLE_TAGS = frozenset(b"sb")  # payload tags of str and bytes values (controller._serialize)
-_MISSING: Any = object()
+
+
+class _FullPath:
+    """What the L1 hit path returns when the call must take the full path: the plan it found (or None) and
+    the memo key it computed, so neither is computed twice. A private type, so no function's result is one."""
+
+    __slots__ = ("plan", "memo_key")
+
+    def __init__(self, plan: Plan | None, memo_key: tuple | None) -> None:
+        self.plan = plan
+        self.memo_key = memo_key
+
+
+_NOT_MEMOISABLE = _FullPath(None, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +198,7 @@ class CachedFunction:
     def _make_hot_hit(self) -> Callable[[CacheRuntime, tuple, dict], Any]:
         """The L1 hit path: memoised plan, lock-free L1 read (``MemoryTier.peek``), no store round trip.
 
-        The returned function gives the value, or ``_MISSING`` when the call must take the full path (no
+        The returned function gives the value, or a ``_FullPath`` when the call must take the full path (no
         memoised plan, a rule that does not read L1 first, no plain live L1 entry). It runs on every call, so
         everything it reads is bound here once (a closure variable is cheaper than an attribute). For sync and
         async functions; streams take the full path.
@@ -207,23 +220,24 @@ class CachedFunction:
             else:
                 kw = ()
             if not issimple(types_):
-                return _MISSING
+                return _NOT_MEMOISABLE
             generation, peek, clock, record, policy_ref = rt.hot
-            plan = memo_get((args, kw, types_, tenant_get(), generation))
+            memo_key = (args, kw, types_, tenant_get(), generation)
+            plan = memo_get(memo_key)
             if plan is None or not plan.l1_first:  # l1_first: this runtime has an L1
-                return _MISSING
+                return _FullPath(plan, memo_key)
             now = clock()
             slot = plan.slot
             entry = peek(slot, now)
             if entry is None:
-                return _MISSING
+                return _FullPath(plan, memo_key)
             decoded_entry, value = plan.decoded
             if decoded_entry is not entry:
                 payload = entry.value
                 try:
                     value = loads(payload)
                 except ValueError:
-                    return _MISSING  # the full path drops and counts it
+                    return _FullPath(plan, memo_key)  # the full path drops and counts it
                 if payload and payload[0] in _IMMUTABLE_TAGS and len(payload) <= DECODED_MAX_BYTES:
                     object.__setattr__(plan, "decoded", (entry, value))  # see Plan.decoded
             counters.hits += 1
@@ -335,10 +349,10 @@ class CachedFunction:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             rt = runtime or current_runtime()
             value = hot_hit(rt, args, kwargs)
-            if value is not _MISSING:
+            if type(value) is not _FullPath:
                 return value
             started = time.perf_counter()
-            plan = self.contract.plan(rt, args, kwargs)
+            plan = value.plan or self.contract.plan(rt, args, kwargs, value.memo_key)
             if plan.key is None:
                 self._bypass(rt, plan, started)
                 return fn(*args, **kwargs)
@@ -374,10 +388,10 @@ class CachedFunction:
         async def wrapper(*args: Any, **kwargs: Any) -> Any:
             rt = self.runtime or current_runtime()
             value = self._hot_hit(rt, args, kwargs)
-            if value is not _MISSING:
+            if type(value) is not _FullPath:
                 return value
             started = time.perf_counter()
-            plan = self.contract.plan(rt, args, kwargs)
+            plan = value.plan or self.contract.plan(rt, args, kwargs, value.memo_key)
             if plan.key is None:
                 self._bypass(rt, plan, started)
                 return await fn(*args, **kwargs)

@@ -60,9 +60,21 @@ def template_hash(template: str | None) -> str:
 
 def normalise_params(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     """Generation parameters in a canonical order with "off" values dropped and floats rounded."""
+    items = tuple((name, type(value), value) for name, value in params.items())
+    try:
+        return _normalised(items)  # calls repeat the same few settings: remember them
+    except TypeError:  # an unhashable value (a list of stop strings)
+        return _normalise(items)
+
+
+@functools.lru_cache(maxsize=1024)
+def _normalised(items: tuple[tuple[str, type, Any], ...]) -> tuple[tuple[str, Any], ...]:
+    return _normalise(items)
+
+
+def _normalise(items: tuple[tuple[str, type, Any], ...]) -> tuple[tuple[str, Any], ...]:
     out = []
-    for name in sorted(params):
-        value = params[name]
+    for name, _, value in sorted(items, key=lambda item: item[0]):
         if value is None:
             continue
         kind, off = GENERATION_PARAMS.get(name, (None, ()))
