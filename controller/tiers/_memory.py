@@ -102,28 +102,38 @@ class MemoryTier(Tier):
         # Bounded so that a tier read only through peek() under lock contention cannot grow without limit;
         # a full buffer forgets its oldest reads (recency hints, never data).
         self._reads: collections.deque[Slot] = collections.deque(maxlen=_READ_BUFFER_MAX)
+        self.peek = self._make_peek()
 
     # -- the request path's lock-free read ---------------------------------------------------------------
 
-    def peek(self, slot: Slot, now: float) -> Entry | None:
-        """The live entry at ``slot = (ns, key)`` for a hit that needs no write, read without the lock;
-        ``None`` means "ask ``get_many``" (absent, expired or sliding), not "absent". The slot is not
-        validated here: the caller derived it, and a dict lookup on ``(ns, key)`` cannot reach another
-        namespace."""
-        entry = self._entries.get(slot)
-        if entry is None or entry.sliding_ttl is not None:
-            return None
-        expires_at = entry.expires_at
-        if expires_at is not None and now >= expires_at:
-            return None
+    def _make_peek(self) -> Callable[[Slot, float], Entry | None]:
+        """``peek(slot, now)``: the live entry at ``slot = (ns, key)`` for a hit that needs no write, read
+        without the lock; ``None`` means "ask ``get_many``" (absent, expired or sliding), not "absent". The
+        slot is not validated here: the caller derived it, and a dict lookup on ``(ns, key)`` cannot reach
+        another namespace. A closure over the tier's dict and read buffer (both live as long as the tier):
+        it runs on every L1 hit, and locals are cheaper than attribute lookups."""
+        entries_get = self._entries.get
         reads = self._reads
-        reads.append(slot)
-        if len(reads) >= _READ_BUFFER_DRAIN and self._lock.acquire(blocking=False):
-            try:
-                self._drain_reads()
-            finally:
-                self._lock.release()
-        return entry
+        append = reads.append
+        lock = self._lock
+        drain = self._drain_reads
+
+        def peek(slot: Slot, now: float) -> Entry | None:
+            entry = entries_get(slot)
+            if entry is None or entry.sliding_ttl is not None:
+                return None
+            expires_at = entry.expires_at
+            if expires_at is not None and now >= expires_at:
+                return None
+            append(slot)
+            if len(reads) >= _READ_BUFFER_DRAIN and lock.acquire(blocking=False):
+                try:
+                    drain()
+                finally:
+                    lock.release()
+            return entry
+
+        return peek
 
     # -- the Tier interface ------------------------------------------------------------------------------
 
@@ -216,14 +226,15 @@ class MemoryTier(Tier):
     # -- internals (called with the lock held) -----------------------------------------------------------
 
     def _drain_reads(self) -> None:
-        if not self._reads:
+        reads = self._reads
+        if not reads:
             return
-        # Swap the buffer rather than pop it item by item. A peek() racing the swap may still append to the
-        # old one: tuple() copies it in one C call (no iteration that such an append could break), and an
-        # append after the copy loses that one recency hint (the buffer is lossy by design).
-        reads, self._reads = self._reads, collections.deque(maxlen=_READ_BUFFER_MAX)
+        # Copy then clear, each one C call (no iteration that a racing peek() could break); a hit appended
+        # between the two is lost, which costs one recency hint (the buffer is lossy by design).
+        batch = tuple(reads)
+        reads.clear()
         entries = self._entries
-        held = [slot for slot in tuple(reads) if slot in entries]  # evicted or deleted since: nothing to tell
+        held = [slot for slot in batch if slot in entries]  # evicted or deleted since: nothing to tell
         self._hits += len(held)
         self._policy.on_hits(held)
 
