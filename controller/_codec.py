@@ -12,11 +12,13 @@ Layout (little endian)::
     rule length              u16
     rule                     UTF-8
     payload                  the rest, up to the digest
-    digest                   16 bytes: BLAKE2b over (namespace, key, everything above)
+    digest                   16 bytes: SHA-256 over (namespace, key, everything above), truncated
 
 The digest binds the blob to the namespace and key it was written under: a blob copied under another key or
 namespace fails its check exactly like a flipped bit or a truncated write, so a tier can never serve one
-tenant's value to another even when its own storage is tampered with.
+tenant's value to another even when its own storage is tampered with. (SHA-256 rather than BLAKE2b: it is
+computed on every L2/L3 read and write, and this CPython's SHA-256 is hardware-assisted, BLAKE2b is not.
+Format 1 used BLAKE2b; its entries now read as an unsupported version, so they are dropped and recomputed.)
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ._types import CacheKey, Entry, Namespace, TierName
 from .errors import CorruptEntry
 
 MAGIC = b"EVC"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 DIGEST_SIZE = 16
 
 # Fixed part of the header; the rule and the payload follow it, the digest closes the blob.
@@ -81,7 +83,7 @@ def _digest(ns: str, key: str, body: bytes | memoryview) -> bytes:
     # One joined buffer and one call: on the read path the calls cost more than copying a payload.
     nsb, keyb = ns.encode(), key.encode()
     material = b"".join((len(nsb).to_bytes(2, "little"), nsb, len(keyb).to_bytes(2, "little"), keyb, body))
-    return hashlib.blake2b(material, digest_size=DIGEST_SIZE).digest()
+    return hashlib.sha256(material).digest()[:DIGEST_SIZE]
 
 
 def encode_entry(ns: Namespace, key: CacheKey, entry: Entry) -> bytes:
@@ -118,15 +120,16 @@ def decode_entry(ns: Namespace, key: CacheKey, blob: bytes, *, tier: TierName) -
     its digest (a flipped bit, a truncation, a blob written under another key or namespace) or has an
     inconsistent header. Never returns a partially checked entry.
     """
-    view = memoryview(blob)
-    if len(view) < OVERHEAD:
-        raise CorruptEntry(tier, f"entry {ns}/{key}: {len(view)} bytes, shorter than any entry")
-    if view[:3] != MAGIC:
-        raise CorruptEntry(tier, f"entry {ns}/{key}: bad magic {bytes(view[:3])!r}")
-    if view[3] != FORMAT_VERSION:
-        raise CorruptEntry(tier, f"entry {ns}/{key}: unsupported format version {view[3]}")
-    body = view[:-DIGEST_SIZE]
-    if _digest(ns, key, body) != view[-DIGEST_SIZE:]:
+    # Plain bytes slicing throughout: on every L2/L3 read, and memoryview comparisons cost more than copies.
+    blob = bytes(blob)
+    if len(blob) < OVERHEAD:
+        raise CorruptEntry(tier, f"entry {ns}/{key}: {len(blob)} bytes, shorter than any entry")
+    if blob[:3] != MAGIC:
+        raise CorruptEntry(tier, f"entry {ns}/{key}: bad magic {blob[:3]!r}")
+    if blob[3] != FORMAT_VERSION:
+        raise CorruptEntry(tier, f"entry {ns}/{key}: unsupported format version {blob[3]}")
+    body = blob[:-DIGEST_SIZE]
+    if _digest(ns, key, body) != blob[-DIGEST_SIZE:]:
         raise CorruptEntry(tier, f"entry {ns}/{key}: checksum mismatch")
     _, _, flags, expires_at, created_at, saved_ms, sliding_ttl, rule_len = _HEAD.unpack_from(body)
     # The digest matched, so these can only fail for a blob made by a buggy or foreign writer.
@@ -134,14 +137,14 @@ def decode_entry(ns: Namespace, key: CacheKey, blob: bytes, *, tier: TierName) -
         raise CorruptEntry(tier, f"entry {ns}/{key}: inconsistent header")
     rule_end = _HEAD.size + rule_len
     try:
-        rule = str(body[_HEAD.size : rule_end], "utf-8")
+        rule = body[_HEAD.size : rule_end].decode()
     except UnicodeDecodeError as exc:
         raise CorruptEntry(tier, f"entry {ns}/{key}: rule name is not UTF-8") from exc
     return Entry(
-        value=bytes(body[rule_end:]),
-        expires_at=expires_at if flags & _HAS_EXPIRY else None,
-        created_at=created_at,
-        rule=rule,
-        saved_ms=saved_ms,
-        sliding_ttl=sliding_ttl if flags & _HAS_SLIDING else None,
+        body[rule_end:],
+        expires_at if flags & _HAS_EXPIRY else None,
+        created_at,
+        rule,
+        saved_ms,
+        sliding_ttl if flags & _HAS_SLIDING else None,
     )

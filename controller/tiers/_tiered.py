@@ -73,7 +73,7 @@ class TieredStore:
         self._clock = clock
         self._on_error = on_error
         self.error_counts: Counter[tuple[TierName, str]] = Counter()
-        self._chains: dict[frozenset[str] | None, tuple[Tier, ...]] = {None: tuple(by_name.values())}
+        self._chains: dict[tuple[str, ...] | None, tuple[Tier, ...]] = {None: tuple(by_name.values())}
         self._last_logged: dict[tuple[TierName, str], float] = {}
         self._unlogged: Counter[tuple[TierName, str]] = Counter()
         self._error_lock = threading.Lock()  # replicas call the store from several threads
@@ -178,11 +178,17 @@ class TieredStore:
         self.close()
 
     def _chain(self, tiers: Iterable[str] | None) -> tuple[Tier, ...]:
-        wanted = None if tiers is None else frozenset(tiers)
-        chain = self._chains.get(wanted)
-        if chain is None:
-            chain = tuple(tier for name, tier in self._tiers.items() if name in wanted)  # type: ignore[operator]
-            self._chains[wanted] = chain
+        # Rules pass the same tuple of names on every call: look that up first, before building a set.
+        try:
+            chain = self._chains.get(tiers)  # type: ignore[arg-type]
+        except TypeError:  # an unhashable iterable (a list)
+            chain = None
+        if chain is not None:
+            return chain
+        wanted = frozenset(tiers)  # type: ignore[arg-type]
+        chain = tuple(tier for name, tier in self._tiers.items() if name in wanted)
+        if isinstance(tiers, tuple) and len(self._chains) < 256:
+            self._chains[tiers] = chain
         return chain
 
     def _write(self, tier: Tier, ns: Namespace, items: Sequence[tuple[CacheKey, Entry]]) -> None:
