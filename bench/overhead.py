@@ -1,6 +1,6 @@
 """Per-call cost of evocache's cache paths against the plain alternatives, run side by side.
 
-    make bench            (or: .venv/bin/python bench/overhead.py [--rounds 15] [--json out.json])
+    make bench            (or: .venv/bin/python bench/overhead.py [--rounds 21] [--json out.json])
 
 Three ratios, each the median over interleaved rounds (this machine is shared and noisy; the two sides of a ratio
 always run back to back in the same process):
@@ -149,7 +149,7 @@ def miss_path(rounds: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
 
