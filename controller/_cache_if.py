@@ -57,14 +57,16 @@ _IMMUTABLE_TAGS = frozenset(b"sb")  # payload tags of str and bytes values (cont
 
 
 class _FullPath:
-    """What the L1 hit path returns when the call must take the full path: the plan it found (or None) and
-    the memo key it computed, so neither is computed twice. A private type, so no function's result is one."""
+    """What the L1 hit path hands on when the call must take the full path: the plan it found (or None) and
+    the memo key it computed, so neither is computed twice, and (for async callers) the runtime it used. A
+    private type, so no function's result is ever one."""
 
-    __slots__ = ("plan", "memo_key")
+    __slots__ = ("plan", "memo_key", "rt")
 
-    def __init__(self, plan: Plan | None, memo_key: tuple | None) -> None:
+    def __init__(self, plan: Plan | None, memo_key: tuple | None, rt: CacheRuntime | None = None) -> None:
         self.plan = plan
         self.memo_key = memo_key
+        self.rt = rt
 
 
 _NOT_MEMOISABLE = _FullPath(None, None)
@@ -164,7 +166,6 @@ class CachedFunction:
         self._epoch_floor = 0
         self._invalidated: dict[tuple[Namespace, CacheKey], int] = {}
         self._epoch_lock = threading.Lock()
-        self._hot_hit = self._make_hot_hit()
         if inspect.isasyncgenfunction(fn):
             self.kind, wrapper = "asyncgen", self._wrap_asyncgen()
         elif inspect.iscoroutinefunction(fn):
@@ -195,14 +196,17 @@ class CachedFunction:
 
     # -- the L1 hit path ---------------------------------------------------------------------------------
 
-    def _make_hot_hit(self) -> Callable[[CacheRuntime, tuple, dict], Any]:
-        """The L1 hit path: memoised plan, lock-free L1 read (``MemoryTier.peek``), no store round trip.
+    def _make_entry(self, full_path: Callable[[CacheRuntime, tuple, dict, _FullPath], Any]) -> Callable[..., Any]:
+        """A function taking the call's arguments that serves L1 hits itself (memoised plan, lock-free L1 read
+        through ``MemoryTier.peek``, no store round trip) and hands every other call to
+        ``full_path(rt, args, kwargs, found)``, where ``found`` carries the plan and memo key already looked up.
 
-        The returned function gives the value, or a ``_FullPath`` when the call must take the full path (no
-        memoised plan, a rule that does not read L1 first, no plain live L1 entry). It runs on every call, so
-        everything it reads is bound here once (a closure variable is cheaper than an attribute). For sync and
-        async functions; streams take the full path.
+        The sync wrapper is this function itself (one call level less on the path that matters most); async
+        wrappers use it with a ``full_path`` that returns ``found``, then await the full path. It runs on
+        every call, so everything it reads is bound here once (a closure variable is cheaper than an
+        attribute). Streams take the full path.
         """
+        runtime = self.runtime
         memo_get = self.contract.memo.get
         loads = self.serializer.loads
         counters = self.counters
@@ -211,7 +215,8 @@ class CachedFunction:
         issimple = SIMPLE_TYPES.issuperset
         buckets = LATENCY_BUCKETS
 
-        def hot_hit(rt: CacheRuntime, args: tuple, kwargs: dict) -> Any:
+        def entry_point(*args: Any, **kwargs: Any) -> Any:
+            rt = runtime or current_runtime()
             # Inlined controller._contract.memo_key (a call costs as much as the rest of this line).
             types_ = tuple(map(type, args))
             if kwargs:
@@ -220,24 +225,24 @@ class CachedFunction:
             else:
                 kw = ()
             if not issimple(types_):
-                return _NOT_MEMOISABLE
+                return full_path(rt, args, kwargs, _NOT_MEMOISABLE)
             generation, peek, clock, record, policy_ref = rt.hot
             memo_key = (args, kw, types_, tenant_get(), generation)
             plan = memo_get(memo_key)
             if plan is None or not plan.l1_first:  # l1_first: this runtime has an L1
-                return _FullPath(plan, memo_key)
+                return full_path(rt, args, kwargs, _FullPath(plan, memo_key))
             now = clock()
             slot = plan.slot
             entry = peek(slot, now)
             if entry is None:
-                return _FullPath(plan, memo_key)
+                return full_path(rt, args, kwargs, _FullPath(plan, memo_key))
             decoded_entry, value = plan.decoded
             if decoded_entry is not entry:
                 payload = entry.value
                 try:
                     value = loads(payload)
-                except ValueError:
-                    return _FullPath(plan, memo_key)  # the full path drops and counts it
+                except ValueError:  # the full path drops and counts it
+                    return full_path(rt, args, kwargs, _FullPath(plan, memo_key))
                 if payload and payload[0] in _IMMUTABLE_TAGS and len(payload) <= DECODED_MAX_BYTES:
                     object.__setattr__(plan, "decoded", (entry, value))  # see Plan.decoded
             counters.hits += 1
@@ -251,7 +256,7 @@ class CachedFunction:
             ))
             return value
 
-        return hot_hit
+        return entry_point
 
     # -- lookup and admission (shared by every function kind) ---------------------------------------------
 
@@ -341,27 +346,18 @@ class CachedFunction:
     # -- wrappers ----------------------------------------------------------------------------------------
 
     def _wrap_sync(self) -> Callable[..., Any]:
-        fn = self.fn
+        return self._make_entry(self._sync_full_path)
 
-        hot_hit = self._hot_hit
-        runtime = self.runtime
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            rt = runtime or current_runtime()
-            value = hot_hit(rt, args, kwargs)
-            if type(value) is not _FullPath:
-                return value
-            started = time.perf_counter()
-            plan = value.plan or self.contract.plan(rt, args, kwargs, value.memo_key)
-            if plan.key is None:
-                self._bypass(rt, plan, started)
-                return fn(*args, **kwargs)
-            hit, value, epoch = self._lookup(rt, plan, started)
-            if hit:
-                return value
-            return self._compute(rt, plan, args, kwargs, epoch)
-
-        return wrapper
+    def _sync_full_path(self, rt: CacheRuntime, args: tuple, kwargs: dict, found: _FullPath) -> Any:
+        started = time.perf_counter()
+        plan = found.plan or self.contract.plan(rt, args, kwargs, found.memo_key)
+        if plan.key is None:
+            self._bypass(rt, plan, started)
+            return self.fn(*args, **kwargs)
+        hit, value, epoch = self._lookup(rt, plan, started)
+        if hit:
+            return value
+        return self._compute(rt, plan, args, kwargs, epoch)
 
     def _compute(self, rt: CacheRuntime, plan: Plan, args: tuple, kwargs: dict, epoch: int) -> Any:
         t0 = time.perf_counter()
@@ -385,13 +381,16 @@ class CachedFunction:
     def _wrap_async(self) -> Callable[..., Any]:
         fn = self.fn
 
+        # Serves L1 hits; for anything else returns a _FullPath to await here.
+        probe = self._make_entry(lambda rt, args, kwargs, found: _FullPath(found.plan, found.memo_key, rt))
+
         async def wrapper(*args: Any, **kwargs: Any) -> Any:
-            rt = self.runtime or current_runtime()
-            value = self._hot_hit(rt, args, kwargs)
-            if type(value) is not _FullPath:
-                return value
+            found = probe(*args, **kwargs)
+            if type(found) is not _FullPath:
+                return found
+            rt = found.rt
             started = time.perf_counter()
-            plan = value.plan or self.contract.plan(rt, args, kwargs, value.memo_key)
+            plan = found.plan or self.contract.plan(rt, args, kwargs, found.memo_key)
             if plan.key is None:
                 self._bypass(rt, plan, started)
                 return await fn(*args, **kwargs)
