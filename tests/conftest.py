@@ -7,6 +7,8 @@ from collections.abc import Iterator
 import pytest
 from _redis_server import RedisServer
 
+from evocache.controller import CacheRuntime, StoreConfig, build_runtime
+
 
 class FakeClock:
     """A clock that moves only when told: ``clock()`` reads it, ``clock.advance(s)`` moves it."""
@@ -24,6 +26,20 @@ class FakeClock:
 @pytest.fixture
 def fake_clock() -> FakeClock:
     return FakeClock()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """The clock of the ``rt`` runtime: move ``clock.now`` to age its entries."""
+    return FakeClock()
+
+
+@pytest.fixture
+def rt(clock: FakeClock) -> Iterator[CacheRuntime]:
+    """A runtime of the test's own: process memory only, events in a ring, on ``clock``."""
+    runtime = build_runtime(StoreConfig(events="ring"), clock=clock)
+    yield runtime
+    runtime.close()
 
 
 def _new_server() -> RedisServer:

@@ -21,26 +21,6 @@ from evocache.controller.tiers import MemoryTier, TieredStore
 from evocache.dsl import parse_policy
 
 
-class FakeClock:
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock():
-    return FakeClock()
-
-
-@pytest.fixture
-def rt(clock):
-    runtime = build_runtime(StoreConfig(events="ring"), clock=clock)
-    yield runtime
-    runtime.close()
-
-
 def outcomes(runtime):
     return [(e.outcome, e.tier) for e in runtime.events.events()]
 

@@ -23,26 +23,6 @@ from evocache.controller import (
 )
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock():
-    return FakeClock()
-
-
-@pytest.fixture
-def rt(clock):
-    runtime = build_runtime(StoreConfig(events="ring"), clock=clock)
-    yield runtime
-    runtime.close()
-
-
 def test_a_scope_for_default_is_not_the_absence_of_a_scope(rt):
     @cache_if("true", store=rt)
     def g(prompt: str, tenant: str = "acme") -> str:
