@@ -455,3 +455,30 @@ def test_disk_bad_settings(tmp_path) -> None:
         DiskTier(tmp_path, eviction_policy="fifo")
     with pytest.raises(ValueError, match="size_limit must be positive"):
         DiskTier(tmp_path, size_limit=0)
+
+
+# -- get_one, the request path's read, answers exactly as get_many --------------------------------------------
+
+
+def test_get_one_matches_get_many(h: Harness, fake_clock) -> None:
+    fixed, sliding = entry(b"fixed", ttl=10), entry(b"sliding", ttl=10, sliding_ttl=10.0)
+    h.tier.set_many(NS_A, [(K1, fixed), (K2, sliding)])
+    assert h.tier.get_one(NS_A, K1) == fixed
+    assert h.tier.get_one(NS_A, K3) is None
+    assert h.tier.get_one(NS_B, K1) is None  # namespaces never cross
+    fake_clock.advance(8)
+    assert h.tier.get_one(NS_A, K2) == sliding.renewed(fake_clock())  # renewed, and written back
+    fake_clock.advance(8)
+    assert h.tier.get_one(NS_A, K1) is None  # expired at T0 + 10
+    assert h.tier.get_many(NS_A, [K2]) == [sliding.renewed(fake_clock())]  # alive: renewed at +8 to +18
+    with pytest.raises(ValueError):
+        h.tier.get_one(NS_A, "not-a-key")
+
+
+@pytest.mark.parametrize("damage", ["flip a payload bit", "drop the last byte"])
+def test_get_one_never_serves_a_damaged_payload(stored: Harness, damage: str) -> None:
+    stored.tier.set_many(NS_A, [(K1, entry(b"v" * 64, ttl=60))])
+    stored.raw_set(NS_A, K1, CORRUPTIONS[damage](stored.raw_get(NS_A, K1)))
+    assert stored.tier.get_one(NS_A, K1) is None
+    assert stored.faults == [(stored.name, "corrupt")]
+    assert stored.raw_get(NS_A, K1) is None

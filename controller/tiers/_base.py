@@ -38,6 +38,10 @@ class Tier(abc.ABC):
     @abc.abstractmethod
     def get_many(self, ns: Namespace, keys: Sequence[CacheKey]) -> list[Entry | None]: ...
 
+    def get_one(self, ns: Namespace, key: CacheKey) -> Entry | None:
+        """``get_many(ns, [key])[0]``: the request path reads one key, and a tier may do that with less work."""
+        return self.get_many(ns, [key])[0]
+
     @abc.abstractmethod
     def set_many(self, ns: Namespace, items: Sequence[tuple[CacheKey, Entry]]) -> None: ...
 

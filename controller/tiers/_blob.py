@@ -34,6 +34,9 @@ class BlobTier(Tier):
     @abc.abstractmethod
     def _store(self, ns: Namespace, items: Sequence[tuple[CacheKey, Entry]], now: float) -> None: ...
 
+    def _fetch_one(self, ns: Namespace, key: CacheKey) -> bytes | None:
+        return self._fetch(ns, [key])[0]
+
     def get_many(self, ns: Namespace, keys: Sequence[CacheKey]) -> list[Entry | None]:
         check_ns(ns)
         check_keys(keys)
@@ -41,30 +44,32 @@ class BlobTier(Tier):
             return []
         blobs = self._fetch(ns, keys)
         now = self._clock()
-        out: list[Entry | None] = []
-        corrupt: list[CacheKey] = []
-        renewed: list[tuple[CacheKey, Entry]] = []
-        for key, blob in zip(keys, blobs, strict=True):
-            entry = None
-            if blob is not None:
-                try:
-                    entry = decode_entry(ns, key, blob, tier=self.name)
-                except CorruptEntry as exc:
-                    log.warning("%s", exc)
-                    corrupt.append(key)
-            if entry is not None and entry.expired(now):
-                entry = None
-            if entry is not None and entry.sliding_ttl is not None:
-                entry = entry.renewed(now)
-                renewed.append((key, entry))
-            out.append(entry)
-        if corrupt:
-            self.delete(ns, corrupt)
-            for _ in corrupt:
-                self.on_fault(self.name, "corrupt")
-        if renewed:
-            self._store(ns, renewed, now)
-        return out
+        return [self._live(ns, key, blob, now) for key, blob in zip(keys, blobs, strict=True)]
+
+    def get_one(self, ns: Namespace, key: CacheKey) -> Entry | None:
+        check_ns(ns)
+        check_keys((key,))
+        blob = self._fetch_one(ns, key)
+        return None if blob is None else self._live(ns, key, blob, self._clock())
+
+    def _live(self, ns: Namespace, key: CacheKey, blob: bytes | None, now: float) -> Entry | None:
+        """The entry a fetched blob holds, if it is sound and live. A corrupt blob is deleted and reported;
+        a sliding entry is written back renewed."""
+        if blob is None:
+            return None
+        try:
+            entry = decode_entry(ns, key, blob, tier=self.name)
+        except CorruptEntry as exc:
+            log.warning("%s", exc)
+            self.delete(ns, [key])
+            self.on_fault(self.name, "corrupt")
+            return None
+        if entry.expired(now):
+            return None
+        if entry.sliding_ttl is not None:
+            entry = entry.renewed(now)
+            self._store(ns, [(key, entry)], now)
+        return entry
 
     def set_many(self, ns: Namespace, items: Sequence[tuple[CacheKey, Entry]]) -> None:
         check_ns(ns)

@@ -212,9 +212,15 @@ class RedisTier(BlobTier):
         names = [f"{self._prefix}:{ns}:{key}" for key in keys]
         with self._backend("get"):
             if self._limit(ns) is None:
-                # One key (the request path's usual case): GET, whose bulk reply parses faster than MGET's array.
-                return [self._client.get(names[0])] if len(names) == 1 else self._client.mget(names)
+                return self._client.mget(names)
             return self._mget_and_touch(ns, names, keys)
+
+    def _fetch_one(self, ns: Namespace, key: CacheKey) -> bytes | None:
+        if self._limit(ns) is not None:  # under a quota a read also refreshes the key's eviction order
+            return self._fetch(ns, [key])[0]
+        with self._backend("get"):
+            # GET: its bulk reply parses faster than MGET's array, and this is the request path.
+            return self._client.get(f"{self._prefix}:{ns}:{key}")
 
     def delete(self, ns: Namespace, keys: Sequence[CacheKey]) -> int:
         check_ns(ns)

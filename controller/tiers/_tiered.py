@@ -90,7 +90,7 @@ class TieredStore:
         failed: set[TierName] = set()
         for depth, tier in enumerate(chain):
             try:
-                (entry,) = tier.get_many(ns, [key])
+                entry = tier.get_one(ns, key)
             except TierError as exc:
                 self._absorb(tier.name, "get", exc)
                 failed.add(tier.name)
