@@ -174,6 +174,8 @@ class CachedFunction:
             self.kind, wrapper = "gen", self._wrap_gen()
         else:
             self.kind, wrapper = "sync", self._wrap_sync()
+        # Streams are stored as their chunk list; everything else through the serializer.
+        self._decode = load_chunks if self.kind in ("gen", "asyncgen") else serializer.loads
         functools.update_wrapper(wrapper, fn)
         wrapper.cache_info = self.cache_info  # type: ignore[attr-defined]
         wrapper.cache_key = self.cache_key  # type: ignore[attr-defined]
@@ -268,16 +270,15 @@ class CachedFunction:
         entry = found.entry
         if entry is not None:
             try:
-                value = load_chunks(entry.value) if self.kind in ("gen", "asyncgen") else self.serializer.loads(
-                    entry.value
-                )
+                value = self._decode(entry.value)
             except ValueError as exc:  # UnicodeDecodeError is one; serializers raise nothing else
                 log.warning("%s: undecodable payload in %s dropped: %s", self.identity, found.tier, exc)
                 rt.metrics.tier_fault(found.tier or "", "undecodable")
                 rt.store.delete(plan.ns, [plan.key])
             else:
                 self.counters.hits += 1
-                self._emit(rt, plan, "hit", found.tier, entry.size, time.perf_counter() - started, entry.saved_ms)
+                self._emit(rt, plan, "hit", found.tier, len(entry.value), time.perf_counter() - started,
+                           entry.saved_ms)
                 return True, value, epoch
         self.counters.misses += 1
         self._emit(rt, plan, "miss", None, 0, time.perf_counter() - started)

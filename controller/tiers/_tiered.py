@@ -7,7 +7,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 from types import MappingProxyType
 
 from .._types import CacheKey, Entry, Namespace, TierName
@@ -23,9 +23,9 @@ ErrorHook = Callable[[TierName, str, TierError], None]
 _LOG_EVERY_S = 10.0
 
 
-@dataclass(frozen=True, slots=True)
-class Lookup:
-    """The result of a read: the live entry and the tier that held it, or ``(None, None)`` for a miss."""
+class Lookup(NamedTuple):
+    """The result of a read: the live entry and the tier that held it, or ``(None, None)`` for a miss.
+    (A named tuple: one is made on every read.)"""
 
     entry: Entry | None
     tier: TierName | None
