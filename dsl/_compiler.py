@@ -54,11 +54,11 @@ from ._functions import FUNCTIONS, FunctionSpec, PatternError, SignatureError, c
 from ._parser import parse
 from ._schema import ANY, BOOL, FLOAT, INT, STANDARD_SCHEMA, STR, FieldType, Kind, RequestSchema, list_of
 from ._values import (
-    MAX_INT,
     MAX_STRING_BUILD,
     NUMBER,
     Fault,
     accepted_kinds,
+    check_number,
     describe_kinds,
     describe_type,
     describe_value,
@@ -623,13 +623,10 @@ _COMPARISONS: dict[str, Callable[..., Callable[[Any, Any], bool]]] = {
 
 
 def _bounded(value: Any, where: _Where) -> Any:
-    if type(value) is int:
-        if -MAX_INT <= value <= MAX_INT:
-            return value
-        raise where.error("integer result is out of range (|x| > 2**63)")
-    if value - value == 0.0:  # false for inf and nan
-        return value
-    raise where.error("result is not a finite number")
+    try:
+        return check_number(value)
+    except Fault as fault:
+        raise where.error(fault.message) from None
 
 
 def _combine(op: Callable[[Any, Any], Any], a: Any, b: Any, where: _Where) -> Any:
