@@ -3,6 +3,7 @@
     ControllerError
     ├── ContractError        a @cache_if contract is invalid (raised at decoration time; wraps the dsl error)
     ├── StoreConfigError     a store configuration is invalid
+    ├── TraceError           a trace line cannot be read (file and line named)
     └── TierError            a tier could not do its job; converted into a counted miss at the tier boundary
         ├── TierUnavailable  the backend is down, slow past its timeout, or out of space
         └── CorruptEntry     a stored payload failed its checksum or could not be decoded
@@ -24,6 +25,19 @@ class ContractError(ControllerError, ValueError):
 
 class StoreConfigError(ControllerError, ValueError):
     """A store configuration is invalid (unknown tier or eviction policy, bad size)."""
+
+
+class TraceError(ControllerError, ValueError):
+    """A trace line that cannot be read (or a trace whose format cannot be told). ``line`` is 1-based.
+
+    str() is ``"file:line: message"``, the form editors and terminals jump to.
+    """
+
+    def __init__(self, file: str, line: int, message: str) -> None:
+        self.file = file
+        self.line = line
+        self.message = message
+        super().__init__(f"{file}:{line}: {message}")
 
 
 class TierError(ControllerError):
