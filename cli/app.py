@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import typer
 
+from evocache.controller.replay.commands import app as bench_app
 from evocache.dsl.commands import ENFORCEMENT_CHECKS
 from evocache.dsl.commands import app as policy_app
 
@@ -18,6 +19,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(policy_app, name="policy", help="Check and compare policy documents.")
+app.add_typer(bench_app, name="bench", help="Replay traces against the cache's policies.")
 
 
 def _controller_can_enforce(policy) -> None:  # noqa: ANN001 - a dsl Policy; imported lazily

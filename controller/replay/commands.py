@@ -1,0 +1,356 @@
+"""`evocache bench eviction`: replay one trace against eviction policies at several cache sizes, with Belady.
+
+Exit codes: 0 success; 1 a malformed trace (``file:line: message``), an empty one, or ``--plot`` without
+matplotlib; 2 a bad option (an unknown policy lists the known ones) or a file that cannot be read or written.
+Errors go to stderr as one line each; stdout holds only the table.
+Nothing heavy is imported at module level: `evocache` starts fast whatever command it runs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from ._access import Access
+    from ._readers import CsvColumns
+    from ._sim import ReplayResult
+
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="Replay traces against the cache's policies."
+)
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNREADABLE = 2
+
+_UNITS = ("objects", "bytes")
+
+
+@app.callback()
+def _bench_group() -> None:
+    """Replay traces against the cache's policies."""
+    # A callback keeps `eviction` a subcommand: a one-command typer app would otherwise take its options itself.
+
+
+class _Failed(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+def _error(message: str, code: int) -> _Failed:
+    typer.echo(message, err=True)
+    return _Failed(code)
+
+
+# -- option parsing: each turns one option's text into a value, or prints why not and raises _Failed (exit 2) --
+
+def _usage(option: str, message: str) -> _Failed:
+    # A plain line, not click's usage box: rich would wrap the list of known names at 80 columns.
+    return _error(f"error: {option}: {message}", EXIT_USAGE)
+
+
+def _parse_sizes(text: str) -> tuple[float, ...]:
+    """Distinct fractions in (0, 1], ascending (the plot's x axis and the table's columns read left to right)."""
+    sizes = set()
+    for part in text.split(","):
+        try:
+            size = float(part)
+        except ValueError:
+            raise _usage("--sizes", f"{part.strip()!r} is not a number") from None
+        if not (math.isfinite(size) and 0 < size <= 1):
+            raise _usage("--sizes", f"{part.strip()} is not a fraction in (0, 1]")
+        sizes.add(size)
+    return tuple(sorted(sizes))
+
+
+def _parse_policies(text: str, known: Sequence[str]) -> tuple[str, ...]:
+    """Registered names, in the order given, once each. ``belady`` is always run, so naming it adds nothing."""
+    names: list[str] = []
+    for part in text.split(","):
+        name = part.strip()
+        if name == "belady" or name in names:
+            continue
+        if name not in known:
+            known_list = ", ".join(sorted(known))
+            raise _usage("--policies", f"unknown eviction policy {name!r}; known: {known_list} (belady always runs)")
+        names.append(name)
+    if not names:
+        raise _usage("--policies", "name at least one policy besides belady")
+    return tuple(names)
+
+
+def _parse_columns(text: str) -> CsvColumns:
+    """``role=column`` pairs over ``CsvColumns``' defaults; an empty column (``size=``) means "none"."""
+    from dataclasses import fields, replace
+
+    from ._readers import CsvColumns
+
+    columns = CsvColumns()
+    roles = [f.name for f in fields(CsvColumns)]
+    for pair in text.split(","):
+        role, eq, column = (s.strip() for s in pair.partition("="))
+        if not eq or role not in roles:
+            raise _usage("--csv-columns",
+                         f"expected ROLE=COLUMN with ROLE one of {', '.join(roles)}, got {pair.strip()!r}")
+        if not column and role in ("time", "id"):
+            raise _usage("--csv-columns", f"{role} needs a column")
+        columns = replace(columns, **{role: column or None})
+    return columns
+
+
+def _figure_class() -> Callable[..., Any]:
+    """matplotlib's ``Figure``, imported only for ``--plot``: matplotlib is an optional extra."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise _error("error: --plot needs matplotlib: pip install 'evocache[bench]'", EXIT_FAILED) from None
+    return Figure
+
+
+# -- the command --------------------------------------------------------------------------------------------
+
+def eviction(
+    trace_path: Annotated[Path, typer.Option("--trace", metavar="FILE", help="The trace to replay.")],
+    json_out: Annotated[Path, typer.Option("--json", metavar="OUT", help="Write every result here, as JSON.")],
+    trace_format: Annotated[
+        str, typer.Option("--format", help="auto, events, canonical, mooncake or csv.")
+    ] = "auto",
+    sizes_text: Annotated[
+        str, typer.Option("--sizes", help="Cache sizes, as fractions of the trace's working set.")
+    ] = "0.01,0.05,0.1",
+    policies_text: Annotated[
+        str, typer.Option("--policies", help="Registered eviction policies; belady is always added.")
+    ] = "lru,lfu,lruk,s3fifo,weighted",
+    plot: Annotated[
+        Path | None, typer.Option("--plot", metavar="OUT.png", help="Plot hit ratio against size (matplotlib).")
+    ] = None,
+    unit: Annotated[
+        str | None,
+        typer.Option(
+            "--unit",
+            help="objects (every object counts 1) or bytes. Default: objects for Mooncake traces, bytes otherwise.",
+        ),
+    ] = None,
+    csv_columns: Annotated[
+        str | None,
+        typer.Option("--csv-columns", metavar="ROLE=COLUMN,...", help="CSV traces: e.g. time=time,id=lbn,size=size."),
+    ] = None,
+    block_tokens: Annotated[
+        int, typer.Option("--block-tokens", min=1, help="Mooncake traces: tokens per KV block (a block's size).")
+    ] = 512,
+    skip_bad: Annotated[
+        bool, typer.Option("--skip-bad", help="Skip malformed trace lines (and count them) instead of failing.")
+    ] = False,
+) -> None:
+    """Replay a trace against eviction policies at several cache sizes, with Belady's optimum as the bound.
+
+    The trace is read once into memory (every policy at every size replays it, and Belady needs it whole), so
+    memory grows with its length. Sizes are fractions of the working set: its distinct objects with
+    --unit objects, their bytes with --unit bytes. In bytes mode Belady is a heuristic (the true
+    optimum for sizes is NP-hard). "gap closed" is (policy - LRU) / (Belady - LRU).
+    """
+    try:
+        _bench(trace_path, json_out, trace_format, sizes_text, policies_text, plot, unit, csv_columns,
+               block_tokens, skip_bad)
+    except _Failed as failed:
+        raise typer.Exit(failed.code) from None
+
+
+def _reflow(doc: str) -> str:
+    # rich's --help keeps every line break of a docstring; one line per paragraph lets it wrap to the terminal.
+    return "\n\n".join(" ".join(paragraph.split()) for paragraph in inspect.cleandoc(doc).split("\n\n"))
+
+
+app.command(help=_reflow(eviction.__doc__ or ""))(eviction)
+
+
+def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str, policies_text: str,
+           plot: Path | None, unit: str | None, csv_columns: str | None, block_tokens: int,
+           skip_bad: bool) -> None:
+    from ..eviction import EVICTION_POLICIES
+
+    sizes = _parse_sizes(sizes_text)
+    policies = _parse_policies(policies_text, list(EVICTION_POLICIES))
+    if unit is not None and unit not in _UNITS:
+        raise _usage("--unit", f"expected one of {', '.join(_UNITS)}, got {unit!r}")
+    columns = _parse_columns(csv_columns) if csv_columns is not None else None
+    figure = _figure_class() if plot is not None else None  # before the replays: fail in a second, not a minute
+
+    trace, skipped = _read(trace_path, trace_format, columns, block_tokens, skip_bad)
+    if skipped:
+        typer.echo(f"skipped {skipped} malformed line(s) of {trace_path}", err=True)
+    # Mooncake accesses carry their request number; unit-size blocks are how the data README's points are taken.
+    mooncake = trace[0].req >= 0
+    unit = unit or ("objects" if mooncake else "bytes")
+
+    results, lru, capacities, objects = _run(trace, sizes, policies, unit)
+    rows = [
+        {
+            "policy": r.policy,
+            "size": size,
+            "capacity": r.capacity,
+            "hit_ratio": r.hit_ratio,
+            "byte_hit_ratio": r.byte_hit_ratio,
+            "prefix_hit_ratio": r.prefix_hit_ratio if mooncake else None,
+        }
+        for size in sizes
+        for r in results[size]
+    ]
+    report = {"trace": str(trace_path), "requests": len(trace), "objects": objects, "unit": unit,
+              "skipped": skipped, "rows": rows}
+    try:
+        json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise _error(f"error: {json_out}: {exc.strerror or exc}", EXIT_UNREADABLE) from None
+
+    _print_table(results, lru, sizes, capacities, unit, mooncake, lru_requested="lru" in policies)
+    if figure is not None:
+        assert plot is not None
+        _plot(figure, plot, results, sizes, unit, trace_path.name)
+
+
+def _read(path: Path, fmt: str, columns: CsvColumns | None, block_tokens: int,
+          skip_bad: bool) -> tuple[list[Access], int]:
+    """The whole trace and the number of lines skipped; prints and raises ``_Failed`` when it cannot be read."""
+    from ..errors import TraceError
+    from ._readers import ReadStats, read_trace
+
+    stats = ReadStats()
+    try:  # read_trace checks its options at once, and reads nothing until iterated
+        accesses = read_trace(path, fmt, skip_bad=skip_bad, stats=stats, block_tokens=block_tokens,
+                              csv_columns=columns)
+    except ValueError as exc:
+        raise _usage("--format", str(exc)) from None
+    try:
+        trace = list(accesses)
+    except TraceError as exc:
+        raise _error(str(exc), EXIT_FAILED) from None
+    except UnicodeDecodeError:
+        raise _error(f"error: {path}: not UTF-8 text", EXIT_FAILED) from None
+    except OSError as exc:
+        raise _error(f"error: {path}: {exc.strerror or exc}", EXIT_UNREADABLE) from None
+    if not trace:
+        raise _error(f"error: {path}: the trace has no accesses", EXIT_FAILED)
+    return trace, stats.skipped
+
+
+def _run(trace: list[Access], sizes: tuple[float, ...], policies: tuple[str, ...],
+         unit: str) -> tuple[dict[float, list[ReplayResult]], dict[float, ReplayResult], dict[float, int], int]:
+    """Per size: the requested policies' results then Belady's; LRU's (the gap's baseline) even if not asked;
+    the capacity; and the working set's object count."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ._belady import belady_size, belady_unit
+    from ._sim import replay, working_set
+
+    ws = working_set(trace)
+    whole = ws.objects if unit == "objects" else ws.bytes
+    capacity_arg = "capacity_objects" if unit == "objects" else "capacity_bytes"
+    belady = belady_unit if unit == "objects" else belady_size
+    runs = list(policies) if "lru" in policies else ["lru", *policies]
+    results: dict[float, list[ReplayResult]] = {}
+    lru: dict[float, ReplayResult] = {}
+    capacities: dict[float, int] = {}
+    # stderr and transient: the table on stdout stays clean, and nothing is left behind in a terminal. Off when
+    # stderr is not a terminal: a log file would only get a stray line.
+    console = Console(stderr=True)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console, transient=True, disable=not console.is_terminal)
+    with progress:
+        task = progress.add_task("replay", total=len(sizes) * (len(runs) + 1))
+        for size in sizes:
+            capacity = capacities[size] = max(1, math.floor(size * whole))  # as replay(fraction=...) sizes it
+            row: list[ReplayResult] = []
+            for name in runs:
+                progress.update(task, description=f"{name} @ {size:g}")
+                result = replay(trace, name, **{capacity_arg: capacity})
+                if name == "lru":
+                    lru[size] = result
+                if name in policies:
+                    row.append(result)
+                progress.advance(task)
+            progress.update(task, description=f"belady @ {size:g}")
+            row.append(belady(trace, capacity))
+            progress.advance(task)
+            results[size] = row
+    return results, lru, capacities, ws.objects
+
+
+def _gap(result: ReplayResult, lru: ReplayResult, best: ReplayResult) -> str:
+    """The share of LRU's distance to Belady that ``result`` closes; blank where it means nothing."""
+    if result is best or result.policy == "lru" or best.hit_ratio == lru.hit_ratio:
+        return ""
+    return f"{(result.hit_ratio - lru.hit_ratio) / (best.hit_ratio - lru.hit_ratio):.1%}"
+
+
+def _percent(size: float) -> str:
+    return f"{size * 100:g}%"
+
+
+def _print_table(results: dict[float, list[ReplayResult]], lru: dict[float, ReplayResult],
+                 sizes: tuple[float, ...], capacities: dict[float, int], unit: str, mooncake: bool,
+                 lru_requested: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table()
+    table.add_column("policy")
+    for size in sizes:
+        table.add_column(f"{_percent(size)} hit", justify="right")
+        table.add_column(f"{_percent(size)} gap", justify="right")
+        if mooncake:
+            table.add_column(f"{_percent(size)} prefix", justify="right")
+    for i, first in enumerate(results[sizes[0]]):
+        cells = [first.policy]
+        for size in sizes:
+            result, best = results[size][i], results[size][-1]
+            cells += [f"{result.hit_ratio:.3f}", _gap(result, lru[size], best)]
+            if mooncake:
+                cells.append(f"{result.prefix_hit_ratio:.3f}")
+        table.add_row(*cells)
+    notes = [
+        "capacity: " + ", ".join(f"{_percent(s)} = {capacities[s]} {unit}" for s in sizes),
+        "gap = (policy - LRU) / (Belady - LRU)",
+    ]
+    if not lru_requested:
+        notes.append("LRU was not requested: it was run only as the gap's baseline")
+    if unit == "bytes":
+        notes.append("belady-size is a heuristic, not a bound: a policy may beat it")
+    # Piped or captured, rich would wrap the table to 80 columns; a file gets the table's own width. The
+    # heading and notes are plain lines: as a title and caption rich would pad them to the table's width.
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 10_000)
+    typer.echo(f"hit ratio by cache size (fraction of the working set's {unit})")
+    console.print(table)
+    typer.echo("\n".join(notes))
+
+
+def _plot(figure_class: Callable[..., Any], path: Path, results: dict[float, list[ReplayResult]],
+          sizes: tuple[float, ...], unit: str, title: str) -> None:
+    from matplotlib.ticker import PercentFormatter
+
+    # A Figure of its own, not pyplot: no global backend or figure registry is touched.
+    fig = figure_class(figsize=(7, 4.5))
+    ax = fig.subplots()
+    for i, first in enumerate(results[sizes[0]]):
+        is_belady = i == len(results[sizes[0]]) - 1
+        ax.plot(sizes, [results[s][i].hit_ratio for s in sizes], marker="o", label=first.policy,
+                linestyle="--" if is_belady else "-", color="black" if is_belady else None)
+    ax.xaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.set_xlabel(f"cache size (fraction of the working set's {unit})")
+    ax.set_ylabel("hit ratio")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    try:
+        fig.savefig(path, dpi=120, format="png")
+    except OSError as exc:
+        raise _error(f"error: {path}: {exc.strerror or exc}", EXIT_UNREADABLE) from None
