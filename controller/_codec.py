@@ -73,6 +73,12 @@ def check_keys(keys: Sequence[CacheKey]) -> None:
             raise ValueError(f"invalid cache key {key!r}: expected 16-128 lower-case hex digits")
 
 
+def check_key(key: CacheKey) -> None:
+    """``check_keys((key,))`` for the request path's single-key reads."""
+    if not (type(key) is str and _KEY_RE.fullmatch(key)):
+        raise ValueError(f"invalid cache key {key!r}: expected 16-128 lower-case hex digits")
+
+
 def encoded_size(entry: Entry) -> int:
     """Length of ``encode_entry(..., entry)`` without encoding it."""
     return OVERHEAD + len(entry.rule.encode()) + len(entry.value)

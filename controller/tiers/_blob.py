@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from .._codec import check_keys, check_ns, decode_entry
+from .._codec import check_key, check_keys, check_ns, decode_entry
 from .._types import CacheKey, Entry, Namespace
 from ..errors import CorruptEntry
 from ._base import FaultHook, Tier, log_fault
@@ -48,7 +48,7 @@ class BlobTier(Tier):
 
     def get_one(self, ns: Namespace, key: CacheKey) -> Entry | None:
         check_ns(ns)
-        check_keys((key,))
+        check_key(key)
         blob = self._fetch_one(ns, key)
         return None if blob is None else self._live(ns, key, blob, self._clock())
 

@@ -205,6 +205,7 @@ class RedisTier(BlobTier):
         self._down_until = 0.0
         self._last_error = ""
         self._guards = {op: _Guard(self, op) for op in ("get", "set", "delete", "usage")}
+        self._get_guard = self._guards["get"]
 
     # -- the tier interface -------------------------------------------------------------------------------
 
@@ -216,9 +217,9 @@ class RedisTier(BlobTier):
             return self._mget_and_touch(ns, names, keys)
 
     def _fetch_one(self, ns: Namespace, key: CacheKey) -> bytes | None:
-        if self._limit(ns) is not None:  # under a quota a read also refreshes the key's eviction order
-            return self._fetch(ns, [key])[0]
-        with self._backend("get"):
+        if self._quota is not None and self._quota(ns) is not None:
+            return self._fetch(ns, [key])[0]  # under a quota a read also refreshes the key's eviction order
+        with self._get_guard:
             # GET: its bulk reply parses faster than MGET's array, and this is the request path.
             return self._client.get(f"{self._prefix}:{ns}:{key}")
 

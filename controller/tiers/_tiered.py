@@ -87,17 +87,18 @@ class TieredStore:
         """``get_many(ns, [key], tiers)[0]`` without the batch bookkeeping: the request path's lookup."""
         chain = self._chain(tiers)
         now = self._clock()
-        failed: set[TierName] = set()
+        failed: set[TierName] | None = None  # made on the first failure: this is the request path
         for depth, tier in enumerate(chain):
             try:
                 entry = tier.get_one(ns, key)
             except TierError as exc:
                 self._absorb(tier.name, "get", exc)
+                failed = failed or set()
                 failed.add(tier.name)
                 continue
-            if entry is not None and not entry.expired(now):
+            if entry is not None and (entry.expires_at is None or now < entry.expires_at):
                 for upper in chain[:depth]:
-                    if upper.name not in failed:
+                    if failed is None or upper.name not in failed:
                         self._write(upper, ns, [(key, entry)])
                 return Lookup(entry, tier.name)
         return MISS
