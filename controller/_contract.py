@@ -11,6 +11,7 @@ function of the view: it is evaluated once per distinct call, and again only whe
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import contextvars
 import inspect
 import logging
@@ -48,38 +49,72 @@ MEMO_BYTES = 32 << 20
 # A plan keeps the decoded value of its last L1 hit only for payloads this small, so the memo never holds
 # more than MEMO_LIMIT * DECODED_MAX_BYTES of values that L1 may have evicted since.
 DECODED_MAX_BYTES = 4096
-_CODE_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType, type)
+# Code that is not Python source: named by module and qualified name (str.upper, len, a module).
+_BUILTIN_CODE = (
+    types.BuiltinFunctionType,
+    types.MethodDescriptorType,
+    types.WrapperDescriptorType,
+    types.ClassMethodDescriptorType,
+    types.ModuleType,
+)
 
 
 def function_identity(fn: Callable[..., Any], name: str | None) -> str:
-    """The identity a function's keys bind: ``name`` if given, else module and qualified name, plus, for a
-    closure, the canonical form of the data it captured (two closures from one factory compute different
-    things). Captured code (functions, classes, modules) does not count; captured data without a canonical
-    form is a ``ContractError``: give such a function a ``name=`` that tells its variants apart."""
+    """The identity a function's keys bind: ``name`` if given; else module and qualified name, a digest of
+    the function's code, and, for a closure, of what it captured.
+
+    The code digest tells apart functions that share a qualified name (two lambdas of one module, the
+    variants defined in two branches) and retires a function's entries when its code changes. A closure's
+    captured data counts by its canonical form and captured functions by their own identity, so two closures
+    from one factory never share entries; captured data without a canonical form (a lock, a client, a bound
+    method) is a ``ContractError``: give such a function a ``name=`` that tells its variants apart.
+    """
     if name:
         return name
     identity = f"{fn.__module__}.{fn.__qualname__}"
-    cells = fn.__closure__ or ()
-    captured = {}
-    for var, cell in zip(fn.__code__.co_freevars, cells, strict=True):
-        try:
-            value = cell.cell_contents
-        except ValueError:  # not bound yet (a recursive reference): code, not data
-            continue
-        if isinstance(value, _CODE_TYPES):
-            continue
-        captured[var] = value
-    if not captured:
-        return identity
     try:
-        digest = derive_key(function=identity, model="", revision="", template="", params=(), ns=Namespace("-"),
-                            args=captured)
+        captured = _captured(fn, depth=0)
+        digest = derive_key(function=identity, model="", revision="", template=_code_digest(fn.__code__),
+                            params=(), ns=Namespace("-"), args=captured)
     except Uncacheable as exc:
         raise ContractError(
-            f"@cache_if on {identity}: the closure captures {sorted(captured)}, which have no canonical form "
-            f"({exc}); pass name=... to identify this variant of the function"
+            f"@cache_if on {identity}: the closure captures something without a canonical form ({exc}); "
+            "pass name=... to identify this variant of the function"
         ) from exc
     return f"{identity}#{digest[:16]}"
+
+
+def _code_digest(code: types.CodeType) -> str:
+    """Bytecode, names and constants of ``code`` and the code nested in it: what the function computes."""
+    parts = [code.co_code.hex(), repr(code.co_names), repr(code.co_varnames), repr(code.co_freevars)]
+    for const in code.co_consts:
+        parts.append(_code_digest(const) if isinstance(const, types.CodeType) else repr(const))
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
+
+
+def _captured(fn: Callable[..., Any], depth: int) -> dict[str, Any]:
+    """A closure's captured variables in canonical-ready form; functions stand for their own identity."""
+    if depth > 4:
+        raise Uncacheable("closures nested deeper than 4")
+    out: dict[str, Any] = {}
+    for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # not bound yet (a recursive reference to itself)
+            continue
+        if isinstance(value, types.FunctionType):
+            out[var] = ("fn", value.__module__, value.__qualname__, _code_digest(value.__code__),
+                        _captured(value, depth + 1))
+        elif isinstance(value, _BUILTIN_CODE):
+            name = getattr(value, "__qualname__", None) or value.__name__
+            out[var] = ("builtin", getattr(value, "__module__", None) or "", name)
+        elif isinstance(value, type):
+            out[var] = ("class", value.__module__, value.__qualname__)
+        elif isinstance(value, types.MethodType):
+            raise Uncacheable(f"{var!r} is a bound method, whose object has no canonical form")
+        else:
+            out[var] = value
+    return out
 
 
 def _approx_bytes(args: tuple, kwargs: dict) -> int:

@@ -80,7 +80,7 @@ def _normalise(items: tuple[tuple[str, type, Any], ...]) -> tuple[tuple[str, Any
         kind, off = GENERATION_PARAMS.get(name, (None, ()))
         if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             value = float(f"{float(value):.12g}") + 0.0  # + 0.0 turns -0.0 into 0.0
-        if value in off:
+        if type(value) in (int, float, bool) and value in off:  # never `in` on an array: ambiguous truth
             continue
         out.append((name, _canon(value)))
     return tuple(out)

@@ -253,3 +253,64 @@ def test_a_custom_l1_tier_takes_the_full_path():
 
     assert f(1) == f(1) == "1"
     assert f.cache_info().hits == 1
+
+
+def test_two_lambdas_of_one_module_do_not_share_entries(rt):
+    inc = cache_if("true", store=rt)(lambda x: x + 1)
+    dbl = cache_if("true", store=rt)(lambda x: x * 2)
+    assert (inc(5), dbl(5)) == (6, 10)
+
+
+def test_closures_over_different_functions_do_not_share_entries(rt):
+    def make(transform):
+        @cache_if("true", store=rt)
+        def apply(text: str) -> str:
+            return transform(text)
+
+        return apply
+
+    upper, lower = make(str.upper), make(str.lower)
+    assert (upper("MiXeD"), lower("MiXeD")) == ("MIXED", "mixed")
+
+    def shout(text: str) -> str:
+        return text.upper() + "!"
+
+    def whisper(text: str) -> str:
+        return text.lower() + "..."
+
+    assert (make(shout)("Hi"), make(whisper)("Hi")) == ("HI!", "hi...")
+
+
+def test_a_closure_over_a_bound_method_needs_a_name(rt):
+    class Model:
+        def generate(self, prompt: str) -> str:
+            return prompt
+
+    generate = Model().generate
+    with pytest.raises(ContractError, match="bound method"):
+
+        @cache_if("true", store=rt)
+        def f(prompt: str) -> str:
+            return generate(prompt)
+
+
+class ArrayLike:
+    """Compares element-wise, like a numpy array: `x == 1.0` has no single truth value."""
+
+    def __eq__(self, other):
+        raise ValueError("The truth value of an array with more than one element is ambiguous.")
+
+    __hash__ = None
+
+    def tolist(self):
+        return [0.9, 0.8]
+
+
+def test_an_array_generation_parameter_never_fails_the_call(rt):
+    @cache_if("true", store=rt)
+    def f(prompt: str, top_p=1.0) -> str:
+        return prompt
+
+    assert f("q", top_p=ArrayLike()) == "q"
+    assert f("q", top_p=ArrayLike()) == "q"
+    assert f.cache_info().hits == 1  # canonicalised through tolist(), so cacheable
