@@ -168,7 +168,7 @@ class CacheRuntime:
         memoised decisions of the old rules are not reused. The store is shared: this runtime object keeps the
         old rules but sees the new quotas, so build candidates with the replay simulator, not here.
         """
-        _check_policy_fits(policy, self.config)
+        check_policy(policy, self.config)
         l1_name = _l1_eviction(self.config, policy)
         new_l1 = None
         if self.l1 is not None and l1_name != _l1_eviction(self.config, self.policy):
@@ -220,17 +220,13 @@ def _l3_eviction(policy: Policy | None) -> str:
     return policy.eviction.l3 if policy is not None and policy.eviction.l3 else "fifo"
 
 
-def check_policy(policy: Policy, config: StoreConfig | None = None) -> None:
-    """Raise ``StoreConfigError`` unless this controller can enforce ``policy`` (with ``config``'s store).
+def check_policy(policy: Policy | None, config: StoreConfig | None = None) -> None:
+    """Raise ``StoreConfigError`` unless this controller can enforce ``policy`` (with ``config``'s store);
+    ``None`` (no policy) always passes. Nothing is applied: activation and building call this first.
 
     The dsl room validates a policy on its own; this adds what only the controller knows: the eviction
     policies it has, and that L2 tenant shares have an ``l2_bytes`` to be shares of.
     """
-    _check_policy_fits(policy, config)
-
-
-def _check_policy_fits(policy: Policy | None, config: StoreConfig | None = None) -> None:
-    """Reject a policy this controller cannot enforce before anything is applied."""
     if policy is None:
         return
     if config is not None and config.redis_url and not config.l2_bytes:
@@ -267,7 +263,7 @@ def build_runtime(
 ) -> CacheRuntime:
     """Build tiers, event sink and metrics from ``config``. Raises ``StoreConfigError``; builds nothing partial."""
     config = config or StoreConfig()
-    _check_policy_fits(policy, config)
+    check_policy(policy, config)
     holder = _PolicyHolder(policy)
     metrics = metrics or CacheMetrics()
     tiers: list[Tier] = [
