@@ -15,7 +15,7 @@ $(VENV)/.stamp-base: pyproject.toml constraints.txt
 	touch $@
 
 $(VENV)/.stamp-test: $(VENV)/.stamp-base
-	$(PIP) -q -e '.[test,bench]'
+	$(PIP) -q -e '.[test,bench,peers]'
 	touch $@
 
 venv: $(VENV)/.stamp-base
