@@ -152,11 +152,38 @@ class _Model(BaseModel):
 # --- the document -----------------------------------------------------------------------------------------
 
 
-class SemanticSpec(_Model):
-    """Semantic matching: reuse an answer to a similar prompt if the estimated error stays below
-    ``max_error``. ``max_error: 0`` switches it off (so a rule can override defaults that switch it on)."""
+SEMANTIC_EXPLORE = 0.05  # fraction of would-be semantic hits that also call the model when a rule says nothing
+MAX_SEMANTIC_ERROR = 0.5  # beyond this a "bound" would allow serving more wrong answers than right ones
 
-    max_error: Annotated[Number, Field(ge=0, le=1)]
+
+class SemanticSpec(_Model):
+    """Semantic matching: reuse the answer to a similar prompt while the error rate stays below ``max_error``.
+
+    ``mode: bounded`` (the default) decides with a model of the error learned online from judge observations,
+    exploring a fraction ``explore`` of would-be hits; ``mode: static`` serves any neighbour at cosine
+    similarity >= ``threshold`` (for comparison; ``max_error`` is then only the bound it is measured against).
+    ``max_error: 0`` switches semantic matching off (so a rule can override defaults that switch it on).
+    ``mode`` and ``explore`` stay None when not written, so the normalised document shows only what was
+    written; ``Decision`` carries the resolved values.
+    """
+
+    max_error: Annotated[Number, Field(ge=0, le=MAX_SEMANTIC_ERROR)]
+    mode: Literal["bounded", "static"] | None = None
+    explore: Annotated[Number, Field(ge=0, le=0.5)] | None = None
+    threshold: Annotated[Number, Field(gt=0, le=1)] | None = None
+
+    @field_validator("threshold")
+    @classmethod
+    def _threshold_only_static(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is not None and info.data.get("mode", "static") != "static":
+            raise ValueError("threshold applies only to mode: static (mode: bounded learns its own cut-off)")
+        return value
+
+    @model_validator(mode="after")
+    def _static_needs_threshold(self) -> SemanticSpec:
+        if self.mode == "static" and self.threshold is None:
+            raise ValueError("mode: static needs a threshold (a cosine similarity in (0, 1])")
+        return self
 
 
 class KvSpec(_Model):
@@ -386,6 +413,7 @@ class Decision:
     """What the policy decides for one request, with every value resolved (the rule's over the defaults).
 
     ``cache`` is False for ``cache: bypass``. ``semantic_max_error`` is None when semantic matching is off;
+    ``semantic_mode``, ``semantic_explore`` and ``semantic_threshold`` are the rest of the rule's ``semantic``;
     ``kv_reuse`` is None when KV reuse is off. ``skipped`` names the rules before this one whose ``when``
     could not be evaluated on the view (see ``Policy.decide``).
     """
@@ -402,6 +430,10 @@ class Decision:
     kv_reuse: str | None
     kv_rope_shift: bool = False
     skipped: tuple[str, ...] = ()
+    # Meaningful only when semantic_max_error is not None; the defaults are what a bare `{max_error: x}` means.
+    semantic_mode: Literal["bounded", "static"] = "bounded"
+    semantic_explore: float = SEMANTIC_EXPLORE
+    semantic_threshold: float | None = None
 
 
 def _resolve(defaults: Defaults, rule: Rule | None) -> Decision:
@@ -424,7 +456,18 @@ def _resolve(defaults: Defaults, rule: Rule | None) -> Decision:
         semantic_max_error=semantic.max_error if semantic is not None and semantic.max_error > 0 else None,
         kv_reuse=kv.reuse if kv_on else None,
         kv_rope_shift=kv_on and kv.rope_shift,
+        **_semantic_settings(semantic),
     )
+
+
+def _semantic_settings(spec: SemanticSpec | None) -> dict[str, Any]:
+    if spec is None or spec.max_error == 0:
+        return {}
+    return {
+        "semantic_mode": spec.mode or "bounded",
+        "semantic_explore": SEMANTIC_EXPLORE if spec.explore is None else spec.explore,
+        "semantic_threshold": spec.threshold,
+    }
 
 
 def _schema_for(fields: Mapping[str, str]) -> RequestSchema:
