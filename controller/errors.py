@@ -54,3 +54,17 @@ class TierUnavailable(TierError):
 
 class CorruptEntry(TierError):
     """A payload failed its checksum or did not decode. It is never served."""
+
+
+class SemanticError(ControllerError):
+    """Semantic caching failed on purpose (``evocache.controller.semantic``).
+
+        SemanticError
+        └── EmbeddingError   an embedder could not turn texts into vectors (endpoint down, bad reply, bad dim)
+
+    Like tier errors, these never reach a caller of a cached function: a failed semantic lookup is a miss.
+    """
+
+
+class EmbeddingError(SemanticError):
+    """An embedder failed: the endpoint refused or could not be reached, or its reply had the wrong shape."""

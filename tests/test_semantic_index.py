@@ -1,0 +1,254 @@
+"""The scoped vector index: exact and HNSW agree, migration keeps entries, removal, and scope isolation."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from evocache.controller.semantic import Neighbour, Scope, SemanticIndex, VectorIndex
+
+DIM = 384
+
+
+def unit(rows: np.ndarray) -> np.ndarray:
+    rows = np.asarray(rows, dtype=np.float32)
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+def random_unit(n: int, seed: int = 0, dim: int = DIM) -> np.ndarray:
+    return unit(np.random.default_rng(seed).standard_normal((n, dim)))
+
+
+def nudge(vecs: np.ndarray, scale: float, seed: int = 1) -> np.ndarray:
+    """Near-identical vectors: each row moved by noise of norm about ``scale``, then renormalised."""
+    noise = np.random.default_rng(seed).standard_normal(vecs.shape) * scale / np.sqrt(vecs.shape[1])
+    return unit(vecs + noise)
+
+
+def ids_for(n: int, prefix: str = "e") -> list[str]:
+    return [f"{prefix}{i}" for i in range(n)]
+
+
+# -- VectorIndex ----------------------------------------------------------------------------------------------
+
+
+def test_exact_and_hnsw_agree_on_top1_for_well_separated_vectors():
+    vecs = random_unit(2000)
+    exact = VectorIndex(DIM, exact_limit=10**6)
+    hnsw = VectorIndex(DIM, exact_limit=0)
+    exact.add(ids_for(2000), vecs)
+    hnsw.add(ids_for(2000), vecs)
+    assert (exact.kind, hnsw.kind) == ("exact", "hnsw")
+    queries = nudge(vecs[::10], 0.3)
+    top_exact = [row[0].entry_id for row in exact.search(queries, 1)]
+    top_hnsw = [row[0].entry_id for row in hnsw.search(queries, 1)]
+    assert top_exact == ids_for(2000)[::10]
+    assert top_hnsw == top_exact
+
+
+def test_search_is_best_first_with_cosine_similarities():
+    vecs = unit(np.array([[1, 0, 0], [0.8, 0.6, 0], [0, 1, 0], [0, 0, 1]]))
+    index = VectorIndex(3)
+    index.add(["x", "xy", "y", "z"], vecs)
+    [row] = index.search(unit(np.array([[1, 0.1, 0]])), 3)
+    assert [n.entry_id for n in row] == ["x", "xy", "y"]
+    q = unit(np.array([[1, 0.1, 0]]))[0]
+    assert [n.similarity for n in row] == pytest.approx([float(q @ v) for v in vecs[:3]], abs=1e-6)
+    assert index.search(q[None, :], 10)[0][-1] == Neighbour("z", pytest.approx(0.0, abs=1e-6))
+
+
+def test_crossing_exact_limit_keeps_every_entry():
+    vecs = random_unit(250, seed=3)
+    index = VectorIndex(DIM, exact_limit=100)
+    index.add(ids_for(60), vecs[:60])
+    assert index.kind == "exact"
+    index.add(ids_for(250)[60:], vecs[60:])
+    assert index.kind == "hnsw"
+    assert len(index) == 250
+    assert sorted(index.ids()) == sorted(ids_for(250))
+    assert [row[0].entry_id for row in index.search(vecs, 1)] == ids_for(250)
+    for i in (0, 59, 60, 249):
+        np.testing.assert_array_equal(index.vector(f"e{i}"), vecs[i])
+
+
+@pytest.mark.parametrize("exact_limit", [10**6, 0], ids=["exact", "hnsw"])
+def test_remove_takes_entries_out_of_search(exact_limit):
+    vecs = random_unit(100, seed=4)
+    index = VectorIndex(DIM, exact_limit=exact_limit)
+    index.add(ids_for(100), vecs)
+    index.remove(["e3", "e7", "not-there"])
+    assert len(index) == 98 and "e3" not in index
+    found = {n.entry_id for row in index.search(vecs, 100) for n in row}
+    assert found == set(ids_for(100)) - {"e3", "e7"}
+    assert index.search(vecs[3:4], 1)[0][0].entry_id != "e3"
+    with pytest.raises(KeyError):
+        index.vector("e3")
+
+
+@pytest.mark.parametrize("exact_limit", [10**6, 50], ids=["exact", "hnsw"])
+def test_mass_removal_compacts_and_keeps_the_rest(exact_limit):
+    vecs = random_unit(300, seed=5)
+    index = VectorIndex(DIM, exact_limit=exact_limit)
+    index.add(ids_for(300), vecs)
+    index.remove(ids_for(300)[:200])
+    assert len(index) == 100
+    assert index._dead == set()  # tombstones outnumbered live entries: the index was rebuilt without them
+    assert [row[0].entry_id for row in index.search(vecs[200:], 1)] == ids_for(300)[200:]
+    assert index.kind == ("exact" if exact_limit > 100 else "hnsw")
+    index.add(["again"], vecs[:1])
+    assert index.search(vecs[:1], 1)[0][0].entry_id == "again"
+
+
+def test_adding_an_existing_id_replaces_its_vector():
+    vecs = random_unit(3, seed=6)
+    index = VectorIndex(DIM)
+    index.add(["a", "b"], vecs[:2])
+    index.add(["a"], vecs[2:3])
+    assert len(index) == 2
+    np.testing.assert_array_equal(index.vector("a"), vecs[2])
+    assert index.search(vecs[2:3], 1)[0][0] == Neighbour("a", pytest.approx(1.0, abs=1e-6))
+    # the old vector is gone: a query equal to it finds "a" only through the new vector, once
+    row = index.search(vecs[0:1], 5)[0]
+    assert [n.entry_id for n in row].count("a") == 1
+    assert row[[n.entry_id for n in row].index("a")].similarity == pytest.approx(
+        float(vecs[0] @ vecs[2]), abs=1e-6
+    )
+
+
+def test_empty_index_and_k_larger_than_size():
+    index = VectorIndex(DIM)
+    q = random_unit(2, seed=7)
+    assert index.search(q, 3) == [[], []]
+    index.add(["only"], q[:1])
+    assert [[n.entry_id for n in row] for row in index.search(q, 3)] == [["only"], ["only"]]
+
+
+def test_bad_input_is_rejected_and_changes_nothing():
+    index = VectorIndex(4)
+    index.add(["a"], unit(np.array([[1, 0, 0, 0]])))
+    good = unit(np.array([[0, 1, 0, 0]]))
+    with pytest.raises(ValueError, match="dimension 3, the index holds dimension 4"):
+        index.add(["b"], unit(np.array([[1, 0, 0]])))
+    with pytest.raises(ValueError, match=r"vecs\[0\] has norm 2.000000"):
+        index.add(["b"], np.array([[2, 0, 0, 0]]))
+    with pytest.raises(ValueError, match="NaN"):
+        index.add(["b"], np.array([[np.nan, 0, 0, 0]]))
+    with pytest.raises(ValueError, match="2-D"):
+        index.add(["b"], good[0])
+    with pytest.raises(ValueError, match="2 ids for 1 vectors"):
+        index.add(["b", "c"], good)
+    with pytest.raises(ValueError, match="distinct"):
+        index.add(["b", "b"], np.vstack([good, good]))
+    with pytest.raises(ValueError, match=r"ids\[0\]"):
+        index.add([""], good)
+    with pytest.raises(TypeError, match="single str"):
+        index.remove("a")
+    with pytest.raises(ValueError, match="k must be a positive int"):
+        index.search(good, 0)
+    assert index.ids() == ["a"]
+
+
+# -- SemanticIndex: scopes ------------------------------------------------------------------------------------
+
+A = Scope("tenant-a", "fn=chat|model=m1|rev=1|params=0f|emb=st:all-MiniLM-L6-v2")
+B = Scope("tenant-b", A.boundary)  # another tenant, same contract
+A2 = Scope("tenant-a", "fn=chat|model=m2|rev=1|params=0f|emb=st:all-MiniLM-L6-v2")  # same tenant, other model
+
+
+@pytest.mark.parametrize("exact_limit", [10**6, 0], ids=["exact", "hnsw"])
+def test_identical_and_near_identical_vectors_never_cross_scopes(exact_limit):
+    index = SemanticIndex(exact_limit=exact_limit)
+    vecs = random_unit(50, seed=8)
+    index.add(A, ids_for(50, "a"), vecs)
+    index.add(B, ids_for(50, "b"), vecs)  # identical vectors in another tenant
+    index.add(A2, ids_for(50, "m"), nudge(vecs, 0.01))  # near-identical under another model
+    for scope, prefix in ((A, "a"), (B, "b"), (A2, "m")):
+        rows = index.search(scope, vecs, 50)
+        assert all(len(row) == 50 for row in rows)
+        assert {n.entry_id[0] for row in rows for n in row} == {prefix}
+    other = Scope("tenant-c", A.boundary)
+    assert index.search(other, vecs[:2], 5) == [[], []]
+    assert sorted(index.scopes()) == sorted([A, B, A2])
+
+
+def test_removal_in_one_scope_leaves_the_others():
+    index = SemanticIndex()
+    vecs = random_unit(2, seed=9)
+    index.add(A, ["same-id", "x"], vecs)
+    index.add(B, ["same-id", "y"], vecs)
+    index.remove(A, ["same-id"])
+    assert [n.entry_id for n in index.search(A, vecs[:1], 2)[0]] == ["x"]
+    assert [n.entry_id for n in index.search(B, vecs[:1], 2)[0]] == ["same-id", "y"]
+    np.testing.assert_array_equal(index.vector(B, "same-id"), vecs[0])
+    with pytest.raises(KeyError):
+        index.vector(A, "same-id")
+    index.remove(Scope("tenant-z", "nothing"), ["same-id"])  # an unknown scope: nothing to do
+    assert len(index) == 3
+
+
+def test_real_embeddings_of_one_prompt_stay_in_their_tenant():
+    from evocache.controller.semantic import default_embedder
+
+    emb = default_embedder()
+    index = SemanticIndex()
+    stored = emb.embed(["cancel my subscription"])
+    index.add(A, ["a-cancel"], stored)
+    index.add(B, ["b-cancel"], stored)
+    index.add(A2, ["m-cancel"], emb.embed(["please cancel my subscription"]))
+    query = emb.embed(["cancel my subscription"])
+    assert [[n.entry_id for n in row] for row in index.search(A, query, 5)] == [["a-cancel"]]
+    assert [[n.entry_id for n in row] for row in index.search(B, query, 5)] == [["b-cancel"]]
+    assert [[n.entry_id for n in row] for row in index.search(A2, query, 5)] == [["m-cancel"]]
+    assert index.search(A, query, 1)[0][0].similarity == pytest.approx(1.0, abs=1e-5)
+
+
+def test_invalid_scopes_are_rejected():
+    index = SemanticIndex()
+    v = random_unit(1)
+    with pytest.raises(ValueError, match="invalid namespace"):
+        index.add(Scope("tenant:a", "b"), ["x"], v)
+    with pytest.raises(ValueError, match="boundary"):
+        index.add(Scope("tenant-a", ""), ["x"], v)
+    with pytest.raises(TypeError, match="Scope"):
+        index.add(("tenant-a", "b"), ["x"], v)  # type: ignore[arg-type]
+    assert index.scopes() == []
+
+
+def test_scopes_have_their_own_dimension():
+    index = SemanticIndex()
+    index.add(A, ["small"], unit(np.array([[1.0, 0.0]])))
+    index.add(B, ["big"], random_unit(1))
+    assert index.index(A).dim == 2 and index.index(B).dim == DIM
+    with pytest.raises(ValueError, match="dimension 384, the index holds dimension 2"):
+        index.search(A, random_unit(1), 1)
+
+
+# -- the package --------------------------------------------------------------------------------------------
+
+
+def test_semantic_all_is_exact():
+    module = importlib.import_module("evocache.controller.semantic")
+    assert len(set(module.__all__)) == len(module.__all__)
+    for name in module.__all__:
+        origin = getattr(getattr(module, name), "__module__", "") or ""
+        assert origin.startswith("evocache.controller"), f"{name} comes from {origin}"
+    public = {n for n in dir(module) if not n.startswith("_")}
+    modules = {n for n in public if type(getattr(module, n)) is type(module)}
+    assert public - modules == set(module.__all__)
+
+
+def test_importing_semantic_loads_no_heavy_library():
+    """Only what ``evocache.controller`` itself loads: numpy, faiss and torch wait until vectors are made."""
+    code = (
+        "import sys\n"
+        "heavy = ('numpy', 'faiss', 'torch', 'sentence_transformers', 'transformers')\n"
+        "import evocache.controller\n"
+        "before = {m for m in heavy if m in sys.modules}\n"
+        "import evocache.controller.semantic\n"
+        "print(sorted(m for m in heavy if m in sys.modules and m not in before))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
