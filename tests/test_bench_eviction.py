@@ -143,10 +143,10 @@ def test_other_traces_default_to_bytes_with_the_size_heuristic(tmp_path: Path) -
 
 def test_unknown_policy_fails_at_once_listing_the_known_ones(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
-    result = bench("--trace", str(tmp_path / "never-read.jsonl"), "--policies", "lru,learned", "--json", str(out))
+    result = bench("--trace", str(tmp_path / "never-read.jsonl"), "--policies", "lru,nosuch", "--json", str(out))
     assert result.exit_code == 2
     assert result.stderr == (
-        f"error: --policies: unknown eviction policy 'learned'; known: {KNOWN} (belady always runs)\n")
+        f"error: --policies: unknown eviction policy 'nosuch'; known: {KNOWN} (belady always runs)\n")
     assert not out.exists()
 
 

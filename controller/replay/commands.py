@@ -1,7 +1,7 @@
 """`evocache bench eviction`: replay one trace against eviction policies at several cache sizes, with Belady.
 
-Exit codes: 0 success; 1 a malformed trace (``file:line: message``), an empty one, or ``--plot`` without
-matplotlib; 2 a bad option (an unknown policy lists the known ones) or a file that cannot be read or written.
+Exit codes: 0 success; 1 a malformed trace (``file:line: message``), an empty one, ``--plot`` without
+matplotlib, or ``--peers`` without libcachesim; 2 a bad option (an unknown policy lists the known ones) or a file that cannot be read or written.
 Errors go to stderr as one line each; stdout holds only the table.
 Nothing heavy is imported at module level: `evocache` starts fast whatever command it runs.
 """
@@ -14,6 +14,7 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -115,6 +116,16 @@ def _figure_class() -> Callable[..., Any]:
     return Figure
 
 
+def _libcachesim() -> ModuleType:
+    """The ``libcachesim`` module, imported only for ``--peers``: it is GPL-3.0, an optional benchmark extra."""
+    from ._peers import load_libcachesim
+
+    try:
+        return load_libcachesim()
+    except ImportError as exc:
+        raise _error(f"error: {exc}", EXIT_FAILED) from None
+
+
 # -- the command --------------------------------------------------------------------------------------------
 
 def eviction(
@@ -149,6 +160,14 @@ def eviction(
     skip_bad: Annotated[
         bool, typer.Option("--skip-bad", help="Skip malformed trace lines (and count them) instead of failing.")
     ] = False,
+    peers: Annotated[
+        bool,
+        typer.Option(
+            "--peers",
+            help="Add libCacheSim's LRU, ARC, S3-FIFO, SIEVE, LeCaR, Cacheus, WTinyLFU, GLCache and LRB as rows "
+            "lcs:NAME (needs the GPL-3.0 extra: pip install 'evocache[peers]').",
+        ),
+    ] = False,
 ) -> None:
     """Replay a trace against eviction policies at several cache sizes, with Belady's optimum as the bound.
 
@@ -156,10 +175,13 @@ def eviction(
     memory grows with its length. Sizes are fractions of the working set: its distinct objects with
     --unit objects, their bytes with --unit bytes. In bytes mode Belady is a heuristic (the true
     optimum for sizes is NP-hard). "gap closed" is (policy - LRU) / (Belady - LRU).
+
+    With --peers, libCacheSim gets exactly the accesses, object identities, sizes (1 each with --unit objects)
+    and capacities that evocache's policies get, and its hits are counted the same way.
     """
     try:
         _bench(trace_path, json_out, trace_format, sizes_text, policies_text, plot, unit, csv_columns,
-               block_tokens, skip_bad)
+               block_tokens, skip_bad, peers)
     except _Failed as failed:
         raise typer.Exit(failed.code) from None
 
@@ -174,8 +196,9 @@ app.command(help=_reflow(eviction.__doc__ or ""))(eviction)
 
 def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str, policies_text: str,
            plot: Path | None, unit: str | None, csv_columns: str | None, block_tokens: int,
-           skip_bad: bool) -> None:
+           skip_bad: bool, peers: bool) -> None:
     from ..eviction import EVICTION_POLICIES
+    from ._sim import working_set
 
     sizes = _parse_sizes(sizes_text)
     policies = _parse_policies(policies_text, list(EVICTION_POLICIES))
@@ -183,6 +206,7 @@ def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str,
         raise _usage("--unit", f"expected one of {', '.join(_UNITS)}, got {unit!r}")
     columns = _parse_columns(csv_columns) if csv_columns is not None else None
     figure = _figure_class() if plot is not None else None  # before the replays: fail in a second, not a minute
+    lcs = _libcachesim() if peers else None
 
     trace, skipped = _read(trace_path, trace_format, columns, block_tokens, skip_bad)
     if skipped:
@@ -191,7 +215,11 @@ def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str,
     mooncake = trace[0].req >= 0
     unit = unit or ("objects" if mooncake else "bytes")
 
-    results, lru, capacities, objects = _run(trace, sizes, policies, unit)
+    ws = working_set(trace)
+    whole = ws.objects if unit == "objects" else ws.bytes
+    capacities = {size: max(1, math.floor(size * whole)) for size in sizes}  # as replay(fraction=...) sizes it
+    peer_names, peer_notes = _peer_names(lcs, min(capacities.values())) if lcs is not None else ((), [])
+    results, lru = _run(trace, capacities, policies, unit, lcs, peer_names)
     rows = [
         {
             "policy": r.policy,
@@ -204,14 +232,15 @@ def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str,
         for size in sizes
         for r in results[size]
     ]
-    report = {"trace": str(trace_path), "requests": len(trace), "objects": objects, "unit": unit,
+    report = {"trace": str(trace_path), "requests": len(trace), "objects": ws.objects, "unit": unit,
               "skipped": skipped, "rows": rows}
     try:
         json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     except OSError as exc:
         raise _error(f"error: {json_out}: {exc.strerror or exc}", EXIT_UNREADABLE) from None
 
-    _print_table(results, lru, sizes, capacities, unit, mooncake, lru_requested="lru" in policies)
+    notes = peer_notes + (_peer_result_notes(results, sizes, len(trace)) if peer_names else [])
+    _print_table(results, lru, sizes, capacities, unit, mooncake, lru_requested="lru" in policies, extra=notes)
     if figure is not None:
         assert plot is not None
         _plot(figure, plot, results, sizes, unit, trace_path.name)
@@ -242,33 +271,65 @@ def _read(path: Path, fmt: str, columns: CsvColumns | None, block_tokens: int,
     return trace, stats.skipped
 
 
-def _run(trace: list[Access], sizes: tuple[float, ...], policies: tuple[str, ...],
-         unit: str) -> tuple[dict[float, list[ReplayResult]], dict[float, ReplayResult], dict[float, int], int]:
-    """Per size: the requested policies' results then Belady's; LRU's (the gap's baseline) even if not asked;
-    the capacity; and the working set's object count."""
+def _peer_names(lcs: ModuleType, smallest_capacity: int) -> tuple[tuple[str, ...], list[str]]:
+    """The peers that can run, and a note for each that cannot (told, not fatal: the rest run)."""
+    from ._peers import PEERS, PREFIX, unavailable
+
+    missing = unavailable(lcs, smallest_capacity)
+    notes = [f"{PREFIX}{name} not run: {why}" for name, why in missing.items()]
+    return tuple(name for name in PEERS if name not in missing), notes
+
+
+def _peer_result_notes(results: dict[float, list[ReplayResult]], sizes: tuple[float, ...],
+                       requests: int) -> list[str]:
+    """What a reader must know to read the lcs: rows right (see ``_peers``)."""
+    from importlib.metadata import version
+
+    from ._peers import LRB_MIN_SAMPLES, PREFIX, RANDOMISED
+
+    notes = [f"{PREFIX}* rows: libCacheSim {version('libcachesim')} with its default parameters, fed the same "
+             "accesses, objects, sizes and capacities"]
+    by_name = {size: {r.policy: r for r in results[size]} for size in sizes}
+    randomised = [PREFIX + name for name in RANDOMISED if PREFIX + name in by_name[sizes[0]]]
+    if randomised:
+        notes.append(f"{' and '.join(randomised)} use libCacheSim's own unseeded random generator: they vary "
+                     "from run to run")
+    lrb, lcs_lru = PREFIX + "LRB", PREFIX + "LRU"
+    if lrb in by_name[sizes[0]] and lcs_lru in by_name[sizes[0]] and all(
+            by_name[s][lrb].hits == by_name[s][lcs_lru].hits for s in sizes):
+        notes.append(f"{lrb} equals {lcs_lru} here: libCacheSim's LRB trains only after {LRB_MIN_SAMPLES:,} "
+                     f"labelled samples, and this trace has {requests:,} requests")
+    return notes
+
+
+def _run(trace: list[Access], capacities: dict[float, int], policies: tuple[str, ...], unit: str,
+         lcs: ModuleType | None = None, peers: tuple[str, ...] = ()
+         ) -> tuple[dict[float, list[ReplayResult]], dict[float, ReplayResult]]:
+    """Per size (``capacities``' keys, ascending): the requested policies' results, then libCacheSim's
+    ``peers`` (with ``lcs``), then Belady's; and LRU's (the gap's baseline) even if not asked."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ._belady import belady_size, belady_unit
-    from ._sim import replay, working_set
+    from ._sim import replay
 
-    ws = working_set(trace)
-    whole = ws.objects if unit == "objects" else ws.bytes
     capacity_arg = "capacity_objects" if unit == "objects" else "capacity_bytes"
     belady = belady_unit if unit == "objects" else belady_size
     runs = list(policies) if "lru" in policies else ["lru", *policies]
+    if lcs is not None and peers:
+        from ._peers import PREFIX, encode, replay_peer
+
+        encoded = encode(trace, "objects" if unit == "objects" else "bytes")
     results: dict[float, list[ReplayResult]] = {}
     lru: dict[float, ReplayResult] = {}
-    capacities: dict[float, int] = {}
     # stderr and transient: the table on stdout stays clean, and nothing is left behind in a terminal. Off when
     # stderr is not a terminal: a log file would only get a stray line.
     console = Console(stderr=True)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console, transient=True, disable=not console.is_terminal)
     with progress:
-        task = progress.add_task("replay", total=len(sizes) * (len(runs) + 1))
-        for size in sizes:
-            capacity = capacities[size] = max(1, math.floor(size * whole))  # as replay(fraction=...) sizes it
+        task = progress.add_task("replay", total=len(capacities) * (len(runs) + len(peers) + 1))
+        for size, capacity in capacities.items():
             row: list[ReplayResult] = []
             for name in runs:
                 progress.update(task, description=f"{name} @ {size:g}")
@@ -278,11 +339,15 @@ def _run(trace: list[Access], sizes: tuple[float, ...], policies: tuple[str, ...
                 if name in policies:
                     row.append(result)
                 progress.advance(task)
+            for name in peers:
+                progress.update(task, description=f"{PREFIX}{name} @ {size:g}")
+                row.append(replay_peer(lcs, name, encoded, capacity))
+                progress.advance(task)
             progress.update(task, description=f"belady @ {size:g}")
             row.append(belady(trace, capacity))
             progress.advance(task)
             results[size] = row
-    return results, lru, capacities, ws.objects
+    return results, lru
 
 
 def _gap(result: ReplayResult, lru: ReplayResult, best: ReplayResult) -> str:
@@ -298,7 +363,7 @@ def _percent(size: float) -> str:
 
 def _print_table(results: dict[float, list[ReplayResult]], lru: dict[float, ReplayResult],
                  sizes: tuple[float, ...], capacities: dict[float, int], unit: str, mooncake: bool,
-                 lru_requested: bool) -> None:
+                 lru_requested: bool, extra: Sequence[str] = ()) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -325,6 +390,7 @@ def _print_table(results: dict[float, list[ReplayResult]], lru: dict[float, Repl
         notes.append("LRU was not requested: it was run only as the gap's baseline")
     if unit == "bytes":
         notes.append("belady-size is a heuristic, not a bound: a policy may beat it")
+    notes += extra
     # Piped or captured, rich would wrap the table to 80 columns; a file gets the table's own width. The
     # heading and notes are plain lines: as a title and caption rich would pad them to the table's width.
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 10_000)
