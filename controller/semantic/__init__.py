@@ -10,9 +10,11 @@ sentence-transformers, faiss) load only when an embedder or index is built, neve
 from ..errors import EmbeddingError, SemanticError
 from ._embed import BatchingEmbedder, Embedder, OpenAIEmbedder, SentenceTransformerEmbedder, default_embedder
 from ._index import Neighbour, Scope, SemanticIndex, VectorIndex
+from ._shared import Change, SharedEntry, SharedIndex, SharedStats
 
 __all__ = [
     "BatchingEmbedder",
+    "Change",
     "Embedder",
     "EmbeddingError",
     "Neighbour",
@@ -21,6 +23,9 @@ __all__ = [
     "SemanticError",
     "SemanticIndex",
     "SentenceTransformerEmbedder",
+    "SharedEntry",
+    "SharedIndex",
+    "SharedStats",
     "VectorIndex",
     "default_embedder",
 ]

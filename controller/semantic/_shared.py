@@ -1,0 +1,551 @@
+"""``SharedIndex``: the scoped semantic index, shared by every replica through Redis (embedded without it).
+
+Each replica searches its own in-memory ``SemanticIndex``; Redis holds the shared truth and a stream of
+changes. A new replica rebuilds its index from Redis, then follows the stream; so an entry one replica adds
+is found by all, and a removal or an expiry anywhere takes the entry out everywhere.
+
+Layout under ``prefix`` (``p``), for a namespace ``ns`` and a boundary whose SHA-256 hex digest is ``b``::
+
+    p:#ns           SET    namespaces that hold semantic entries
+    p:ns:#scopes    HASH   b -> the boundary itself (checked against its digest when loaded)
+    p:ns:b:e        HASH   entry id -> record (expiry, metadata JSON, float32 vector; see ``encode_record``)
+    p:ns:b:x        ZSET   entry id -> expiry deadline (ms) of entries stored with one
+    p:#stream       STREAM {op: add, ns, bd, id, rec} | {op: del, ns, bd, ids (JSON list)}
+
+A write and its stream message go in one MULTI transaction, so a follower never sees one without the other.
+Every key of a scope is built from its own namespace and boundary digest, and a stream message is applied
+to the scope it names, so nothing of one scope is ever loaded into another's index.
+
+Failure behaviour: search never touches Redis. A failed write leaves the entry in the local index only, is
+counted (``stats().errors``) and logged, and opens a breaker: writes within ``retry_after`` seconds skip
+Redis. The follower thread retries on its own; when Redis answers again it goes on from where it stopped if
+the server and the stream are the same, and otherwise (Redis restarted, stream trimmed past it) rebuilds the
+local index from Redis, the shared truth, dropping the entries it had only locally.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import struct
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ._index import Neighbour, Scope, SemanticIndex, check_scope, check_vectors
+
+if TYPE_CHECKING:
+    import numpy as np
+    import redis
+
+__all__ = ["Change", "SharedEntry", "SharedIndex", "SharedStats"]
+
+log = logging.getLogger("evocache.controller.semantic.shared")
+
+_HEADER = struct.Struct("<dI")  # expires_at (NaN: never), length of the metadata JSON
+_SWEEP_BATCH = 512
+
+# KEYS: entries hash, expiry zset, stream.  ARGV: now (ms), batch, ns, boundary, stream maxlen.
+# Removes the due entries of one scope and announces them in one message, atomically.
+_SWEEP = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+if #due == 0 then return 0 end
+redis.call('HDEL', KEYS[1], unpack(due))
+redis.call('ZREM', KEYS[2], unpack(due))
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'op', 'del', 'ns', ARGV[3], 'bd', ARGV[4],
+           'ids', cjson.encode(due))
+return #due
+"""
+
+
+class SharedEntry(NamedTuple):
+    """What a replica knows of an entry besides its vector: the caller's metadata and its expiry."""
+
+    meta: Mapping[str, Any]
+    expires_at: float | None
+
+
+class Change(NamedTuple):
+    """A change that reached this replica from elsewhere (another replica, an expiry, a rebuild).
+
+    ``kind`` is ``add`` or ``remove`` (``ids`` of ``scope``), or ``reset``: the whole local index was rebuilt
+    from Redis (``scope`` and ``ids`` empty); a listener that keeps per-entry state should re-read it.
+    """
+
+    kind: str
+    scope: Scope | None
+    ids: tuple[str, ...]
+
+
+class SharedStats(NamedTuple):
+    errors: int  # Redis calls that failed (writes, reads, rebuilds, sweeps)
+    corrupt: int  # records or messages that could not be decoded; skipped
+    applied: int  # stream messages applied
+    rebuilds: int  # full rebuilds of the local index from Redis
+    connected: bool  # the last Redis call succeeded (always False without Redis)
+
+
+def boundary_digest(boundary: str) -> str:
+    return hashlib.sha256(boundary.encode()).hexdigest()
+
+
+def encode_record(vec: np.ndarray, meta: Mapping[str, Any], expires_at: float | None) -> bytes:
+    """``vec`` (one float32 row), ``meta`` (JSON-serialisable) and the expiry, as one byte string."""
+    body = json.dumps(meta, separators=(",", ":"), sort_keys=True).encode()
+    head = _HEADER.pack(math.nan if expires_at is None else expires_at, len(body))
+    return head + body + vec.astype("<f4").tobytes()
+
+
+def decode_record(raw: bytes) -> tuple[np.ndarray, dict[str, Any], float | None]:
+    """Inverse of ``encode_record``; ``ValueError`` for bytes that are not a record."""
+    import numpy as np
+
+    if len(raw) < _HEADER.size:
+        raise ValueError("record shorter than its header")
+    expires_at, n = _HEADER.unpack_from(raw)
+    tail = len(raw) - _HEADER.size - n
+    if n > len(raw) - _HEADER.size or tail <= 0 or tail % 4:
+        raise ValueError("record length does not fit a metadata block and a float32 vector")
+    meta = json.loads(raw[_HEADER.size : _HEADER.size + n])
+    if not isinstance(meta, dict):
+        raise ValueError("record metadata is not a JSON object")  # noqa: TRY004 - bad stored data, not a bad argument
+    vec = np.frombuffer(raw, dtype="<f4", offset=_HEADER.size + n).astype(np.float32)
+    return vec, meta, None if math.isnan(expires_at) else expires_at
+
+
+class SharedIndex:
+    """A ``SemanticIndex`` (same ``add``/``remove``/``search``/``scopes``) with metadata, expiry, and sharing.
+
+    ``url=None`` is the embedded mode: the local index alone, no thread. With a ``url`` the constructor loads
+    every scope from Redis (a failure is counted and retried by the follower) and, unless ``follow=False``,
+    starts a daemon thread that applies the stream (blocking reads of ``block_ms``) and removes expired
+    entries every ``sweep_interval`` seconds. With ``follow=False`` the caller drives it: ``follow_once()``,
+    ``sweep()``, ``sync()``.
+
+    Entry ids must be unique across replicas (an exact cache key is); re-adding an id replaces it everywhere.
+    ``expires_at`` is absolute time on ``clock`` (wall clock by default, so every replica agrees); an expired
+    entry is never returned by ``search``. ``listen(fn)`` calls ``fn(Change)`` for changes from elsewhere, on
+    the follower's thread. ``index_options`` go to the local ``SemanticIndex``.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        prefix: str = "evc-sem",
+        clock: Callable[[], float] = time.time,
+        socket_timeout: float = 0.05,
+        connect_timeout: float = 0.05,
+        retry_after: float = 1.0,
+        follow: bool = True,
+        block_ms: int = 200,
+        sweep_interval: float = 1.0,
+        stream_maxlen: int = 100_000,
+        **index_options: Any,
+    ) -> None:
+        if not prefix or any(c in prefix for c in "#{} ") or len(prefix) > 64:
+            raise ValueError(f"invalid prefix {prefix!r}: 1-64 characters, no '#', braces or spaces")
+        if retry_after < 0 or block_ms < 1 or sweep_interval <= 0 or stream_maxlen < 1:
+            raise ValueError("retry_after >= 0, block_ms >= 1, sweep_interval > 0 and stream_maxlen >= 1")
+        self._prefix = prefix
+        self._clock = clock
+        self._retry_after = retry_after
+        self._block_ms = block_ms
+        self._sweep_interval = sweep_interval
+        self._maxlen = stream_maxlen
+        self._index_options = index_options
+        self._index = SemanticIndex(**index_options)
+        self._entries: dict[Scope, dict[str, SharedEntry]] = {}
+        self._lock = threading.RLock()  # local state: the index, the entries, the stream position
+        self._listeners: list[Callable[[Change], None]] = []
+        self._counts = dict.fromkeys(("errors", "corrupt", "applied", "rebuilds"), 0)
+        self._connected = False
+        self._down_logged = False
+        self._down_until = 0.0
+        self._last_id = b"0-0"
+        self._run_id: str | None = None
+        self._synced = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._client: redis.Redis | None = None
+        self._reader: redis.Redis | None = None
+        if url is None:
+            return
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        self._redis_errors = (redis.RedisError, OSError)
+        # Writes are on the request path: short timeouts, no redis-py retries (the breaker decides when to
+        # try again). The follower blocks in XREAD, so its client waits longer than a block.
+        self._client = redis.Redis.from_url(
+            url,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=connect_timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self._reader = redis.Redis.from_url(
+            url,
+            socket_timeout=block_ms / 1000 + 2.0,
+            socket_connect_timeout=max(connect_timeout, 1.0),
+            retry=Retry(NoBackoff(), 0),
+        )
+        self._sweep_script = self._reader.register_script(_SWEEP)
+        self.sync()
+        if follow:
+            self._thread = threading.Thread(target=self._run, name=f"evocache-semantic-{prefix}", daemon=True)
+            self._thread.start()
+
+    # -- the index interface (local; never raises for Redis) ---------------------------------------------------
+
+    def add(
+        self,
+        scope: Scope,
+        ids: Sequence[str],
+        vecs: Any,
+        *,
+        metas: Sequence[Mapping[str, Any]] | None = None,
+        expires_at: Sequence[float | None] | None = None,
+    ) -> None:
+        """Add (or replace) entries here and in Redis. Bad input raises ``ValueError``/``TypeError`` and
+        changes nothing; metadata must be JSON-serialisable (``TypeError`` otherwise)."""
+        check_scope(scope)
+        arr = check_vectors(vecs, None)
+        ids = list(ids)
+        metas = [{} for _ in ids] if metas is None else list(metas)
+        deadlines = [None] * len(ids) if expires_at is None else list(expires_at)
+        if not len(ids) == len(metas) == len(deadlines) == arr.shape[0]:
+            raise ValueError(
+                f"{len(ids)} ids, {len(metas)} metas, {len(deadlines)} expiries, {arr.shape[0]} vectors"
+            )
+        records = [
+            encode_record(arr[i], metas[i], deadlines[i]) for i in range(len(ids))
+        ]  # TypeError: not JSON
+        with self._lock:
+            self._index.add(scope, ids, arr)
+            held = self._entries.setdefault(scope, {})
+            for entry_id, meta, deadline in zip(ids, metas, deadlines, strict=True):
+                held[entry_id] = SharedEntry(dict(meta), deadline)
+        if self._client is not None and ids:
+            self._write(lambda pipe: self._queue_add(pipe, scope, ids, records, deadlines))
+
+    def remove(self, scope: Scope, ids: Sequence[str]) -> None:
+        """Remove entries here and in Redis (unknown ids are ignored)."""
+        check_scope(scope)
+        ids = list(dict.fromkeys(ids))
+        self._forget(scope, ids)
+        if self._client is not None and ids:
+            self._write(lambda pipe: self._queue_remove(pipe, scope, ids))
+
+    def search(self, scope: Scope, vecs: Any, k: int) -> list[list[Neighbour]]:
+        """``SemanticIndex.search`` over live entries: expired entries met on the way are forgotten and the
+        search is run again, so each row still holds the ``k`` best live entries."""
+        while True:
+            rows = self._index.search(scope, vecs, k)
+            now = self._clock()
+            held = self._entries.get(scope, {})
+            expired = [
+                n.entry_id
+                for row in rows
+                for n in row
+                if (e := held.get(n.entry_id)) is not None and e.expires_at is not None and now >= e.expires_at
+            ]
+            if not expired:
+                return rows
+            self._forget(scope, expired)
+
+    def get(self, scope: Scope, entry_id: str) -> SharedEntry | None:
+        """The entry's metadata and expiry, or ``None`` if this replica does not hold it (or it expired)."""
+        entry = self._entries.get(scope, {}).get(entry_id)
+        if entry is None or (entry.expires_at is not None and self._clock() >= entry.expires_at):
+            return None
+        return entry
+
+    def vector(self, scope: Scope, entry_id: str) -> np.ndarray:
+        return self._index.vector(scope, entry_id)
+
+    def scopes(self) -> list[Scope]:
+        return self._index.scopes()
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def listen(self, fn: Callable[[Change], None]) -> None:
+        self._listeners.append(fn)
+
+    def stats(self) -> SharedStats:
+        return SharedStats(connected=self._connected, **self._counts)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        for client in (self._client, self._reader):
+            if client is not None:
+                client.close()
+
+    # -- following Redis ---------------------------------------------------------------------------------------
+
+    def sync(self) -> bool:
+        """Rebuild the local index from Redis now; ``False`` (counted, logged) if Redis failed."""
+        if self._reader is None:
+            return False
+        try:
+            self._rebuild()
+        except self._redis_errors as exc:
+            self._failed("rebuild", exc)
+            return False
+        return True
+
+    def follow_once(self, block_ms: int | None = None) -> int:
+        """Apply the stream messages waiting now (blocking up to ``block_ms`` for the first); how many.
+
+        After a Redis failure it first checks whether it can go on (same server, stream not trimmed past
+        its position) and rebuilds from Redis when it cannot. A Redis failure is counted and returns 0.
+        """
+        if self._reader is None:
+            return 0
+        try:
+            if not self._synced:
+                self._recover()
+            # block=0 would mean forever to Redis: 0 and None both mean do not block
+            rows = self._reader.xread({self._stream: self._last_id}, count=1000, block=block_ms or None)
+        except self._redis_errors as exc:
+            self._failed("follow", exc)
+            return 0
+        self._ok()
+        n = 0
+        for _, messages in rows or ():
+            for msg_id, fields in messages:
+                self._apply(msg_id, fields)
+                n += 1
+        return n
+
+    def sweep(self) -> int:
+        """Remove entries whose expiry has passed from Redis (announced to every replica); how many."""
+        if self._reader is None:
+            return 0
+        now_ms = int(self._clock() * 1000)
+        removed = 0
+        try:
+            for ns in sorted(m.decode() for m in self._reader.smembers(f"{self._prefix}:#ns")):
+                for digest, boundary in self._reader.hgetall(self._scopes_key(ns)).items():
+                    base = f"{self._prefix}:{ns}:{digest.decode()}"
+                    keys = [base + ":e", base + ":x", self._stream]
+                    args = [now_ms, _SWEEP_BATCH, ns, boundary, self._maxlen]
+                    removed += int(self._sweep_script(keys=keys, args=args))
+        except self._redis_errors as exc:
+            self._failed("sweep", exc)
+        return removed
+
+    # -- internals ---------------------------------------------------------------------------------------------
+
+    @property
+    def _stream(self) -> str:
+        return f"{self._prefix}:#stream"
+
+    def _scopes_key(self, ns: str) -> str:
+        return f"{self._prefix}:{ns}:#scopes"
+
+    def _scope_base(self, scope: Scope) -> str:
+        return f"{self._prefix}:{scope.namespace}:{boundary_digest(scope.boundary)}"
+
+    def _queue_add(
+        self, pipe: Any, scope: Scope, ids: list[str], records: list[bytes], deadlines: list
+    ) -> None:
+        base = self._scope_base(scope)
+        pipe.sadd(f"{self._prefix}:#ns", scope.namespace)
+        pipe.hset(self._scopes_key(scope.namespace), boundary_digest(scope.boundary), scope.boundary)
+        pipe.hset(base + ":e", mapping=dict(zip(ids, records, strict=True)))
+        timed = {i: int(d * 1000) for i, d in zip(ids, deadlines, strict=True) if d is not None}
+        untimed = [i for i, d in zip(ids, deadlines, strict=True) if d is None]
+        if timed:
+            pipe.zadd(base + ":x", timed)
+        if untimed:
+            pipe.zrem(base + ":x", *untimed)
+        for entry_id, record in zip(ids, records, strict=True):
+            fields = {"op": "add", "ns": scope.namespace, "bd": scope.boundary, "id": entry_id, "rec": record}
+            pipe.xadd(self._stream, fields, maxlen=self._maxlen, approximate=True)
+
+    def _queue_remove(self, pipe: Any, scope: Scope, ids: list[str]) -> None:
+        base = self._scope_base(scope)
+        pipe.hdel(base + ":e", *ids)
+        pipe.zrem(base + ":x", *ids)
+        fields = {"op": "del", "ns": scope.namespace, "bd": scope.boundary, "ids": json.dumps(ids)}
+        pipe.xadd(self._stream, fields, maxlen=self._maxlen, approximate=True)
+
+    def _write(self, queue_ops: Callable[[Any], None]) -> None:
+        """One MULTI transaction behind the breaker; a failure is counted and logged, never raised."""
+        assert self._client is not None
+        if self._down_until and self._clock() < self._down_until:
+            self._counts["errors"] += 1
+            return
+        try:
+            pipe = self._client.pipeline(transaction=True)
+            queue_ops(pipe)
+            pipe.execute()
+        except self._redis_errors as exc:
+            self._down_until = self._clock() + self._retry_after
+            self._failed("write", exc)
+            return
+        self._down_until = 0.0
+        self._ok()
+
+    def _failed(self, op: str, exc: BaseException) -> None:
+        self._counts["errors"] += 1
+        if not self._down_logged:  # one line per outage, not one per retry; every failure is counted
+            log.warning(
+                "semantic index %s: Redis %s failed (%s: %s)", self._prefix, op, type(exc).__name__, exc
+            )
+            self._down_logged = True
+        self._connected = False
+        if op in ("follow", "rebuild"):
+            self._synced = False
+
+    def _ok(self) -> None:
+        if self._down_logged:
+            log.info("semantic index %s: Redis answers again", self._prefix)
+        self._connected, self._down_logged = True, False
+
+    def _forget(self, scope: Scope, ids: list[str]) -> None:
+        with self._lock:
+            self._index.remove(scope, ids)
+            held = self._entries.get(scope)
+            if held:
+                for entry_id in ids:
+                    held.pop(entry_id, None)
+
+    def _recover(self) -> None:
+        """Go on from the last position if the server and stream are the same, else rebuild."""
+        run_id = self._reader.info("server")["run_id"]
+        first = self._reader.xrange(self._stream, count=1)
+        trimmed = bool(first) and _id_key(first[0][0]) > _id_key(self._last_id) and self._last_id != b"0-0"
+        if run_id != self._run_id or trimmed:
+            self._rebuild()
+        else:
+            self._synced = True
+
+    def _rebuild(self) -> None:
+        """Load every scope from Redis into a fresh local index and swap it in; then follow from that point."""
+        reader = self._reader
+        assert reader is not None
+        run_id = reader.info("server")["run_id"]
+        # The stream position first: anything written after it is applied again on top of the snapshot, and
+        # every operation is idempotent, so the result is the state at the end of the stream.
+        last = reader.xrevrange(self._stream, count=1)
+        last_id = last[0][0] if last else b"0-0"
+        index = SemanticIndex(**self._index_options)
+        entries: dict[Scope, dict[str, SharedEntry]] = {}
+        now = self._clock()
+        for ns in sorted(m.decode() for m in reader.smembers(f"{self._prefix}:#ns")):
+            for digest, boundary in reader.hgetall(self._scopes_key(ns)).items():
+                scope = self._loaded_scope(ns, digest.decode(), boundary.decode())
+                if scope is None:
+                    continue
+                ids, vecs, held = [], [], {}
+                for raw_id, raw in reader.hscan_iter(f"{self._prefix}:{ns}:{digest.decode()}:e", count=1000):
+                    try:
+                        vec, meta, deadline = decode_record(raw)
+                        check_vectors(vec[None, :], None)
+                    except ValueError as exc:
+                        self._corrupt(f"{ns}/{raw_id!r}", exc)
+                        continue
+                    if deadline is not None and now >= deadline:
+                        continue
+                    ids.append(raw_id.decode())
+                    vecs.append(vec)
+                    held[raw_id.decode()] = SharedEntry(meta, deadline)
+                if ids:
+                    import numpy as np
+
+                    index.add(scope, ids, np.stack(vecs))
+                    entries[scope] = held
+        with self._lock:
+            self._index, self._entries = index, entries
+            self._last_id, self._run_id, self._synced = last_id, run_id, True
+        self._ok()
+        self._counts["rebuilds"] += 1
+        self._notify(Change("reset", None, ()))
+
+    def _loaded_scope(self, ns: str, digest: str, boundary: str) -> Scope | None:
+        scope = Scope(ns, boundary)
+        try:
+            check_scope(scope)
+        except ValueError as exc:
+            self._corrupt(f"scope {ns}/{digest}", exc)
+            return None
+        if boundary_digest(boundary) != digest:
+            self._corrupt(f"scope {ns}/{digest}", ValueError("boundary does not match its digest"))
+            return None
+        return scope
+
+    def _apply(self, msg_id: bytes, fields: dict[bytes, bytes]) -> None:
+        """Apply one stream message to the scope it names (idempotent: re-applying changes nothing)."""
+        try:
+            op = fields[b"op"]
+            scope = Scope(fields[b"ns"].decode(), fields[b"bd"].decode())
+            check_scope(scope)
+            if op == b"add":
+                entry_id = fields[b"id"].decode()
+                vec, meta, deadline = decode_record(fields[b"rec"])
+                check_vectors(vec[None, :], None)
+                change = Change("add", scope, (entry_id,))
+            elif op == b"del":
+                ids = json.loads(fields[b"ids"])
+                if not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
+                    raise ValueError("ids is not a JSON list of strings")
+                change = Change("remove", scope, tuple(ids))
+            else:
+                raise ValueError(f"unknown op {op!r}")
+        except (KeyError, ValueError, UnicodeDecodeError) as exc:
+            self._corrupt(f"stream message {msg_id!r}", exc)
+            with self._lock:
+                self._last_id = msg_id
+            return
+        with self._lock:
+            if change.kind == "add":
+                held = self._entries.setdefault(scope, {})
+                entry = SharedEntry(meta, deadline)
+                # A replica reads its own adds back from the stream: an identical one leaves the index alone
+                # (replacing it would only leave a tombstone behind).
+                if held.get(entry_id) != entry or not _same(self._index.vector(scope, entry_id), vec):
+                    self._index.add(scope, [entry_id], vec[None, :])
+                    held[entry_id] = entry
+            else:
+                self._forget(scope, list(change.ids))
+            self._last_id = msg_id
+        self._counts["applied"] += 1
+        self._notify(change)
+
+    def _notify(self, change: Change) -> None:
+        for fn in list(self._listeners):
+            try:
+                fn(change)
+            except Exception:  # a listener's bug must not stop the follower; it is logged with its traceback
+                log.exception("semantic index %s: listener %r failed on %s", self._prefix, fn, change.kind)
+
+    def _corrupt(self, where: str, exc: BaseException) -> None:
+        self._counts["corrupt"] += 1
+        log.warning("semantic index %s: skipped %s: %s", self._prefix, where, exc)
+
+    def _run(self) -> None:
+        next_sweep = 0.0
+        while not self._stop.is_set():
+            if self._clock() >= next_sweep:
+                self.sweep()
+                next_sweep = self._clock() + self._sweep_interval
+            self.follow_once(self._block_ms)
+            if not self._connected:
+                self._stop.wait(max(self._retry_after, 0.01))
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and bool((a == b).all())
+
+
+def _id_key(stream_id: bytes) -> tuple[int, int]:
+    ms, _, seq = stream_id.partition(b"-")
+    return int(ms), int(seq or 0)

@@ -1,0 +1,273 @@
+"""SharedIndex: the scoped index shared through a real redis-server (rebuild, stream, expiry, failures)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+from evocache.controller.semantic import Change, Scope, SharedEntry, SharedIndex
+
+DIM = 384
+A = Scope("tenant-a", "fn=chat|model=m1|rev=1|params=0f|emb=st:all-MiniLM-L6-v2")
+B = Scope("tenant-b", A.boundary)  # another tenant, same contract
+A2 = Scope("tenant-a", "fn=chat|model=m2|rev=1|params=0f|emb=st:all-MiniLM-L6-v2")  # same tenant, other model
+
+
+def unit(rows: np.ndarray) -> np.ndarray:
+    rows = np.asarray(rows, dtype=np.float32)
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+def random_unit(n: int, seed: int = 0) -> np.ndarray:
+    return unit(np.random.default_rng(seed).standard_normal((n, DIM)))
+
+
+def ids(rows) -> list[list[str]]:
+    return [[n.entry_id for n in row] for row in rows]
+
+
+def eventually(check: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    """Wait for a background thread to get somewhere; fail naming ``what`` if it does not within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def replicas(redis_url, fake_clock) -> Iterator[Callable[..., SharedIndex]]:
+    """Build replicas on the test's Redis and fake clock; all closed at the end."""
+    made: list[SharedIndex] = []
+
+    def make(**options) -> SharedIndex:
+        options = {"follow": False, "clock": fake_clock, **options}
+        replica = SharedIndex(options.pop("url", redis_url), **options)
+        made.append(replica)
+        return replica
+
+    yield make
+    for replica in made:
+        replica.close()
+
+
+# -- embedded mode -------------------------------------------------------------------------------------------
+
+
+def test_embedded_mode_without_redis(fake_clock):
+    index = SharedIndex(clock=fake_clock)
+    vecs = random_unit(3)
+    index.add(
+        A, ["x", "y", "z"], vecs, metas=[{"answer": "k1"}, {}, {}], expires_at=[None, None, fake_clock() + 5]
+    )
+    assert ids(index.search(A, vecs[:1], 3))[0][0] == "x"
+    assert index.get(A, "x") == SharedEntry({"answer": "k1"}, None)
+    assert index.search(B, vecs[:1], 3) == [[]]
+    fake_clock.advance(5)
+    assert "z" not in ids(index.search(A, vecs, 3))[2]
+    assert index.get(A, "z") is None
+    assert len(index) == 2  # the expired entry was forgotten when a search met it
+    index.remove(A, ["x"])
+    assert ids(index.search(A, vecs[:1], 3)) == [["y"]]
+    assert index.stats().connected is False and index.stats().errors == 0
+    assert index.sync() is False and index.follow_once() == 0 and index.sweep() == 0
+    index.close()
+
+
+def test_metadata_must_be_json(fake_clock):
+    index = SharedIndex(clock=fake_clock)
+    with pytest.raises(TypeError):
+        index.add(A, ["x"], random_unit(1), metas=[{"answer": object()}])
+    with pytest.raises(ValueError, match="1 ids, 2 metas"):
+        index.add(A, ["x"], random_unit(1), metas=[{}, {}])
+    assert len(index) == 0
+
+
+# -- rebuild from Redis ----------------------------------------------------------------------------------------
+
+
+def test_a_new_replica_rebuilds_the_same_index_from_redis(replicas):
+    first = replicas()
+    vecs = random_unit(300, seed=1)
+    first.add(A, [f"a{i}" for i in range(100)], vecs[:100], metas=[{"answer": f"ans{i}"} for i in range(100)])
+    first.add(B, [f"b{i}" for i in range(100)], vecs[100:200])
+    first.add(A2, [f"m{i}" for i in range(100)], vecs[200:])
+    first.remove(A, ["a5"])
+
+    second = replicas()
+    assert sorted(second.scopes()) == sorted(first.scopes()) == sorted([A, B, A2])
+    queries = random_unit(20, seed=2)
+    for scope in (A, B, A2):
+        got, want = second.search(scope, queries, 5), first.search(scope, queries, 5)
+        assert ids(got) == ids(want)
+        sims = [n.similarity for row in got for n in row]
+        assert sims == pytest.approx([n.similarity for row in want for n in row], abs=1e-6)
+    assert second.get(A, "a7") == SharedEntry({"answer": "ans7"}, None)
+    assert second.get(A, "a5") is None and len(second) == 299
+    np.testing.assert_array_equal(second.vector(B, "b3"), vecs[103])
+    assert second.stats().rebuilds == 1 and second.stats().connected
+
+
+def test_identical_vectors_in_redis_never_cross_scopes(replicas, redis_server):
+    first = replicas()
+    vecs = random_unit(10, seed=3)
+    near = unit(vecs + 0.001)
+    first.add(A, [f"a{i}" for i in range(10)], vecs)
+    first.add(B, [f"b{i}" for i in range(10)], vecs)  # identical vectors, other tenant
+    first.add(A2, [f"m{i}" for i in range(10)], near)  # near-identical, same tenant, other model
+    second = replicas()
+    for scope, prefix in ((A, "a"), (B, "b"), (A2, "m")):
+        found = {e for row in ids(second.search(scope, vecs, 10)) for e in row}
+        assert found == {f"{prefix}{i}" for i in range(10)}
+    with redis_server.client() as admin:
+        tenant_b_keys = {k.decode() for k in admin.scan_iter("evc-sem:tenant-b:*")}
+    assert all(not k.startswith("evc-sem:tenant-a") for k in tenant_b_keys) and len(tenant_b_keys) == 2
+
+
+def test_a_scope_whose_boundary_does_not_match_its_digest_is_not_loaded(replicas, redis_server):
+    first = replicas()
+    first.add(A, ["a0"], random_unit(1))
+    with redis_server.client() as admin:
+        [(digest, _)] = admin.hgetall("evc-sem:tenant-a:#scopes").items()
+        admin.hset("evc-sem:tenant-a:#scopes", digest, B.boundary + "-forged")
+    second = replicas()
+    assert second.scopes() == []
+    assert second.stats().corrupt == 1
+
+
+# -- following the stream ----------------------------------------------------------------------------------
+
+
+def test_a_second_replica_follows_inserts_and_removals(replicas):
+    first, second = replicas(), replicas()
+    vecs = random_unit(4, seed=4)
+    first.add(A, ["a0", "a1"], vecs[:2], metas=[{"answer": "r0"}, {"answer": "r1"}])
+    first.add(B, ["b0"], vecs[2:3])
+    assert second.search(A, vecs[:1], 2) == [[]]  # nothing until it reads the stream
+    assert second.follow_once() == 3
+    assert ids(second.search(A, vecs[:1], 2)) == [["a0", "a1"]]
+    assert ids(second.search(B, vecs[:1], 2)) == [["b0"]]
+    assert second.get(A, "a1") == SharedEntry({"answer": "r1"}, None)
+    first.remove(A, ["a0"])
+    assert second.follow_once() == 1
+    assert ids(second.search(A, vecs[:1], 2)) == [["a1"]]
+    assert second.follow_once() == 0
+
+
+def test_the_follower_thread_applies_changes_by_itself(replicas):
+    first = replicas()
+    second = replicas(follow=True, block_ms=50)
+    changes: list[Change] = []
+    second.listen(changes.append)
+    vec = random_unit(1, seed=5)
+    first.add(A, ["a0"], vec)
+    eventually(lambda: ids(second.search(A, vec, 1)) == [["a0"]], "the follower to apply the add")
+    first.remove(A, ["a0"])
+    eventually(lambda: second.search(A, vec, 1) == [[]], "the follower to apply the removal")
+    assert changes == [Change("add", A, ("a0",)), Change("remove", A, ("a0",))]
+
+
+def test_reading_back_its_own_adds_leaves_the_index_alone(replicas):
+    replica = replicas()
+    vecs = random_unit(3, seed=6)
+    replica.add(A, ["a0", "a1", "a2"], vecs)
+    assert replica.follow_once() == 3
+    assert replica._index.index(A)._dead == set()  # no replace, so no tombstone
+    assert ids(replica.search(A, vecs, 1)) == [["a0"], ["a1"], ["a2"]]
+
+
+def test_a_garbled_stream_message_is_skipped(replicas, redis_server):
+    first, second = replicas(), replicas()
+    with redis_server.client() as admin:
+        admin.xadd(
+            "evc-sem:#stream", {"op": "add", "ns": "tenant-a", "bd": A.boundary, "id": "x", "rec": b"junk"}
+        )
+        admin.xadd("evc-sem:#stream", {"op": "add", "ns": "bad:ns", "bd": "b", "id": "x", "rec": b"junk"})
+    first.add(A, ["a0"], random_unit(1))
+    assert second.follow_once() == 3
+    assert second.stats().corrupt == 2 and second.stats().applied == 1
+    assert second.scopes() == [A]
+
+
+# -- expiry ------------------------------------------------------------------------------------------------
+
+
+def test_expired_entries_leave_every_replica(replicas, fake_clock):
+    first, second = replicas(), replicas()
+    vecs = random_unit(2, seed=7)
+    first.add(A, ["short", "long"], vecs, expires_at=[fake_clock() + 10, fake_clock() + 100])
+    second.follow_once()
+    fake_clock.advance(10)
+    assert ids(second.search(A, vecs, 1)) == [["long"], ["long"]]  # filtered locally at once
+    assert replicas().get(A, "short") is None  # a rebuild skips it too
+    assert first.sweep() == 1 and first.sweep() == 0
+    assert second.follow_once() == 1
+    assert ids(replicas().search(A, vecs, 2)) == [["long"], ["long"]]
+
+
+# -- Redis failures ---------------------------------------------------------------------------------------
+
+
+def test_redis_down_never_fails_a_lookup(restartable_redis, fake_clock):
+    restartable_redis.stop()
+    replica = SharedIndex(restartable_redis.url, follow=False, clock=fake_clock, retry_after=1.0)
+    try:
+        vecs = random_unit(2, seed=8)
+        assert replica.search(A, vecs[:1], 3) == [[]]  # a miss, no exception
+        errors = replica.stats().errors
+        assert errors >= 1 and not replica.stats().connected
+        replica.add(A, ["local"], vecs[:1])  # kept here, not shared
+        assert ids(replica.search(A, vecs[:1], 1)) == [["local"]]
+        assert replica.follow_once() == 0 and replica.sweep() == 0
+        assert replica.stats().errors == errors + 3
+
+        restartable_redis.start()
+        writer = SharedIndex(restartable_redis.url, follow=False, clock=fake_clock)
+        writer.add(A, ["shared"], vecs[1:])
+        assert replica.follow_once() == 0  # rebuilt: the add came with the snapshot, nothing after it
+        # Redis came back as another server: the replica rebuilt from it, the shared truth.
+        assert replica.stats().rebuilds == 1 and replica.stats().connected
+        assert ids(replica.search(A, vecs, 1)) == [["shared"], ["shared"]]
+        writer.close()
+    finally:
+        replica.close()
+
+
+def test_a_failed_write_opens_the_breaker_for_retry_after(restartable_redis, fake_clock):
+    replica = SharedIndex(restartable_redis.url, follow=False, clock=fake_clock, retry_after=1.0)
+    try:
+        vecs = random_unit(3, seed=9)
+        restartable_redis.stop()
+        replica.add(A, ["while-down"], vecs[:1])
+        restartable_redis.start()
+        replica.add(A, ["breaker-open"], vecs[1:2])  # within retry_after: Redis is not tried
+        fake_clock.advance(1.0)
+        replica.add(A, ["breaker-closed"], vecs[2:])
+        assert replica.stats().errors == 2
+        with restartable_redis.client() as admin:
+            assert admin.hkeys(f"evc-sem:tenant-a:{_digest(A.boundary)}:e") == [b"breaker-closed"]
+    finally:
+        replica.close()
+
+
+def test_the_follower_thread_picks_up_again_when_redis_returns(restartable_redis, fake_clock):
+    replica = SharedIndex(restartable_redis.url, clock=fake_clock, retry_after=0.02, block_ms=20)
+    try:
+        vec = random_unit(1, seed=10)
+        restartable_redis.stop()
+        eventually(lambda: not replica.stats().connected, "the follower to notice Redis is gone")
+        restartable_redis.start()
+        writer = SharedIndex(restartable_redis.url, follow=False, clock=fake_clock)
+        writer.add(A, ["after-restart"], vec)
+        eventually(lambda: ids(replica.search(A, vec, 1)) == [["after-restart"]], "the follower to catch up")
+        assert replica.stats().connected
+        writer.close()
+    finally:
+        replica.close()
+
+
+def _digest(boundary: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(boundary.encode()).hexdigest()
