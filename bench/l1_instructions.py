@@ -11,6 +11,7 @@ of one hit (start-up, imports and the first miss cancel out). Needs valgrind (De
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -47,6 +48,9 @@ def instructions(script: Path, side: str, hits: int) -> int:
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, str(script), side,
              str(hits)],
             capture_output=True, text=True, check=True,
+            # A fixed hash seed: start-up (imports) must cost the same in both runs for the difference to be
+            # the hits alone.
+            env={**os.environ, "PYTHONHASHSEED": "0"},
         )
     match = re.search(r"Collected : (\d+)", done.stderr)
     assert match, done.stderr[-2000:]

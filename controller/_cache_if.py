@@ -49,6 +49,7 @@ from ._runtime import CacheRuntime, StoreConfig, build_runtime, current_runtime
 from ._serialize import SERIALIZERS, Serializer, Unserializable, dump_chunks, load_chunks
 from ._types import L1, CacheKey, Entry, Namespace
 from .errors import ContractError
+from .tiers._memory import READ_BUFFER_DRAIN
 
 log = logging.getLogger("evocache.controller")
 
@@ -57,9 +58,9 @@ _IMMUTABLE_TAGS = frozenset(b"sb")  # payload tags of str and bytes values (cont
 
 
 class _FullPath:
-    """What the L1 hit path hands on when the call must take the full path: the plan it found (or None) and
-    the memo key it computed, so neither is computed twice, and (for async callers) the runtime it used. A
-    private type, so no function's result is ever one."""
+    """What the async wrappers' L1 probe returns when the call must take the full path: the plan it found (or
+    None), the memo key it computed (so neither is computed twice) and the runtime it used. A private type, so
+    no function's result is ever one."""
 
     __slots__ = ("plan", "memo_key", "rt")
 
@@ -68,8 +69,6 @@ class _FullPath:
         self.memo_key = memo_key
         self.rt = rt
 
-
-_NOT_MEMOISABLE = _FullPath(None, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,13 +197,16 @@ class CachedFunction:
 
     # -- the L1 hit path ---------------------------------------------------------------------------------
 
-    def _make_entry(self, full_path: Callable[[CacheRuntime, tuple, dict, _FullPath], Any]) -> Callable[..., Any]:
+    def _make_entry(
+        self, full_path: Callable[[CacheRuntime, tuple, dict, Plan | None, tuple | None], Any]
+    ) -> Callable[..., Any]:
         """A function taking the call's arguments that serves L1 hits itself (memoised plan, lock-free L1 read
         through ``MemoryTier.peek``, no store round trip) and hands every other call to
-        ``full_path(rt, args, kwargs, found)``, where ``found`` carries the plan and memo key already looked up.
+        ``full_path(rt, args, kwargs, plan, memo_key)`` with the plan (or None) and memo key (None: not
+        memoisable) already looked up.
 
         The sync wrapper is this function itself (one call level less on the path that matters most); async
-        wrappers use it with a ``full_path`` that returns ``found``, then await the full path. It runs on
+        wrappers use it with a ``full_path`` that returns a ``_FullPath``, then await the full path. It runs on
         every call, so everything it reads is bound here once (a closure variable is cheaper than an
         attribute). Streams take the full path.
         """
@@ -216,6 +218,8 @@ class CachedFunction:
         tenant_get = current_tenant.get
         issimple = SIMPLE_TYPES.issuperset
         buckets = LATENCY_BUCKETS
+        first_bucket = buckets[0]
+        read_buffer_drain = READ_BUFFER_DRAIN
 
         def entry_point(*args: Any, **kwargs: Any) -> Any:
             rt = runtime or current_runtime()
@@ -227,30 +231,38 @@ class CachedFunction:
             else:
                 kw = ()
             if not issimple(types_):
-                return full_path(rt, args, kwargs, _NOT_MEMOISABLE)
-            generation, peek, clock, record, policy_ref = rt.hot
+                return full_path(rt, args, kwargs, None, None)
+            generation, hot_read, clock, record, policy_ref = rt.hot
             memo_key = (args, kw, types_, tenant_get(), generation)
             plan = memo_get(memo_key)
             if plan is None or not plan.l1_first:  # l1_first: this runtime has an L1
-                return full_path(rt, args, kwargs, _FullPath(plan, memo_key))
+                return full_path(rt, args, kwargs, plan, memo_key)
             now = clock()
             slot = plan.slot
-            entry = peek(slot, now)
-            if entry is None:
-                return full_path(rt, args, kwargs, _FullPath(plan, memo_key))
+            # MemoryTier.peek(slot, now), inlined: the same steps, in the same order (see MemoryTier.hot_read).
+            entries_get, append, reads, note_reads = hot_read
+            entry = entries_get(slot)
+            if entry is None or entry.sliding_ttl is not None or (
+                entry.expires_at is not None and now >= entry.expires_at
+            ):
+                return full_path(rt, args, kwargs, plan, memo_key)
+            append(slot)
+            if len(reads) >= read_buffer_drain:
+                note_reads()
             decoded_entry, value = plan.decoded
             if decoded_entry is not entry:
                 payload = entry.value
                 try:
                     value = loads(payload)
                 except ValueError:  # the full path drops and counts it
-                    return full_path(rt, args, kwargs, _FullPath(plan, memo_key))
+                    return full_path(rt, args, kwargs, plan, memo_key)
                 if payload and payload[0] in _IMMUTABLE_TAGS and len(payload) <= DECODED_MAX_BYTES:
                     object.__setattr__(plan, "decoded", (entry, value))  # see Plan.decoded
             counters.hits += 1
             seconds = clock() - now
             cells = plan.hit_cells  # inlined CacheMetrics.record
-            cells[bisect_left(buckets, seconds)] += 1
+            # An L1 hit nearly always lands in the first bucket: skip the bisect then (same index).
+            cells[0 if seconds <= first_bucket else bisect_left(buckets, seconds)] += 1
             cells[-1] += seconds
             record((
                 now, plan.key, plan.ns, plan.rule, policy_ref, "hit", L1, len(entry.value), seconds * 1000.0,
@@ -349,9 +361,11 @@ class CachedFunction:
     def _wrap_sync(self) -> Callable[..., Any]:
         return self._make_entry(self._sync_full_path)
 
-    def _sync_full_path(self, rt: CacheRuntime, args: tuple, kwargs: dict, found: _FullPath) -> Any:
+    def _sync_full_path(
+        self, rt: CacheRuntime, args: tuple, kwargs: dict, plan: Plan | None, memo_key: tuple | None
+    ) -> Any:
         started = time.perf_counter()
-        plan = found.plan or self.contract.plan(rt, args, kwargs, found.memo_key)
+        plan = plan or self.contract.plan(rt, args, kwargs, memo_key)
         if plan.key is None:
             self._bypass(rt, plan, started)
             return self.fn(*args, **kwargs)
@@ -383,7 +397,7 @@ class CachedFunction:
         fn = self.fn
 
         # Serves L1 hits; for anything else returns a _FullPath to await here.
-        probe = self._make_entry(lambda rt, args, kwargs, found: _FullPath(found.plan, found.memo_key, rt))
+        probe = self._make_entry(lambda rt, args, kwargs, plan, memo_key: _FullPath(plan, memo_key, rt))
 
         async def wrapper(*args: Any, **kwargs: Any) -> Any:
             found = probe(*args, **kwargs)

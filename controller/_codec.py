@@ -23,6 +23,7 @@ Format 1 used BLAKE2b; its entries now read as an unsupported version, so they a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import struct
@@ -30,6 +31,9 @@ from collections.abc import Sequence
 
 from ._types import CacheKey, Entry, Namespace, TierName
 from .errors import CorruptEntry
+
+_sha256 = hashlib.sha256
+_new_tuple = tuple.__new__
 
 MAGIC = b"EVC"
 FORMAT_VERSION = 2
@@ -79,17 +83,30 @@ def check_key(key: CacheKey) -> None:
         raise ValueError(f"invalid cache key {key!r}: expected 16-128 lower-case hex digits")
 
 
+def check_slot(ns: Namespace, key: CacheKey) -> None:
+    """``check_ns(ns)`` and ``check_key(key)`` in one call, for the request path's single-key reads."""
+    if not (type(ns) is str and ns in _checked_ns):
+        check_ns(ns)
+    if not (type(key) is str and _KEY_RE.fullmatch(key)):
+        raise ValueError(f"invalid cache key {key!r}: expected 16-128 lower-case hex digits")
+
+
 def encoded_size(entry: Entry) -> int:
     """Length of ``encode_entry(..., entry)`` without encoding it."""
     return OVERHEAD + len(entry.rule.encode()) + len(entry.value)
 
 
-def _digest(ns: str, key: str, body: bytes | memoryview) -> bytes:
+@functools.lru_cache(maxsize=4096)
+def _digest_prefix(ns: str, key: str) -> bytes:
     # Length prefixes keep (ns, key) unambiguous: ("ab", "c…") and ("a", "bc…") hash differently.
-    # One joined buffer and one call: on the read path the calls cost more than copying a payload.
     nsb, keyb = ns.encode(), key.encode()
-    material = b"".join((len(nsb).to_bytes(2, "little"), nsb, len(keyb).to_bytes(2, "little"), keyb, body))
-    return hashlib.sha256(material).digest()[:DIGEST_SIZE]
+    return b"".join((len(nsb).to_bytes(2, "little"), nsb, len(keyb).to_bytes(2, "little"), keyb))
+
+
+def _digest(ns: str, key: str, body: bytes | memoryview) -> bytes:
+    # One concatenated buffer and one hash call: on the read path the calls cost more than copying a payload.
+    # The (ns, key) prefix is memoised: a read path asks for the same few hot keys again and again.
+    return _sha256(_digest_prefix(ns, key) + body).digest()[:DIGEST_SIZE]
 
 
 def encode_entry(ns: Namespace, key: CacheKey, entry: Entry) -> bytes:
@@ -146,11 +163,12 @@ def decode_entry(ns: Namespace, key: CacheKey, blob: bytes, *, tier: TierName) -
         rule = body[_HEAD.size : rule_end].decode()
     except UnicodeDecodeError as exc:
         raise CorruptEntry(tier, f"entry {ns}/{key}: rule name is not UTF-8") from exc
-    return Entry(
+    # tuple.__new__ straight away: a NamedTuple's own __new__ is a Python-level call, and this is every read.
+    return _new_tuple(Entry, (
         body[rule_end:],
         expires_at if flags & _HAS_EXPIRY else None,
         created_at,
         rule,
         saved_ms,
         sliding_ttl if flags & _HAS_SLIDING else None,
-    )
+    ))

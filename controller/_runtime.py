@@ -142,7 +142,8 @@ class CacheRuntime:
     # Derived in __post_init__ (and again by every `replace`): read on every call, so no property lookups.
     policy_ref: str = field(init=False, default="")
     l1: MemoryTier | None = field(init=False, default=None)
-    # What the L1 hit path reads, in one tuple: (generation, l1.peek, clock, events.record, policy_ref).
+    # What the L1 hit path reads, in one tuple: (generation, l1.hot_read or None, clock, events.record,
+    # policy_ref).
     hot: tuple = field(init=False, default=())
 
     def __post_init__(self) -> None:
@@ -151,8 +152,8 @@ class CacheRuntime:
         l1 = first if isinstance(first, MemoryTier) else None
         object.__setattr__(self, "policy_ref", policy_ref)
         object.__setattr__(self, "l1", l1)
-        peek = l1.peek if l1 is not None else None
-        object.__setattr__(self, "hot", (self.generation, peek, self.clock, self.events.record, policy_ref))
+        hot_read = l1.hot_read if l1 is not None else None
+        object.__setattr__(self, "hot", (self.generation, hot_read, self.clock, self.events.record, policy_ref))
 
     @property
     def tier_names(self) -> tuple[TierName, ...]:

@@ -314,3 +314,30 @@ def test_an_array_generation_parameter_never_fails_the_call(rt):
     assert f("q", top_p=ArrayLike()) == "q"
     assert f("q", top_p=ArrayLike()) == "q"
     assert f.cache_info().hits == 1  # canonicalised through tolist(), so cacheable
+
+
+def test_l1_hits_served_lock_free_still_count_as_recency_for_eviction(clock):
+    """The hit path reads L1 without its lock and only buffers the read (MemoryTier.hot_read); the buffered
+    reads must still reach the LRU policy, so that a key hit many times outlives one never hit since."""
+    from evocache.controller import L1
+
+    runtime = build_runtime(StoreConfig(events="ring", l1_bytes=2_000), clock=clock)
+
+    @cache_if("true", store=runtime)
+    def model(prompt: str) -> str:
+        return prompt * 40  # ~400 bytes an entry: four fit in L1
+
+    for prompt in ("aaaaaaaaa1", "bbbbbbbbb2", "ccccccccc3", "ddddddddd4"):
+        model(prompt)
+    for _ in range(200):  # "a" is now the most recently used, through the lock-free path only
+        model("aaaaaaaaa1")
+    model("eeeeeeeee5")  # needs room: LRU evicts "b", the oldest never hit
+    assert model.cache_info().misses == 5
+    l1 = runtime.store.tiers[L1]
+    assert len(l1) == 4
+    before = model.cache_info().misses
+    model("aaaaaaaaa1")
+    assert model.cache_info().misses == before  # still cached
+    model("bbbbbbbbb2")
+    assert model.cache_info().misses == before + 1  # was evicted
+    runtime.close()

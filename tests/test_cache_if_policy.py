@@ -69,8 +69,8 @@ def test_activation_switches_eviction_and_quotas_together(rt):
 
 
 def test_a_policy_that_cannot_be_enforced_changes_nothing(rt):
-    bad = parse_policy(policy(2, l1="learned", acme_share=0.1))
-    with pytest.raises(StoreConfigError, match="learned"):
+    bad = parse_policy(policy(2, l1="clairvoyant", acme_share=0.1))
+    with pytest.raises(StoreConfigError, match="clairvoyant"):
         rt.activate(bad)
     assert rt.tenants.policy.ref == "p@1"  # quotas untouched
     assert isinstance(rt.l1.policy, LRUPolicy)

@@ -150,11 +150,13 @@ def test_commands_import_nothing_heavy(module: str) -> None:
 def test_check_refuses_what_the_controller_cannot_enforce(tmp_path):
     from evocache.cli.app import app as evocache
 
-    path = tmp_path / "learned.yaml"
-    path.write_text("policy: x\nversion: 1\nrules: []\neviction: {l1: learned}\n")
+    from evocache.controller import EVICTION_POLICIES
+
+    path = tmp_path / "clairvoyant.yaml"
+    path.write_text("policy: x\nversion: 1\nrules: []\neviction: {l1: clairvoyant}\n")
     result = CliRunner().invoke(evocache, ["policy", "check", str(path)])
     assert result.exit_code == 1
     assert result.output == (
-        f"{path}: policy x@1: eviction.l1: unknown eviction policy 'learned'; "
-        "known: lfu, lru, lruk, s3fifo, weighted\n"
+        f"{path}: policy x@1: eviction.l1: unknown eviction policy 'clairvoyant'; "
+        f"known: {', '.join(sorted(EVICTION_POLICIES))}\n"
     )

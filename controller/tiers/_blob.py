@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from .._codec import check_key, check_keys, check_ns, decode_entry
+from .._codec import check_keys, check_ns, check_slot, decode_entry
 from .._types import CacheKey, Entry, Namespace
 from ..errors import CorruptEntry
 from ._base import FaultHook, Tier, log_fault
@@ -47,8 +47,7 @@ class BlobTier(Tier):
         return [self._live(ns, key, blob, now) for key, blob in zip(keys, blobs, strict=True)]
 
     def get_one(self, ns: Namespace, key: CacheKey) -> Entry | None:
-        check_ns(ns)
-        check_key(key)
+        check_slot(ns, key)
         blob = self._fetch_one(ns, key)
         return None if blob is None else self._live(ns, key, blob, self._clock())
 
@@ -64,7 +63,7 @@ class BlobTier(Tier):
             self.delete(ns, [key])
             self.on_fault(self.name, "corrupt")
             return None
-        if entry.expired(now):
+        if entry.expires_at is not None and now >= entry.expires_at:  # Entry.expired, inlined (request path)
             return None
         if entry.sliding_ttl is not None:
             entry = entry.renewed(now)

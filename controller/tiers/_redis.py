@@ -25,6 +25,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 import redis
 from redis.backoff import NoBackoff
@@ -219,9 +220,18 @@ class RedisTier(BlobTier):
     def _fetch_one(self, ns: Namespace, key: CacheKey) -> bytes | None:
         if self._quota is not None and self._quota(ns) is not None:
             return self._fetch(ns, [key])[0]  # under a quota a read also refreshes the key's eviction order
-        with self._get_guard:
+        # _Guard's steps inlined (two Python calls less on the request path): refuse while the breaker is
+        # open, open it on a Redis or socket error, close it on success.
+        guard = self._get_guard
+        if self._down_until:
+            guard.refuse_if_open()
+        try:
             # GET: its bulk reply parses faster than MGET's array, and this is the request path.
-            return self._client.get(f"{self._prefix}:{ns}:{key}")
+            blob = self._client.get(f"{self._prefix}:{ns}:{key}")
+        except (RedisError, OSError) as exc:
+            guard.trip(exc)
+        self._down_until = 0.0
+        return blob
 
     def delete(self, ns: Namespace, keys: Sequence[CacheKey]) -> int:
         check_ns(ns)
@@ -319,19 +329,27 @@ class _Guard:
         self.op = op
 
     def __enter__(self) -> None:
+        if self.tier._down_until:
+            self.refuse_if_open()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if exc is None:
+            self.tier._down_until = 0.0
+        elif isinstance(exc, (RedisError, OSError)):
+            self.trip(exc)
+        return False
+
+    def refuse_if_open(self) -> None:
+        """Raise ``TierUnavailable`` while the breaker is open."""
         tier = self.tier
-        if tier._down_until and tier._clock() < tier._down_until:
+        if tier._clock() < tier._down_until:
             raise TierUnavailable(
                 L2, f"{self.op} skipped: Redis failed less than {tier._retry_after}s ago ({tier._last_error})"
             )
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+    def trip(self, exc: BaseException) -> NoReturn:
+        """Open the breaker for ``retry_after`` seconds after ``exc``, and raise it as ``TierUnavailable``."""
         tier = self.tier
-        if exc is None:
-            tier._down_until = 0.0
-            return False
-        if isinstance(exc, (RedisError, OSError)):
-            tier._down_until = tier._clock() + tier._retry_after
-            tier._last_error = f"{self.op}: {type(exc).__name__}: {exc}"
-            raise TierUnavailable(L2, tier._last_error) from exc
-        return False
+        tier._down_until = tier._clock() + tier._retry_after
+        tier._last_error = f"{self.op}: {type(exc).__name__}: {exc}"
+        raise TierUnavailable(L2, tier._last_error) from exc

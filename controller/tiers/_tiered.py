@@ -36,6 +36,7 @@ class Lookup(NamedTuple):
 
 
 MISS = Lookup(None, None)
+_new_tuple = tuple.__new__
 
 
 class TieredStore:
@@ -85,7 +86,12 @@ class TieredStore:
 
     def get(self, ns: Namespace, key: CacheKey, tiers: Iterable[str] | None = None) -> Lookup:
         """``get_many(ns, [key], tiers)[0]`` without the batch bookkeeping: the request path's lookup."""
-        chain = self._chain(tiers)
+        try:
+            chain = self._chains.get(tiers)  # type: ignore[arg-type]  # _chain's first step, inlined
+        except TypeError:
+            chain = None
+        if chain is None:
+            chain = self._chain(tiers)
         now = self._clock()
         failed: set[TierName] | None = None  # made on the first failure: this is the request path
         for depth, tier in enumerate(chain):
@@ -100,7 +106,7 @@ class TieredStore:
                 for upper in chain[:depth]:
                     if failed is None or upper.name not in failed:
                         self._write(upper, ns, [(key, entry)])
-                return Lookup(entry, tier.name)
+                return _new_tuple(Lookup, (entry, tier.name))  # Lookup(...) without its Python-level __new__
         return MISS
 
     def get_many(
