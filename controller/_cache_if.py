@@ -188,7 +188,12 @@ class CachedFunction:
 
     def _emit(self, rt: CacheRuntime, plan: Plan, outcome: str, tier: str | None, size: int,
               seconds: float, saved_ms: float = 0.0, reason: str = "") -> None:
-        rt.metrics.record(plan.rule, tier, outcome, seconds)
+        # CacheMetrics.record, inlined (it runs on every L2/L3 hit and every miss).
+        metrics = rt.metrics
+        labels = (plan.rule, tier or "", outcome)
+        cells = metrics.decisions.get(labels) or metrics.cells(labels)
+        cells[0 if seconds <= LATENCY_BUCKETS[0] else bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        cells[-1] += seconds
         # A plain tuple in AccessEvent field order (see controller._events).
         rt.events.record((
             rt.clock(), plan.key or "", plan.ns, plan.rule, rt.policy_ref, outcome, tier, size,

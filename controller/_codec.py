@@ -152,7 +152,7 @@ def decode_entry(ns: Namespace, key: CacheKey, blob: bytes, *, tier: TierName) -
     if blob[3] != FORMAT_VERSION:
         raise CorruptEntry(tier, f"entry {ns}/{key}: unsupported format version {blob[3]}")
     body = blob[:-DIGEST_SIZE]
-    if _digest(ns, key, body) != blob[-DIGEST_SIZE:]:
+    if _sha256(_digest_prefix(ns, key) + body).digest()[:DIGEST_SIZE] != blob[-DIGEST_SIZE:]:  # _digest, inlined
         raise CorruptEntry(tier, f"entry {ns}/{key}: checksum mismatch")
     _, _, flags, expires_at, created_at, saved_ms, sliding_ttl, rule_len = _HEAD.unpack_from(body)
     # The digest matched, so these can only fail for a blob made by a buggy or foreign writer.

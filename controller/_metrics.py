@@ -75,6 +75,8 @@ class CacheMetrics:
         )
 
     def record(self, rule: str, tier: str | None, outcome: str, seconds: float) -> None:
+        # Inlined on the request path (controller._cache_if: CachedFunction._emit and the L1 hit path): keep
+        # them in step.
         labels = (rule, tier or "", outcome)
         cells = self.decisions.get(labels) or self.cells(labels)
         cells[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1

@@ -424,3 +424,28 @@ def test_a_store_configuration_gives_the_function_its_own_tiers(tmp_path):
     assert list(runtime.store.tiers) == ["l1", "l3"] and runtime.store.tiers["l3"].usage() > 0
     assert f.cache_info().hits == 1
     runtime.close()
+
+
+@pytest.mark.parametrize(
+    ("seconds", "first_bucket"),
+    [(0.0, "1e-05"), (0.00001, "1e-05"), (0.00002, "5e-05"), (0.3, "0.5"), (10.0, "+Inf")],
+)
+def test_lookup_latency_lands_in_the_prometheus_bucket_it_belongs_to(rt, seconds, first_bucket):
+    """The request path updates the histogram cells itself (CacheMetrics.record, inlined): each observation
+    must count in the first bucket whose bound is >= it (Prometheus `le`), and in every bucket above."""
+
+    @cache_if("true", name="timed", store=rt)
+    def f(x: int) -> int:
+        return x
+
+    cf = f.cached_function
+    cf._emit(rt, cf.contract.plan(rt, (1,), {}), "miss", None, 0, seconds)
+    bounds = ["1e-05", "5e-05", "0.0001", "0.0005", "0.001", "0.005", "0.01", "0.05", "0.1", "0.5", "1.0", "5.0",
+              "+Inf"]
+    counts = [
+        rt.metrics.value("evocache_lookup_seconds_bucket", rule="timed", tier="", outcome="miss", le=b)
+        for b in bounds
+    ]
+    first = bounds.index(first_bucket)
+    assert counts == [0.0] * first + [1.0] * (len(bounds) - first)
+    assert rt.metrics.value("evocache_lookup_seconds_sum", rule="timed", tier="", outcome="miss") == seconds
