@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -41,6 +42,7 @@ def test_exact_and_hnsw_agree_on_top1_for_well_separated_vectors():
     hnsw = VectorIndex(DIM, exact_limit=0)
     exact.add(ids_for(2000), vecs)
     hnsw.add(ids_for(2000), vecs)
+    assert hnsw.wait_rebuilt(60)
     assert (exact.kind, hnsw.kind) == ("exact", "hnsw")
     queries = nudge(vecs[::10], 0.3)
     top_exact = [row[0].entry_id for row in exact.search(queries, 1)]
@@ -66,6 +68,7 @@ def test_crossing_exact_limit_keeps_every_entry():
     index.add(ids_for(60), vecs[:60])
     assert index.kind == "exact"
     index.add(ids_for(250)[60:], vecs[60:])
+    assert index.wait_rebuilt(60)
     assert index.kind == "hnsw"
     assert len(index) == 250
     assert sorted(index.ids()) == sorted(ids_for(250))
@@ -77,8 +80,9 @@ def test_crossing_exact_limit_keeps_every_entry():
 @pytest.mark.parametrize("exact_limit", [10**6, 0], ids=["exact", "hnsw"])
 def test_remove_takes_entries_out_of_search(exact_limit):
     vecs = random_unit(100, seed=4)
-    index = VectorIndex(DIM, exact_limit=exact_limit)
+    index = VectorIndex(DIM, exact_limit=exact_limit, background=False)
     index.add(ids_for(100), vecs)
+    assert index.kind == ("exact" if exact_limit else "hnsw")
     index.remove(["e3", "e7", "not-there"])
     assert len(index) == 98 and "e3" not in index
     found = {n.entry_id for row in index.search(vecs, 100) for n in row}
@@ -91,7 +95,7 @@ def test_remove_takes_entries_out_of_search(exact_limit):
 @pytest.mark.parametrize("exact_limit", [10**6, 50], ids=["exact", "hnsw"])
 def test_mass_removal_compacts_and_keeps_the_rest(exact_limit):
     vecs = random_unit(300, seed=5)
-    index = VectorIndex(DIM, exact_limit=exact_limit)
+    index = VectorIndex(DIM, exact_limit=exact_limit, background=False)
     index.add(ids_for(300), vecs)
     index.remove(ids_for(300)[:200])
     assert len(index) == 100
@@ -100,6 +104,62 @@ def test_mass_removal_compacts_and_keeps_the_rest(exact_limit):
     assert index.kind == ("exact" if exact_limit > 100 else "hnsw")
     index.add(["again"], vecs[:1])
     assert index.search(vecs[:1], 1)[0][0].entry_id == "again"
+
+
+class PausedBuild:
+    """Wraps ``VectorIndex._build`` (the real one) so a background rebuild waits until the test lets it go."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.started = threading.Event()
+        self.go = threading.Event()
+        real = VectorIndex._build
+
+        def build(index, kind, vecs):
+            self.started.set()
+            assert self.go.wait(60), "the test never released the build"
+            return real(index, kind, vecs)
+
+        monkeypatch.setattr(VectorIndex, "_build", build)
+
+
+def test_writes_during_a_background_migration_are_kept(monkeypatch):
+    paused = PausedBuild(monkeypatch)
+    vecs = random_unit(200, seed=11)
+    index = VectorIndex(DIM, exact_limit=100)
+    index.add(ids_for(120), vecs[:120])  # crosses the limit: the HNSW build starts in the background
+    assert paused.started.wait(60)
+    assert index.kind == "exact"
+    # While it builds, the exact index serves and takes writes: adds, a replacement and removals.
+    assert index.search(vecs[5:6], 1)[0][0].entry_id == "e5"
+    index.add(ids_for(200)[120:], vecs[120:])
+    index.add(["e0"], vecs[199:200])
+    index.remove(["e1", "e150"])
+    paused.go.set()
+    assert index.wait_rebuilt(60)
+    assert index.kind == "hnsw"
+    assert sorted(index.ids()) == sorted(set(ids_for(200)) - {"e1", "e150"})
+    np.testing.assert_array_equal(index.vector("e0"), vecs[199])
+    live = [i for i in range(2, 200) if i != 150]
+    assert [row[0].entry_id for row in index.search(vecs[live], 1)] == [f"e{i}" for i in live]
+    assert index.search(vecs[1:2], 198)[0][-1].entry_id not in {"e1", "e150"}
+    assert {n.entry_id for n in index.search(vecs[1:2], 198)[0]} == set(index.ids())
+
+
+def test_a_failed_background_build_keeps_the_current_index(monkeypatch, caplog):
+    def fail(index, kind, vecs):
+        raise MemoryError("no room for the new index")
+
+    monkeypatch.setattr(VectorIndex, "_build", fail)
+    vecs = random_unit(30, seed=12)
+    index = VectorIndex(DIM, exact_limit=10)
+    index.add(ids_for(20), vecs[:20])
+    assert index.wait_rebuilt(60)
+    assert index.kind == "exact" and len(index) == 20
+    assert "rebuilding a 20-entry index as hnsw failed" in caplog.text
+    monkeypatch.undo()
+    index.add(ids_for(30)[20:], vecs[20:])  # the next write tries again
+    assert index.wait_rebuilt(60)
+    assert index.kind == "hnsw" and len(index) == 30
 
 
 def test_adding_an_existing_id_replaces_its_vector():
@@ -160,7 +220,7 @@ A2 = Scope("tenant-a", "fn=chat|model=m2|rev=1|params=0f|emb=st:all-MiniLM-L6-v2
 
 @pytest.mark.parametrize("exact_limit", [10**6, 0], ids=["exact", "hnsw"])
 def test_identical_and_near_identical_vectors_never_cross_scopes(exact_limit):
-    index = SemanticIndex(exact_limit=exact_limit)
+    index = SemanticIndex(exact_limit=exact_limit, background=False)
     vecs = random_unit(50, seed=8)
     index.add(A, ids_for(50, "a"), vecs)
     index.add(B, ids_for(50, "b"), vecs)  # identical vectors in another tenant

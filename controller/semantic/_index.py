@@ -13,6 +13,7 @@ faiss is imported inside ``VectorIndex``, so importing this module does not load
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     import numpy as np  # numpy loads only when vectors are made: `evocache policy check` never needs it
 
 __all__ = ["Neighbour", "Scope", "SemanticIndex", "VectorIndex"]
+
+log = logging.getLogger("evocache.controller.semantic.index")
 
 EXACT = "exact"
 HNSW = "hnsw"
@@ -102,6 +105,12 @@ class VectorIndex:
     ``ef_search`` at query time, raised to ``k`` when ``k`` is larger) beyond. Adding an id that is already
     present replaces its vector. Removing an unknown id is a no-op. Bad input (wrong shape or dimension,
     rows that are not unit vectors, NaN, duplicate ids in one call) raises ``ValueError`` and changes nothing.
+
+    Rebuilds (the migration to HNSW when an add crosses ``exact_limit``, and the compaction that drops
+    tombstones once they outnumber live entries) take seconds at 10^4-10^5 entries, so with ``background``
+    (the default) a thread builds the new index from a snapshot while the current one goes on serving
+    searches and taking writes; the writes made meanwhile are replayed onto the new index when it is swapped
+    in. ``wait_rebuilt()`` waits for a rebuild in flight. ``background=False`` rebuilds inside the call.
     """
 
     def __init__(
@@ -112,6 +121,7 @@ class VectorIndex:
         hnsw_m: int = 32,
         ef_construction: int = 80,
         ef_search: int = 64,
+        background: bool = True,
     ) -> None:
         if dim < 1 or exact_limit < 0 or hnsw_m < 2 or ef_construction < 1 or ef_search < 1:
             raise ValueError("dim, hnsw_m, ef_construction, ef_search must be positive, exact_limit >= 0")
@@ -123,12 +133,18 @@ class VectorIndex:
         self._hnsw_m = hnsw_m
         self._ef_construction = ef_construction
         self._ef_search = ef_search
+        self._background = background
+        self._touched: list[str] | None = None  # ids written since a rebuild's snapshot; None: no rebuild
+        self._rebuilder: threading.Thread | None = None
         self._lock = threading.RLock()
         # faiss labels are positions in add order; a removed entry leaves a tombstone (None) at its position.
         self._slots: list[str | None] = []
         self._where: dict[str, int] = {}
         self._dead: set[int] = set()
-        self._dead_filter: Any = None  # cached faiss selector excluding tombstones; None while there are none
+        self._dead_bits: np.ndarray | None = None  # bit i set: position i is a tombstone
+        self._dead_filter: Any = (
+            None  # faiss selector of the live positions; None while there are no tombstones
+        )
         self.kind = EXACT
         self._index = self._new_index(EXACT)
 
@@ -152,19 +168,26 @@ class VectorIndex:
             return
         with self._lock:
             self._bury([self._where[i] for i in items if i in self._where])
-            if self.kind == EXACT and len(self._where) + len(items) > self.exact_limit:
-                self._rebuild(HNSW)
             start = len(self._slots)
             self._index.add(arr)
             self._slots.extend(items)
             self._where.update((entry_id, start + n) for n, entry_id in enumerate(items))
-            self._maybe_compact()
+            self._wrote(items)
 
     def remove(self, ids: Sequence[str]) -> None:
         items = _check_ids(ids)
         with self._lock:
-            self._bury([self._where.pop(i) for i in dict.fromkeys(items) if i in self._where])
-            self._maybe_compact()
+            gone = [i for i in dict.fromkeys(items) if i in self._where]
+            self._bury([self._where.pop(i) for i in gone])
+            self._wrote(gone)
+
+    def wait_rebuilt(self, timeout: float | None = None) -> bool:
+        """Wait for a rebuild in flight to be swapped in; ``False`` if one is still running after ``timeout``."""
+        thread = self._rebuilder
+        if thread is not None:
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
 
     def search(self, vecs: Any, k: int) -> list[list[Neighbour]]:
         """The ``k`` most similar live entries for each row of ``vecs``, best first (fewer if fewer exist)."""
@@ -224,6 +247,7 @@ class VectorIndex:
         return params
 
     def _bury(self, positions: list[int]) -> None:
+        """(Under the lock.) Make ``positions`` tombstones: out of ``_where`` and masked out of searches."""
         import numpy as np
 
         if not positions:
@@ -234,27 +258,85 @@ class VectorIndex:
                 del self._where[entry_id]
             self._slots[pos] = None
         self._dead.update(positions)
-        dead = np.fromiter(self._dead, dtype=np.int64, count=len(self._dead))
-        batch = self._faiss.IDSelectorBatch(dead)
-        # IDSelectorNot does not own the selector it wraps: keep the inner one alive beside it.
-        self._dead_filter = self._faiss.IDSelectorNot(batch)
-        self._dead_filter.inner_ref = batch
+        # A bitmap the faiss selector reads in place: burying is O(1) per entry, whatever the tombstone count.
+        need = len(self._slots) // 8 + 1
+        if self._dead_bits is None or len(self._dead_bits) < need:
+            bits = np.zeros(2 * need, dtype=np.uint8)
+            if self._dead_bits is not None:
+                bits[: len(self._dead_bits)] = self._dead_bits
+            inner = self._faiss.IDSelectorBitmap(8 * len(bits), self._faiss.swig_ptr(bits))
+            self._dead_filter = self._faiss.IDSelectorNot(inner)
+            # The selectors point into ``bits`` and IDSelectorNot does not own ``inner``: keep both alive.
+            self._dead_filter.refs = (inner, bits)
+            self._dead_bits = bits
+        pos = np.asarray(positions, dtype=np.int64)
+        np.bitwise_or.at(self._dead_bits, pos >> 3, np.left_shift(1, pos & 7).astype(np.uint8))
 
-    def _maybe_compact(self) -> None:
-        if len(self._dead) >= _MIN_COMPACT and len(self._dead) > len(self._where):
-            self._rebuild(HNSW if len(self._where) > self.exact_limit else EXACT)
+    def _wrote(self, ids: list[str]) -> None:
+        """After a write (under the lock): log it for a rebuild in flight, or start one if it is due."""
+        if self._touched is not None:
+            self._touched.extend(ids)
+        elif self.kind == EXACT and len(self._where) > self.exact_limit:
+            self._start_rebuild(HNSW)
+        elif len(self._dead) >= _MIN_COMPACT and len(self._dead) > len(self._where):
+            self._start_rebuild(HNSW if len(self._where) > self.exact_limit else EXACT)
 
-    def _rebuild(self, kind: str) -> None:
-        """Move the live entries into a fresh index of ``kind``, dropping tombstones."""
+    def _start_rebuild(self, kind: str) -> None:
         ids, vecs = self.vectors()
+        self._touched = []
+        if not self._background:
+            self._swap_in(kind, ids, self._build(kind, vecs))
+            return
+        self._rebuilder = threading.Thread(
+            target=self._rebuild_in_background,
+            args=(kind, ids, vecs),
+            name="evocache-index-rebuild",
+            daemon=True,
+        )
+        self._rebuilder.start()
+
+    def _rebuild_in_background(self, kind: str, ids: list[str], vecs: np.ndarray) -> None:
+        try:
+            index = self._build(kind, vecs)  # without the lock: searches and writes go on against the old index
+        except Exception:  # out of memory, say: keep serving from the current index, rebuild on a later write
+            log.exception("rebuilding a %d-entry index as %s failed; the current one stays", len(ids), kind)
+            with self._lock:
+                self._touched = None
+            return
+        with self._lock:
+            self._swap_in(kind, ids, index)
+
+    def _build(self, kind: str, vecs: np.ndarray) -> Any:
         index = self._new_index(kind)
-        if ids:
+        if len(vecs):
             index.add(vecs)
-        self._index, self.kind = index, kind
-        self._slots = list(ids)
-        self._where = {entry_id: n for n, entry_id in enumerate(ids)}
-        self._dead = set()
-        self._dead_filter = None
+        return index
+
+    def _swap_in(self, kind: str, ids: list[str], index: Any) -> None:
+        """(Under the lock.) Replay onto ``index``, built from the snapshot ``ids``, the writes made since, and
+        make it the index: an id written since is taken out of the snapshot and, if live now, added again."""
+        import numpy as np
+
+        touched, self._touched = self._touched or [], None
+        slots: list[str | None] = list(ids)
+        where = {entry_id: n for n, entry_id in enumerate(ids)}
+        dead: list[int] = []
+        again: list[str] = []
+        for entry_id in dict.fromkeys(touched):
+            pos = where.pop(entry_id, None)
+            if pos is not None:
+                slots[pos] = None
+                dead.append(pos)
+            if entry_id in self._where:
+                again.append(entry_id)
+        if again:
+            positions = np.array([self._where[entry_id] for entry_id in again], dtype=np.int64)
+            index.add(self._index.reconstruct_batch(positions))
+            where.update((entry_id, len(slots) + n) for n, entry_id in enumerate(again))
+            slots.extend(again)
+        self._index, self.kind, self._slots, self._where = index, kind, slots, where
+        self._dead, self._dead_bits, self._dead_filter = set(), None, None
+        self._bury(dead)
 
 
 class SemanticIndex:
