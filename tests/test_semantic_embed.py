@@ -77,6 +77,11 @@ def test_default_embedder_is_cached_per_process():
     assert default_embedder().dim == 384
 
 
+def test_bad_thread_count_is_refused():
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        SentenceTransformerEmbedder(threads=0)
+
+
 def test_model_path_without_a_model_is_a_clear_error(tmp_path):
     with pytest.raises(EmbeddingError, match="no sentence-transformers model"):
         SentenceTransformerEmbedder(tmp_path)

@@ -85,6 +85,12 @@ class SentenceTransformerEmbedder:
     loaded with the Hugging Face hub offline (``HF_HUB_OFFLINE=1`` unless the environment says otherwise), so
     no network is ever needed. A path that holds no model raises ``EmbeddingError`` naming it.
     ``name`` defaults to ``st:all-MiniLM-L6-v2`` for the default weights and ``st:<folder name>`` otherwise.
+
+    ``threads`` sets torch's intra-op threads for the whole process (``torch.set_num_threads``); ``None``
+    leaves torch's choice (one per core). Where cores are shared (fractional replica CPUs, a busy host), 1 is
+    the better choice: each encode is a chain of OpenMP barriers, and one descheduled thread stalls them all
+    (bench/semantic_search.py measured single-prompt embeddings of 29 ms with 1 thread against 977 ms with 2
+    on a 2-core host at load average 10).
     """
 
     def __init__(
@@ -94,9 +100,12 @@ class SentenceTransformerEmbedder:
         device: str = "cpu",
         batch_size: int = 64,
         name: str | None = None,
+        threads: int | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be >= 1 or None, got {threads}")
         # Set before the hub library is imported: it reads the variable once, at import.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
@@ -113,6 +122,10 @@ class SentenceTransformerEmbedder:
             raise EmbeddingError(
                 f"no sentence-transformers model in {str(path)!r} (no modules.json or config.json)"
             )
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
         self._model = SentenceTransformer(str(path), device=device, local_files_only=True)
         self._batch_size = batch_size
         self.name = name or default_name
