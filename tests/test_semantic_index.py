@@ -265,6 +265,28 @@ def test_real_embeddings_of_one_prompt_stay_in_their_tenant():
     assert index.search(A, query, 1)[0][0].similarity == pytest.approx(1.0, abs=1e-5)
 
 
+def test_scope_of_a_contract_binds_every_part():
+    base = Scope.of("tenant-a", "st:all-MiniLM-L6-v2", fn="chat", model="m1", revision="1", params="0f")
+    assert base == Scope.of(
+        "tenant-a", "st:all-MiniLM-L6-v2", params="0f", revision="1", model="m1", fn="chat"
+    )
+    others = {
+        Scope.of("tenant-b", "st:all-MiniLM-L6-v2", fn="chat", model="m1", revision="1", params="0f"),
+        Scope.of("tenant-a", "openai:x", fn="chat", model="m1", revision="1", params="0f"),
+        Scope.of("tenant-a", "st:all-MiniLM-L6-v2", fn="chat", model="m2", revision="1", params="0f"),
+        Scope.of("tenant-a", "st:all-MiniLM-L6-v2", fn="chat", model="m1", revision="2", params="0f"),
+        Scope.of("tenant-a", "st:all-MiniLM-L6-v2", fn="chat", model="m1", revision="1", params="10"),
+        Scope.of("tenant-a", "st:all-MiniLM-L6-v2", fn="chat|model=m1", revision="1", params="0f"),
+    }
+    assert base not in others and len(others) == 6
+    assert (
+        base.boundary
+        == '{"embedder":"st:all-MiniLM-L6-v2","fn":"chat","model":"m1","params":"0f","revision":"1"}'
+    )
+    with pytest.raises(TypeError, match="revision=7"):
+        Scope.of("tenant-a", "e", revision=7)  # type: ignore[arg-type]
+
+
 def test_invalid_scopes_are_rejected():
     index = SemanticIndex()
     v = random_unit(1)

@@ -155,6 +155,22 @@ def test_a_second_replica_follows_inserts_and_removals(replicas):
     assert second.follow_once() == 0
 
 
+def test_followed_entries_stay_in_their_scope(replicas):
+    first, second = replicas(), replicas()
+    vecs = random_unit(5, seed=11)
+    first.add(A, [f"a{i}" for i in range(5)], vecs)
+    first.add(B, [f"b{i}" for i in range(5)], vecs)  # identical vectors, other tenant
+    first.add(A2, [f"m{i}" for i in range(5)], unit(vecs + 0.001))  # near-identical, other model
+    assert second.follow_once() == 15
+    for scope, prefix in ((A, "a"), (B, "b"), (A2, "m")):
+        rows = ids(second.search(scope, vecs, 10))
+        assert all(len(row) == 5 and {e[0] for e in row} == {prefix} for row in rows)
+    first.remove(B, ["b0"])
+    second.follow_once()
+    assert ids(second.search(A, vecs[:1], 1)) == [["a0"]]
+    assert "b0" not in ids(second.search(B, vecs[:1], 5))[0]
+
+
 def test_the_follower_thread_applies_changes_by_itself(replicas):
     first = replicas()
     second = replicas(follow=True, block_ms=50)

@@ -13,6 +13,7 @@ faiss is imported inside ``VectorIndex``, so importing this module does not load
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Sequence
@@ -47,6 +48,21 @@ class Scope(NamedTuple):
 
     namespace: str
     boundary: str
+
+    @classmethod
+    def of(cls, namespace: str, embedder: str, **contract: str) -> Scope:
+        """The scope of a contract: ``boundary`` binds the embedder's name and every ``contract`` part (function
+        identity, model, revision, parameters digest, ...) unambiguously (sorted JSON), so two contracts that
+        differ in any part, or in the embedder, never share an index.
+
+            Scope.of("tenant-a", embedder.name, fn=fn_id, model="m1", revision="7", params=params_digest)
+        """
+        for key, value in contract.items():
+            if not isinstance(value, str):
+                raise TypeError(f"contract part {key}={value!r} must be a str")
+        return cls(
+            namespace, json.dumps({"embedder": embedder, **contract}, sort_keys=True, separators=(",", ":"))
+        )
 
 
 class Neighbour(NamedTuple):
@@ -297,7 +313,9 @@ class VectorIndex:
 
     def _rebuild_in_background(self, kind: str, ids: list[str], vecs: np.ndarray) -> None:
         try:
-            index = self._build(kind, vecs)  # without the lock: searches and writes go on against the old index
+            index = self._build(
+                kind, vecs
+            )  # without the lock: searches and writes go on against the old index
         except Exception:  # out of memory, say: keep serving from the current index, rebuild on a later write
             log.exception("rebuilding a %d-entry index as %s failed; the current one stays", len(ids), kind)
             with self._lock:
