@@ -1,0 +1,337 @@
+"""Replays behind ``evocache bench semantic``: a labelled prompt stream or a pair set through ``SemanticCache``.
+
+Stream (``{"prompt", "group"}`` per line, in arrival order): each prompt is looked up; a served entry is a hit,
+wrong when the entry's group differs; anything else (a miss or an exploration) runs "the model", whose answer is
+the prompt's group, inserts it, and lets the judge (group equality) compare it with the candidate's answer. So
+the groups reach the cache only through the judge, never the decision. Exact duplicates of a stored prompt are
+exact hits: they count as hits (and as errors if the stored prompt's group differs), in ``hit_rate`` and in the
+static baselines alike; ``exact_hits`` reports how many.
+
+``best_static`` is the static threshold that, replayed the same way, has the highest hit rate with error rate
+<= delta, chosen in hindsight over a grid: the strongest static baseline. Its replay uses exact prior-neighbour
+lists (numpy), not the index, so a sweep over 100 thresholds takes seconds.
+
+Pairs (``{"a", "b", "same_answer", "category"}``): the pairs are replayed, in an order shuffled by the seed, as
+a stream of lookups ``a, b`` in one scope (an entry of one pair is a neighbour of the others, as in a real
+cache); ``a`` and ``b`` share an answer exactly when ``same_answer``. The per-category figures count lookups of
+``b``: hits, and traps served (hits when ``same_answer`` is false).
+
+Embeddings can be cached on disk (``.npy`` keyed by the sha256 of the embedder name and the texts) so repeated
+runs skip the model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import TraceError
+from ._cache import SemanticCache
+from ._embed import Embedder
+from ._index import Scope
+
+__all__ = [
+    "PairRow",
+    "StreamRow",
+    "VectorTable",
+    "best_static",
+    "embed_cached",
+    "read_rows",
+    "replay_pairs",
+    "replay_stream",
+    "static_replay",
+]
+
+STATIC_GRID = tuple(round(0.5 + 0.005 * i, 3) for i in range(100))  # 0.500 .. 0.995
+_SCOPE = Scope("bench", "semantic")
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRow:
+    prompt: str
+    group: str
+
+
+@dataclass(frozen=True, slots=True)
+class PairRow:
+    a: str
+    b: str
+    same_answer: bool
+    category: str
+
+
+def read_rows(path: str | Path) -> list[StreamRow] | list[PairRow]:
+    """The stream or pair set in ``path`` (told apart by the first line's keys). ``TraceError`` names the file
+    and line of the first malformed line; an empty file is a ``TraceError`` too. ``OSError`` if unreadable."""
+    rows: list[Any] = []
+    kind = None
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TraceError(str(path), number, f"not JSON: {exc.msg}") from None
+            if not isinstance(obj, dict):
+                raise TraceError(str(path), number, "expected a JSON object")
+            if kind is None:
+                kind = PairRow if "a" in obj else StreamRow
+            rows.append(_row(kind, obj, str(path), number))
+    if not rows:
+        raise TraceError(str(path), 1, 'no rows: expected {"prompt", "group"} or {"a", "b", ...} lines')
+    return rows
+
+
+def _row(kind: type, obj: dict[str, Any], path: str, number: int) -> StreamRow | PairRow:
+    if kind is StreamRow:
+        prompt, group = obj.get("prompt"), obj.get("group")
+        if not isinstance(prompt, str) or not isinstance(group, str | int):
+            raise TraceError(path, number, 'expected {"prompt": str, "group": str}')
+        return StreamRow(prompt, str(group))
+    a, b, same, category = obj.get("a"), obj.get("b"), obj.get("same_answer"), obj.get("category")
+    if not (
+        isinstance(a, str) and isinstance(b, str) and isinstance(same, bool) and isinstance(category, str)
+    ):
+        raise TraceError(path, number, 'expected {"a": str, "b": str, "same_answer": bool, "category": str}')
+    return PairRow(a, b, same, category)
+
+
+# --- embeddings --------------------------------------------------------------------------------------------
+
+
+def embed_cached(texts: Sequence[str], embedder: Embedder, cache_dir: str | Path | None) -> np.ndarray:
+    """``embedder.embed(texts)``, read from / written to ``cache_dir`` when given (keyed by the embedder's
+    name and the exact texts, so a changed text or model never reads a stale file)."""
+    texts = list(texts)
+    if cache_dir is None:
+        return embedder.embed(texts)
+    digest = hashlib.sha256("\x1e".join([embedder.name, *texts]).encode()).hexdigest()[:32]
+    path = Path(cache_dir) / f"{digest}.npy"
+    if path.is_file():
+        vecs = np.load(path)
+        if vecs.shape[0] == len(texts):
+            return vecs
+    vecs = embedder.embed(texts)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npy")
+    np.save(tmp, vecs)
+    tmp.replace(path)
+    return vecs
+
+
+class VectorTable:
+    """An ``Embedder`` over precomputed vectors: the replay embeds every prompt once, up front, in batches."""
+
+    def __init__(self, texts: Sequence[str], vecs: np.ndarray, name: str) -> None:
+        self._row = {text: i for i, text in enumerate(texts)}
+        self._vecs = np.ascontiguousarray(vecs, dtype=np.float32)
+        self.name = name
+        self.dim = int(vecs.shape[1])
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        return self._vecs[[self._row[t] for t in texts]]
+
+
+# --- the stream --------------------------------------------------------------------------------------------
+
+
+def replay_stream(
+    rows: Sequence[StreamRow],
+    table: VectorTable,
+    delta: float,
+    *,
+    seed: int = 0,
+    mode: str = "bounded",
+    explore: float = 0.05,
+    threshold: float | None = None,
+) -> dict[str, Any]:
+    """Replay ``rows`` through a fresh ``SemanticCache`` bounded by ``delta``; the evocache part of the report."""
+    cache = SemanticCache(table, mode=mode, explore=explore, threshold=threshold, rng=random.Random(seed))
+    hits = wrong = 0
+    for i, row in enumerate(rows):
+        decision, entry = cache.lookup(_SCOPE, row.prompt, max_error=delta)
+        if entry is not None:
+            hits += 1
+            wrong += cache.answer_ref(entry) != row.group
+            continue
+        cache.insert(_SCOPE, f"e{i}", row.prompt, row.group)
+        cache.judge_miss(_SCOPE, row.prompt, row.group, decision)
+    stats = cache.stats()
+    n = len(rows)
+    return {
+        "hit_rate": hits / n,
+        "error_rate": wrong / n,
+        "exploration_calls": stats.explored,
+        "judge_calls": stats.judge_calls,
+        "hits": hits,
+        "wrong": wrong,
+        "exact_hits": stats.exact_hits,
+        "explored_wrong": stats.explored_wrong,
+        "final_cutoff": stats.cutoff,
+        "calibration": stats.calibration,
+    }
+
+
+def oracle_hit_rate(rows: Sequence[StreamRow]) -> float:
+    """Share of queries whose group was already cached (seen earlier: its first query was a miss, inserted)."""
+    seen: set[str] = set()
+    hits = 0
+    for row in rows:
+        hits += row.group in seen
+        seen.add(row.group)
+    return hits / len(rows)
+
+
+# --- the static baseline -----------------------------------------------------------------------------------
+
+
+def prior_neighbours(vecs: np.ndarray, k: int = 32, block: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    """For each row i, the ``k`` most similar rows j < i, best first: ``(indices, similarities)``, padded
+    with -1 / -inf. Exact (blocked matrix products)."""
+    n = vecs.shape[0]
+    idx = np.full((n, k), -1, dtype=np.int64)
+    sims = np.full((n, k), -np.inf, dtype=np.float32)
+    for start in range(0, n, block):
+        stop = min(n, start + block)
+        s = vecs[start:stop] @ vecs[:stop].T
+        s[np.arange(stop)[None, :] >= np.arange(start, stop)[:, None]] = -np.inf
+        kk = min(k, stop)
+        part = np.argpartition(-s, kk - 1, axis=1)[:, :kk]
+        ps = np.take_along_axis(s, part, axis=1)
+        order = np.argsort(-ps, axis=1, kind="stable")
+        idx[start:stop, :kk] = np.take_along_axis(part, order, axis=1)
+        sims[start:stop, :kk] = np.take_along_axis(ps, order, axis=1)
+    idx[~np.isfinite(sims)] = -1
+    return idx, sims
+
+
+def static_replay(
+    rows: Sequence[StreamRow], vecs: np.ndarray, threshold: float, prior: tuple[list[list[int]], list[list[float]]]
+) -> tuple[int, int]:
+    """``(hits, wrong)`` of a static cache at ``threshold``: exact match first, then the nearest stored entry
+    if its similarity >= threshold, else insert. Same semantics as ``SemanticCache(mode="static")``. ``prior``
+    is ``prior_neighbours`` as lists (``.tolist()``: the loop below reads them row by row)."""
+    idx, sims = prior
+    stored = [False] * len(rows)
+    exact: dict[str, int] = {}
+    hits = wrong = 0
+    for i, row in enumerate(rows):
+        found = exact.get(row.prompt, -1)
+        if found < 0:
+            exhausted = True
+            for j, s in zip(idx[i], sims[i], strict=True):
+                if j < 0 or s < threshold:
+                    exhausted = False
+                    break
+                if stored[j]:
+                    found, exhausted = j, False
+                    break
+            if exhausted:  # all k prior neighbours pass and none is stored: search the stored set exactly
+                held = np.flatnonzero(np.asarray(stored[:i]))
+                if held.size:
+                    s = vecs[held] @ vecs[i]
+                    best = int(np.argmax(s))
+                    found = int(held[best]) if s[best] >= threshold else -1
+        if found >= 0:
+            hits += 1
+            wrong += rows[found].group != row.group
+        else:
+            stored[i] = True
+            exact.setdefault(row.prompt, i)
+    return hits, wrong
+
+
+def best_static(
+    rows: Sequence[StreamRow], vecs: np.ndarray, deltas: Sequence[float], grid: Sequence[float] = STATIC_GRID
+) -> dict[float, dict[str, Any]]:
+    """Per delta, the grid threshold with the highest hit rate whose error rate is <= delta (ties: the higher
+    threshold). ``threshold`` None (hit and error rate 0) when none meets it."""
+    idx, sims = prior_neighbours(vecs)
+    prior = (idx.tolist(), sims.tolist())
+    n = len(rows)
+    curve = [(t, *static_replay(rows, vecs, t, prior)) for t in grid]
+    out = {}
+    for delta in deltas:
+        best: dict[str, Any] = {"threshold": None, "hit_rate": 0.0, "error_rate": 0.0}
+        for t, hits, wrong in curve:
+            if wrong / n <= delta and hits / n >= best["hit_rate"]:
+                best = {"threshold": t, "hit_rate": hits / n, "error_rate": wrong / n}
+        out[delta] = best
+    return out
+
+
+# --- pairs ---------------------------------------------------------------------------------------------------
+
+
+def pair_stream(pairs: Sequence[PairRow], seed: int) -> list[tuple[int, str, str, bool]]:
+    """The pairs as lookups ``(pair index, text, answer, is_b)``, pairs in an order shuffled by ``seed``."""
+    order = list(range(len(pairs)))
+    random.Random(seed).shuffle(order)
+    out = []
+    for i in order:
+        pair = pairs[i]
+        out.append((i, pair.a, f"pair{i}", False))
+        out.append((i, pair.b, f"pair{i}" if pair.same_answer else f"pair{i}-b", True))
+    return out
+
+
+def replay_pairs(
+    pairs: Sequence[PairRow],
+    table: VectorTable,
+    delta: float,
+    *,
+    seed: int = 0,
+    warmup: Sequence[StreamRow] = (),
+    mode: str = "bounded",
+    explore: float = 0.05,
+    threshold: float | None = None,
+) -> dict[str, Any]:
+    """Per category of ``b``: pairs, hits, traps served. ``warmup`` rows (a labelled stream) are replayed
+    first in their own scope, so the error model starts from what it learnt there (entries never cross)."""
+    cache = SemanticCache(table, mode=mode, explore=explore, threshold=threshold, rng=random.Random(seed))
+    warm = Scope("bench", "warmup")
+    for i, row in enumerate(warmup):
+        decision, entry = cache.lookup(warm, row.prompt, max_error=delta)
+        if entry is None:
+            cache.insert(warm, f"w{i}", row.prompt, row.group)
+            cache.judge_miss(warm, row.prompt, row.group, decision)
+    per: dict[str, Counter[str]] = {}
+    for n, (i, text, answer, is_b) in enumerate(pair_stream(pairs, seed)):
+        decision, entry = cache.lookup(_SCOPE, text, max_error=delta)
+        served = entry is not None
+        if is_b:
+            counts = per.setdefault(pairs[i].category, Counter())
+            counts["pairs"] += 1
+            counts["hits"] += served
+            counts["traps_served"] += served and not pairs[i].same_answer
+            counts["wrong"] += served and cache.answer_ref(entry) != answer
+        if not served:
+            cache.insert(_SCOPE, f"p{n}", text, answer)
+            cache.judge_miss(_SCOPE, text, answer, decision)
+    categories = {}
+    for name, c in sorted(per.items()):
+        traps = not any(p.same_answer for p in pairs if p.category == name)
+        categories[name] = {
+            "pairs": c["pairs"],
+            "hits": c["hits"],
+            "hit_rate": c["hits"] / c["pairs"],
+            "traps_served": c["traps_served"],
+            "trap_rate": c["traps_served"] / c["pairs"] if traps else None,
+            "wrong": c["wrong"],
+        }
+    stats = cache.stats()
+    return {"categories": categories, "exploration_calls": stats.explored, "judge_calls": stats.judge_calls}
+
+
+def ratio(evocache_hit_rate: float, static_hit_rate: float) -> float:
+    return evocache_hit_rate / static_hit_rate if static_hit_rate > 0 else math.inf

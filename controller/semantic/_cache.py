@@ -1,0 +1,359 @@
+"""``SemanticCache``: the facade a rule uses for semantic hits: embedder + scoped index + the decision policy.
+
+The lifecycle of one prompt, as the caller drives it::
+
+    decision, entry = cache.lookup(scope, prompt, max_error=0.02)
+    if entry is not None:                      # served: exact match, or a neighbour within the bound
+        return stored_answer(entry)
+    answer = model(prompt)                     # a miss (or an exploration: decision.explore)
+    cache.insert(scope, new_entry_id, prompt, answer_ref)
+    cache.judge_miss(scope, prompt, answer_ref, decision)   # the judge compares answers; before or after insert
+    ...
+    cache.feedback(entry, correct=False)       # a user or evaluator says a served answer was wrong
+
+Which entries share an answer is learnt only from the judge: each verdict "equal" links the new entry to the
+neighbour's answer cluster (union-find); nothing else (no label, no prompt text) ever links two entries.
+An entry is only ever searched for, linked or served within its own ``Scope``.
+"""
+
+from __future__ import annotations
+
+import operator
+import random
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ._decide import POLICIES, BoundedPolicy, Candidate, SemanticDecision, StaticPolicy
+from ._embed import Embedder
+from ._index import Neighbour, Scope, SemanticIndex, check_scope
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["Judge", "SemanticCache", "SemanticStats"]
+
+Judge = Callable[[Any, Any], bool]
+"""``judge(new_answer_ref, cached_answer_ref) -> bool``: do the two answers say the same thing?"""
+
+_PENDING = (
+    4096  # lookups awaiting their judge verdict; older ones are forgotten (their miss was never judged)
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SemanticStats:
+    """Counters since the cache was built. ``realised_error`` is the wrong share among checked would-be hits
+    (explorations) and served hits with feedback: the online measurement of the error the bound is about."""
+
+    lookups: int
+    exact_hits: int
+    served: int
+    explored: int
+    judge_calls: int
+    observations: int
+    explored_wrong: int
+    feedback: int
+    feedback_wrong: int
+    cutoff: float
+    calibration: float
+
+    @property
+    def realised_error(self) -> float:
+        checked = self.explored + self.feedback
+        return (self.explored_wrong + self.feedback_wrong) / checked if checked else 0.0
+
+
+class _Pending(NamedTuple):
+    candidate: Candidate | None
+    est_error: float
+    explored: bool
+    neighbours: tuple[Neighbour, ...]
+
+
+class _Entry(NamedTuple):
+    scope: Scope
+    prompt: str
+    answer_ref: Any
+
+
+class _UnionFind:
+    """Answer clusters: entries the judge found equal, transitively. Path halving, union by size."""
+
+    def __init__(self) -> None:
+        self._parent: dict[str, str] = {}
+        self._size: dict[str, int] = {}
+
+    def find(self, x: str) -> str:
+        parent = self._parent
+        while (p := parent.get(x, x)) != x:
+            grand = parent.get(p, p)
+            parent[x] = grand
+            x = grand
+        return x
+
+    def size(self, root: str) -> int:
+        return self._size.get(root, 1)
+
+    def union(self, a: str, b: str) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra == rb:
+            return
+        if self.size(ra) < self.size(rb):
+            ra, rb = rb, ra
+        self._parent[rb] = ra
+        self._size[ra] = self.size(ra) + self.size(rb)
+
+
+class SemanticCache:
+    """Semantic lookups for one rule: embed, search the scope's index, decide within the error bound.
+
+    ``embedder`` defaults to the process's shared one (``default_embedder()``, built on first use); ``judge``
+    defaults to equality of answer refs, right when the refs are the answers themselves (a strict judge: only
+    identical answers count as equal). ``mode`` is ``bounded`` (``explore``: fraction of would-be hits that
+    call the model) or ``static`` (``threshold``: the cosine similarity). ``rng`` draws the exploration coin;
+    seed it for reproducible runs. ``k`` neighbours are read per lookup; on a miss whose judge says the
+    candidate's answer differs, up to ``link_tries`` other clusters among them are judged to link the new entry.
+
+    Bad input (a scope that is not a ``Scope``, a prompt that is not a ``str``, an entry id used in another
+    scope) raises ``TypeError``/``ValueError``; embedder failures (``EmbeddingError``) propagate, and the
+    caller treats them as a miss. Safe to share between threads.
+    """
+
+    def __init__(
+        self,
+        embedder: Embedder | None = None,
+        *,
+        index: SemanticIndex | None = None,
+        judge: Judge = operator.eq,
+        mode: str = "bounded",
+        explore: float = 0.05,
+        threshold: float | None = None,
+        k: int = 10,
+        link_tries: int = 2,
+        rng: random.Random | None = None,
+        policy: BoundedPolicy | StaticPolicy | None = None,
+    ) -> None:
+        if policy is None:
+            if mode not in POLICIES:
+                raise ValueError(f"unknown semantic mode {mode!r}; known: {', '.join(POLICIES)}")
+            if mode == "static" and threshold is None:
+                raise ValueError("mode 'static' needs a threshold")
+            policy = POLICIES[mode](explore=explore, threshold=threshold, k=k)
+        self._embedder = embedder
+        self._index = index if index is not None else SemanticIndex()
+        self._judge = judge
+        self._policy = policy
+        self._k = k
+        self._link_tries = link_tries
+        self._rng = rng if rng is not None else random.Random()
+        self._lock = threading.RLock()
+        self._entries: dict[str, _Entry] = {}
+        self._exact: dict[tuple[Scope, str], str] = {}
+        self._clusters = _UnionFind()
+        self._evidence: dict[
+            str, tuple[int, int]
+        ] = {}  # entry -> (wrong, right) verdicts with it as candidate
+        self._pending: OrderedDict[tuple[Scope, str], _Pending] = OrderedDict()
+        self._links: OrderedDict[tuple[Scope, str], str] = (
+            OrderedDict()
+        )  # judged before insert: link on insert
+        self._vectors: OrderedDict[tuple[Scope, str], np.ndarray] = (
+            OrderedDict()
+        )  # embedded, not yet inserted
+        self._counts = dict.fromkeys(
+            (
+                "lookups",
+                "exact_hits",
+                "served",
+                "explored",
+                "judge_calls",
+                "observations",
+                "explored_wrong",
+                "feedback",
+                "feedback_wrong",
+            ),
+            0,
+        )
+
+    # -- the parts the policy reads ---------------------------------------------------------------------------
+
+    def cluster_of(self, entry_id: str) -> str:
+        return self._clusters.find(entry_id)
+
+    def cluster_size(self, root: str) -> int:
+        return self._clusters.size(root)
+
+    @property
+    def evidence(self) -> dict[str, tuple[int, int]]:
+        return self._evidence
+
+    @property
+    def mode(self) -> str:
+        return self._policy.mode
+
+    @property
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            from ._embed import default_embedder
+
+            self._embedder = default_embedder()
+        return self._embedder
+
+    # -- the request path -------------------------------------------------------------------------------------
+
+    def lookup(self, scope: Scope, prompt: str, *, max_error: float) -> tuple[SemanticDecision, str | None]:
+        """Decide one lookup: ``(decision, entry id to serve or None)``. An exact match of the prompt in the
+        scope is served first (similarity 1, estimated error 0). ``ValueError`` if ``max_error`` is not in
+        (0, 0.5]."""
+        check_scope(scope)
+        _check_prompt(prompt)
+        if not 0 < max_error <= 0.5:
+            raise ValueError(f"max_error must be in (0, 0.5], got {max_error!r}")
+        with self._lock:
+            self._counts["lookups"] += 1
+            exact = self._exact.get((scope, prompt))
+            if exact is not None:
+                self._counts["exact_hits"] += 1
+                if isinstance(self._policy, BoundedPolicy):
+                    self._policy.exact()
+                threshold = getattr(self._policy, "threshold", 0.0)
+                return SemanticDecision(True, False, exact, 1.0, threshold, 0.0), exact
+        vec = self.embedder.embed([prompt])  # outside the lock: concurrent lookups batch their embeddings
+        neighbours = self._index.search(scope, vec, self._k)[0]
+        with self._lock:
+            _remember(self._vectors, (scope, prompt), vec[0])
+            decision, candidate = self._policy.decide(neighbours, max_error, self._rng.random(), self)
+            if decision.serve:
+                self._counts["served"] += 1
+                return decision, decision.neighbour
+            self._counts["explored"] += decision.explore
+            if decision.neighbour is not None:
+                _remember(
+                    self._pending,
+                    (scope, prompt),
+                    _Pending(candidate, decision.est_error, decision.explore, tuple(neighbours)),
+                )
+            return decision, None
+
+    def insert(self, scope: Scope, entry_id: str, prompt: str, answer_ref: Any) -> None:
+        """Store a new entry (the model's answer to ``prompt``, referenced by ``answer_ref``) in ``scope``.
+
+        Re-inserting an id in the same scope replaces it; an id held by another scope is a ``ValueError``."""
+        check_scope(scope)
+        _check_prompt(prompt)
+        if not isinstance(entry_id, str) or not entry_id:
+            raise ValueError(f"entry_id must be a non-empty str, got {entry_id!r}")
+        with self._lock:
+            held = self._entries.get(entry_id)
+            if held is not None and held.scope != scope:
+                raise ValueError(f"entry {entry_id!r} already belongs to another scope")
+            vec = self._vectors.pop((scope, prompt), None)
+        vecs = self.embedder.embed([prompt]) if vec is None else vec[None, :]
+        self._index.add(scope, [entry_id], vecs)
+        with self._lock:
+            self._entries[entry_id] = _Entry(scope, prompt, answer_ref)
+            self._exact[(scope, prompt)] = entry_id
+            link = self._links.pop((scope, prompt), None)
+            if link is not None and link in self._entries:
+                self._clusters.union(entry_id, link)
+
+    def remove(self, scope: Scope, entry_ids: Sequence[str]) -> None:
+        """Forget entries (evicted or expired): they are no longer searched, matched or served."""
+        check_scope(scope)
+        with self._lock:
+            ids = [e for e in entry_ids if e in self._entries and self._entries[e].scope == scope]
+            for entry_id in ids:
+                entry = self._entries.pop(entry_id)
+                if self._exact.get((scope, entry.prompt)) == entry_id:
+                    del self._exact[(scope, entry.prompt)]
+        self._index.remove(scope, ids)
+
+    def judge_miss(self, scope: Scope, prompt: str, new_answer_ref: Any, decision: SemanticDecision) -> None:
+        """After a miss (or an exploration) the model answered ``prompt``: the judge compares the answer with
+        the candidate neighbour's. The verdict is an observation for the error model (and the exploration
+        sample) and, when equal, links the prompt's entry to the neighbour's answer cluster. Where the
+        candidate's answer differs, up to ``link_tries`` other neighbouring clusters are judged for a link.
+
+        A decision without a neighbour, or one whose lookup is no longer remembered, does nothing. In static
+        mode nothing is learnt, so nothing is judged. Judge exceptions propagate.
+        """
+        if decision.neighbour is None or self._policy.mode == "static":
+            return
+        with self._lock:
+            pending = self._pending.pop((scope, prompt), None)
+            if pending is None or pending.candidate is None:
+                return
+            neighbour = self._entries.get(decision.neighbour)
+        if neighbour is None:
+            return  # removed since the lookup: its answer is gone
+        same = bool(self._judge(new_answer_ref, neighbour.answer_ref))
+        link = decision.neighbour if same else self._find_link(pending.neighbours, new_answer_ref, decision)
+        with self._lock:
+            self._counts["judge_calls"] += 1
+            self._counts["observations"] += 1
+            if pending.explored:
+                self._counts["explored_wrong"] += not same
+            wrong, right = self._evidence.get(decision.neighbour, (0, 0))
+            self._evidence[decision.neighbour] = (wrong + (not same), right + same)
+            self._policy.observe(pending.candidate, not same, pending.est_error, explored=pending.explored)
+            if link is not None:
+                new_id = self._exact.get((scope, prompt))
+                if new_id is not None:
+                    self._clusters.union(new_id, link)
+                else:
+                    _remember(self._links, (scope, prompt), link)
+
+    def _find_link(
+        self, neighbours: Sequence[Neighbour], answer: Any, decision: SemanticDecision
+    ) -> str | None:
+        tried = {self.cluster_of(decision.neighbour)} if decision.neighbour else set()
+        for n in neighbours:
+            if len(tried) > self._link_tries:
+                break
+            root = self.cluster_of(n.entry_id)
+            entry = self._entries.get(n.entry_id)
+            if root in tried or entry is None:
+                continue
+            tried.add(root)
+            with self._lock:
+                self._counts["judge_calls"] += 1
+            if self._judge(answer, entry.answer_ref):
+                return n.entry_id
+        return None
+
+    def feedback(self, entry_id: str, correct: bool) -> None:
+        """A verdict on a served answer of ``entry_id`` (from a user or an evaluator). It weighs on that
+        entry's own error estimate and counts in the realised error. Unknown entries are ignored."""
+        with self._lock:
+            if entry_id not in self._entries:
+                return
+            self._counts["feedback"] += 1
+            self._counts["feedback_wrong"] += not correct
+            wrong, right = self._evidence.get(entry_id, (0, 0))
+            self._evidence[entry_id] = (wrong + (not correct), right + bool(correct))
+
+    def stats(self) -> SemanticStats:
+        with self._lock:
+            policy = self._policy
+            cutoff = policy.pacer.current if isinstance(policy, BoundedPolicy) else policy.threshold
+            calibration = policy.pacer.calibration if isinstance(policy, BoundedPolicy) else 1.0
+            return SemanticStats(**self._counts, cutoff=cutoff, calibration=calibration)
+
+    def answer_ref(self, entry_id: str) -> Any:
+        """The answer ref stored with ``entry_id``; ``KeyError`` if it is not held."""
+        return self._entries[entry_id].answer_ref
+
+
+def _check_prompt(prompt: object) -> None:
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
+
+
+def _remember(table: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+    table[key] = value
+    table.move_to_end(key)
+    if len(table) > _PENDING:
+        table.popitem(last=False)

@@ -1,0 +1,446 @@
+"""The semantic decision: serve a neighbour's answer only while the error it costs stays within the rule's bound.
+
+The bound ``max_error`` is on the error rate per lookup (wrong served answers / lookups), the rate the rule's
+user sees. A would-be hit is served when its estimated probability of being wrong is at most the current
+cut-off ``threshold``; the cut-off is paced so that the estimated error of everything served stays within the
+bound, inflated by a conservative calibration factor measured on the exploration sample.
+
+Three pieces, each one small class:
+
+- ``neighbourhood``: turns a neighbour list and the answer clusters (built from judge links only) into a
+  candidate entry and its features (similarity, margin to the nearest other cluster, vote of the top-k).
+- ``ErrorModel``: one global logistic model of P(wrong | features), refitted online from observations (judge
+  verdicts on misses and explorations, feedback); per-entry evidence is pooled with it as a Beta prior.
+- ``Pacer``: picks the cut-off from the recent lookups' estimated errors so that their expected error per
+  lookup is within the bound; an upper confidence bound on the exploration sample's observed/expected error
+  ratio scales the estimates up when the model is optimistic.
+
+``StaticPolicy`` is the comparison baseline: serve the nearest entry at cosine similarity >= threshold.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+from ._index import Neighbour
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = [
+    "AnswerClusters",
+    "BoundedPolicy",
+    "Candidate",
+    "ErrorModel",
+    "Pacer",
+    "SemanticDecision",
+    "StaticPolicy",
+    "neighbourhood",
+]
+
+
+class SemanticDecision(NamedTuple):
+    """One semantic lookup's decision; also the explanation recorded in its access event.
+
+    ``serve``: the neighbour's answer is served. ``explore``: it would have been served, but the model is
+    called instead to measure the error (the lookup counts as a miss). ``neighbour``: the candidate entry (None
+    when the scope held nothing). ``similarity``: its cosine similarity to the prompt. ``threshold``: what the
+    decision compared against: the cut-off on ``est_error`` in bounded mode, the similarity threshold in static
+    mode. ``est_error``: the estimated probability that the candidate's answer is wrong for this prompt (1.0
+    before the model has learnt anything; 0.0 for an exact match; NaN in static mode, which estimates nothing).
+    """
+
+    serve: bool
+    explore: bool
+    neighbour: str | None
+    similarity: float
+    threshold: float
+    est_error: float
+
+
+# --- the neighbourhood ------------------------------------------------------------------------------------
+
+FEATURES = (
+    "similarity", "gap_to_top", "margin", "vote", "share_of_k", "cluster_size", "similarity_sq", "entry_wrong",
+    "entry_right",
+)
+_VOTE_TEMPERATURE = 0.02  # softmax temperature over similarities: 0.02 apart weighs e times less
+_NO_RIVAL = 0.0  # the similarity assumed for "another answer" when none is among the neighbours
+
+
+class Candidate(NamedTuple):
+    """The entry a lookup would serve and the features the error model reads."""
+
+    entry_id: str
+    similarity: float
+    features: np.ndarray  # float64, FEATURES order
+
+
+def neighbourhood(
+    neighbours: Sequence[Neighbour],
+    cluster_of: Callable[[str], str],
+    cluster_size: Callable[[str], int],
+    evidence: Mapping[str, tuple[int, int]] | None = None,
+) -> Candidate | None:
+    """The candidate answer for a lookup: the answer cluster with the largest similarity-weighted vote among
+    ``neighbours`` (best first), represented by its most similar entry. None if there are no neighbours.
+
+    Clusters are what the judge linked (``cluster_of(entry) -> root``); entries never linked are their own
+    cluster, so an unlinked neighbour counts as a rival answer (the conservative reading). ``evidence`` gives
+    an entry's own verdicts ``(wrong, right)`` as a candidate: features of the global model, so the model pools
+    them with everything else it knows (and what decides whether a lookup is observed stays among the
+    features, which keeps the model's fit free of selection bias).
+    """
+    if not neighbours:
+        return None
+    import numpy as np
+
+    top = neighbours[0].similarity
+    votes: dict[str, float] = {}
+    best: dict[str, Neighbour] = {}
+    counts: dict[str, int] = {}
+    roots = []
+    for n in neighbours:
+        root = cluster_of(n.entry_id)
+        roots.append(root)
+        votes[root] = votes.get(root, 0.0) + math.exp((n.similarity - top) / _VOTE_TEMPERATURE)
+        counts[root] = counts.get(root, 0) + 1
+        best.setdefault(root, n)
+    chosen = max(votes, key=votes.__getitem__)
+    entry = best[chosen]
+    wrong, right = (evidence or {}).get(entry.entry_id, (0, 0))
+    rival = max(
+        (n.similarity for n, r in zip(neighbours, roots, strict=True) if r != chosen), default=_NO_RIVAL
+    )
+    features = np.array(
+        [
+            entry.similarity,
+            top - entry.similarity,
+            max(entry.similarity - rival, 0.0),
+            votes[chosen] / sum(votes.values()),
+            counts[chosen] / len(neighbours),
+            math.log1p(cluster_size(chosen)),
+            entry.similarity**2,
+            math.log1p(wrong),
+            math.log1p(right),
+        ]
+    )
+    return Candidate(entry.entry_id, entry.similarity, features)
+
+
+# --- the error model ----------------------------------------------------------------------------------------
+
+
+class ErrorModel:
+    """P(the candidate's answer is wrong | features): one weighted logistic regression over the last ``memory``
+    observations, refitted every ``refit_every`` new ones (sooner while few: every ``refit_growth`` of them).
+
+    Observations are a biased sample (every judged miss, but only the explored share of would-be hits), so
+    each carries the inverse of its chance of being observed as its weight: the fit then stands for all
+    lookups, the served region included. Until it has seen ``min_each`` wrong and ``min_each`` right
+    observations it knows nothing and predicts 1.0 (never serve); no estimate is below ``floor``.
+    scikit-learn is imported at the first fit.
+    """
+
+    def __init__(
+        self,
+        *,
+        min_each: int = 10,
+        refit_growth: float = 0.25,
+        refit_every: int = 500,
+        memory: int = 3000,
+        floor: float = 0.002,
+    ) -> None:
+        self.min_each = min_each
+        self.refit_growth = refit_growth
+        self.refit_every = refit_every
+        self.memory = memory
+        self.floor = floor
+        self._x: deque[np.ndarray] = deque(maxlen=memory)
+        self._y: deque[int] = deque(maxlen=memory)
+        self._w: deque[float] = deque(maxlen=memory)
+        self._seen = 0
+        self._wrong = 0
+        self._fitted_at = 0
+        self._coef: np.ndarray | None = None
+        self._intercept = 0.0
+        self._mean: np.ndarray | None = None
+        self._scale: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return self._seen
+
+    @property
+    def ready(self) -> bool:
+        return self._coef is not None
+
+    def observe(self, features: np.ndarray, wrong: bool, weight: float = 1.0) -> bool:
+        """Record one observation; refit if due. Returns True when the model changed."""
+        self._x.append(features)
+        self._y.append(int(wrong))
+        self._w.append(weight)
+        self._seen += 1
+        self._wrong += int(wrong)
+        if min(self._wrong, self._seen - self._wrong) < self.min_each:
+            return False
+        due = self._fitted_at + min(self.refit_every, max(1, int(self._fitted_at * self.refit_growth)))
+        if self._coef is not None and self._seen < due:
+            return False
+        self._fit()
+        return True
+
+    def _fit(self) -> None:
+        import numpy as np
+        from sklearn.linear_model import LogisticRegression
+
+        # Recent observations only (``memory``): neighbourhoods change as the clusters grow, and the cold
+        # start's observations would keep the model pessimistic for the rest of the stream.
+        x, y, w = np.asarray(self._x), np.asarray(self._y), np.asarray(self._w)
+        if y.min() == y.max():
+            return  # the window holds one class only: keep the last fit
+        mean, scale = x.mean(axis=0), x.std(axis=0)
+        scale[scale == 0] = 1.0
+        fit = LogisticRegression(C=1.0, solver="newton-cholesky", max_iter=100).fit((x - mean) / scale, y, sample_weight=w)
+        self._mean, self._scale = mean, scale
+        self._coef, self._intercept = fit.coef_[0].copy(), float(fit.intercept_[0])
+        self._fitted_at = self._seen
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        """P(wrong) for each row of ``features`` (n, len(FEATURES)); all 1.0 before the first fit."""
+        import numpy as np
+
+        features = np.atleast_2d(features)
+        if self._coef is None:
+            return np.ones(features.shape[0])
+        z = ((features - self._mean) / self._scale) @ self._coef + self._intercept
+        # A logistic tail falls faster than errors do: no neighbourhood is trusted beyond `floor`.
+        return np.maximum(1.0 / (1.0 + np.exp(-z)), self.floor)
+
+
+# --- pacing the cut-off --------------------------------------------------------------------------------------
+
+
+def calibration_upper(wrong: int, expected: float, *, prior: float, confidence: float) -> float:
+    """Upper ``confidence`` quantile of the ratio observed / expected wrong answers: a Gamma posterior (Poisson
+    counts) whose prior, worth ``prior`` expected errors, says the model is calibrated (ratio 1)."""
+    from scipy.stats import gamma
+
+    return float(gamma.ppf(confidence, prior + wrong, scale=1.0 / (prior + expected)))
+
+
+class Pacer:
+    """The cut-off on estimated error that keeps the expected error per lookup within ``max_error``.
+
+    It remembers the estimates of the last ``window`` lookups (``inf`` for lookups with no candidate, 0 for
+    exact hits) and picks the largest cut-off whose served estimates, summed and scaled by ``calibration``,
+    average at most ``safety * max_error`` per lookup: serving the lowest estimates first gives the most hits
+    for a given expected error. Errors already spent above budget are paid back over the next window.
+    ``calibration`` is an upper confidence bound (``confidence``) on observed / expected wrong answers among
+    explored would-be hits (``calibration_upper``): when the model underestimates the error, the cut-off
+    tightens; when it overestimates, it loosens as the evidence grows.
+    """
+
+    def __init__(
+        self,
+        *,
+        window: int = 1000,
+        safety: float = 0.9,
+        confidence: float = 0.85,
+        prior: float = 2.0,
+        every: int = 25,
+    ) -> None:
+        self.window = window
+        self.prior = prior
+        self.safety = safety
+        self.confidence = confidence
+        self.every = every
+        self._recent: deque[float] = deque(maxlen=window)
+        self._since = 0
+        self._cutoff = 0.0
+        self.lookups = 0
+        self.spent = 0.0  # expected wrong answers served so far, by the model (uncalibrated)
+        self.explored_expected = 0.0
+        self.explored_wrong = 0
+        self._calibration = 1.0
+
+    @property
+    def calibration(self) -> float:
+        return self._calibration
+
+    @property
+    def current(self) -> float:
+        """The cut-off as last computed."""
+        return self._cutoff
+
+    def cutoff(self, max_error: float) -> float:
+        if self._since >= self.every:
+            self._recompute(max_error)
+        return self._cutoff
+
+    def record(self, est_error: float, served: bool) -> None:
+        """One lookup: its candidate's estimated error (``inf`` if none) and whether it was served."""
+        self._recent.append(est_error)
+        self.lookups += 1
+        self._since += 1
+        if served:
+            self.spent += est_error
+
+    def explored(self, est_error: float, wrong: bool) -> None:
+        """The verdict on an explored would-be hit: the sample that checks the model where it serves."""
+        self.explored_expected += est_error
+        self.explored_wrong += int(wrong)
+        self._calibration = calibration_upper(
+            self.explored_wrong, self.explored_expected, prior=self.prior, confidence=self.confidence
+        )
+
+    def replace_recent(self, estimates: Sequence[float]) -> None:
+        """Re-estimate the remembered lookups (after the model was refitted)."""
+        self._recent = deque(estimates, maxlen=self.window)
+        self._since = self.every
+
+    def _recompute(self, max_error: float) -> None:
+        import numpy as np
+
+        self._since = 0
+        n = len(self._recent)
+        if n == 0:
+            return
+        budget = self.safety * max_error
+        # Over budget so far: pay the debt back over the next window. Under budget (the cold start serves
+        # nothing): spend the saving over the next window, at most 1.5 times the rate, so the cumulative
+        # expected error still stays within the budget.
+        # Past spending is re-read with today's calibration: the cold start spent on an unchecked model.
+        balance = (budget * self.lookups - self.spent * self._calibration) / self.window
+        target = budget + min(balance, budget / 2)
+        p = np.sort(np.fromiter(self._recent, float, n))
+        p = p[np.isfinite(p)]
+        if target <= 0 or p.size == 0:
+            self._cutoff = 0.0
+            return
+        spend = np.cumsum(p) * self._calibration / n
+        k = int(np.searchsorted(spend, target, side="right"))
+        self._cutoff = float(p[k - 1]) if k > 0 else 0.0
+
+
+# --- the policies ----------------------------------------------------------------------------------------------
+
+
+class StaticPolicy:
+    """Serve the nearest entry when its cosine similarity is at least ``threshold``: the comparison baseline
+    (GPTCache, RedisVL and LiteLLM decide this way). It learns nothing and explores nothing."""
+
+    mode = "static"
+
+    def __init__(self, *, threshold: float, **_ignored: object) -> None:
+        if not 0 < threshold <= 1:
+            raise ValueError(f"threshold must be in (0, 1], got {threshold!r}")
+        self.threshold = threshold
+
+    def decide(
+        self, neighbours: Sequence[Neighbour], max_error: float, explore_draw: float, clusters: AnswerClusters
+    ) -> tuple[SemanticDecision, Candidate | None]:
+        if not neighbours:
+            return SemanticDecision(False, False, None, 0.0, self.threshold, math.nan), None
+        top = neighbours[0]
+        serve = top.similarity >= self.threshold
+        return SemanticDecision(serve, False, top.entry_id, top.similarity, self.threshold, math.nan), None
+
+    def observe(self, candidate: Candidate, wrong: bool, est_error: float, *, explored: bool) -> None:
+        """Static mode learns nothing."""
+
+
+class AnswerClusters(Protocol):
+    """What a policy reads of the cache: the answer clusters (judge links) and each entry's own verdicts."""
+
+    @property
+    def evidence(self) -> Mapping[str, tuple[int, int]]: ...  # entry -> (wrong, right) as a candidate
+
+    def cluster_of(self, entry_id: str) -> str: ...
+
+    def cluster_size(self, root: str) -> int: ...
+
+
+_EXACT = "exact"
+
+
+class BoundedPolicy:
+    """Serve a would-be hit when its estimated error is within the paced cut-off; explore a fraction
+    ``explore`` of would-be hits (the caller draws uniformly in [0, 1) for each lookup).
+
+    The error model and the pacer are per policy (one per rule): the bound is the rule's.
+    """
+
+    mode = "bounded"
+
+    def __init__(
+        self,
+        *,
+        explore: float = 0.05,
+        k: int = 10,
+        model: ErrorModel | None = None,
+        pacer: Pacer | None = None,
+        **_ignored: object,
+    ) -> None:
+        if not 0 <= explore < 1:
+            raise ValueError(f"explore must be in [0, 1), got {explore!r}")
+        if k < 1:
+            raise ValueError(f"k must be positive, got {k!r}")
+        self.explore = explore
+        self.k = k
+        self.model = model or ErrorModel()
+        self.pacer = pacer or Pacer()
+        # Features of the last lookups (None: no candidate; _EXACT: an exact hit), re-estimated at each refit.
+        self._recent: deque[np.ndarray | str | None] = deque(maxlen=self.pacer.window)
+
+    def decide(
+        self, neighbours: Sequence[Neighbour], max_error: float, explore_draw: float, clusters: AnswerClusters
+    ) -> tuple[SemanticDecision, Candidate | None]:
+        if not 0 < max_error <= 0.5:
+            raise ValueError(f"max_error must be in (0, 0.5], got {max_error!r}")
+        cutoff = self.pacer.cutoff(max_error)
+        candidate = neighbourhood(neighbours, clusters.cluster_of, clusters.cluster_size, clusters.evidence)
+        self._recent.append(None if candidate is None else candidate.features)
+        if candidate is None:
+            self.pacer.record(math.inf, False)
+            return SemanticDecision(False, False, None, 0.0, cutoff, 1.0), None
+        est = float(self.model.predict(candidate.features)[0])
+        would = self.model.ready and est <= cutoff
+        # Uniform exploration: its sample of would-be hits is unbiased, so observed / expected wrong answers in
+        # it measures the model where it serves (exploring more where estimates are high was tried: the sample
+        # then checks the model where it is pessimistic, and the calibration loosened the bound; see
+        # docs/notes/semantic-*.md).
+        explore = would and explore_draw < self.explore
+        self.pacer.record(est, would and not explore)
+        decision = SemanticDecision(
+            would and not explore, explore, candidate.entry_id, candidate.similarity, cutoff, est
+        )
+        return decision, candidate
+
+    def exact(self) -> None:
+        """An exact hit: a lookup that costs no error (it still counts in the per-lookup rate)."""
+        self._recent.append(_EXACT)
+        self.pacer.record(0.0, True)
+
+    def observe(self, candidate: Candidate, wrong: bool, est_error: float, *, explored: bool) -> None:
+        """A verdict on a candidate (judge on a miss or exploration, or feedback)."""
+        if explored:
+            self.pacer.explored(est_error, wrong)
+        # Inverse propensity: an explored verdict stands for the 1/explore would-be hits like it that were served.
+        weight = 1.0 / self.explore if explored else 1.0
+        if self.model.observe(candidate.features, wrong, weight):
+            self._reestimate()
+
+    def _reestimate(self) -> None:
+        import numpy as np
+
+        rows = [f for f in self._recent if f is not None and f is not _EXACT]
+        fresh = iter(self.model.predict(np.asarray(rows)).tolist() if rows else ())
+        self.pacer.replace_recent(
+            [math.inf if f is None else 0.0 if f is _EXACT else next(fresh) for f in self._recent]
+        )
+
+
+POLICIES: dict[str, type[BoundedPolicy | StaticPolicy]] = {"bounded": BoundedPolicy, "static": StaticPolicy}

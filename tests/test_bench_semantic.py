@@ -1,0 +1,180 @@
+"""`evocache bench semantic`: the report's schema and definitions, the static baseline, pairs, errors."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from evocache.cli.app import app as evocache
+from evocache.controller.semantic._bench import (
+    StreamRow,
+    VectorTable,
+    best_static,
+    oracle_hit_rate,
+    prior_neighbours,
+    read_rows,
+    static_replay,
+)
+from evocache.controller.semantic._cache import SemanticCache
+from evocache.controller.semantic._index import Scope
+from evocache.controller.errors import TraceError
+from typer.testing import CliRunner
+
+ROOT = Path(__file__).resolve().parent.parent
+BANKING = ROOT / "examples" / "data" / "banking77_train.jsonl"
+PAIRS = ROOT / "bench" / "data" / "fow_traps.jsonl"
+
+
+def _head(path: Path, n: int, out: Path) -> Path:
+    with open(path, encoding="utf-8") as f:
+        out.write_text("".join(line for _, line in zip(range(n), f, strict=False)), encoding="utf-8")
+    return out
+
+
+def _rows(seed: int, n: int = 600, groups: int = 12) -> tuple[list[StreamRow], np.ndarray]:
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(groups, 16))
+    labels = rng.integers(0, groups, size=n)
+    vecs = centres[labels] + rng.normal(scale=0.6, size=(n, 16))
+    vecs = (vecs / np.linalg.norm(vecs, axis=1, keepdims=True)).astype(np.float32)
+    rows = [StreamRow(f"p{i}", f"g{g}") for i, g in enumerate(labels)]
+    rows += [StreamRow("p3", rows[3].group), StreamRow("p5", rows[5].group)]  # exact duplicates
+    return rows, np.concatenate([vecs, vecs[[3, 5]]])
+
+
+@pytest.mark.parametrize("threshold", [0.6, 0.75, 0.85, 0.95])
+def test_static_baseline_replays_exactly_like_the_static_cache(threshold: float) -> None:
+    rows, vecs = _rows(1)
+    texts = [r.prompt for r in rows]
+    unique = list(dict.fromkeys(texts))
+    table = VectorTable(unique, vecs[: len(unique)], "test")
+    cache = SemanticCache(table, mode="static", threshold=threshold)
+    scope = Scope("bench", "x")
+    hits = wrong = 0
+    for i, row in enumerate(rows):
+        _, entry = cache.lookup(scope, row.prompt, max_error=0.5)
+        if entry is not None:
+            hits += 1
+            wrong += cache.answer_ref(entry) != row.group
+        else:
+            cache.insert(scope, f"e{i}", row.prompt, row.group)
+    idx, sims = prior_neighbours(vecs, k=4)  # a small k forces the exact fallback too
+    assert static_replay(rows, vecs, threshold, (idx.tolist(), sims.tolist())) == (hits, wrong)
+
+
+def test_best_static_is_the_highest_hit_rate_within_delta() -> None:
+    rows, vecs = _rows(2)
+    n = len(rows)
+    idx, sims = prior_neighbours(vecs)
+    prior = (idx.tolist(), sims.tolist())
+    grid = (0.5, 0.6, 0.7, 0.8, 0.9)
+    curve = {t: static_replay(rows, vecs, t, prior) for t in grid}
+    best = best_static(rows, vecs, [0.02, 0.1], grid)
+    for delta in (0.02, 0.1):
+        allowed = [t for t in grid if curve[t][1] / n <= delta]
+        t = max(allowed, key=lambda t: (curve[t][0], t))
+        assert best[delta] == {"threshold": t, "hit_rate": curve[t][0] / n, "error_rate": curve[t][1] / n}
+
+
+def test_oracle_hit_rate_counts_groups_seen_before() -> None:
+    rows = [StreamRow("a", "x"), StreamRow("b", "y"), StreamRow("c", "x"), StreamRow("d", "x"), StreamRow("e", "z")]
+    assert oracle_hit_rate(rows) == 2 / 5
+
+
+def test_malformed_lines_are_named_by_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "group": "g"}\n\n{"prompt": 3, "group": "g"}\n')
+    with pytest.raises(TraceError) as caught:
+        read_rows(bad)
+    assert str(caught.value) == f'{bad}:3: expected {{"prompt": str, "group": str}}'
+    bad.write_text('{"a": "x", "b": "y", "same_answer": "yes", "category": "c"}\n')
+    with pytest.raises(TraceError, match=":1: expected"):
+        read_rows(bad)
+    bad.write_text("not json\n")
+    with pytest.raises(TraceError, match=r":1: not JSON"):
+        read_rows(bad)
+
+
+def test_stream_report_schema_and_definitions_with_the_real_model(tmp_path: Path) -> None:
+    data = _head(BANKING, 300, tmp_path / "stream.jsonl")
+    out = tmp_path / "out.json"
+    cache_dir = tmp_path / "emb"
+    result = CliRunner().invoke(
+        evocache,
+        ["bench", "semantic", "--data", str(data), "--delta", "0.05", "--seed", "3", "--json", str(out),
+         "--embed-cache", str(cache_dir)],
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    rows = read_rows(data)
+    assert report["n"] == 300
+    assert report["oracle_hit_rate"] == oracle_hit_rate(rows)  # type: ignore[arg-type]
+    assert set(report["evocache"]) >= {"hit_rate", "error_rate", "exploration_calls"}
+    assert set(report["best_static"]) == {"threshold", "hit_rate", "error_rate"}
+    evo = report["evocache"]
+    assert evo["hit_rate"] == evo["hits"] / 300 and evo["error_rate"] == evo["wrong"] / 300
+    assert evo["error_rate"] <= 0.05 and report["best_static"]["error_rate"] <= 0.05
+    assert isinstance(evo["exploration_calls"], int) and evo["judge_calls"] > 0
+    assert (report["delta"], report["seed"], report["embedder"]) == (0.05, 3, "st:all-MiniLM-L6-v2")
+    assert "best static" in result.output
+    assert len(list(cache_dir.glob("*.npy"))) == 1
+    # the same run again reads the cached embeddings and gives the same report (the seed fixes the draws)
+    again = CliRunner().invoke(
+        evocache,
+        ["bench", "semantic", "--data", str(data), "--delta", "0.05", "--seed", "3", "--json", str(out),
+         "--embed-cache", str(cache_dir)],
+    )
+    assert again.exit_code == 0 and json.loads(out.read_text()) == report
+
+
+def test_pairs_report_per_category(tmp_path: Path) -> None:
+    pairs = [json.loads(line) for line in PAIRS.read_text().splitlines()]
+    rng = random.Random(0)
+    rng.shuffle(pairs)
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(p) + "\n" for p in pairs[:120]))
+    out = tmp_path / "pairs.json"
+    result = CliRunner().invoke(evocache, ["bench", "semantic", "--data", str(data), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    chosen = pairs[:120]
+    expected = {}
+    for p in chosen:
+        expected[p["category"]] = expected.get(p["category"], 0) + 1
+    cats = report["evocache"]["categories"]
+    assert {name: c["pairs"] for name, c in cats.items()} == expected
+    for name, c in cats.items():
+        trap = not any(p["same_answer"] for p in chosen if p["category"] == name)
+        assert c["traps_served"] == (c["hits"] if trap else 0)
+        assert (c["trap_rate"] is None) == (not trap)
+    assert set(report["static"]) == {"0.8", "0.85", "0.9", "0.95"}
+    assert report["n"] == 120
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--delta", "0.7"], 2, "error: --delta: expected a number in (0, 0.5], got 0.7"),
+        (["--mode", "fuzzy"], 2, "error: --mode: expected bounded or static, got 'fuzzy'"),
+        (["--mode", "static"], 2, "error: --threshold: --mode static needs a threshold in (0, 1]"),
+        (["--explore", "1.5"], 2, "error: --explore: expected a fraction in [0, 1), got 1.5"),
+        (["--embedder", "word2vec"], 2, "error: --embedder: expected minilm or openai:MODEL@BASE_URL, got 'word2vec'"),
+    ],
+)
+def test_bad_options_exit_2_with_one_line(tmp_path: Path, args: list[str], code: int, message: str) -> None:
+    data = _head(BANKING, 5, tmp_path / "s.jsonl")
+    result = CliRunner().invoke(evocache, ["bench", "semantic", "--data", str(data), *args])
+    assert (result.exit_code, result.output.strip()) == (code, message)
+
+
+def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.jsonl"
+    result = CliRunner().invoke(evocache, ["bench", "semantic", "--data", str(missing)])
+    assert (result.exit_code, result.output.strip()) == (2, f"error: {missing}: No such file or directory")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a"}\n')
+    result = CliRunner().invoke(evocache, ["bench", "semantic", "--data", str(bad)])
+    assert (result.exit_code, result.output.strip()) == (1, f'{bad}:1: expected {{"prompt": str, "group": str}}')

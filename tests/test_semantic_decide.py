@@ -1,0 +1,293 @@
+"""The semantic decision: error bound on streams with known ground truth, static mode, exploration, judge links."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from evocache.controller.semantic import Scope
+from evocache.controller.semantic._cache import SemanticCache
+from evocache.controller.semantic._decide import FEATURES, ErrorModel, Pacer, SemanticDecision, neighbourhood
+from evocache.controller.semantic._index import Neighbour
+
+SCOPE = Scope("tenant-a", "fn@model:rev")
+
+
+class TableEmbedder:
+    """Constructed vectors: prompt text -> a fixed unit vector."""
+
+    name = "test:table"
+
+    def __init__(self, table: dict[str, np.ndarray]) -> None:
+        self.table = table
+        self.dim = len(next(iter(table.values())))
+        self.calls = 0
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.calls += 1
+        return np.asarray([self.table[t] for t in texts], dtype=np.float32)
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    return (v / np.linalg.norm(v)).astype(np.float32)
+
+
+def synthetic_stream(seed: int, n: int = 3000, groups: int = 40, dim: int = 24) -> tuple[list[tuple[str, str]], dict]:
+    """Prompts around group centres; pairs of groups share a nearby centre, so a neighbour can be close and
+    still wrong: the ground truth (group) is known, the cache sees it only through the judge."""
+    rng = np.random.default_rng(seed)
+    bases = rng.normal(size=(groups // 2, dim))
+    centres = []
+    for b in bases:  # two groups per base: confusable
+        centres.append(_unit(b + 0.35 * rng.normal(size=dim)))
+        centres.append(_unit(b + 0.35 * rng.normal(size=dim)))
+    weights = rng.dirichlet(np.ones(groups))
+    stream, table = [], {}
+    for i in range(n):
+        g = int(rng.choice(groups, p=weights))
+        prompt = f"q{i}"
+        table[prompt] = _unit(centres[g] + rng.normal(scale=0.09, size=dim))
+        stream.append((prompt, f"g{g}"))
+    return stream, table
+
+
+def replay(cache: SemanticCache, stream: list[tuple[str, str]], delta: float) -> tuple[int, int, list]:
+    hits = wrong = 0
+    decisions = []
+    for i, (prompt, group) in enumerate(stream):
+        decision, entry = cache.lookup(SCOPE, prompt, max_error=delta)
+        decisions.append(decision)
+        if entry is not None:
+            hits += 1
+            wrong += cache.answer_ref(entry) != group
+            continue
+        cache.insert(SCOPE, f"e{i}", prompt, group)
+        cache.judge_miss(SCOPE, prompt, group, decision)
+    return hits, wrong, decisions
+
+
+@pytest.mark.parametrize(("delta", "seed"), [(0.02, 0), (0.02, 1), (0.05, 2), (0.01, 3)])
+def test_error_bound_holds_on_a_synthetic_stream_with_known_ground_truth(delta: float, seed: int) -> None:
+    stream, table = synthetic_stream(seed)
+    cache = SemanticCache(TableEmbedder(table), rng=random.Random(seed))
+    hits, wrong, decisions = replay(cache, stream, delta)
+    n = len(stream)
+    assert wrong / n <= delta
+    # ...and it is not met by serving nothing: most queries find their group cached and many are served
+    assert hits / n >= 0.3
+    served = [d for d in decisions if d.serve]
+    assert all(d.est_error <= d.threshold for d in served)
+    stats = cache.stats()
+    assert stats.served == hits and stats.lookups == n
+    assert stats.judge_calls >= n - hits - 1  # every miss with a neighbour was judged
+
+
+def test_static_mode_serves_exactly_at_or_above_the_threshold() -> None:
+    e0 = np.zeros(4, dtype=np.float32)
+    e0[0] = 1
+    table = {"stored": e0}
+    # similarities exactly representable in float32, so "at" is exactly at the threshold
+    for name, sim in (("at", 0.75), ("above", 0.875), ("below", 0.7499)):
+        table[name] = np.array([sim, math.sqrt(1 - sim * sim), 0, 0], dtype=np.float32)
+    cache = SemanticCache(TableEmbedder(table), mode="static", threshold=0.75)
+    empty, entry = cache.lookup(SCOPE, "stored", max_error=0.02)
+    assert (empty.serve, empty.explore, empty.neighbour, empty.threshold, entry) == (False, False, None, 0.75, None)
+    cache.insert(SCOPE, "s", "stored", "answer")
+    results = {}
+    for name in ("at", "above", "below"):
+        decision, entry = cache.lookup(SCOPE, name, max_error=0.02)
+        results[name] = (decision.serve, decision.explore, decision.neighbour, round(decision.similarity, 4),
+                         decision.threshold, entry)
+        assert math.isnan(decision.est_error)  # static mode estimates nothing
+    assert results == {
+        "at": (True, False, "s", 0.75, 0.75, "s"),
+        "above": (True, False, "s", 0.875, 0.75, "s"),
+        "below": (False, False, "s", 0.7499, 0.75, None),
+    }
+    assert cache.stats().judge_calls == 0
+
+
+def test_exact_match_is_served_first_without_embedding() -> None:
+    stream, table = synthetic_stream(0, n=10)
+    embedder = TableEmbedder(table)
+    cache = SemanticCache(embedder)
+    cache.insert(SCOPE, "e0", "q0", "g")
+    calls = embedder.calls
+    decision, entry = cache.lookup(SCOPE, "q0", max_error=0.02)
+    assert (decision.serve, decision.neighbour, decision.similarity, decision.est_error, entry) == (
+        True, "e0", 1.0, 0.0, "e0"
+    )
+    assert embedder.calls == calls
+    assert cache.stats().exact_hits == 1
+
+
+def test_no_entry_of_another_tenant_or_boundary_is_ever_served() -> None:
+    stream, table = synthetic_stream(0, n=400)
+    cache = SemanticCache(TableEmbedder(table), mode="static", threshold=0.01)
+    other_tenant, other_model = Scope("tenant-b", SCOPE.boundary), Scope(SCOPE.namespace, "fn@model:rev2")
+    for i, (prompt, group) in enumerate(stream[:200]):
+        cache.insert(SCOPE, f"a{i}", prompt, group)
+    for scope in (other_tenant, other_model):
+        for prompt, _ in stream[:200]:  # identical prompts: no exact hit across scopes either
+            decision, entry = cache.lookup(scope, prompt, max_error=0.02)
+            assert (decision.serve, decision.neighbour, entry) == (False, None, None)
+    decision, entry = cache.lookup(SCOPE, stream[300][0], max_error=0.02)
+    assert entry is not None and entry.startswith("a")
+
+
+def test_exploration_fraction_follows_the_seeded_draws() -> None:
+    stream, table = synthetic_stream(5, n=2500)
+    explore = 0.2
+    cache = SemanticCache(TableEmbedder(table), explore=explore, rng=random.Random(11))
+    _, _, decisions = replay(cache, stream, 0.05)
+    draws = random.Random(11)
+    would = explored = 0
+    for decision in decisions:
+        draw = draws.random()  # one draw per lookup that searched (no exact hits in this stream)
+        if decision.serve or decision.explore:
+            would += 1
+            explored += decision.explore
+            assert decision.explore == (draw < explore)
+        assert not (decision.serve and decision.explore)
+    assert would > 500
+    assert explored == cache.stats().explored
+    assert abs(explored / would - explore) < 3 * math.sqrt(explore * (1 - explore) / would)
+
+
+def test_answer_clusters_come_only_from_the_judge() -> None:
+    # Every prompt has the same label, but the judge says no two answers are equal: nothing gets linked.
+    stream, table = synthetic_stream(0, n=300)
+    never = SemanticCache(TableEmbedder(table), judge=lambda new, old: False)
+    same_label = [(p, "one-answer") for p, _ in stream]
+    replay(never, same_label, 0.02)
+    roots = {never.cluster_of(f"e{i}") for i in range(len(stream)) if f"e{i}" in never._entries}
+    assert len(roots) == len(never._entries)
+    assert never.stats().served == 0  # no verdict ever said right: nothing can be served
+    # Labels all differ, but the judge says everything is equal: entries get linked anyway.
+    always = SemanticCache(TableEmbedder(table), judge=lambda new, old: True, explore=0.0)
+    distinct = [(p, f"label{i}") for i, (p, _) in enumerate(stream)]
+    replay(always, distinct, 0.02)
+    entries = list(always._entries)
+    assert len({always.cluster_of(e) for e in entries}) == 1
+
+
+def test_judge_before_insert_links_on_insert() -> None:
+    e = np.eye(4, dtype=np.float32)
+    table = {"a": e[0], "b": _unit(e[0] + 0.1 * e[1])}
+    cache = SemanticCache(TableEmbedder(table), judge=lambda new, old: new == old)
+    cache.insert(SCOPE, "ea", "a", "answer")
+    decision, entry = cache.lookup(SCOPE, "b", max_error=0.02)  # the model knows nothing yet: a miss
+    assert (entry, decision.neighbour, decision.est_error) == (None, "ea", 1.0)
+    cache.judge_miss(SCOPE, "b", "answer", decision)
+    cache.insert(SCOPE, "eb", "b", "answer")
+    assert cache.cluster_of("eb") == cache.cluster_of("ea")
+    assert cache.evidence["ea"] == (0, 1)
+    assert cache.stats().judge_calls == 1
+
+
+def test_feedback_counts_against_the_entry() -> None:
+    cache = SemanticCache(TableEmbedder({"a": np.eye(3, dtype=np.float32)[0]}))
+    cache.insert(SCOPE, "ea", "a", "x")
+    cache.feedback("ea", correct=False)
+    cache.feedback("ea", correct=True)
+    cache.feedback("unknown", correct=False)
+    stats = cache.stats()
+    assert (cache.evidence["ea"], stats.feedback, stats.feedback_wrong, stats.realised_error) == ((1, 1), 2, 1, 0.5)
+
+
+@pytest.mark.parametrize("bad", [0.0, 0.51, -0.1, math.nan])
+def test_max_error_out_of_range_is_refused(bad: float) -> None:
+    cache = SemanticCache(TableEmbedder({"a": np.eye(3, dtype=np.float32)[0]}))
+    with pytest.raises(ValueError, match="max_error must be in"):
+        cache.lookup(SCOPE, "a", max_error=bad)
+
+
+def test_bad_construction_and_input_name_what_is_wrong() -> None:
+    embedder = TableEmbedder({"a": np.eye(3, dtype=np.float32)[0]})
+    with pytest.raises(ValueError, match="unknown semantic mode 'fuzzy'; known: bounded, static"):
+        SemanticCache(embedder, mode="fuzzy")
+    with pytest.raises(ValueError, match="needs a threshold"):
+        SemanticCache(embedder, mode="static")
+    cache = SemanticCache(embedder)
+    with pytest.raises(TypeError, match="prompt must be a str"):
+        cache.lookup(SCOPE, b"a", max_error=0.02)  # type: ignore[arg-type]
+    cache.insert(SCOPE, "ea", "a", "x")
+    with pytest.raises(ValueError, match="already belongs to another scope"):
+        cache.insert(Scope("tenant-b", "x"), "ea", "a", "x")
+
+
+def test_neighbourhood_votes_by_cluster_and_measures_the_margin() -> None:
+    clusters = {"a1": "A", "a2": "A", "b1": "B"}
+    neighbours = [Neighbour("b1", 0.90), Neighbour("a1", 0.895), Neighbour("a2", 0.89)]
+    candidate = neighbourhood(neighbours, clusters.__getitem__, {"A": 2, "B": 1}.__getitem__, {"a1": (0, 3)})
+    assert candidate is not None
+    features = dict(zip(FEATURES, candidate.features.tolist(), strict=True))
+    # A's two entries (weights e^-0.25 + e^-0.5) outvote B's single nearer one (1); A is served through its
+    # nearest entry
+    assert (candidate.entry_id, candidate.similarity) == ("a1", 0.895)
+    assert features["gap_to_top"] == pytest.approx(0.005)
+    assert features["margin"] == pytest.approx(0.0)  # the rival (0.90) is nearer than the candidate
+    assert features["share_of_k"] == pytest.approx(2 / 3)
+    assert features["entry_right"] == pytest.approx(math.log1p(3))
+    assert neighbourhood([], clusters.__getitem__, len) is None
+
+
+def test_error_model_knows_nothing_until_it_has_seen_both_outcomes() -> None:
+    model = ErrorModel(min_each=3)
+    x = np.zeros(len(FEATURES))
+    for _ in range(10):
+        model.observe(x, wrong=False)
+    assert not model.ready and model.predict(x).tolist() == [1.0]
+    for i in range(3):
+        model.observe(x + i, wrong=True)
+    assert model.ready
+    assert 0 < model.predict(x)[0] < model.predict(x + 2)[0] < 1
+
+
+def test_pacer_serves_the_lowest_estimates_first_within_the_budget() -> None:
+    estimates = (0.01, 0.02, 0.03, 0.5, 0.5, math.inf, 0.0, 0.04, 0.045, 0.3)
+    pacer = Pacer(window=10, safety=1.0, every=1)
+    for p in estimates:
+        pacer.record(p, served=False)
+    # Budget 0.01 per lookup. Nothing spent in 10 lookups: the saving lets the next window spend 1.5 times the
+    # rate, 0.15 in all. Lowest first: 0 + .01 + .02 + .03 + .04 + .045 = 0.145 fits; adding 0.3 does not.
+    assert pacer.cutoff(0.01) == 0.045
+    spender = Pacer(window=10, safety=1.0, every=1)
+    for p in estimates:
+        spender.record(p, served=math.isfinite(p))
+    # 1.445 expected wrong answers served against a budget of 0.1: the debt closes the tap.
+    assert spender.cutoff(0.01) == 0.0
+
+
+def test_real_model_end_to_end_on_a_small_stream() -> None:
+    import json
+    from pathlib import Path
+
+    from evocache.controller.semantic import SentenceTransformerEmbedder
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "data" / "banking77_train.jsonl"
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for _, line in zip(range(80), f, strict=False)]
+    stream = [(r["prompt"], r["group"]) for r in rows]
+    cache = SemanticCache(SentenceTransformerEmbedder(), rng=random.Random(0))
+    hits, wrong, decisions = replay(cache, stream, 0.05)
+    assert wrong / len(stream) <= 0.05
+    assert cache.stats().judge_calls > 0 and cache.stats().observations > 0
+    # the real embedder's vectors: a prompt asked again is an exact hit, a paraphrase finds its neighbour
+    again, entry = cache.lookup(SCOPE, stream[0][0], max_error=0.05)
+    assert (again.serve, again.similarity, entry) == (True, 1.0, "e0")
+    decision, _ = cache.lookup(SCOPE, stream[0][0] + "?!", max_error=0.05)
+    assert decision.neighbour == "e0" and decision.similarity > 0.9
+
+
+def test_the_decision_explains_itself_with_the_agreed_fields() -> None:
+    stream, table = synthetic_stream(0, n=5)
+    cache = SemanticCache(TableEmbedder(table))
+    cache.insert(SCOPE, "e0", "q0", "g")
+    decision, _ = cache.lookup(SCOPE, "q1", max_error=0.02)
+    assert isinstance(decision, SemanticDecision)
+    assert list(decision._asdict()) == ["serve", "explore", "neighbour", "similarity", "threshold", "est_error"]
+    assert (decision.neighbour, decision.est_error) == ("e0", 1.0)  # the model has seen nothing yet
