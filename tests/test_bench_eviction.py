@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -228,3 +230,48 @@ def test_help_says_the_trace_is_held_in_memory() -> None:
     result = runner.invoke(app, ["eviction", "--help"], terminal_width=200)
     assert result.exit_code == 0
     assert "The trace is read once into memory" in " ".join(result.stdout.split())
+
+
+# -- bench/eviction.py: the figures, on a tiny trace ------------------------------------------------
+
+BENCH_SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "eviction.py"
+
+
+def run_bench_script(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(BENCH_SCRIPT), "--trace", str(TRACES / "mooncake.jsonl"), "--sizes", "0.4,1",
+         "--rounds", "1", "--out", str(tmp_path), *args],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def test_bench_script_prints_every_figure_and_writes_its_json(tmp_path: Path) -> None:
+    done = run_bench_script(tmp_path, "--cloudphysics", str(TRACES / "blocks.csv"))
+    assert done.returncode == 0, done.stderr
+    headings = [line for line in done.stdout.splitlines() if line.startswith("== ")]
+    assert headings == [
+        "== (a) policy x size on mooncake.jsonl",
+        "== (b) learned against LRU on blocks.csv",
+        "== (c) LRU replay throughput (6 accesses, capacity 1 objects)",
+        "== (d) per-request cost through the L1 MemoryTier (5% of the objects)",
+    ]
+    table = json.loads((tmp_path / "mooncake.json").read_text())
+    names = [r["policy"] for r in table["rows"] if r["size"] == 1]
+    assert names[:len(EVICTION_POLICIES)] == list(EVICTION_POLICIES) and names[-1] == "belady"
+    speed = json.loads((tmp_path / "throughput.json").read_text())
+    assert (speed["accesses"], speed["capacity_objects"], speed["rounds"]) == (6, 1, 1)
+    assert speed["ratio"] == speed["replay_s"] / speed["baseline_s"]
+    cost = json.loads((tmp_path / "cost.json").read_text())
+    assert list(cost["policies"]) == ["lru", *(n for n in EVICTION_POLICIES if n != "lru")]
+    assert cost["policies"]["lru"]["policy_ratio"] == 1.0
+    # Blocks 0 1 2 | 0 3 | 4 through a one-entry L1: nothing is ever hit, whatever the policy.
+    assert {row["hit_ratio"] for row in cost["policies"].values()} == {0.0}
+    if "learned" in EVICTION_POLICIES:
+        assert json.loads((tmp_path / "cloudphysics.json").read_text())["rows"][0]["policy"] == "lru"
+
+
+def test_bench_script_skips_cloudphysics_when_absent(tmp_path: Path) -> None:
+    missing = tmp_path / "cloudPhysicsIO.csv"
+    done = run_bench_script(tmp_path, "--cloudphysics", str(missing))
+    assert done.returncode == 0, done.stderr
+    assert f"skipped: {missing} is not here (GPL-3.0 data: read from ../shared, never copied)" in done.stdout
+    assert not (tmp_path / "cloudphysics.json").exists()
