@@ -8,6 +8,7 @@ from __future__ import annotations
 import typer
 
 from evocache.controller.replay.commands import app as bench_app
+from evocache.controller.semantic.commands import semantic as bench_semantic
 from evocache.dsl.commands import ENFORCEMENT_CHECKS
 from evocache.dsl.commands import app as policy_app
 
@@ -20,6 +21,7 @@ app = typer.Typer(
 )
 app.add_typer(policy_app, name="policy", help="Check and compare policy documents.")
 app.add_typer(bench_app, name="bench", help="Replay traces against the cache's policies.")
+bench_app.command("semantic")(bench_semantic)
 
 
 def _controller_can_enforce(policy) -> None:  # noqa: ANN001 - a dsl Policy; imported lazily
