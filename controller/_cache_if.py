@@ -27,6 +27,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import operator
 import threading
 import time
 from bisect import bisect_left
@@ -46,6 +47,7 @@ from ._contract import (
 from ._keys import template_hash
 from ._metrics import LATENCY_BUCKETS
 from ._runtime import CacheRuntime, StoreConfig, build_runtime, current_runtime
+from ._semantic import Gone, explanation, fresh_ref, make_judge, stored_ref
 from ._serialize import SERIALIZERS, Serializer, Unserializable, dump_chunks, load_chunks
 from ._types import L1, CacheKey, Entry, Namespace
 from .errors import ContractError
@@ -54,6 +56,7 @@ from .tiers._memory import READ_BUFFER_DRAIN
 log = logging.getLogger("evocache.controller")
 
 _INVALIDATED_MAX = 65_536
+_GONE = object()  # "no value": a semantic neighbour whose entry is not in any tier
 _IMMUTABLE_TAGS = frozenset(b"sb")  # payload tags of str and bytes values (controller._serialize)
 
 
@@ -106,6 +109,9 @@ def cache_if(
     ignore: Sequence[str] = (),
     serializer: str | Serializer = "json",
     store: CacheRuntime | StoreConfig | None = None,
+    semantic: Mapping[str, Any] | None = None,
+    semantic_text: str | None = None,
+    judge: Callable[[Any, Any], bool] | None = None,
 ) -> Callable[[Callable[..., Any]], Any]:
     """Cache a function's results while ``condition`` holds for the call.
 
@@ -118,6 +124,13 @@ def cache_if(
     runtime, see ``configure``, which a replica sets). A callable condition must be a pure function of the
     view: it is evaluated once per distinct call (see ``controller._contract``).
 
+    Semantic matching (sync and async functions): after an exact miss, a similar earlier prompt's answer may
+    be served while the estimated error stays within ``max_error`` (``controller._semantic``). ``semantic``
+    turns it on without a policy (``{"max_error": 0.02}``, the policy's ``semantic:`` fields); with a policy,
+    its rules decide. ``semantic_text`` names the prompt parameter (default: ``prompt``, ``query`` or
+    ``text``); ``judge(new_answer, cached_answer) -> bool`` says whether two answers are equivalent (default
+    ``==``): it is how the cache learns which prompts share an answer.
+
     Raises ``ContractError`` at decoration time for an invalid contract or option (``StoreConfigError`` for a
     store that cannot be built).
     """
@@ -127,15 +140,18 @@ def cache_if(
         contract = Contract(
             fn,
             condition,
-            Options.validated(ttl, sliding, tiers, max_entry_bytes, allow_sampling, stream),
+            Options.validated(ttl, sliding, tiers, max_entry_bytes, allow_sampling, stream, semantic),
             identity=identity,
             model=model,
             model_revision=model_revision,
             template=template_hash(prompt_template),
             ignore=frozenset(ignore),
+            semantic_text=semantic_text,
         )
+        if judge is not None and not callable(judge):
+            raise ContractError(f"judge must be callable, got {judge!r}")
         runtime = build_runtime(store) if isinstance(store, StoreConfig) else store
-        return CachedFunction(fn, contract, _serializer(serializer), runtime).wrapper
+        return CachedFunction(fn, contract, _serializer(serializer), runtime, judge=judge or operator.eq).wrapper
 
     return decorate
 
@@ -153,9 +169,16 @@ class CachedFunction:
     """Enforces one function's contract on its calls. ``wrapper`` is what the decorator returns."""
 
     def __init__(
-        self, fn: Callable[..., Any], contract: Contract, serializer: Serializer, runtime: CacheRuntime | None
+        self,
+        fn: Callable[..., Any],
+        contract: Contract,
+        serializer: Serializer,
+        runtime: CacheRuntime | None,
+        *,
+        judge: Callable[[Any, Any], bool] = operator.eq,
     ) -> None:
         self.fn = fn
+        self.judge = judge
         self.contract = contract
         self.identity = contract.identity
         self.serializer = serializer
@@ -175,6 +198,8 @@ class CachedFunction:
             self.kind, wrapper = "sync", self._wrap_sync()
         # Streams are stored as their chunk list; everything else through the serializer.
         self._decode = load_chunks if self.kind in ("gen", "asyncgen") else serializer.loads
+        # Semantic matching serves whole answers: streams keep to exact matching.
+        self._semantic_kinds = self.kind in ("sync", "async")
         functools.update_wrapper(wrapper, fn)
         wrapper.cache_info = self.cache_info  # type: ignore[attr-defined]
         wrapper.cache_key = self.cache_key  # type: ignore[attr-defined]
@@ -187,7 +212,7 @@ class CachedFunction:
     # -- events ------------------------------------------------------------------------------------------
 
     def _emit(self, rt: CacheRuntime, plan: Plan, outcome: str, tier: str | None, size: int,
-              seconds: float, saved_ms: float = 0.0, reason: str = "") -> None:
+              seconds: float, saved_ms: float = 0.0, reason: str = "", semantic: dict | None = None) -> None:
         # CacheMetrics.record, inlined (it runs on every L2/L3 hit and every miss).
         metrics = rt.metrics
         labels = (plan.rule, tier or "", outcome)
@@ -197,7 +222,7 @@ class CachedFunction:
         # A plain tuple in AccessEvent field order (see controller._events).
         rt.events.record((
             rt.clock(), plan.key or "", plan.ns, plan.rule, rt.policy_ref, outcome, tier, size,
-            seconds * 1000.0, saved_ms, self.identity, reason or plan.reason, None,
+            seconds * 1000.0, saved_ms, self.identity, reason or plan.reason, semantic,
         ))
 
     # -- the L1 hit path ---------------------------------------------------------------------------------
@@ -297,13 +322,86 @@ class CachedFunction:
                 self._emit(rt, plan, "hit", found.tier, len(entry.value), time.perf_counter() - started,
                            entry.saved_ms)
                 return True, value, epoch
+        if plan.semantic is not None and self._semantic_kinds and rt.semantic is not None:
+            return False, None, epoch  # _semantic_lookup decides, and records the one event of this call
         self.counters.misses += 1
         self._emit(rt, plan, "miss", None, 0, time.perf_counter() - started)
         return False, None, epoch
 
+    def _semantic_lookup(self, rt: CacheRuntime, plan: Plan, started: float) -> tuple[bool, Any, Any]:
+        """After an exact miss: ``(hit, value, learn)``. A hit serves a neighbour's entry, read from the tiers
+        by its exact key like any hit; ``learn`` is what ``_semantic_learn`` needs after a miss (None when
+        the semantic side failed: logged, counted as a ``semantic`` tier error, and the call is a plain miss).
+        """
+        sp = plan.semantic
+        layer = rt.semantic
+        try:
+            cache = layer.cache_for(self.identity, sp, self._semantic_judge(rt))
+            scope = layer.scope(plan.ns, sp)
+            decision, entry_id = cache.lookup(scope, sp.text, max_error=sp.max_error)
+        except Exception as exc:  # noqa: BLE001 - the embedder or index failing is a miss, never a failed call
+            log.warning("%s: semantic lookup failed, treated as a miss: %s: %s", self.identity,
+                        type(exc).__name__, exc)
+            rt.metrics.tier_error("semantic", "lookup", exc)
+            self.counters.misses += 1
+            self._emit(rt, plan, "miss", None, 0, time.perf_counter() - started, reason="semantic-error")
+            return False, None, None
+        if entry_id is not None:
+            found = rt.store.get(plan.ns, CacheKey(entry_id), plan.tiers)
+            entry = found.entry
+            value = _GONE
+            if entry is not None:
+                try:
+                    value = self._decode(entry.value)
+                except ValueError as exc:
+                    log.warning("%s: undecodable payload in %s dropped: %s", self.identity, found.tier, exc)
+                    rt.metrics.tier_fault(found.tier or "", "undecodable")
+                    rt.store.delete(plan.ns, [CacheKey(entry_id)])
+            if value is not _GONE:
+                self.counters.hits += 1
+                self._emit(rt, plan, "hit", found.tier, len(entry.value), time.perf_counter() - started,
+                           entry.saved_ms, "semantic", explanation(decision))
+                return True, value, None
+            cache.remove(scope, [entry_id])  # its entry left every tier: never offer it again
+            decision = decision._replace(serve=False)
+        self.counters.misses += 1
+        self._emit(rt, plan, "miss", None, 0, time.perf_counter() - started,
+                   reason="semantic-explore" if decision.explore else "",
+                   semantic=explanation(decision) if decision.neighbour is not None else None)
+        return False, None, (cache, scope, decision)
+
+    def _semantic_learn(self, rt: CacheRuntime, plan: Plan, value: Any, stored: bool, learn: Any) -> None:
+        """After the model answered a semantic miss: index the new entry (when it was stored) and let the
+        judge compare its answer with the neighbour's. Failures are logged and counted, never raised."""
+        cache, scope, decision = learn
+        sp = plan.semantic
+        try:
+            if stored:
+                cache.insert(scope, plan.key, sp.text, stored_ref(plan.ns, plan.key))
+                rt.semantic.inserted(cache, scope, plan.key)
+            cache.judge_miss(scope, sp.text, fresh_ref(value), decision)
+        except Gone:
+            pass  # the neighbour's answer left the tiers before it could be judged: no observation
+        except Exception as exc:  # noqa: BLE001 - the embedder, index or the user's judge: never fail the call
+            log.warning("%s: semantic update failed: %s: %s", self.identity, type(exc).__name__, exc)
+            rt.metrics.tier_error("semantic", "learn", exc)
+
+    def _semantic_judge(self, rt: CacheRuntime) -> Callable[[Any, Any], bool]:
+        store, decode = rt.store, self._decode
+
+        def resolve(ref: Any) -> Any:
+            entry = store.get(ref.ns, ref.key).entry
+            if entry is None:
+                raise Gone(ref.key)
+            return decode(entry.value)
+
+        return make_judge(resolve, self.judge)
+
     def _admit(
         self, rt: CacheRuntime, plan: Plan, payload: bytes | None, saved_ms: float, reason: str, epoch: int
-    ) -> None:
+    ) -> bool:
+        """Store the computed payload if the plan allows it (and no invalidate overtook it); returns whether
+        it was stored."""
         started = time.perf_counter()
         if payload is not None and (epoch < self._epoch_floor or self._invalidated.get(plan.slot, 0) > epoch):
             payload, reason = None, "invalidated"  # computed before an invalidate/refresh: stale on arrival
@@ -312,7 +410,7 @@ class CachedFunction:
             size = 0 if payload is None else len(payload)
             self._emit(rt, plan, "reject", None, size, time.perf_counter() - started, saved_ms,
                        reason or "too-large")
-            return
+            return False
         now = rt.clock()
         entry = Entry(
             value=payload,
@@ -327,6 +425,7 @@ class CachedFunction:
         for tier in plan.tiers:
             rt.metrics.stored(plan.rule, tier, len(payload))
         self._emit(rt, plan, "store", ",".join(plan.tiers), len(payload), time.perf_counter() - started, saved_ms)
+        return True
 
     def _invalidate_slot(self, slot: tuple[Namespace, CacheKey]) -> int:
         """Mark ``slot`` invalidated now; returns the new epoch. A miss whose lookup began before this (its
@@ -377,23 +476,36 @@ class CachedFunction:
         hit, value, epoch = self._lookup(rt, plan, started)
         if hit:
             return value
-        return self._compute(rt, plan, args, kwargs, epoch)
+        learn = None
+        if plan.semantic is not None and rt.semantic is not None:
+            hit, value, learn = self._semantic_lookup(rt, plan, started)
+            if hit:
+                return value
+        return self._compute(rt, plan, args, kwargs, epoch, learn)
 
-    def _compute(self, rt: CacheRuntime, plan: Plan, args: tuple, kwargs: dict, epoch: int) -> Any:
+    def _compute(
+        self, rt: CacheRuntime, plan: Plan, args: tuple, kwargs: dict, epoch: int, learn: Any = None
+    ) -> Any:
         t0 = time.perf_counter()
         value = self.fn(*args, **kwargs)
         saved_ms = (time.perf_counter() - t0) * 1000.0
         payload, reason = self._encode(value)
-        self._admit(rt, plan, payload, saved_ms, reason, epoch)
+        stored = self._admit(rt, plan, payload, saved_ms, reason, epoch)
+        if learn is not None:
+            self._semantic_learn(rt, plan, value, stored, learn)
         return value
 
-    async def _compute_async(self, rt: CacheRuntime, plan: Plan, args: tuple, kwargs: dict, epoch: int) -> Any:
+    async def _compute_async(
+        self, rt: CacheRuntime, plan: Plan, args: tuple, kwargs: dict, epoch: int, learn: Any = None
+    ) -> Any:
         t0 = time.perf_counter()
         value = await self.fn(*args, **kwargs)
         saved_ms = (time.perf_counter() - t0) * 1000.0
         payload, reason = self._encode(value)
-        if self._offload(rt):
-            await asyncio.to_thread(self._admit, rt, plan, payload, saved_ms, reason, epoch)
+        if self._offload(rt) or learn is not None:  # the semantic update may embed: off the event loop
+            stored = await asyncio.to_thread(self._admit, rt, plan, payload, saved_ms, reason, epoch)
+            if learn is not None:
+                await asyncio.to_thread(self._semantic_learn, rt, plan, value, stored, learn)
         else:
             self._admit(rt, plan, payload, saved_ms, reason, epoch)
         return value
@@ -420,7 +532,13 @@ class CachedFunction:
                 hit, value, epoch = self._lookup(rt, plan, started)
             if hit:
                 return value
-            return await self._compute_async(rt, plan, args, kwargs, epoch)
+            learn = None
+            if plan.semantic is not None and rt.semantic is not None:
+                # Embedding a prompt is CPU work: never on the event loop.
+                hit, value, learn = await asyncio.to_thread(self._semantic_lookup, rt, plan, started)
+                if hit:
+                    return value
+            return await self._compute_async(rt, plan, args, kwargs, epoch, learn)
 
         return wrapper
 

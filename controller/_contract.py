@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from evocache.dsl import (
+    SEMANTIC_EXPLORE,
     STANDARD_FIELDS,
     DslError,
     ExpressionEvalError,
@@ -30,11 +31,13 @@ from evocache.dsl import (
     Kind,
     RequestSchema,
     compile_expression,
+    SemanticSpec,
     parse_duration,
 )
 
 from ._keys import GENERATION_PARAMS, Uncacheable, derive_key, namespace_for, normalise_params
 from ._runtime import CacheRuntime
+from ._semantic import TEXT_PARAMS, SemanticPlan
 from ._types import L1, CacheKey, Namespace, TierName
 from .errors import ContractError
 
@@ -228,6 +231,7 @@ class Options:
     max_entry_bytes: int | None
     allow_sampling: bool
     stream: bool
+    semantic: SemanticSpec | None = None  # off unless given (or a policy rule turns it on)
 
     @classmethod
     def validated(
@@ -238,8 +242,15 @@ class Options:
         max_entry_bytes: int | None,
         allow_sampling: bool,
         stream: bool,
+        semantic: Mapping[str, Any] | None = None,
     ) -> Options:
         """Options from the decorator's arguments; ``ContractError`` names the bad one."""
+        spec = None
+        if semantic is not None:
+            try:
+                spec = SemanticSpec.model_validate(dict(semantic))
+            except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+                raise ContractError(f"semantic: {exc}") from exc
         try:
             seconds = parse_duration(ttl)
         except (DslError, ValueError, TypeError) as exc:
@@ -257,6 +268,7 @@ class Options:
             max_entry_bytes=max_entry_bytes,
             allow_sampling=bool(allow_sampling),
             stream=bool(stream),
+            semantic=spec if spec is not None and spec.max_error > 0 else None,
         )
 
 
@@ -280,6 +292,8 @@ class Plan:
     # For the L1 hit path: the metric cells an L1 hit of this plan counts in (the runtime's metrics: a plan
     # lives only as long as its runtime generation). Derived: the L1 slot and whether L1 is asked first.
     hit_cells: list[float] | None = field(default=None, compare=False)
+    # After an exact miss: the semantic lookup this call may make (None: exact matching only).
+    semantic: SemanticPlan | None = field(default=None, compare=False)
     # (entry, value): the last L1 entry this plan decoded and its value, kept when the value is immutable
     # (str, bytes) so a hit on the same entry object hands it out again. The one field that changes after
     # construction: the L1 hit path swaps the whole pair (one attribute store, so readers see either pair).
@@ -331,6 +345,7 @@ class Contract:
         model_revision: str,
         template: str,
         ignore: frozenset[str],
+        semantic_text: str | None = None,
     ) -> None:
         self.identity = identity
         self.options = options
@@ -351,6 +366,7 @@ class Contract:
         else:
             raise ContractError(f"@cache_if condition must be an expression or a callable, got {condition!r}")
         self._tenant_param = "tenant" in self.signature.parameters
+        self.semantic_text = self._semantic_text(semantic_text)
         # Generation parameters go into the key normalised; with **kwargs any of them may arrive.
         has_var_kw = any(p.kind is p.VAR_KEYWORD for p in self.signature.parameters.values())
         self._generation_params = tuple(
@@ -361,6 +377,25 @@ class Contract:
         self._memo_lock = threading.Lock()  # guards clearing; lookups and inserts are single dict operations
         self._bind = self._make_binder()
         self._warned: set[tuple[str, str]] = set()
+
+    def _semantic_text(self, name: str | None) -> str | None:
+        """The parameter whose value is the prompt for semantic matching; ``ContractError`` for a name the
+        function does not have (or ignores)."""
+        params = self.signature.parameters
+        if name is None:
+            found = next((p for p in TEXT_PARAMS if p in params and p not in self.ignore), None)
+            if found is None and self.options.semantic is not None:
+                raise ContractError(
+                    f"@cache_if on {self.identity}: semantic matching needs the prompt: name its parameter with "
+                    f"semantic_text= (none of {list(TEXT_PARAMS)} is a parameter)"
+                )
+            return found
+        if name not in params or name in self.ignore or name == "tenant":
+            raise ContractError(
+                f"@cache_if on {self.identity}: semantic_text names {name!r}, which is not a parameter the key "
+                f"sees; parameters: {[p for p in params if p not in self.ignore]}"
+            )
+        return name
 
     def _schema(self) -> RequestSchema:
         fields: dict[str, FieldType] = {}
@@ -478,6 +513,11 @@ class Contract:
         ttl, sliding, max_bytes, allow_sampling, stream_ok = (
             opts.ttl, opts.sliding, opts.max_entry_bytes, opts.allow_sampling, opts.stream,
         )
+        sem = opts.semantic
+        semantic_setting = (
+            None if sem is None else (sem.max_error, sem.mode or "bounded",
+                                      SEMANTIC_EXPLORE if sem.explore is None else sem.explore, sem.threshold)
+        )
         if rt.policy is not None:
             decision = rt.policy.decide(view)
             rule = decision.rule
@@ -490,6 +530,10 @@ class Contract:
             ttl, sliding, max_bytes = decision.ttl, decision.sliding, decision.max_entry_bytes
             allow_sampling, stream_ok = decision.allow_sampling, decision.stream
             tiers = tuple(TierName(t) for t in decision.tiers)
+            semantic_setting = None if decision.semantic_max_error is None else (
+                decision.semantic_max_error, decision.semantic_mode, decision.semantic_explore,
+                decision.semantic_threshold,
+            )
 
         temperature = arguments.get("temperature")
         if (
@@ -507,22 +551,45 @@ class Contract:
         rest = dict(arguments)
         params = {name: rest.pop(name) for name in self._generation_params if name in rest}
         model = arguments.get("model", self.model) if isinstance(arguments.get("model"), str) else self.model
+        parts = dict(
+            function=self.identity,
+            model=model,
+            revision=self.model_revision,
+            template=self.template,
+            params=normalise_params(params),
+            ns=ns,
+        )
         try:
-            key = derive_key(
-                function=self.identity,
-                model=model,
-                revision=self.model_revision,
-                template=self.template,
-                params=normalise_params(params),
-                ns=ns,
-                args=rest,
-            )
+            key = derive_key(**parts, args=rest)
         except Uncacheable as exc:
             log.debug("%s: %s", self.identity, exc)
             return Plan(None, ns, rule, "uncacheable-args")
+        semantic = None
+        if semantic_setting is not None:
+            semantic = self._semantic_plan(rt, rule, parts, rest, semantic_setting)
         # The L1 hit path needs a MemoryTier as L1 (its lock-free peek); any other "l1" takes the full path.
         hit_cells = rt.metrics.cells((rule, L1, "hit")) if chosen[0] == L1 and rt.l1 is not None else None
-        return Plan(key, ns, rule, "", ttl, sliding, chosen, max_bytes, stream_ok, hit_cells)
+        return Plan(key, ns, rule, "", ttl, sliding, chosen, max_bytes, stream_ok, hit_cells, semantic)
+
+    def _semantic_plan(
+        self, rt: CacheRuntime, rule: str, parts: dict[str, Any], rest: dict[str, Any], setting: tuple
+    ) -> SemanticPlan | None:
+        """The semantic lookup of a call whose rule allows one: the prompt, and the boundary = the key of every
+        other part of the call (so a neighbour differs from this call in its prompt alone)."""
+        name = self.semantic_text
+        text = rest.get(name) if name is not None else None
+        if not isinstance(text, str):
+            if (rt.policy_ref, rule, "semantic") not in self._warned:
+                self._warned.add((rt.policy_ref, rule, "semantic"))
+                log.warning(
+                    "%s: rule %s asks for semantic matching, but the call has no str prompt (semantic_text=%r); "
+                    "exact matching only", self.identity, rule, name,
+                )
+            return None
+        others = {k: v for k, v in rest.items() if k != name}
+        boundary = derive_key(**parts, args=others)  # cannot raise: a subset of what just hashed
+        max_error, mode, explore, threshold = setting
+        return SemanticPlan(text, boundary, max_error, mode, explore, threshold)
 
     def _warn_once(self, rt: CacheRuntime, rules: tuple[str, ...]) -> None:
         for rule in rules:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ._events import EventSink, JsonlSink, RedisStreamSink, RingSink
 from ._keys import namespace_for
 from ._metrics import CacheMetrics
+from ._semantic import SemanticLayer
 from ._types import Namespace, TierName
 from .errors import StoreConfigError, TierUnavailable
 from .eviction import make_eviction_policy
@@ -32,6 +33,8 @@ from .tiers import DiskTier, MemoryTier, RedisTier, Tier, TieredStore
 
 if TYPE_CHECKING:
     from evocache.dsl import Policy
+
+    from .semantic import Embedder
 
 MiB = 1 << 20
 
@@ -59,6 +62,15 @@ class StoreConfig(BaseModel):
     events: Literal["ring", "jsonl", "redis", "none"] = "ring"
     events_path: str | None = None
     ring_capacity: int = Field(100_000, gt=0)
+    # Semantic matching (rules with `semantic:`): the embedder, built on the first semantic lookup. "minilm" is
+    # the packaged all-MiniLM-L6-v2 (offline); "openai" is an OpenAI-compatible embeddings endpoint at
+    # embedder_url serving embedder_model, with the API key read from the environment variable named here.
+    embedder: Literal["minilm", "openai"] = "minilm"
+    embedder_url: str | None = None
+    embedder_model: str | None = None
+    embedder_api_key_env: str = "OPENAI_API_KEY"
+    # With redis_url: semantic entries and vectors live in Redis too, and every replica follows them.
+    semantic_shared: bool = True
 
     @model_validator(mode="after")
     def _sinks_have_their_targets(self) -> StoreConfig:
@@ -66,6 +78,8 @@ class StoreConfig(BaseModel):
             raise ValueError("events: jsonl needs events_path")
         if self.events == "redis" and not self.redis_url:
             raise ValueError("events: redis needs redis_url")
+        if self.embedder == "openai" and not (self.embedder_url and self.embedder_model):
+            raise ValueError("embedder: openai needs embedder_url and embedder_model")
         return self
 
     @classmethod
@@ -142,6 +156,8 @@ class CacheRuntime:
     # Derived in __post_init__ (and again by every `replace`): read on every call, so no property lookups.
     policy_ref: str = field(init=False, default="")
     l1: MemoryTier | None = field(init=False, default=None)
+    # The semantic side (embedder, index, per-function error models): shared by every generation, like store.
+    semantic: SemanticLayer | None = field(default=None, compare=False)
     # What the L1 hit path reads, in one tuple: (generation, l1.hot_read or None, clock, events.record,
     # policy_ref).
     hot: tuple = field(init=False, default=())
@@ -193,6 +209,8 @@ class CacheRuntime:
 
     def close(self) -> None:
         self.events.close()
+        if self.semantic is not None:
+            self.semantic.close()
         self.store.close()
 
 
@@ -261,8 +279,11 @@ def build_runtime(
     policy: Policy | None = None,
     clock: Callable[[], float] = time.time,
     metrics: CacheMetrics | None = None,
+    embedder: Embedder | None = None,
 ) -> CacheRuntime:
-    """Build tiers, event sink and metrics from ``config``. Raises ``StoreConfigError``; builds nothing partial."""
+    """Build tiers, event sink and metrics from ``config``. Raises ``StoreConfigError``; builds nothing partial.
+
+    ``embedder`` replaces the one ``config.embedder`` names for semantic matching (built lazily otherwise)."""
     config = config or StoreConfig()
     check_policy(policy, config)
     holder = _PolicyHolder(policy)
@@ -303,7 +324,8 @@ def build_runtime(
     store = TieredStore(tiers, clock=clock, on_error=metrics.tier_error)
     events = _SINKS[config.events](config)
     return CacheRuntime(
-        store=store, events=events, metrics=metrics, policy=policy, clock=clock, tenants=holder, config=config
+        store=store, events=events, metrics=metrics, policy=policy, clock=clock, tenants=holder, config=config,
+        semantic=SemanticLayer(config, embedder=embedder, clock=clock),
     )
 
 

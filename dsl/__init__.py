@@ -21,6 +21,7 @@ from ._functions import FUNCTIONS, FunctionSpec
 # --- policy document exports (owned by the policy module) ---
 from ._duration import format_duration, parse_duration
 from ._policy import (
+    SEMANTIC_EXPLORE,
     AutoApprove,
     Decision,
     Defaults,
@@ -41,6 +42,7 @@ from ._policy import (
 from ._diff import Change, PolicyDiff, diff_policies
 
 __all__ = [
+    "SEMANTIC_EXPLORE",
     "AutoApprove",
     "Change",
     "Decision",

@@ -1,0 +1,215 @@
+"""Semantic matching as ``@cache_if`` uses it: after an exact miss, a rule with ``semantic: {max_error: δ}`` may
+serve the cached answer of a similar prompt, with the estimated error kept within δ (``controller.semantic``).
+
+This module binds that machinery to cached functions:
+
+- which argument is the prompt (``@cache_if(semantic_text="prompt")``; by default a parameter named
+  ``prompt``, ``query`` or ``text``);
+- the scope a neighbour must share: the tenant namespace, and a boundary digest of everything else the exact
+  key binds (function, model, revision, template, generation parameters, every other argument) plus the
+  embedder's name. So a neighbour never crosses tenants, models, parameters or embedders;
+- entry ids: an entry's exact cache key. A semantic hit reads the neighbour's entry from the tiers like an
+  exact hit (checksums, expiry, tenant namespace all apply); an id whose entry is gone is forgotten;
+- the judge: it compares the model's new answer with the neighbour's cached one (decoded values), with the
+  function's own ``judge`` (default: equality);
+- one ``SemanticCache`` per function and semantic setting (its error model learns that function's traffic),
+  over one index per runtime, shared by replicas through Redis when the store has one.
+
+Nothing here imports torch, faiss or sentence-transformers until the first semantic lookup.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ._types import CacheKey, Namespace
+
+if TYPE_CHECKING:
+    from ._runtime import StoreConfig
+    from .semantic import Embedder, Scope
+    from .semantic._cache import SemanticCache
+
+log = logging.getLogger("evocache.controller.semantic")
+
+TEXT_PARAMS = ("prompt", "query", "text")
+"""Parameters taken as the prompt text when ``semantic_text`` is not given, in this order."""
+
+Judge = Callable[[Any, Any], bool]
+
+
+class SemanticPlan(NamedTuple):
+    """The semantic part of a call's plan: the prompt, the scope boundary and the rule's resolved setting."""
+
+    text: str
+    boundary: str  # digest of the exact key's material without the prompt (see module docstring)
+    max_error: float
+    mode: str
+    explore: float
+    threshold: float | None
+
+
+class Gone(LookupError):
+    """A cached answer the judge needed is no longer in any tier."""
+
+
+class _Stored(NamedTuple):
+    """The answer ref kept with a semantic entry: where its exact entry lives (not the answer itself)."""
+
+    ns: Namespace
+    key: CacheKey
+
+
+class _Fresh(NamedTuple):
+    """The answer the model just computed, handed to the judge."""
+
+    value: Any
+
+
+def boundary_of(identity_material: bytes) -> str:
+    return hashlib.sha256(identity_material).hexdigest()
+
+
+class SemanticLayer:
+    """The runtime's semantic side: the embedder, the index and the per-function ``SemanticCache`` objects.
+
+    Built empty with the runtime; the embedder and index are made on the first lookup (``embedder`` injects
+    one; otherwise ``StoreConfig.embedder`` says which). With a Redis store the index is a ``SharedIndex``
+    (entries and vectors in Redis, followed by every replica), else a local ``SemanticIndex``. ``max_entries``
+    bounds the entries this process has inserted: past it the oldest are removed from the index.
+    """
+
+    def __init__(
+        self,
+        config: StoreConfig,
+        *,
+        embedder: Embedder | None = None,
+        clock: Callable[[], float] = time.time,
+        max_entries: int = 1_000_000,
+    ) -> None:
+        self._config = config
+        self._embedder = embedder
+        self._clock = clock
+        self._max_entries = max_entries
+        self._index: Any = None
+        self._caches: dict[tuple, SemanticCache] = {}
+        self._inserted: OrderedDict[str, Scope] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            with self._lock:
+                if self._embedder is None:
+                    self._embedder = _make_embedder(self._config)
+        return self._embedder
+
+    def _index_now(self) -> Any:
+        if self._index is None:
+            with self._lock:
+                if self._index is None:
+                    from .semantic import SharedIndex
+
+                    config = self._config
+                    self._index = SharedIndex(
+                        config.redis_url if config.semantic_shared else None,
+                        prefix=f"{config.l2_prefix}-sem",
+                        clock=self._clock,
+                        socket_timeout=config.l2_timeout_s,
+                        connect_timeout=config.l2_timeout_s,
+                        retry_after=config.l2_retry_after_s,
+                    )
+        return self._index
+
+    def scope(self, ns: Namespace, plan: SemanticPlan) -> Scope:
+        from .semantic import Scope
+
+        return Scope(ns, f"{self.embedder.name}|{plan.boundary}")
+
+    def cache_for(self, identity: str, plan: SemanticPlan, judge: Judge) -> SemanticCache:
+        """The ``SemanticCache`` of one function under one semantic setting (made on first use)."""
+        key = (identity, plan.mode, plan.explore, plan.threshold)
+        cache = self._caches.get(key)
+        if cache is None:
+            from .semantic._cache import SemanticCache
+
+            embedder, index = self.embedder, self._index_now()  # each takes the lock itself: not under it
+            with self._lock:
+                cache = self._caches.get(key)
+                if cache is None:
+                    cache = SemanticCache(
+                        embedder, index=index, judge=judge, mode=plan.mode, explore=plan.explore,
+                        threshold=plan.threshold,
+                    )
+                    self._caches[key] = cache
+        return cache
+
+    def inserted(self, cache: SemanticCache, scope: Scope, entry_id: str) -> None:
+        """Note an insert; removes the oldest entries past ``max_entries``."""
+        with self._lock:
+            self._inserted[entry_id] = scope
+            self._inserted.move_to_end(entry_id)
+            dropped = []
+            while len(self._inserted) > self._max_entries:
+                dropped.append(self._inserted.popitem(last=False))
+        for old_id, old_scope in dropped:
+            for c in list(self._caches.values()):
+                c.remove(old_scope, [old_id])
+
+    def close(self) -> None:
+        if self._index is not None and hasattr(self._index, "close"):
+            self._index.close()
+
+
+def _make_embedder(config: StoreConfig) -> Embedder:
+    from .semantic import BatchingEmbedder, OpenAIEmbedder, default_embedder
+
+    if config.embedder == "minilm":
+        return default_embedder()
+    import os
+
+    return BatchingEmbedder(
+        OpenAIEmbedder(
+            config.embedder_url or "", config.embedder_model or "",
+            api_key=os.environ.get(config.embedder_api_key_env) or None,
+        )
+    )
+
+
+def stored_ref(ns: Namespace, key: CacheKey) -> _Stored:
+    return _Stored(ns, key)
+
+
+def fresh_ref(value: Any) -> _Fresh:
+    return _Fresh(value)
+
+
+def make_judge(resolve: Callable[[_Stored], Any], judge: Judge) -> Judge:
+    """The judge ``SemanticCache`` calls with answer refs: resolves each to its value (``resolve`` reads a
+    stored one from the tiers and raises ``Gone`` when it cannot) and asks ``judge``."""
+
+    def value_of(ref: Any) -> Any:
+        return ref.value if type(ref) is _Fresh else resolve(ref)
+
+    def judge_refs(new_ref: Any, cached_ref: Any) -> bool:
+        return bool(judge(value_of(new_ref), value_of(cached_ref)))
+
+    return judge_refs
+
+
+def explanation(decision: Any) -> dict[str, Any]:
+    """The ``semantic`` field of an access event (ARCHITECTURE.md's event format)."""
+    est = decision.est_error
+    return {
+        "neighbour": decision.neighbour,
+        "similarity": round(float(decision.similarity), 6),
+        "threshold": round(float(decision.threshold), 6),
+        "est_error": None if est != est else round(float(est), 6),  # NaN (static mode): estimates nothing
+        "served": bool(decision.serve),
+        "explore": bool(decision.explore),
+    }

