@@ -377,7 +377,10 @@ class CachedFunction:
         sp = plan.semantic
         try:
             if stored:
-                cache.insert(scope, plan.key, sp.text, stored_ref(plan.ns, plan.key))
+                # The semantic entry expires with its answer's exact entry (one with a sliding TTL may then
+                # live on, reachable by its exact key only).
+                expires_at = rt.clock() + plan.ttl if rt.semantic.keeps_expiry else None
+                cache.insert(scope, plan.key, sp.text, stored_ref(plan.ns, plan.key), expires_at=expires_at)
                 rt.semantic.inserted(cache, scope, plan.key)
             cache.judge_miss(scope, sp.text, fresh_ref(value), decision)
         except Gone:

@@ -126,6 +126,13 @@ class SemanticLayer:
                     )
         return self._index
 
+    @property
+    def keeps_expiry(self) -> bool:
+        """Whether the index takes entry expiries (a ``SharedIndex`` does)."""
+        from .semantic import SharedIndex
+
+        return isinstance(self._index_now(), SharedIndex)
+
     def scope(self, ns: Namespace, plan: SemanticPlan) -> Scope:
         from .semantic import Scope
 

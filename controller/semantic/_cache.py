@@ -238,10 +238,14 @@ class SemanticCache:
                 )
             return decision, None
 
-    def insert(self, scope: Scope, entry_id: str, prompt: str, answer_ref: Any) -> None:
+    def insert(
+        self, scope: Scope, entry_id: str, prompt: str, answer_ref: Any, *, expires_at: float | None = None
+    ) -> None:
         """Store a new entry (the model's answer to ``prompt``, referenced by ``answer_ref``) in ``scope``.
 
-        Re-inserting an id in the same scope replaces it; an id held by another scope is a ``ValueError``."""
+        Re-inserting an id in the same scope replaces it; an id held by another scope is a ``ValueError``.
+        ``expires_at`` (absolute, on the index's clock) goes to an index that keeps expiries (``SharedIndex``:
+        the entry then leaves Redis and every replica's index when its answer's exact entry expires)."""
         check_scope(scope)
         _check_prompt(prompt)
         if not isinstance(entry_id, str) or not entry_id:
@@ -252,7 +256,10 @@ class SemanticCache:
                 raise ValueError(f"entry {entry_id!r} already belongs to another scope")
             vec = self._vectors.pop((scope, prompt), None)
         vecs = self.embedder.embed([prompt]) if vec is None else vec[None, :]
-        self._index.add(scope, [entry_id], vecs)
+        if expires_at is None:
+            self._index.add(scope, [entry_id], vecs)
+        else:
+            self._index.add(scope, [entry_id], vecs, expires_at=[expires_at])
         with self._lock:
             self._entries[entry_id] = _Entry(scope, prompt, answer_ref)
             self._exact[(scope, prompt)] = entry_id
