@@ -139,6 +139,26 @@ def test_a_scope_whose_boundary_does_not_match_its_digest_is_not_loaded(replicas
 # -- following the stream ----------------------------------------------------------------------------------
 
 
+def test_a_following_replica_loads_in_the_background(replicas):
+    first = replicas()
+    vecs = random_unit(3, seed=12)
+    first.add(A, ["a0", "a1", "a2"], vecs)
+    follower = replicas(follow=True, block_ms=50, initial_wait=0)  # returns at once, loads behind
+    assert follower.wait_synced(15)
+    assert ids(follower.search(A, vecs, 1)) == [["a0"], ["a1"], ["a2"]]
+    assert follower.stats().rebuilds == 1
+    assert SharedIndex().wait_synced(0) is False  # embedded: nothing to load
+
+
+def test_a_following_replica_waits_a_little_for_its_first_load(replicas):
+    first = replicas()
+    vec = random_unit(1, seed=13)
+    first.add(A, ["a0"], vec)
+    follower = replicas(follow=True, block_ms=50, initial_wait=15)
+    assert follower.stats().rebuilds == 1  # loaded before the constructor returned
+    assert ids(follower.search(A, vec, 1)) == [["a0"]]
+
+
 def test_a_second_replica_follows_inserts_and_removals(replicas):
     first, second = replicas(), replicas()
     vecs = random_unit(4, seed=4)
@@ -174,6 +194,7 @@ def test_followed_entries_stay_in_their_scope(replicas):
 def test_the_follower_thread_applies_changes_by_itself(replicas):
     first = replicas()
     second = replicas(follow=True, block_ms=50)
+    assert second.wait_synced(15)
     changes: list[Change] = []
     second.listen(changes.append)
     vec = random_unit(1, seed=5)
@@ -271,6 +292,7 @@ def test_the_follower_thread_picks_up_again_when_redis_returns(restartable_redis
     replica = SharedIndex(restartable_redis.url, clock=fake_clock, retry_after=0.02, block_ms=20)
     try:
         vec = random_unit(1, seed=10)
+        assert replica.wait_synced(15)
         restartable_redis.stop()
         eventually(lambda: not replica.stats().connected, "the follower to notice Redis is gone")
         restartable_redis.start()

@@ -119,11 +119,13 @@ def decode_record(raw: bytes) -> tuple[np.ndarray, dict[str, Any], float | None]
 class SharedIndex:
     """A ``SemanticIndex`` (same ``add``/``remove``/``search``/``scopes``) with metadata, expiry, and sharing.
 
-    ``url=None`` is the embedded mode: the local index alone, no thread. With a ``url`` the constructor loads
-    every scope from Redis (a failure is counted and retried by the follower) and, unless ``follow=False``,
-    starts a daemon thread that applies the stream (blocking reads of ``block_ms``) and removes expired
-    entries every ``sweep_interval`` seconds. With ``follow=False`` the caller drives it: ``follow_once()``,
-    ``sweep()``, ``sync()``.
+    ``url=None`` is the embedded mode: the local index alone, no thread. With a ``url`` and ``follow`` (the
+    default), a daemon thread loads every scope from Redis, then applies the stream (blocking reads of
+    ``block_ms``) and removes expired entries every ``sweep_interval`` seconds. The constructor waits up to
+    ``initial_wait`` seconds for that first load (or its failure) and then returns whatever the state: a
+    large index goes on loading behind, and until it is loaded a lookup is only a miss; ``wait_synced()``
+    waits for the load. With ``follow=False`` the constructor loads (a failure is counted)
+    and the caller drives the rest: ``follow_once()``, ``sweep()``, ``sync()``.
 
     Entry ids must be unique across replicas (an exact cache key is); re-adding an id replaces it everywhere.
     ``expires_at`` is absolute time on ``clock`` (wall clock by default, so every replica agrees); an expired
@@ -144,12 +146,15 @@ class SharedIndex:
         block_ms: int = 200,
         sweep_interval: float = 1.0,
         stream_maxlen: int = 100_000,
+        initial_wait: float = 2.0,
         **index_options: Any,
     ) -> None:
         if not prefix or any(c in prefix for c in "#{} ") or len(prefix) > 64:
             raise ValueError(f"invalid prefix {prefix!r}: 1-64 characters, no '#', braces or spaces")
-        if retry_after < 0 or block_ms < 1 or sweep_interval <= 0 or stream_maxlen < 1:
-            raise ValueError("retry_after >= 0, block_ms >= 1, sweep_interval > 0 and stream_maxlen >= 1")
+        if retry_after < 0 or block_ms < 1 or sweep_interval <= 0 or stream_maxlen < 1 or initial_wait < 0:
+            raise ValueError(
+                "retry_after >= 0, block_ms >= 1, sweep_interval > 0, stream_maxlen >= 1 and initial_wait >= 0"
+            )
         self._prefix = prefix
         self._clock = clock
         self._retry_after = retry_after
@@ -168,6 +173,8 @@ class SharedIndex:
         self._last_id = b"0-0"
         self._run_id: str | None = None
         self._synced = False
+        self._loaded = threading.Event()  # set by the first successful load from Redis
+        self._first_try = threading.Event()  # set once the follower's first load has succeeded or failed
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._client: redis.Redis | None = None
@@ -194,10 +201,12 @@ class SharedIndex:
             retry=Retry(NoBackoff(), 0),
         )
         self._sweep_script = self._reader.register_script(_SWEEP)
-        self.sync()
-        if follow:
+        if not follow:
+            self.sync()
+        else:
             self._thread = threading.Thread(target=self._run, name=f"evocache-semantic-{prefix}", daemon=True)
             self._thread.start()
+            self._first_try.wait(initial_wait)
 
     # -- the index interface (local; never raises for Redis) ---------------------------------------------------
 
@@ -251,7 +260,9 @@ class SharedIndex:
                 n.entry_id
                 for row in rows
                 for n in row
-                if (e := held.get(n.entry_id)) is not None and e.expires_at is not None and now >= e.expires_at
+                if (e := held.get(n.entry_id)) is not None
+                and e.expires_at is not None
+                and now >= e.expires_at
             ]
             if not expired:
                 return rows
@@ -299,6 +310,10 @@ class SharedIndex:
             self._failed("rebuild", exc)
             return False
         return True
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        """Wait until the index has been loaded from Redis once; ``False`` on timeout or without Redis."""
+        return self._reader is not None and self._loaded.wait(timeout)
 
     def follow_once(self, block_ms: int | None = None) -> int:
         """Apply the stream messages waiting now (blocking up to ``block_ms`` for the first); how many.
@@ -466,6 +481,7 @@ class SharedIndex:
         with self._lock:
             self._index, self._entries = index, entries
             self._last_id, self._run_id, self._synced = last_id, run_id, True
+        self._loaded.set()
         self._ok()
         self._counts["rebuilds"] += 1
         self._notify(Change("reset", None, ()))
@@ -534,10 +550,11 @@ class SharedIndex:
     def _run(self) -> None:
         next_sweep = 0.0
         while not self._stop.is_set():
+            self.follow_once(self._block_ms)  # the first call loads the index from Redis
+            self._first_try.set()
             if self._clock() >= next_sweep:
                 self.sweep()
                 next_sweep = self._clock() + self._sweep_interval
-            self.follow_once(self._block_ms)
             if not self._connected:
                 self._stop.wait(max(self._retry_after, 0.01))
 
