@@ -5,7 +5,7 @@
 
 (a) Policy x size table on the Mooncake trace: every registered eviction policy, Belady, and libCacheSim's
     online algorithms when ``libcachesim`` is installed (``evocache bench eviction --peers``).
-(b) cloudPhysicsIO.csv, learned against LRU (bytes). The file is GPL-3.0 data, so it is read from
+(b) cloudPhysicsIO.csv, learned against LRU (bytes), with the libCacheSim rows for context. The file is GPL-3.0 data, so it is read from
     ../shared/data/traces/ and never copied here; without it (b) is skipped with a message.
 (c) LRU replay throughput, in accesses per minute, against a plain ``OrderedDict`` LRU loop over the same
     accesses in the same process (median of ``--rounds`` interleaved rounds; both must hit alike).
@@ -65,14 +65,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     heading("(a) policy x size on " + args.trace.name)
     policies = ",".join(EVICTION_POLICIES)
-    extra = ["--peers"] if _importable("libcachesim") else []
-    if not extra:
+    peers = ["--peers"] if _importable("libcachesim") else []
+    if not peers:
         print("libCacheSim rows skipped: libcachesim is not installed (pip install 'evocache[peers]')")
-    if _importable("matplotlib"):
-        extra += ["--plot", str(args.out / "mooncake.png")]
+    plot = ["--plot", str(args.out / "mooncake.png")] if _importable("matplotlib") else []
     if not learned:
         print(f"the {LEARNED!r} policy is not registered yet: its row is missing")
-    bench_command(["--trace", str(args.trace), "--sizes", args.sizes, "--policies", policies, *extra,
+    bench_command(["--trace", str(args.trace), "--sizes", args.sizes, "--policies", policies, *peers, *plot,
                    "--json", str(args.out / "mooncake.json")])
 
     heading("(b) learned against LRU on " + args.cloudphysics.name)
@@ -82,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"skipped: the {LEARNED!r} policy is not registered yet")
     else:
         bench_command(["--trace", str(args.cloudphysics), "--csv-columns", "id=lbn", "--sizes", args.sizes,
-                       "--policies", f"lru,{LEARNED}", "--json", str(args.out / "cloudphysics.json")])
+                       "--policies", f"lru,{LEARNED}", *peers, "--json", str(args.out / "cloudphysics.json")])
 
     trace = list(read_trace(args.trace))
     capacity = max(1, math.floor(COST_SIZE * working_set(trace).objects))
