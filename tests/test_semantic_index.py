@@ -162,6 +162,51 @@ def test_a_failed_background_build_keeps_the_current_index(monkeypatch, caplog):
     assert index.kind == "hnsw" and len(index) == 30
 
 
+def test_concurrent_writers_and_readers_across_rebuilds_end_consistent():
+    """Four threads add, replace, remove and search disjoint ids while migrations and compactions run."""
+    index = VectorIndex(DIM, exact_limit=150)
+    pool = random_unit(1600, seed=13)
+    expected: list[dict[str, int]] = [{} for _ in range(4)]  # id -> row of ``pool`` it holds, per thread
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        rng = np.random.default_rng(t)
+        mine = expected[t]
+        try:
+            for step in range(300):
+                entry_id = f"t{t}-{rng.integers(0, 120)}"
+                op = rng.random()
+                if op < 0.6:
+                    row = int(rng.integers(0, len(pool)))
+                    index.add([entry_id], pool[row : row + 1])
+                    mine[entry_id] = row
+                elif op < 0.85:
+                    index.remove([entry_id])
+                    mine.pop(entry_id, None)
+                else:
+                    index.search(pool[step : step + 1], 5)
+            for entry_id in sorted(mine)[10:]:  # then keep 10: tombstones outnumber live entries
+                index.remove([entry_id])
+                del mine[entry_id]
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    assert index.wait_rebuilt(60)
+    assert index.rebuilds >= 2  # the migration and at least one compaction
+    live = {entry_id: row for mine in expected for entry_id, row in mine.items()}
+    assert sorted(index.ids()) == sorted(live)
+    for entry_id, row in live.items():
+        np.testing.assert_array_equal(index.vector(entry_id), pool[row])
+    found = {n.entry_id for n in index.search(pool[:1], len(live))[0]}
+    assert found <= set(live)
+
+
 def test_adding_an_existing_id_replaces_its_vector():
     vecs = random_unit(3, seed=6)
     index = VectorIndex(DIM)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -162,6 +163,7 @@ class VectorIndex:
             None  # faiss selector of the live positions; None while there are no tombstones
         )
         self.kind = EXACT
+        self.rebuilds = 0  # rebuilds swapped in (migrations and compactions)
         self._index = self._new_index(EXACT)
 
     def __len__(self) -> int:
@@ -198,11 +200,18 @@ class VectorIndex:
             self._wrote(gone)
 
     def wait_rebuilt(self, timeout: float | None = None) -> bool:
-        """Wait for a rebuild in flight to be swapped in; ``False`` if one is still running after ``timeout``."""
-        thread = self._rebuilder
-        if thread is not None:
-            thread.join(timeout)
-            return not thread.is_alive()
+        """Wait until no rebuild is in flight (one may chain another); ``False`` if one still is after
+        ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._touched is not None:
+            thread = self._rebuilder
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            if thread is not None:
+                thread.join(None if left is None else min(left, 0.1))
+            else:  # a rebuild inside another thread's call (background=False): it ends with that call
+                time.sleep(0.001)
         return True
 
     def search(self, vecs: Any, k: int) -> list[list[Neighbour]]:
@@ -353,8 +362,10 @@ class VectorIndex:
             where.update((entry_id, len(slots) + n) for n, entry_id in enumerate(again))
             slots.extend(again)
         self._index, self.kind, self._slots, self._where = index, kind, slots, where
+        self.rebuilds += 1
         self._dead, self._dead_bits, self._dead_filter = set(), None, None
         self._bury(dead)
+        self._wrote([])  # the writes replayed here may call for the next rebuild already
 
 
 class SemanticIndex:
