@@ -1,7 +1,8 @@
 """`evocache bench eviction`: replay one trace against eviction policies at several cache sizes, with Belady.
 
 Exit codes: 0 success; 1 a malformed trace (``file:line: message``), an empty one, ``--plot`` without
-matplotlib, or ``--peers`` without libcachesim; 2 a bad option (an unknown policy lists the known ones) or a file that cannot be read or written.
+matplotlib, or ``--peers`` without libcachesim; 2 a bad option (an unknown policy lists the known ones) or a
+file that cannot be read or written.
 Errors go to stderr as one line each; stdout holds only the table.
 Nothing heavy is imported at module level: `evocache` starts fast whatever command it runs.
 """
@@ -14,12 +15,13 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     from ._access import Access
     from ._readers import CsvColumns
     from ._sim import ReplayResult
@@ -311,15 +313,13 @@ def _run(trace: list[Access], capacities: dict[float, int], policies: tuple[str,
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ._belady import belady_size, belady_unit
+    from ._peers import PREFIX, encode, replay_peer  # libcachesim itself comes in as ``lcs``
     from ._sim import replay
 
     capacity_arg = "capacity_objects" if unit == "objects" else "capacity_bytes"
     belady = belady_unit if unit == "objects" else belady_size
     runs = list(policies) if "lru" in policies else ["lru", *policies]
-    if lcs is not None and peers:
-        from ._peers import PREFIX, encode, replay_peer
-
-        encoded = encode(trace, "objects" if unit == "objects" else "bytes")
+    encoded = encode(trace, "objects" if unit == "objects" else "bytes") if peers else None  # once for all
     results: dict[float, list[ReplayResult]] = {}
     lru: dict[float, ReplayResult] = {}
     # stderr and transient: the table on stdout stays clean, and nothing is left behind in a terminal. Off when
@@ -340,6 +340,7 @@ def _run(trace: list[Access], capacities: dict[float, int], policies: tuple[str,
                     row.append(result)
                 progress.advance(task)
             for name in peers:
+                assert lcs is not None and encoded is not None
                 progress.update(task, description=f"{PREFIX}{name} @ {size:g}")
                 row.append(replay_peer(lcs, name, encoded, capacity))
                 progress.advance(task)
