@@ -11,7 +11,10 @@
 2. ``--real FILE ...``: the same over the real embeddings of the prompts of semantic streams
    (../shared/data/semantic/*.jsonl), indexed except the last ``--queries``, which are the queries.
    Embeddings are cached under .evocache/bench-embeddings (keyed by model name and texts).
-3. ``--e2e``: end-to-end semantic lookup (embedding with the packaged all-MiniLM-L6-v2 on CPU + search), one
+3. ``--redis URL``: sharing through Redis: the time a new replica takes to load ``--shared-n`` entries from
+   Redis (``SharedIndex`` rebuild), and how long an add on one replica takes to be found on another that
+   follows the stream (p50/p95 over ``--follow-adds`` adds). Uses the prefix ``evc-sem-bench`` and deletes it.
+4. ``--e2e``: end-to-end semantic lookup (embedding with the packaged all-MiniLM-L6-v2 on CPU + search), one
    prompt at a time, and ``--threads`` concurrent callers sharing one ``BatchingEmbedder``.
 
 faiss runs its searches with ``--search-threads`` OpenMP threads (default 1: one query per request; extra
@@ -39,6 +42,7 @@ from evocache.controller.semantic import (
     Scope,
     SemanticIndex,
     SentenceTransformerEmbedder,
+    SharedIndex,
     VectorIndex,
 )
 
@@ -120,6 +124,57 @@ def embed_cached(texts: list[str], embedder: SentenceTransformerEmbedder) -> np.
     return vecs
 
 
+def shared(url: str, vecs: np.ndarray, adds: int) -> dict:
+    """Load time of a new replica over ``len(vecs)`` entries in Redis, and add-to-visible latency on a follower."""
+    import redis
+
+    prefix = "evc-sem-bench"
+    admin = redis.Redis.from_url(url)
+    for key in admin.scan_iter(f"{prefix}:*"):
+        admin.delete(key)
+    writer = SharedIndex(url, prefix=prefix, follow=False, socket_timeout=5, connect_timeout=5)
+    t0 = time.perf_counter()
+    for start in range(0, len(vecs), 1000):
+        chunk = vecs[start : start + 1000]
+        writer.add(
+            SCOPE, [f"e{start + i}" for i in range(len(chunk))], chunk, metas=[{"answer": "k"}] * len(chunk)
+        )
+    write_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    replica = SharedIndex(url, prefix=prefix, follow=False, socket_timeout=5, connect_timeout=5)
+    load_s = time.perf_counter() - t0
+    assert len(replica) == len(vecs), (len(replica), len(vecs))
+    replica.close()
+
+    follower = SharedIndex(
+        url, prefix=prefix, block_ms=100, socket_timeout=5, connect_timeout=5, initial_wait=600
+    )
+    follower._index.index(SCOPE).wait_rebuilt()
+    rng = np.random.default_rng(1)
+    fresh = unit(rng.standard_normal((adds, vecs.shape[1])))
+    lat = []
+    for i, vec in enumerate(fresh):
+        entry_id = f"new{i}"
+        t0 = time.perf_counter_ns()
+        writer.add(SCOPE, [entry_id], vec[None, :])
+        while follower.get(SCOPE, entry_id) is None:
+            time.sleep(0.0002)
+        lat.append(time.perf_counter_ns() - t0)
+    stats = follower.stats()
+    follower.close()
+    writer.close()
+    for key in admin.scan_iter(f"{prefix}:*"):
+        admin.delete(key)
+    admin.close()
+    return {
+        "entries": len(vecs),
+        "write_s": round(write_s, 2),
+        "new_replica_load_s": round(load_s, 2),
+        "add_to_visible_on_follower": {**percentiles(lat), "adds": adds},
+        "follower_errors": stats.errors,
+    }
+
+
 def made_up(n: int) -> list[str]:
     verbs = ("cancel", "renew", "change", "close", "open", "top up", "freeze", "check")
     things = ("card", "account", "subscription", "pin", "transfer", "limit", "address", "plan", "refund")
@@ -187,6 +242,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=8, help="concurrent callers in the e2e run")
     parser.add_argument("--search-threads", type=int, default=1, help="faiss OpenMP threads while searching")
     parser.add_argument("--torch-threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--redis", metavar="URL", help="measure sharing through this Redis")
+    parser.add_argument("--shared-n", type=int, default=20_000, help="entries a new replica loads from Redis")
+    parser.add_argument("--follow-adds", type=int, default=200)
+    parser.add_argument("--skip-random", action="store_true", help="skip the random-vector search run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="OUT")
     args = parser.parse_args(argv)
@@ -198,10 +257,14 @@ def main(argv: list[str] | None = None) -> dict:
         "load_before": [round(x, 2) for x in os.getloadavg()],
     }
     vecs = unit(rng.standard_normal((args.n, DIM)).astype(np.float32))
-    picks = vecs[rng.integers(0, args.n, args.queries)]
-    queries = {"near": near(picks, 0.9, rng), "far": unit(rng.standard_normal((args.queries, DIM)))}
-    result["random"] = search_alone(vecs, queries, args.k, args.search_threads)
-    report("random unit vectors", result["random"])
+    if not args.skip_random:
+        picks = vecs[rng.integers(0, args.n, args.queries)]
+        queries = {"near": near(picks, 0.9, rng), "far": unit(rng.standard_normal((args.queries, DIM)))}
+        result["random"] = search_alone(vecs, queries, args.k, args.search_threads)
+        report("random unit vectors", result["random"])
+    if args.redis:
+        result["shared"] = shared(args.redis, vecs[: args.shared_n], args.follow_adds)
+        report("sharing through Redis", result["shared"])
 
     embedder = None
     real_vecs = None

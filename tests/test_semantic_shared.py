@@ -136,6 +136,24 @@ def test_a_scope_whose_boundary_does_not_match_its_digest_is_not_loaded(replicas
     assert second.stats().corrupt == 1
 
 
+def test_records_that_are_not_unit_vectors_of_the_scope_are_skipped_on_load(replicas, redis_server):
+    from evocache.controller.semantic._shared import encode_record
+
+    first = replicas()
+    vecs = random_unit(3, seed=14)
+    first.add(A, ["a0", "a1", "a2"], vecs)
+    key = f"evc-sem:tenant-a:{_digest(A.boundary)}:e"
+    with redis_server.client() as admin:
+        admin.hset(key, "junk", b"not a record")
+        admin.hset(key, "long", encode_record(vecs[0] * 2, {}, None))
+        admin.hset(key, "short", encode_record(unit(vecs[:1, :10])[0], {}, None))
+        admin.hset(key, "nan", encode_record(np.full(DIM, np.nan, dtype=np.float32), {}, None))
+    second = replicas()
+    assert second.stats().corrupt == 4
+    assert sorted(ids(second.search(A, vecs[:1], 10))[0]) == ["a0", "a1", "a2"]
+    assert second.get(A, "long") is None
+
+
 # -- following the stream ----------------------------------------------------------------------------------
 
 

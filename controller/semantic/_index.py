@@ -33,7 +33,7 @@ EXACT = "exact"
 HNSW = "hnsw"
 
 # Unit rows only: a vector off by more than this was not normalised, and its inner products are not cosines.
-_NORM_TOLERANCE = 1e-3
+NORM_TOLERANCE = 1e-3
 # Removed entries stay in the faiss index as tombstones (HNSW cannot delete); it is rebuilt from the live
 # vectors once tombstones outnumber live entries (and are at least this many), so removals cost O(1) amortised.
 _MIN_COMPACT = 64
@@ -96,7 +96,7 @@ def check_vectors(vecs: Any, dim: int | None, *, what: str = "vecs") -> np.ndarr
         row = int(np.argmax(~np.isfinite(arr).all(axis=1)))
         raise ValueError(f"{what}[{row}] has a NaN or infinite component")
     norms = np.linalg.norm(arr, axis=1)
-    off = np.abs(norms - 1.0) > _NORM_TOLERANCE
+    off = np.abs(norms - 1.0) > NORM_TOLERANCE
     if off.any():
         row = int(np.argmax(off))
         raise ValueError(f"{what}[{row}] has norm {norms[row]:.6f}; rows must be L2-normalised")

@@ -25,6 +25,7 @@ local index from Redis, the shared truth, dropping the entries it had only local
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import logging
@@ -35,7 +36,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ._index import Neighbour, Scope, SemanticIndex, check_scope, check_vectors
+from ._index import NORM_TOLERANCE, Neighbour, Scope, SemanticIndex, check_scope, check_vectors
 
 if TYPE_CHECKING:
     import numpy as np
@@ -460,23 +461,10 @@ class SharedIndex:
                 scope = self._loaded_scope(ns, digest.decode(), boundary.decode())
                 if scope is None:
                     continue
-                ids, vecs, held = [], [], {}
-                for raw_id, raw in reader.hscan_iter(f"{self._prefix}:{ns}:{digest.decode()}:e", count=1000):
-                    try:
-                        vec, meta, deadline = decode_record(raw)
-                        check_vectors(vec[None, :], None)
-                    except ValueError as exc:
-                        self._corrupt(f"{ns}/{raw_id!r}", exc)
-                        continue
-                    if deadline is not None and now >= deadline:
-                        continue
-                    ids.append(raw_id.decode())
-                    vecs.append(vec)
-                    held[raw_id.decode()] = SharedEntry(meta, deadline)
-                if ids:
-                    import numpy as np
-
-                    index.add(scope, ids, np.stack(vecs))
+                loaded = self._load_scope(reader, f"{self._prefix}:{ns}:{digest.decode()}:e", now)
+                if loaded is not None:
+                    ids, vecs, held = loaded
+                    index.add(scope, ids, vecs)
                     entries[scope] = held
         with self._lock:
             self._index, self._entries = index, entries
@@ -485,6 +473,50 @@ class SharedIndex:
         self._ok()
         self._counts["rebuilds"] += 1
         self._notify(Change("reset", None, ()))
+
+    def _load_scope(
+        self, reader: Any, key: str, now: float
+    ) -> tuple[list[str], np.ndarray, dict[str, SharedEntry]] | None:
+        """The live entries of one scope's hash: ids, vectors (one row each) and what else is known of them.
+        Records that do not decode, or whose vector is not a unit row of the scope's dimension, are counted
+        and skipped. ``None`` if none is left."""
+        import numpy as np
+
+        ids: list[str] = []
+        rows: list[np.ndarray] = []
+        held: dict[str, SharedEntry] = {}
+        for raw_id, raw in reader.hscan_iter(key, count=1000):
+            try:
+                entry_id = raw_id.decode()
+                vec, meta, deadline = decode_record(raw)
+            except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+                self._corrupt(f"{key}/{raw_id!r}", exc)
+                continue
+            if deadline is None or now < deadline:
+                ids.append(entry_id)
+                rows.append(vec)
+                held[entry_id] = SharedEntry(meta, deadline)
+        if not ids:
+            return None
+        # Checked all at once (a per-row check was a third of a 20 k-entry load): one dimension, finite, unit.
+        dims = collections.Counter(len(row) for row in rows)
+        dim = dims.most_common(1)[0][0]
+        good = [len(row) == dim for row in rows]
+        vecs = np.stack([row for row, ok in zip(rows, good, strict=True) if ok])
+        with np.errstate(invalid="ignore"):
+            unit = np.isfinite(vecs).all(axis=1) & (
+                np.abs(np.linalg.norm(vecs, axis=1) - 1.0) <= NORM_TOLERANCE
+            )
+        kept = [entry_id for entry_id, ok in zip(ids, good, strict=True) if ok]
+        for entry_id, ok in [*zip(ids, good, strict=True), *zip(kept, unit.tolist(), strict=True)]:
+            if not ok:
+                self._corrupt(
+                    f"{key}/{entry_id}", ValueError("vector of the wrong dimension, not finite or not unit")
+                )
+                held.pop(entry_id, None)
+        if not unit.any():
+            return None
+        return [e for e, ok in zip(kept, unit.tolist(), strict=True) if ok], vecs[unit], held
 
     def _loaded_scope(self, ns: str, digest: str, boundary: str) -> Scope | None:
         scope = Scope(ns, boundary)
