@@ -161,3 +161,9 @@ def test_libcachesim_is_imported_only_by_the_peers_path(tmp_path: Path) -> None:
 
 def test_every_peer_of_the_issue_is_registered() -> None:
     assert ["lcs:" + name for name in PEERS] == PEER_ROWS
+
+
+def test_help_names_the_extra_that_brings_libcachesim() -> None:
+    result = runner.invoke(app, ["eviction", "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    assert "(needs libcachesim, GPL-3.0: evocache's 'peers' extra)" in " ".join(result.stdout.split())

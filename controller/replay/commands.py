@@ -167,7 +167,7 @@ def eviction(
         typer.Option(
             "--peers",
             help="Add libCacheSim's LRU, ARC, S3-FIFO, SIEVE, LeCaR, Cacheus, WTinyLFU, GLCache and LRB as rows "
-            "lcs:NAME (needs the GPL-3.0 extra: pip install 'evocache[peers]').",
+            "lcs:NAME (needs libcachesim, GPL-3.0: evocache's 'peers' extra).",
         ),
     ] = False,
 ) -> None:
