@@ -1,12 +1,13 @@
 """The eviction figures of issue 3, each printed with the command that reproduces it.
 
     .venv/bin/python bench/eviction.py [--trace FILE] [--cloudphysics FILE] [--sizes 0.01,0.05,0.1]
-                                       [--rounds 5] [--out DIR]
+                                       [--rounds 5] [--parts abcd] [--out DIR]
 
 (a) Policy x size table on the Mooncake trace: every registered eviction policy, Belady, and libCacheSim's
     online algorithms when ``libcachesim`` is installed (``evocache bench eviction --peers``).
-(b) cloudPhysicsIO.csv, learned against LRU (bytes), with the libCacheSim rows for context. The file is GPL-3.0 data, so it is read from
-    ../shared/data/traces/ and never copied here; without it (b) is skipped with a message.
+(b) cloudPhysicsIO.csv, learned against LRU (bytes), with the libCacheSim rows for context. The file is
+    GPL-3.0 data, so it is read from ../shared/data/traces/ and never copied here; without it (b) is skipped
+    with a message.
 (c) LRU replay throughput, in accesses per minute, against a plain ``OrderedDict`` LRU loop over the same
     accesses in the same process (median of ``--rounds`` interleaved rounds; both must hit alike).
 (d) Per-request production cost of each policy: its ``on_*``/``victim``/``admit`` calls as the real L1
@@ -15,14 +16,16 @@
     included), each next to LRU's as a ratio.
 
 Rows that need the ``learned`` policy are skipped with a message while it is not registered. (a) and (b) run
-the `evocache` command itself, so the README's figures are exactly what a user gets. Everything written
-(JSON of each part, the plot) goes to ``--out``.
+the `evocache` command itself, so the README's figures are exactly what a user gets. ``--parts`` runs some of
+the figures only (``--parts cd``: the two timings). Everything written (JSON of each part, the plot) goes to
+``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import inspect
 import json
 import math
@@ -56,36 +59,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", type=Path, default=MOONCAKE, help="Mooncake-style trace for (a), (c), (d).")
     parser.add_argument("--cloudphysics", type=Path, default=CLOUDPHYSICS, help="CSV trace for (b).")
-    parser.add_argument("--sizes", default="0.01,0.05,0.1")
+    parser.add_argument("--sizes", default="0.01,0.05,0.1", help="Cache sizes of (a) and (b).")
     parser.add_argument("--rounds", type=int, default=5, help="Interleaved rounds of (c).")
+    parser.add_argument("--parts", default="abcd", help="Which figures to run, e.g. 'cd' (default: all).")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench-eviction")
     args = parser.parse_args(argv)
+    unknown = set(args.parts) - set(PARTS)
+    if unknown or not args.parts:
+        parser.error(f"--parts: expected letters of {''.join(PARTS)}, got {args.parts!r}")
     args.out.mkdir(parents=True, exist_ok=True)
-    learned = LEARNED in EVICTION_POLICIES
+    for letter in PARTS:
+        if letter in args.parts:
+            PARTS[letter](args)
+    return 0
 
+
+def table(args: argparse.Namespace) -> None:
     heading("(a) policy x size on " + args.trace.name)
-    policies = ",".join(EVICTION_POLICIES)
-    peers = ["--peers"] if _importable("libcachesim") else []
-    if not peers:
-        print("libCacheSim rows skipped: libcachesim is not installed (pip install 'evocache[peers]')")
     plot = ["--plot", str(args.out / "mooncake.png")] if _importable("matplotlib") else []
-    if not learned:
+    if LEARNED not in EVICTION_POLICIES:
         print(f"the {LEARNED!r} policy is not registered yet: its row is missing")
-    bench_command(["--trace", str(args.trace), "--sizes", args.sizes, "--policies", policies, *peers, *plot,
-                   "--json", str(args.out / "mooncake.json")])
+    bench_command(["--trace", str(args.trace), "--sizes", args.sizes, "--policies", ",".join(EVICTION_POLICIES),
+                   *_peers(), *plot, "--json", str(args.out / "mooncake.json")])
 
+
+def cloudphysics(args: argparse.Namespace) -> None:
     heading("(b) learned against LRU on " + args.cloudphysics.name)
     if not args.cloudphysics.is_file():
         print(f"skipped: {args.cloudphysics} is not here (GPL-3.0 data: read from ../shared, never copied)")
-    elif not learned:
+    elif LEARNED not in EVICTION_POLICIES:
         print(f"skipped: the {LEARNED!r} policy is not registered yet")
     else:
         bench_command(["--trace", str(args.cloudphysics), "--csv-columns", "id=lbn", "--sizes", args.sizes,
-                       "--policies", f"lru,{LEARNED}", *peers, "--json", str(args.out / "cloudphysics.json")])
+                       "--policies", f"lru,{LEARNED}", *_peers(), "--json", str(args.out / "cloudphysics.json")])
 
-    trace = list(read_trace(args.trace))
-    capacity = max(1, math.floor(COST_SIZE * working_set(trace).objects))
 
+def replay_speed(args: argparse.Namespace) -> None:
+    trace, capacity = _cost_trace(args.trace)
     heading(f"(c) LRU replay throughput ({len(trace):,} accesses, capacity {capacity} objects)")
     speed = throughput(trace, capacity, args.rounds)
     print(f"evocache replay(lru): {speed['replay_per_min'] / 1e6:.2f} M accesses/min "
@@ -95,13 +105,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"ratio: replay takes {speed['ratio']:.2f}x the plain loop's time (target: >= 1 M accesses/min)")
     write(args.out / "throughput.json", speed)
 
+
+def policy_cost(args: argparse.Namespace) -> None:
+    trace, capacity = _cost_trace(args.trace)
     heading(f"(d) per-request cost through the L1 MemoryTier ({COST_SIZE:.0%} of the objects)")
-    if not learned:
+    if LEARNED not in EVICTION_POLICIES:
         print(f"the {LEARNED!r} policy is not registered yet: its row is missing")
     costs = production_costs(trace, capacity)
     print_costs(costs)
     write(args.out / "cost.json", costs)
-    return 0
+
+
+PARTS: dict[str, Callable[[argparse.Namespace], None]] = {
+    "a": table, "b": cloudphysics, "c": replay_speed, "d": policy_cost}
+
+
+def _peers() -> list[str]:
+    if _importable("libcachesim"):
+        return ["--peers"]
+    print("libCacheSim rows skipped: libcachesim is not installed (pip install 'evocache[peers]')")
+    return []
+
+
+@functools.cache
+def _cost_trace(path: Path) -> tuple[list[Access], int]:
+    """The trace of (c) and (d), read once, and their one capacity in objects."""
+    trace = list(read_trace(path))
+    return trace, max(1, math.floor(COST_SIZE * working_set(trace).objects))
 
 
 def heading(text: str) -> None:

@@ -271,7 +271,15 @@ def test_bench_script_prints_every_figure_and_writes_its_json(tmp_path: Path) ->
 
 def test_bench_script_skips_cloudphysics_when_absent(tmp_path: Path) -> None:
     missing = tmp_path / "cloudPhysicsIO.csv"
-    done = run_bench_script(tmp_path, "--cloudphysics", str(missing))
+    done = run_bench_script(tmp_path, "--cloudphysics", str(missing), "--parts", "b")
     assert done.returncode == 0, done.stderr
-    assert f"skipped: {missing} is not here (GPL-3.0 data: read from ../shared, never copied)" in done.stdout
-    assert not (tmp_path / "cloudphysics.json").exists()
+    assert done.stdout.splitlines() == [
+        "", "== (b) learned against LRU on cloudPhysicsIO.csv",
+        f"skipped: {missing} is not here (GPL-3.0 data: read from ../shared, never copied)"]
+    assert list(tmp_path.iterdir()) == []  # --out is tmp_path: the skipped part wrote nothing
+
+
+def test_bench_script_refuses_unknown_parts(tmp_path: Path) -> None:
+    done = run_bench_script(tmp_path, "--parts", "ax")
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == "eviction.py: error: --parts: expected letters of abcd, got 'ax'"
