@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip install -c constraints.txt
 export HF_HUB_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: demo test bench venv clean redis-server
+.PHONY: demo test bench bench-eviction bench-semantic venv clean redis-server
 
 $(VENV)/.stamp-base: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,14 @@ test: $(VENV)/.stamp-test redis-server
 
 bench: $(VENV)/.stamp-test redis-server
 	$(PY) bench/overhead.py
+
+# Issue 3's figures (replays: tens of minutes on 2 cores) and issue 4's (embeds the streams once, then replays).
+bench-eviction: $(VENV)/.stamp-test
+	$(PY) bench/eviction.py
+
+bench-semantic: $(VENV)/.stamp-test
+	$(PY) bench/semantic.py
+	$(PY) bench/semantic_search.py --e2e
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .evocache
