@@ -24,6 +24,7 @@ the L1 hit path, lookups through the tiers, admission, events and the per-call c
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import inspect
 import logging
@@ -56,6 +57,7 @@ from .tiers._memory import READ_BUFFER_DRAIN
 log = logging.getLogger("evocache.controller")
 
 _INVALIDATED_MAX = 65_536
+_SERVED_MAX = 4096  # semantic hits remembered for feedback(), per function
 _GONE = object()  # "no value": a semantic neighbour whose entry is not in any tier
 _IMMUTABLE_TAGS = frozenset(b"sb")  # payload tags of str and bytes values (controller._serialize)
 
@@ -188,6 +190,11 @@ class CachedFunction:
         self._epoch_floor = 0
         self._invalidated: dict[tuple[Namespace, CacheKey], int] = {}
         self._epoch_lock = threading.Lock()
+        # (ns, key) of a call -> (semantic cache, neighbour id) that served it last: for feedback().
+        self._served: collections.OrderedDict[tuple[Namespace, CacheKey], tuple[Any, str]] = (
+            collections.OrderedDict()
+        )
+        self._served_lock = threading.Lock()
         if inspect.isasyncgenfunction(fn):
             self.kind, wrapper = "asyncgen", self._wrap_asyncgen()
         elif inspect.iscoroutinefunction(fn):
@@ -206,6 +213,7 @@ class CachedFunction:
         wrapper.invalidate = self.invalidate  # type: ignore[attr-defined]
         wrapper.bypass = self.bypass  # type: ignore[attr-defined]
         wrapper.refresh = self.refresh  # type: ignore[attr-defined]
+        wrapper.feedback = self.feedback  # type: ignore[attr-defined]
         wrapper.cached_function = self  # type: ignore[attr-defined]
         self.wrapper = wrapper
 
@@ -358,6 +366,11 @@ class CachedFunction:
                     rt.metrics.tier_fault(found.tier or "", "undecodable")
                     rt.store.delete(plan.ns, [CacheKey(entry_id)])
             if value is not _GONE:
+                with self._served_lock:
+                    self._served[plan.slot] = (cache, entry_id)
+                    self._served.move_to_end(plan.slot)
+                    if len(self._served) > _SERVED_MAX:
+                        self._served.popitem(last=False)
                 self.counters.hits += 1
                 self._emit(rt, plan, "hit", found.tier, len(entry.value), time.perf_counter() - started,
                            entry.saved_ms, "semantic", explanation(decision))
@@ -644,6 +657,22 @@ class CachedFunction:
         self.counters.bypasses += 1
         self._emit(rt, plan, "bypass", None, 0, time.perf_counter() - started, reason="caller")
         return self.fn(*args, **kwargs)
+
+    def feedback(self, *args: Any, correct: bool, **kwargs: Any) -> bool:
+        """A verdict on the answer a semantic hit served for this call (``correct=False``: it was wrong for
+        this prompt). It weighs on the served entry's own error estimate and counts in the realised error.
+        Returns False when no semantic hit of this call is remembered (exact hits need no verdict)."""
+        rt = self.runtime or current_runtime()
+        plan = self.contract.plan(rt, args, kwargs)
+        if plan.key is None:
+            return False
+        with self._served_lock:
+            served = self._served.pop(plan.slot, None)
+        if served is None:
+            return False
+        cache, entry_id = served
+        cache.feedback(entry_id, bool(correct))
+        return True
 
     def refresh(self, *args: Any, **kwargs: Any) -> Any:
         """Recompute and store, ignoring what is cached (sync and async functions)."""

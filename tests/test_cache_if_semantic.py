@@ -251,3 +251,20 @@ def test_replicas_sharing_redis_serve_each_others_entries(redis_url):
     assert hit.tier == "l2" and hit.reason == "semantic"
     replica_a.close()
     replica_b.close()
+
+
+def test_feedback_on_a_semantic_hit_reaches_the_served_entry(srt):
+    @cache_if("true", semantic=STATIC, store=srt)
+    def answer(prompt: str) -> str:
+        return f"answer to {prompt}"
+
+    answer(ASK)
+    assert answer.feedback(ASK, correct=True) is False  # a miss, then stored: no semantic hit to judge
+    answer(PARAPHRASE)
+    assert answer.feedback(PARAPHRASE, correct=False) is True
+    assert answer.feedback(PARAPHRASE, correct=False) is False  # one verdict per served hit
+    cache = next(iter(srt.semantic._caches.values()))
+    stats = cache.stats()
+    assert (stats.feedback, stats.feedback_wrong) == (1, 1)
+    served = [e for e in srt.events.events() if e.outcome == "hit"][0].semantic["neighbour"]
+    assert cache.evidence[served] == (1, 0)
