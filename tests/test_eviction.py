@@ -16,6 +16,7 @@ from evocache.controller.eviction import (
     EVICTION_POLICIES,
     EntryInfo,
     EvictionPolicy,
+    LearnedPolicy,
     LFUPolicy,
     LRUKPolicy,
     LRUPolicy,
@@ -27,6 +28,40 @@ from evocache.controller.eviction._index import NsHeap
 from evocache.controller.tiers import MemoryTier
 
 NAMES = sorted(EVICTION_POLICIES)
+
+
+@functools.cache
+def _learned_model():
+    """A model the learned policy trained in replay, so that the suite also runs its model's decisions (the
+    registered ``learned`` starts untrained and decides as its fallback heuristic)."""
+    from evocache.controller.replay import replay
+    from evocache.controller.replay._access import Access
+
+    rng = random.Random(5)
+    trace = [
+        Access(float(req), f"{head}:{pos}", 1, "", "", req, pos)
+        for req in range(300)
+        for head in [rng.randrange(10) if rng.random() < 0.6 else 100 + req]
+        for pos in range(1 + rng.randrange(8))
+    ]
+    built: list[LearnedPolicy] = []
+
+    def make(**kw):
+        built.append(LearnedPolicy(capacity=15, retrain_every=400, **kw))
+        return built[0]
+
+    replay(trace, make, capacity_objects=15)
+    assert built[0].model is not None
+    return built[0].model
+
+
+def _build(name: str, **kwargs) -> EvictionPolicy:
+    if name == "learned-trained":
+        return LearnedPolicy(model=_learned_model(), **kwargs)
+    return make_eviction_policy(name, **kwargs)
+
+
+VARIANTS = [*NAMES, "learned-trained"]
 
 
 def replay(
@@ -62,9 +97,9 @@ def replay(
 # -- the contract, for every registered policy -------------------------------------------------------------
 
 
-@pytest.fixture(params=NAMES)
+@pytest.fixture(params=VARIANTS)
 def policy(request: pytest.FixtureRequest) -> EvictionPolicy:
-    return make_eviction_policy(request.param)
+    return _build(request.param)
 
 
 def test_empty_policy_has_no_victim(policy: EvictionPolicy) -> None:
@@ -147,7 +182,7 @@ def test_reinsert_after_remove(policy: EvictionPolicy) -> None:
 
 def _random_run(name: str, seed: int) -> list[Hashable]:
     rng = random.Random(seed)
-    policy = make_eviction_policy(name, rng=random.Random(7))
+    policy = _build(name, rng=random.Random(7))
     held: list[str] = []
     victims: list[Hashable] = []
     for step in range(400):
@@ -176,7 +211,7 @@ def _random_run(name: str, seed: int) -> list[Hashable]:
     return victims
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", VARIANTS)
 def test_deterministic_given_the_same_notifications(name: str) -> None:
     first = _random_run(name, seed=3)
     assert len(first) > 50
@@ -189,9 +224,7 @@ CAPACITY = 400
 QUOTAS = {"A": 150, "B": None, "C": 80}
 MAX_ENTRY = 120
 
-POLICY_FACTORIES: dict[str, Callable[[], EvictionPolicy]] = {
-    name: functools.partial(make_eviction_policy, name) for name in NAMES
-}
+POLICY_FACTORIES: dict[str, Callable[[], EvictionPolicy]] = {name: functools.partial(_build, name) for name in VARIANTS}
 POLICY_FACTORIES["s3fifo-bytes"] = functools.partial(make_eviction_policy, "s3fifo", capacity=CAPACITY)
 
 _namespaces = st.sampled_from(sorted(QUOTAS))
@@ -284,6 +317,7 @@ def test_registry_names_every_policy() -> None:
         "lruk": LRUKPolicy,
         "s3fifo": S3FIFOPolicy,
         "weighted": WeightedPolicy,
+        "learned": LearnedPolicy,
     }
     for name, cls in EVICTION_POLICIES.items():
         assert cls.name == name
@@ -293,7 +327,7 @@ def test_registry_names_every_policy() -> None:
 def test_unknown_policy_lists_the_known_ones() -> None:
     with pytest.raises(StoreConfigError) as info:
         make_eviction_policy("clock")
-    assert str(info.value) == "unknown eviction policy 'clock'; known: lfu, lru, lruk, s3fifo, weighted"
+    assert str(info.value) == "unknown eviction policy 'clock'; known: learned, lfu, lru, lruk, s3fifo, weighted"
 
 
 def test_factory_passes_options() -> None:
@@ -486,7 +520,7 @@ def test_heap_rebuilds_instead_of_growing_with_updates() -> None:
     assert heap.lowest("A") == "k1"
 
 
-@pytest.mark.parametrize("name", sorted(EVICTION_POLICIES))
+@pytest.mark.parametrize("name", VARIANTS)
 def test_batched_hits_equal_hits_one_by_one(name):
     """on_hits (the L1 read buffer's replay) must leave a policy exactly where on_hit one by one would."""
     import random as _random
@@ -497,7 +531,7 @@ def test_batched_hits_equal_hits_one_by_one(name):
 
     def run(batched: bool) -> list:
         clock = iter(range(10**6))
-        policy = EVICTION_POLICIES[name](clock=lambda: float(next(clock)), rng=_random.Random(0))
+        policy = _build(name, clock=lambda: float(next(clock)), rng=_random.Random(0))
         for i, key in enumerate(keys):
             policy.on_insert(key, EntryInfo(size=10 + i, ns="a" if i % 2 else "b", saved_ms=float(i)))
         if batched:

@@ -12,9 +12,11 @@ from typing import Any
 
 from ..errors import StoreConfigError
 from ._base import Clock, EntryInfo, EvictionPolicy
+from ._learned import LearnedPolicy, LearnedStats
 from ._lfu import LFUPolicy
 from ._lru import LRUPolicy
 from ._lruk import LRUKPolicy
+from ._model import LearnedModel, LearnedModelError, TrainingWindow
 from ._s3fifo import S3FIFOPolicy
 from ._weighted import WeightedPolicy
 
@@ -24,17 +26,22 @@ __all__ = [
     "EntryInfo",
     "EvictionPolicy",
     "LFUPolicy",
+    "LearnedModel",
+    "LearnedModelError",
+    "LearnedPolicy",
+    "LearnedStats",
     "LRUKPolicy",
     "LRUPolicy",
     "S3FIFOPolicy",
+    "TrainingWindow",
     "WeightedPolicy",
     "make_eviction_policy",
 ]
 
 EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
-    cls.name: cls for cls in (LRUPolicy, LFUPolicy, LRUKPolicy, S3FIFOPolicy, WeightedPolicy)
+    cls.name: cls for cls in (LRUPolicy, LFUPolicy, LRUKPolicy, S3FIFOPolicy, WeightedPolicy, LearnedPolicy)
 }
-"""Policy name -> class. The learned policy registers itself here under ``"learned"``."""
+"""Policy name -> class."""
 
 
 def make_eviction_policy(name: str, *, capacity: int | None = None, **kwargs: Any) -> EvictionPolicy:

@@ -13,18 +13,29 @@ import abc
 import random
 import time
 from collections.abc import Callable, Hashable, Sequence
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 Clock = Callable[[], float]
 
 
 class EntryInfo(NamedTuple):
-    """What a policy may know about an entry when it is inserted. (A named tuple: one is made per write.)"""
+    """What a policy may know about an entry when it is inserted (a named tuple: one is made per write).
+
+    The fields after ``weight`` describe the access itself; owners that do not know them leave the defaults.
+    For KV blocks (Mooncake traces) ``req`` numbers the request, ``pos`` is the block's place in the request's
+    prefix chain (0 = first), ``req_len`` the request's length in blocks, ``parent`` the key of the block
+    before it in the chain (``None`` for the first block or when unknown); ``rule`` names the caching rule.
+    """
 
     size: int
     ns: str = ""
     saved_ms: float = 0.0
     weight: float = 1.0  # the tenant's weight (policy `tenants.<name>.weight`), for score-based policies
+    rule: str = ""
+    req: int = -1
+    pos: int = -1
+    req_len: int = 0
+    parent: Hashable | None = None
 
 
 class EvictionPolicy(abc.ABC):
@@ -41,6 +52,9 @@ class EvictionPolicy(abc.ABC):
     """
 
     name: str = ""
+    uses_context: ClassVar[bool] = False
+    """True for policies that want every access's context: the owner then calls ``on_access`` before the
+    ``on_hit`` or ``admit``/``on_insert`` of each access. Owners may skip building the context otherwise."""
 
     def __init__(self, *, clock: Clock = time.monotonic, rng: random.Random | None = None) -> None:
         self.clock = clock
@@ -58,6 +72,18 @@ class EvictionPolicy(abc.ABC):
         on_hit = self.on_hit
         for key in keys:
             on_hit(key)
+
+    def on_access(self, key: Hashable, info: EntryInfo) -> None:  # noqa: B027 (optional hook, not abstract)
+        """The context of the access about to be notified (hit or miss), for ``uses_context`` policies.
+        The default ignores it."""
+
+    def admit(self, key: Hashable, info: EntryInfo) -> bool:
+        """Whether a missed ``key`` should be stored at all, asked before the owner makes room for it.
+
+        False bypasses it: the owner serves the miss without storing it (it still counts as a miss) and
+        calls nothing else for it. The default admits everything (cache-on-miss).
+        """
+        return True
 
     @abc.abstractmethod
     def on_remove(self, key: Hashable) -> None: ...

@@ -1,8 +1,9 @@
 """The replay simulator: a production eviction policy, unchanged, run over a trace on the trace's own clock.
 
 The simulator is the policy's owner, like the L1 tier but lean: it keeps ``key -> size`` and the bytes used,
-no payloads. Every miss is admitted when it fits (cache-on-miss); room is made by evicting the policy's victims
-first. What was hit is counted apart from how it was decided (``_tally``), so that the Belady bound
+no payloads. Every miss is admitted when it fits and the policy's ``admit`` agrees (cache-on-miss by default; a
+bypassed miss is still a miss); room is made by evicting the policy's victims first. Policies that ask for the
+access context (``uses_context``) get it for every access, hit or miss. What was hit is counted apart from how it was decided (``_tally``), so that the Belady bound
 (``_belady``) reports exactly the same measures as the online policies it is compared with.
 """
 
@@ -161,13 +162,65 @@ def replay(
                 on_insert(k, info)
             yield a, False
 
+    def outcomes_in_context() -> Iterator[tuple[Access, bool]]:
+        # The same owner for policies that want each access's context and may bypass a miss (``admit``).
+        nonlocal now
+        cache: dict[Hashable, int] = {}
+        used = 0
+        by_objects = unit == "objects"
+        on_access, admit = instance.on_access, instance.admit
+        for a, info in _in_context(trace, by_objects):
+            now = a.t
+            k = (a.ns, a.key) if a.ns else a.key
+            on_access(k, info)
+            if k in cache:
+                instance.on_hit(k)
+                yield a, True
+                continue
+            m = info.size
+            if m <= capacity and admit(k, info):
+                used += m
+                while used > capacity:
+                    v = instance.victim()
+                    used -= cache.pop(v)
+                    instance.on_remove(v)
+                cache[k] = m
+                instance.on_insert(k, info)
+            yield a, False
+
     return _tally(
-        outcomes(),
+        outcomes_in_context() if instance.uses_context else outcomes(),
         policy=name or instance.name or type(instance).__name__,
         capacity=capacity,
         unit=unit,
         window_s=window_s,
     )
+
+
+def _in_context(trace: Iterable[Access], by_objects: bool) -> Iterator[tuple[Access, EntryInfo]]:
+    """Each access with the ``EntryInfo`` of its context. A request's blocks (consecutive accesses with one
+    ``req`` >= 0) are read together first, as a server has the whole prompt when the request arrives: that
+    gives ``req_len``; ``parent`` is the key of the block before in the same request. Memory: one request."""
+    batch: list[Access] = []
+
+    def flush() -> Iterator[tuple[Access, EntryInfo]]:
+        parent: Hashable | None = None
+        for a in batch:
+            k = (a.ns, a.key) if a.ns else a.key
+            info = EntryInfo(1 if by_objects else a.size, a.ns, rule=a.rule, req=a.req, pos=a.pos,
+                             req_len=len(batch), parent=parent)
+            parent = k
+            yield a, info
+        batch.clear()
+
+    for a in trace:
+        if batch and a.req != batch[0].req:
+            yield from flush()
+        if a.req >= 0:
+            batch.append(a)
+        else:
+            yield a, EntryInfo(1 if by_objects else a.size, a.ns, rule=a.rule)
+    yield from flush()
 
 
 def _capacity(

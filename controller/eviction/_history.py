@@ -1,0 +1,225 @@
+"""Per-object history for the learned policy, kept in columns so that a batch of objects becomes a feature
+matrix (``_features.FEATURES``) with a few numpy operations; and the ring of training samples.
+
+numpy is imported here, and this module only when a learned policy is built: the eviction package itself
+stays light (``evocache`` commands start without numpy).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Hashable
+
+import numpy as np
+
+from ._base import EntryInfo
+from ._features import FEATURES, HALF_LIVES
+
+_NAN = float("nan")
+_HALF_LIVES = np.array(HALF_LIVES)
+
+
+def _code(text: str) -> float:
+    return float(zlib.crc32(text.encode()) % 4096) if text else -1.0
+
+
+class History:
+    """Columns of per-object state, one row ("slot") per object whose history is kept; slots are reused.
+
+    ``touch`` records an access; ``rows`` builds feature rows; ``forget`` drops objects. ``children`` is
+    maintained by the owner of the cache structure (the policy), as it knows what is held.
+    """
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self.slot: dict[Hashable, int] = {}
+        self._free: list[int] = []
+        self._n = 0
+        self._alloc(capacity)
+        self._codes: dict[str, float] = {}
+        self._head_requests: dict[Hashable, int] = {}
+        self._head_last: dict[Hashable, int] = {}
+        self._head = (0.0, _NAN)  # (requests, gap) of the request being read
+
+    def _alloc(self, n: int) -> None:
+        """Make room for ``n`` slots, keeping the rows there are."""
+        grow = self._grow
+        self.last = grow(getattr(self, "last", None), n, 0.0)
+        self.gaps = grow(getattr(self, "gaps", None), n, _NAN, width=3)
+        self.edc = grow(getattr(self, "edc", None), n, 0.0, width=len(HALF_LIVES))
+        self.edc_t = grow(getattr(self, "edc_t", None), n, 0.0)
+        self.count = grow(getattr(self, "count", None), n, 0.0)
+        self.size = grow(getattr(self, "size", None), n, 1.0)
+        self.ctx = grow(getattr(self, "ctx", None), n, _NAN, width=6)  # pos, req_len, head requests/gap, ns, rule
+        self.children = grow(getattr(self, "children", None), n, 0.0)
+
+    @staticmethod
+    def _grow(old: np.ndarray | None, n: int, fill: float, width: int = 0) -> np.ndarray:
+        shape = (n, width) if width else (n,)
+        new = np.full(shape, fill)
+        if old is not None:
+            new[: len(old)] = old
+        return new
+
+    def __len__(self) -> int:
+        return len(self.slot)
+
+    def slot_of(self, key: Hashable) -> int:
+        """The slot of ``key``, made (with an empty history) if it has none."""
+        s = self.slot.get(key)
+        if s is None:
+            if self._free:
+                s = self._free.pop()
+            else:
+                s = self._n
+                self._n += 1
+                if s >= len(self.last):
+                    self._alloc(2 * len(self.last))
+            self.slot[key] = s
+            self.count[s] = 0.0
+            self.gaps[s] = _NAN
+            self.edc[s] = 0.0
+            self.children[s] = 0.0
+            self.ctx[s] = _NAN
+        return s
+
+    def start_request(self, head: Hashable, tick: int) -> None:
+        """A request whose first block is ``head`` begins at ``tick``."""
+        requests = self._head_requests.get(head, 0) + 1
+        self._head_requests[head] = requests
+        previous = self._head_last.get(head)
+        self._head_last[head] = tick
+        self._head = (float(requests), _NAN if previous is None else float(tick - previous))
+
+    def touch(self, key: Hashable, tick: int, info: EntryInfo | None) -> int:
+        """Record an access of ``key`` at ``tick`` (``info``: its context, if known). Returns its slot."""
+        s = self.slot_of(key)
+        if self.count[s]:
+            gaps = self.gaps[s]
+            gaps[2], gaps[1], gaps[0] = gaps[1], gaps[0], tick - self.last[s]
+            elapsed = tick - self.edc_t[s]
+            self.edc[s] = self.edc[s] * np.exp2(-elapsed / _HALF_LIVES) + 1.0
+        else:
+            self.edc[s] = 1.0
+        self.edc_t[s] = tick
+        self.last[s] = tick
+        self.count[s] += 1.0
+        if info is not None:
+            self.size[s] = max(info.size, 1)
+            ctx = self.ctx[s]
+            if info.pos >= 0:
+                ctx[0], ctx[1] = info.pos, info.req_len
+                ctx[2], ctx[3] = self._head
+            ctx[4] = self._code(info.ns)
+            ctx[5] = self._code(info.rule)
+        return s
+
+    def _code(self, text: str) -> float:
+        code = self._codes.get(text)
+        if code is None:
+            code = self._codes[text] = _code(text)
+        return code
+
+    def forget(self, key: Hashable) -> None:
+        self._free.append(self.slot.pop(key))
+
+    def rows(self, slots: np.ndarray | list[int], tick: int) -> np.ndarray:
+        """Feature rows (``FEATURES`` order) of ``slots`` as of ``tick``."""
+        ctx = self.ctx[slots]
+        edc = self.edc[slots] * np.exp2(-(tick - self.edc_t[slots])[:, None] / _HALF_LIVES)
+        return np.column_stack(
+            (
+                tick - self.last[slots],
+                self.gaps[slots],
+                edc,
+                self.count[slots],
+                np.log2(self.size[slots]),
+                ctx[:, :2],
+                ctx[:, 1] - ctx[:, 0],
+                self.children[slots],
+                ctx[:, 2:],
+            )
+        )
+
+
+class Samples:
+    """Training samples in a ring of ``2 * window`` rows: features as of the sampling access, the horizon,
+    and a label that stays -1 until the object is accessed again (1 if within the horizon, else 0) or the
+    horizon passes (0). Ids count samples ever taken; a label for an id the ring has overwritten is dropped.
+    """
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.ring = 2 * window
+        self.rows = np.zeros((self.ring, len(FEATURES)))
+        self.labels = np.full(self.ring, -1.0)
+        self.taken_at = np.zeros(self.ring)
+        self.horizons = np.zeros(self.ring)
+        self.next_id = 0
+        self.pending: dict[Hashable, list[int]] = {}
+
+    def add(self, keys: list[Hashable], rows: np.ndarray, tick: int, horizon: float) -> None:
+        for key, row in zip(keys, rows, strict=True):
+            i = self.next_id
+            self.next_id += 1
+            j = i % self.ring
+            self.rows[j] = row
+            self.labels[j] = -1.0
+            self.taken_at[j] = tick
+            self.horizons[j] = horizon
+            self.pending.setdefault(key, []).append(i)
+
+    def accessed(self, key: Hashable, tick: int) -> None:
+        """Label the samples of ``key`` waiting for its next access, which is now."""
+        waiting = self.pending.pop(key, None)
+        if waiting:
+            oldest = self.next_id - self.ring
+            for i in waiting:
+                if i >= oldest:
+                    j = i % self.ring
+                    self.labels[j] = 1.0 if tick - self.taken_at[j] <= self.horizons[j] else 0.0
+
+    def training_set(self, tick: int) -> tuple[np.ndarray, np.ndarray, int, int] | None:
+        """The latest ``window`` samples whose horizon has passed, as ``(rows, labels, first id, last id)``
+        (copies; the unlabelled ones are 0: not accessed within their horizon); ``None`` when there are none. Drops pending lists that can no
+        longer label anything."""
+        ids = np.arange(max(0, self.next_id - self.ring), self.next_id)
+        j = ids % self.ring
+        # Only samples whose horizon has passed: a recent one labelled 1 already would otherwise count while
+        # its peers that will be 0 do not yet, and the newest samples would look far more reusable than they are.
+        done = self.taken_at[j] + self.horizons[j] < tick
+        expired = done & (self.labels[j] < 0)
+        self.labels[j[expired]] = 0.0
+        known = ids[done][-self.window :]
+        oldest = self.next_id - self.ring
+        self.pending = {
+            k: waiting
+            for k, waiting in self.pending.items()
+            if waiting[-1] >= oldest and self.labels[waiting[-1] % self.ring] < 0
+        }
+        if not len(known):
+            return None
+        return self.rows[known % self.ring], self.labels[known % self.ring], int(known[0]), int(known[-1])
+
+
+def lowest(
+    predict, history: History, slots: list[int], tick: int, candidates: int, columns: list[int] | None
+) -> tuple[int, list[float]]:
+    """Score ``slots`` in one batch with ``predict`` (on the feature ``columns``, all if None); return the
+    index of the lowest of the first ``candidates`` (ties: accessed longest ago) and every probability."""
+    index = np.array(slots)
+    rows = history.rows(index, tick)
+    p = predict(rows if columns is None else rows[:, columns])
+    best = int(np.lexsort((history.last[index[:candidates]], p[:candidates]))[0])
+    return best, p.tolist()
+
+
+def auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Area under the ROC curve of ``scores`` for 0/1 ``labels`` (Mann-Whitney, ties counted half)."""
+    from scipy.stats import rankdata
+
+    positives = labels.sum()
+    negatives = len(labels) - positives
+    if not positives or not negatives:
+        return float("nan")
+    ranks = rankdata(scores)
+    return float((ranks[labels == 1].sum() - positives * (positives + 1) / 2) / (positives * negatives))

@@ -1,0 +1,434 @@
+"""Learned eviction and admission (LRB, Song et al., NSDI '20, with the context of KV prefix chains).
+
+The policy learns, online, the probability that an object is accessed again within a horizon of
+``horizon x (objects held)`` accesses (a relaxed Belady boundary: Belady keeps what returns soonest, and what
+returns later than about the cache's turnover is what it gives up). Eviction candidates are the ``sample``
+least recently used keys; with ``leaves_first``, the least recently used blocks that no cached block has as
+parent (a prefix chain is eaten from its tail: a prefix cache can only use a block whose parents it holds).
+At every access one candidate is taken as a training sample, its features as of then, labelled when it is
+next accessed or when the horizon passes: the model learns on exactly the population it ranks. An XGBoost
+classifier is retrained on the latest ``window`` labelled samples every ``retrain_every`` accesses: inline
+(deterministic, for replay) or on a background thread (production).
+
+With a model, ``victim()`` scores the candidates in one batch and evicts the least likely to return;
+``admit()`` (with ``admission``) compares the missed object with that victim and bypasses it when it is the
+less likely to return. Without a model (or with a stale one) every decision is the configured heuristic's,
+which sees every notification. What the policy achieves against LRU and Belady, and what did not work, is in
+docs/notes/learned-eviction-policy-2026-11-29.md.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, replace
+from itertools import islice
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ._base import Clock, EntryInfo, EvictionPolicy
+from ._features import FEATURES, MONOTONE
+from ._model import LearnedModel, LearnedModelError, TrainingWindow, train
+
+if TYPE_CHECKING:
+    import numpy as np
+
+_NOBODY: Hashable = object()  # keys are arbitrary hashables, so None could be one
+
+
+@dataclass(frozen=True, slots=True)
+class LearnedStats:
+    """Counters of a learned policy: ``accesses`` seen, models ``trained`` (and retrainings ``skipped``
+    because the background trainer was still busy), training ``samples`` taken, misses ``bypassed``, and
+    ``model_tick``, the access count at which the model in use started training (-1: none), and ``auc``,
+    the area under the ROC curve of the model in use on the samples of the latest training (data it had not
+    seen: how well it ranks what happened since; NaN before two trainings)."""
+
+    accesses: int
+    trained: int
+    skipped: int
+    samples: int
+    bypassed: int
+    model_tick: int
+    auc: float
+
+
+class LearnedPolicy(EvictionPolicy):
+    """Evicts (and, with ``admission`` and a ``capacity``, declines to admit) the objects a learned model deems
+    least likely to be accessed again within ``horizon`` times the number of objects held.
+
+    Options: ``fallback``, the registered heuristic used while no model is usable; ``retrain_every`` accesses;
+    ``window``, the labelled samples a model is trained on; ``sample``, the candidates scored per eviction;
+    ``rounds``, ``depth`` and ``threads`` of XGBoost (shallow trees: deeper ones learned the objects of the
+    window by heart and ranked new candidates worse); ``monotone``, constrain the model to the known
+    directions of ``_features.MONOTONE``; ``background``, train on a thread (production) instead of inline
+    (replay); ``stale_after``, accesses after which a model's training start is too old and the heuristic
+    decides again (default ``4 * retrain_every``); ``model``, a trained model to start with; ``capacity``,
+    the owner's capacity in its size unit (admission needs it, to know when a miss would evict). Admission is
+    off by default: on the Mooncake trace it lost hits (docs/notes).
+
+    Costs: O(1) Python work, one feature row and a scan of ``sample`` keys per access; one batched
+    prediction over ``sample`` rows per eviction or admission decision; a training of ``rounds`` trees on
+    ``window`` rows per retraining.
+    """
+
+    name = "learned"
+    uses_context = True
+
+    def __init__(
+        self,
+        *,
+        capacity: int | None = None,
+        fallback: str = "lru",
+        horizon: float = 2.0,
+        retrain_every: int = 10_000,
+        window: int = 100_000,
+        sample: int = 64,
+        rounds: int = 20,
+        depth: int = 3,
+        monotone: bool = False,
+        features: Sequence[str] | None = None,
+        threads: int = 1,
+        background: bool = False,
+        leaves_first: bool = True,
+        admission: bool = False,
+        stale_after: int | None = None,
+        model: LearnedModel | None = None,
+        clock: Clock = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        from . import make_eviction_policy  # the registry imports this module
+        from ._history import History, Samples, auc, lowest  # numpy: only when a learned policy is built
+
+        for label, value in (("retrain_every", retrain_every), ("window", window), ("sample", sample),
+                             ("rounds", rounds), ("depth", depth), ("threads", threads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{label} must be an int >= 1, got {value!r}")
+        if not (isinstance(horizon, int | float) and 0 < horizon < float("inf")):
+            raise ValueError(f"horizon must be a finite number > 0, got {horizon!r}")
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
+            raise ValueError(f"capacity must be an int >= 1 or None, got {capacity!r}")
+        chosen = FEATURES if features is None else tuple(features)
+        unknown = [f for f in chosen if f not in FEATURES]
+        if unknown or not chosen:
+            raise ValueError(f"unknown features {unknown or '(none given)'}; known: {', '.join(FEATURES)}")
+        if fallback == self.name:
+            raise ValueError("fallback must be a heuristic, not 'learned' itself")
+        super().__init__(clock=clock, rng=rng)
+        self.capacity = capacity
+        self.horizon = float(horizon)
+        self.retrain_every = retrain_every
+        self.window = window
+        self.sample = sample
+        self.rounds = rounds
+        self.depth = depth
+        self.monotone = monotone
+        self.features = chosen
+        self._columns = None if chosen == FEATURES else [FEATURES.index(f) for f in chosen]
+        self.threads = threads
+        self.leaves_first = leaves_first
+        self.admission = admission
+        self.stale_after = 4 * retrain_every if stale_after is None else stale_after
+        self.fallback = make_eviction_policy(
+            fallback, capacity=capacity, clock=clock, rng=random.Random(self.rng.getrandbits(64))
+        )
+        self._hist = History()
+        self._samples = Samples(window)
+        self._lowest = lowest
+        self._auc_of = auc
+        self._held: dict[Hashable, tuple[str, int, Hashable | None]] = {}  # key -> (ns, size, parent)
+        # Held keys by last access, oldest first: overall, per namespace, and the leaves only.
+        self._order: OrderedDict[Hashable, None] = OrderedDict()
+        self._by_ns: dict[str, OrderedDict[Hashable, None]] = {}
+        self._leaves: OrderedDict[Hashable, None] = OrderedDict()
+        self._used = 0
+        self._tick = 0
+        self._announced: Hashable = _NOBODY
+        self._named: tuple[Hashable, str | None, float] | None = None  # (victim, ns asked, its probability)
+        self._model = None if model is None else self._rebased(model, 0)
+        self._trained = self._skipped = self._bypassed = 0
+        self._auc = float("nan")
+        self._background = background
+        self._cond = threading.Condition()
+        self._job: tuple[np.ndarray, np.ndarray, TrainingWindow] | None = None
+        self._busy = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._train_forever, name="evocache-learned-eviction", daemon=True)
+            self._thread.start()
+
+    # -- notifications ------------------------------------------------------------------------------------
+
+    def on_access(self, key: Hashable, info: EntryInfo) -> None:
+        self._record(key, info)
+        self._announced = key
+
+    def on_hit(self, key: Hashable) -> None:
+        """Raises ``KeyError`` if ``key`` is not held."""
+        ns = self._held[key][0]
+        self._consume(key, None)
+        self._order.move_to_end(key)
+        self._by_ns[ns].move_to_end(key)
+        if key in self._leaves:
+            self._leaves.move_to_end(key)
+        self.fallback.on_hit(key)
+
+    def on_insert(self, key: Hashable, info: EntryInfo) -> None:
+        """Raises ``ValueError`` if ``key`` is held already (replacing is ``on_remove`` + ``on_insert``)."""
+        if key in self._held:
+            raise ValueError(f"{key!r} is already held; replace it with on_remove then on_insert")
+        self._consume(key, info)
+        hist = self._hist
+        parent = info.parent
+        self._held[key] = (info.ns, info.size, parent)
+        self._used += info.size
+        self._order[key] = None
+        self._by_ns.setdefault(info.ns, OrderedDict())[key] = None
+        if not hist.children[hist.slot_of(key)]:
+            self._leaves[key] = None
+        if parent is not None:
+            hist.children[hist.slot_of(parent)] += 1
+            self._leaves.pop(parent, None)
+        self.fallback.on_insert(key, info)
+
+    def on_remove(self, key: Hashable) -> None:
+        """Raises ``KeyError`` if ``key`` is not held."""
+        ns, size, parent = self._held.pop(key)
+        self._named = None
+        self._used -= size
+        del self._order[key]
+        keys = self._by_ns[ns]
+        del keys[key]
+        if not keys:
+            del self._by_ns[ns]
+        self._leaves.pop(key, None)
+        if parent is not None:
+            hist = self._hist
+            s = hist.slot[parent]  # kept while it has cached children (see _forget_old)
+            hist.children[s] -= 1
+            if not hist.children[s] and parent in self._held:
+                # The chain's new tail joins the first candidates, where its child just was.
+                self._leaves[parent] = None
+                self._leaves.move_to_end(parent, last=False)
+        self.fallback.on_remove(key)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._held
+
+    # -- decisions ------------------------------------------------------------------------------------------
+
+    def victim(self, ns: str | None = None) -> Hashable:
+        model = self._usable_model()
+        if model is None:
+            return self.fallback.victim(ns)
+        named = self._named
+        if named is not None and named[1] == ns:
+            return named[0]
+        key, p, _ = self._score(model, ns, None)
+        self._named = (key, ns, p)
+        return key
+
+    def admit(self, key: Hashable, info: EntryInfo) -> bool:
+        """Bypass ``key`` when storing it would evict an object the model deems more likely to return. Always
+        admits without a usable model, without ``admission``, without a ``capacity``, or when it fits."""
+        if not self.admission or self.capacity is None or self._used + info.size <= self.capacity:
+            return True
+        model = self._usable_model()
+        if model is None or not self._held:
+            return True
+        victim, p_victim, p_new = self._score(model, None, self._hist.slot[key])
+        self._named = (victim, None, p_victim)
+        if p_new < p_victim:
+            self._bypassed += 1
+            return False
+        return True
+
+    def _score(self, model: LearnedModel, ns: str | None, extra: int | None) -> tuple[Hashable, float, float]:
+        """The ``sample`` least recently used keys (of ``ns``; leaves first) scored in one batch, with the slot
+        ``extra`` appended: the least likely to return (ties: accessed longest ago), its probability, and
+        ``extra``'s."""
+        candidates = self._window(ns)
+        if not candidates:
+            raise KeyError("no key held" if ns is None else f"no key held in namespace {ns!r}")
+        hist = self._hist
+        slots = [hist.slot[k] for k in candidates]
+        if ns is not None and self.leaves_first:
+            leaves = [i for i, s in enumerate(slots) if not hist.children[s]]
+            if leaves:
+                candidates = [candidates[i] for i in leaves]
+                slots = [slots[i] for i in leaves]
+        n = len(candidates)
+        if extra is not None:
+            slots.append(extra)
+        best, p = self._lowest(model.predict, hist, slots, self._tick, n, self._columns)
+        return candidates[best], p[best], p[n] if extra is not None else 0.0
+
+    def _window(self, ns: str | None) -> list[Hashable]:
+        """The eviction candidates: the ``sample`` least recently used keys (of ``ns``), leaves first."""
+        order = self._order if ns is None else self._by_ns.get(ns)
+        if not order:
+            return []
+        if ns is None and self.leaves_first and self._leaves:
+            order = self._leaves
+        return list(islice(order, self.sample))
+
+    def _usable_model(self) -> LearnedModel | None:
+        model = self._model
+        if model is None or self._tick - model.window.tick > self.stale_after:
+            return None
+        return model
+
+    # -- learning -------------------------------------------------------------------------------------------
+
+    def _consume(self, key: Hashable, info: EntryInfo | None) -> None:
+        # An owner with context announced this access in on_access; one without (the L1 tier) did not.
+        if self._announced is not _NOBODY and self._announced == key:
+            self._announced = _NOBODY
+        else:
+            self._record(key, info)
+        self._named = None
+
+    def _record(self, key: Hashable, info: EntryInfo | None) -> None:
+        self._tick = tick = self._tick + 1
+        self._named = None
+        hist = self._hist
+        if info is not None and info.pos == 0:
+            hist.start_request(key, tick)
+        hist.touch(key, tick, info)
+        samples = self._samples
+        samples.accessed(key, tick)
+        window = self._window(None)
+        if window:
+            other = window[self.rng.randrange(len(window))]
+            samples.add([other], hist.rows([hist.slot[other]], tick), tick, self.horizon * max(len(self._held), 1))
+        if tick % self.retrain_every == 0:
+            self._retrain()
+
+    def _retrain(self) -> None:
+        tick = self._tick
+        found = self._samples.training_set(tick)
+        self._forget_old(tick)
+        if found is None:
+            return
+        rows, y, first, last = found
+        positives = int(y.sum())
+        if positives == 0 or positives == len(y):
+            return  # one class only: nothing to learn yet
+        window = TrainingWindow(first, last, tick, len(y), positives)
+        if self._model is not None:  # judged on the samples it has not seen
+            unseen = slice(max(0, self._model.window.last + 1 - first), None)
+            self._auc = self._auc_of(self._model.predict(self._select(rows[unseen])), y[unseen])
+        if not self._background:
+            self._model = self._fit(rows, y, window)
+            self._trained += 1
+            return
+        with self._cond:
+            if self._busy or self._job is not None:
+                self._skipped += 1
+                return
+            self._job = (rows, y, window)  # copies: the ring moves on meanwhile
+            self._cond.notify_all()
+
+    def _forget_old(self, tick: int) -> None:
+        """Drop the history of objects neither held, nor parent of a held block, nor accessed within the
+        last ``4 x horizon`` accesses: memory stays bounded
+        by the cache's turnover, not the trace's length."""
+        hist = self._hist
+        memory = 4 * self.horizon * max(len(self._held), 1)
+        held = self._held
+        old = [
+            k
+            for k, s in hist.slot.items()
+            if k not in held and not hist.children[s] and tick - hist.last[s] > memory
+        ]
+        for k in old:
+            hist.forget(k)
+
+    def _fit(self, rows: np.ndarray, labels: np.ndarray, window: TrainingWindow) -> LearnedModel:
+        return train(self._select(rows), labels, features=self.features, window=window, rounds=self.rounds, depth=self.depth,
+                     threads=self.threads, monotone=MONOTONE if self.monotone else None)
+
+    def _train_forever(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._job is not None or self._closed)
+                if self._closed:
+                    return
+                assert self._job is not None
+                rows, labels, window = self._job
+                self._job = None
+                self._busy = True
+            try:
+                model = self._fit(rows, labels, window)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+            with self._cond:
+                self._model = model  # one reference store: the request path sees the old model or the new one
+                self._trained += 1
+                self._cond.notify_all()
+
+    # -- the model's lifecycle -----------------------------------------------------------------------------
+
+    @property
+    def model(self) -> LearnedModel | None:
+        """The model in use (``None`` before the first training), stale or not."""
+        return self._model
+
+    @property
+    def stats(self) -> LearnedStats:
+        model = self._model
+        return LearnedStats(
+            accesses=self._tick,
+            trained=self._trained,
+            skipped=self._skipped,
+            samples=self._samples.next_id,
+            bypassed=self._bypassed,
+            model_tick=model.window.tick if model is not None else -1,
+            auc=self._auc,
+        )
+
+    def wait_trained(self, count: int, timeout: float | None = None) -> bool:
+        """Wait until ``count`` models have been trained; False if ``timeout`` seconds passed first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._trained >= count, timeout)
+
+    def save_model(self, path: str | Path) -> None:
+        """Write the model in use as JSON (``LearnedModel.save``). Raises ``ValueError`` before any training."""
+        if self._model is None:
+            raise ValueError("no model to save: the policy has not trained one yet")
+        self._model.save(path)
+
+    def load_model(self, path: str | Path) -> None:
+        """Use the model saved at ``path`` from now on. Raises ``LearnedModelError`` for a file of another
+        format version or other features; the model in use is then unchanged."""
+        self._model = self._rebased(LearnedModel.load(path, features=self.features), self._tick)
+
+    def _select(self, rows: np.ndarray) -> np.ndarray:
+        return rows if self._columns is None else rows[:, self._columns]
+
+    def _rebased(self, model: LearnedModel, tick: int) -> LearnedModel:
+        """``model`` as if trained at this policy's access ``tick``: a model from elsewhere (a file, another
+        policy) is fresh when it arrives, and goes stale by this policy's count."""
+        if tuple(model.features) != self.features:
+            raise LearnedModelError(
+                f"the model was trained on features {list(model.features)}, expected {list(self.features)}"
+            )
+        return replace(model, window=replace(model.window, tick=tick))
+
+    def close(self) -> None:
+        """Stop the background trainer (if any) and wait for it. The policy goes on deciding with its model."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+

@@ -1,0 +1,354 @@
+"""The learned eviction policy: determinism in replay, the model's JSON round trip and version check, the
+heuristic fallback, retraining cadence, the background trainer, admission, and the access context the
+simulator hands to policies that ask for it. (The shared contract suite, tests/test_eviction.py, runs it too,
+untrained and trained.)"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import threading
+from collections.abc import Hashable
+
+import numpy as np
+import pytest
+
+from evocache.controller.eviction import (
+    EntryInfo,
+    LearnedModel,
+    LearnedModelError,
+    LearnedPolicy,
+    LFUPolicy,
+    TrainingWindow,
+    LRUPolicy,
+    make_eviction_policy,
+)
+from evocache.controller.eviction._features import FEATURES
+from evocache.controller.eviction._model import train
+from evocache.controller.replay import read_trace, replay
+from evocache.controller.replay._access import Access
+
+
+def chain_trace(requests: int = 400, seed: int = 1) -> list[Access]:
+    """KV-block-like accesses: each request walks a prefix chain; a few chains come back often, most once."""
+    rng = random.Random(seed)
+    out: list[Access] = []
+    t = 0.0
+    for req in range(requests):
+        head = rng.randrange(12) if rng.random() < 0.6 else 1000 + req
+        length = 1 + rng.randrange(10)
+        for pos in range(length):
+            out.append(Access(t, f"{head}:{pos}", 1, "", "", req, pos))
+        t += 1.0
+    return out
+
+
+TRACE = chain_trace()
+
+
+class Recording(LearnedPolicy):
+    """Records the keys the owner removes: in replay every removal is an eviction."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.removed: list[Hashable] = []
+
+    def on_remove(self, key: Hashable) -> None:
+        super().on_remove(key)
+        self.removed.append(key)
+
+
+def run(factory, capacity: int = 20, trace: list[Access] = TRACE):
+    built = []
+
+    def make(**kw):
+        built.append(factory(**kw))
+        return built[0]
+
+    return replay(trace, make, capacity_objects=capacity), built[0]
+
+
+@functools.cache
+def trained_model() -> LearnedModel:
+    _, policy = run(functools.partial(LearnedPolicy, capacity=20, retrain_every=300))
+    assert policy.model is not None
+    return policy.model
+
+
+# -- replay ------------------------------------------------------------------------------------------------
+
+
+def test_replay_is_deterministic_and_the_model_decides() -> None:
+    factory = functools.partial(Recording, capacity=20, retrain_every=300)
+    first, p1 = run(factory)
+    second, p2 = run(factory)
+    assert first == second
+    assert p1.removed == p2.removed and len(p1.removed) > 500
+    assert p1.stats == p2.stats
+    assert p1.stats.trained == len(TRACE) // 300
+    # the model changed decisions: the victims are not LRU's
+    lru_victims = run(functools.partial(Recording, capacity=20, retrain_every=10**9))[1].removed
+    assert p1.removed != lru_victims
+
+
+def recording(cls: type) -> type:
+    """``cls`` with a ``removed`` list of the keys the owner removed."""
+
+    def on_remove(self, key: Hashable) -> None:
+        cls.on_remove(self, key)
+        self.__dict__.setdefault("removed", []).append(key)
+
+    return type(f"Recording{cls.__name__}", (cls,), {"on_remove": on_remove})
+
+
+@pytest.mark.parametrize(("fallback", "heuristic"), [("lru", LRUPolicy), ("lfu", LFUPolicy)])
+def test_untrained_policy_is_its_heuristic_exactly(fallback: str, heuristic: type) -> None:
+    learned_result, learned = run(functools.partial(Recording, capacity=20, fallback=fallback, retrain_every=10**9))
+    plain_result, plain = run(recording(heuristic))
+    assert learned.model is None and learned.stats.trained == 0 and learned.stats.bypassed == 0
+    assert learned.removed == plain.removed and len(plain.removed) > 500
+    assert learned_result.hits == plain_result.hits
+    assert learned_result.prefix_hits == plain_result.prefix_hits
+
+
+def test_retrains_every_n_accesses() -> None:
+    policy = LearnedPolicy(capacity=20, retrain_every=250)
+    trained = []
+    held: set[str] = set()
+    for i, a in enumerate(TRACE[:1000], start=1):
+        info = EntryInfo(1, req=a.req, pos=a.pos, req_len=10)
+        policy.on_access(a.key, info)
+        if a.key in held:
+            policy.on_hit(a.key)
+        elif policy.admit(a.key, info):
+            if len(held) == 20:
+                victim = policy.victim()
+                policy.on_remove(victim)
+                held.remove(victim)
+            policy.on_insert(a.key, info)
+            held.add(a.key)
+        if i % 250 == 0:
+            trained.append((policy.stats.accesses, policy.stats.trained, policy.stats.model_tick))
+    assert trained == [(250, 1, 250), (500, 2, 500), (750, 3, 750), (1000, 4, 1000)]
+
+
+def test_bypassed_misses_count_as_misses() -> None:
+    """The simulator honours admission: a bypassed key is never stored, so every access to it misses, and
+    admitting nothing evicts nothing."""
+
+    class NoX(LRUPolicy):
+        uses_context = True
+
+        def admit(self, key: Hashable, info: EntryInfo) -> bool:
+            return not str(key).startswith("x")
+
+    trace = [Access(float(i), key, 1) for i, key in enumerate("x1 a x1 a x1 b a".split())]
+    result = replay(trace, NoX, capacity_objects=1)
+    # x1 never stored; a, hit a, b evicts a, a misses
+    assert (result.requests, result.hits) == (7, 1)
+
+
+def test_learned_admission_bypasses_and_replay_counts_it() -> None:
+    result, policy = run(functools.partial(LearnedPolicy, capacity=20, retrain_every=300, admission=True))
+    assert policy.stats.bypassed > 0
+    off, _ = run(functools.partial(LearnedPolicy, capacity=20, retrain_every=300))
+    assert result.hits != off.hits and result.requests == off.requests == len(TRACE)
+
+
+def test_context_reaches_policies_that_ask(tmp_path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(
+        '{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [7, 8]}\n'
+        '{"timestamp": 5, "input_length": 512, "output_length": 1, "hash_ids": [7]}\n'
+    )
+    seen: list[tuple[Hashable, EntryInfo]] = []
+
+    class Listening(LRUPolicy):
+        uses_context = True
+
+        def on_access(self, key: Hashable, info: EntryInfo) -> None:
+            seen.append((key, info))
+
+    replay(read_trace(path), Listening, capacity_objects=4)
+    assert seen == [
+        ("7", EntryInfo(1, req=0, pos=0, req_len=2, parent=None)),
+        ("8", EntryInfo(1, req=0, pos=1, req_len=2, parent="7")),
+        ("7", EntryInfo(1, req=1, pos=0, req_len=1, parent=None)),
+    ]
+
+
+def test_leaves_go_first() -> None:
+    """With a model, a block that a cached block has as parent is not evicted while leaves remain."""
+    policy = LearnedPolicy(model=trained_model())
+    policy.on_insert("h", EntryInfo(1, req=0, pos=0, req_len=3))
+    policy.on_insert("h1", EntryInfo(1, req=0, pos=1, req_len=3, parent="h"))
+    policy.on_insert("h2", EntryInfo(1, req=0, pos=2, req_len=3, parent="h1"))
+    order = []
+    while len(policy):
+        victim = policy.victim()
+        order.append(victim)
+        policy.on_remove(victim)
+    assert order == ["h2", "h1", "h"]
+
+
+# -- the model file ----------------------------------------------------------------------------------------
+
+
+def test_model_round_trip(tmp_path) -> None:
+    model = trained_model()
+    path = tmp_path / "model.json"
+    model.save(path)
+    loaded = LearnedModel.load(path, features=FEATURES)
+    assert loaded.features == FEATURES and loaded.window == model.window
+    rows = np.random.default_rng(0).random((200, len(FEATURES))) * 50
+    rows[::7, 1] = np.nan
+    assert np.array_equal(loaded.predict(rows), model.predict(rows))
+    # the numpy evaluator reproduces xgboost's own prediction
+    np.testing.assert_allclose(model.predict(rows), model.booster.inplace_predict(rows), atol=1e-6)
+    doc = json.loads(path.read_text())
+    assert (doc["format"], doc["version"], doc["features"]) == ("evocache-learned-eviction", 1, list(FEATURES))
+
+    # a policy given the file decides as the policy given the model
+    def victims(policy: LearnedPolicy) -> list[Hashable]:
+        for i in range(30):
+            policy.on_insert(f"k{i}", EntryInfo(1))
+            if i % 3 == 0:
+                policy.on_hit(f"k{i}")
+        out = []
+        while len(policy):
+            out.append(policy.victim())
+            policy.on_remove(out[-1])
+        return out
+
+    from_file = LearnedPolicy()
+    from_file.load_model(path)
+    assert victims(from_file) == victims(LearnedPolicy(model=model))
+
+
+def test_wrong_model_version_is_refused(tmp_path) -> None:
+    path = tmp_path / "model.json"
+    trained_model().save(path)
+    doc = json.loads(path.read_text())
+    doc["version"] = 99
+    path.write_text(json.dumps(doc))
+    policy = LearnedPolicy()
+    with pytest.raises(LearnedModelError, match=r"model\.json: model format version 99; this evocache reads version 1"):
+        policy.load_model(path)
+    assert policy.model is None
+    path.write_text('{"format": "something else"}')
+    with pytest.raises(LearnedModelError, match="not an evocache learned eviction model"):
+        LearnedModel.load(path)
+    doc["version"] = 1
+    doc["features"] = ["age"]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(LearnedModelError, match=r"trained on features \['age'\]"):
+        LearnedModel.load(path, features=FEATURES)
+
+
+def test_save_before_training_is_refused(tmp_path) -> None:
+    with pytest.raises(ValueError, match="no model to save"):
+        LearnedPolicy().save_model(tmp_path / "m.json")
+
+
+# -- production: the background trainer --------------------------------------------------------------------
+
+
+class Gated(LearnedPolicy):
+    """Training waits for ``release``; ``started`` says it began."""
+
+    def __init__(self, **kwargs) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+        super().__init__(**kwargs)
+
+    def _fit(self, rows, labels, window):
+        self.started.set()
+        assert self.release.wait(30)
+        return super()._fit(rows, labels, window)
+
+
+def test_background_training_does_not_block_and_swaps_the_model() -> None:
+    policy = Gated(background=True, retrain_every=300)
+    try:
+        keys = [a.key for a in TRACE]
+        held: list[str] = []
+
+        def access(key: str) -> None:
+            if key in policy:
+                policy.on_hit(key)
+                return
+            if len(held) == 20:
+                victim = policy.victim()
+                policy.on_remove(victim)
+                held.remove(victim)
+            policy.on_insert(key, EntryInfo(1))
+            held.append(key)
+
+        for key in keys[:300]:
+            access(key)
+        assert policy.started.wait(30)  # the trainer took the job ...
+        for key in keys[300:900]:  # ... and the request path goes on while it trains
+            access(key)
+        assert policy.model is None and policy.stats.trained == 0
+        assert policy.stats.skipped == 2  # retrainings at 600 and 900 found the trainer busy
+        policy.release.set()
+        assert policy.wait_trained(1, timeout=60)
+        assert policy.model is not None and policy.model.window.tick == 300
+        for key in keys[900:1200]:
+            access(key)
+        assert policy.wait_trained(2, timeout=60)
+        assert policy.stats.model_tick == 1200
+    finally:
+        policy.release.set()
+        policy.close()
+
+
+@functools.cache
+def frequency_model() -> LearnedModel:
+    """A model that learned one rule: an object accessed at least twice returns, one accessed once does not."""
+    rng = np.random.default_rng(0)
+    rows = rng.random((2000, len(FEATURES))) * 100
+    count = FEATURES.index("count")
+    rows[:, count] = rng.integers(1, 6, size=2000)
+    labels = (rows[:, count] >= 2).astype(float)
+    return train(rows, labels, features=FEATURES, window=TrainingWindow(0, 1999, 0, 2000, int(labels.sum())),
+                 rounds=5, threads=1)
+
+
+def test_model_decides_and_a_stale_one_falls_back() -> None:
+    def policy(stale_after: int) -> LearnedPolicy:
+        p = LearnedPolicy(model=frequency_model(), retrain_every=10**6, stale_after=stale_after)
+        p.on_insert("a", EntryInfo(1))
+        p.on_hit("a")
+        for key in "bcd":
+            p.on_insert(key, EntryInfo(1))
+        return p
+
+    fresh, stale = policy(10**6), policy(4)  # 5 accesses: the model (fresh at 0) is stale after 4
+    assert fresh.victim() == "b"  # the model keeps the twice-accessed a; of the rest b is the oldest
+    assert fresh.fallback.victim() == "a"  # where LRU would evict a
+    assert stale.victim() == "a"
+
+
+def test_a_feature_subset_trains_on_those_columns_only(tmp_path) -> None:
+    chosen = ("age", "count", "edc16384", "head_requests")
+    _, policy = run(functools.partial(LearnedPolicy, capacity=20, retrain_every=300, features=chosen))
+    assert policy.model is not None and policy.model.features == chosen
+    assert policy.model.booster.num_features() == 4
+    policy.save_model(tmp_path / "m.json")
+    with pytest.raises(LearnedModelError, match="expected"):
+        LearnedPolicy().load_model(tmp_path / "m.json")  # all features expected
+    LearnedPolicy(features=chosen).load_model(tmp_path / "m.json")
+    with pytest.raises(ValueError, match=r"unknown features \['colour'\]; known: age, gap1"):
+        LearnedPolicy(features=("age", "colour"))
+
+
+def test_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="retrain_every"):
+        LearnedPolicy(retrain_every=0)
+    with pytest.raises(ValueError, match="horizon"):
+        LearnedPolicy(horizon=float("inf"))
+    with pytest.raises(ValueError, match="fallback must be a heuristic"):
+        LearnedPolicy(fallback="learned")
+    assert isinstance(make_eviction_policy("learned", capacity=10), LearnedPolicy)
