@@ -264,7 +264,7 @@ def test_expired_entries_leave_every_replica(replicas, fake_clock):
 # -- Redis failures ---------------------------------------------------------------------------------------
 
 
-def test_redis_down_never_fails_a_lookup(restartable_redis, fake_clock):
+def test_redis_down_never_fails_a_lookup(restartable_redis, fake_clock, caplog):
     restartable_redis.stop()
     replica = SharedIndex(restartable_redis.url, follow=False, clock=fake_clock, retry_after=1.0)
     try:
@@ -272,10 +272,13 @@ def test_redis_down_never_fails_a_lookup(restartable_redis, fake_clock):
         assert replica.search(A, vecs[:1], 3) == [[]]  # a miss, no exception
         errors = replica.stats().errors
         assert errors >= 1 and not replica.stats().connected
+        assert "semantic index evc-sem: Redis rebuild failed (ConnectionError" in caplog.text
+        assert caplog.text.count("semantic index evc-sem: Redis") == 1  # one line per outage
         replica.add(A, ["local"], vecs[:1])  # kept here, not shared
         assert ids(replica.search(A, vecs[:1], 1)) == [["local"]]
         assert replica.follow_once() == 0 and replica.sweep() == 0
         assert replica.stats().errors == errors + 3
+        assert caplog.text.count("semantic index evc-sem: Redis") == 1  # counted, not logged again
 
         restartable_redis.start()
         writer = SharedIndex(restartable_redis.url, follow=False, clock=fake_clock)

@@ -322,9 +322,8 @@ class VectorIndex:
 
     def _rebuild_in_background(self, kind: str, ids: list[str], vecs: np.ndarray) -> None:
         try:
-            index = self._build(
-                kind, vecs
-            )  # without the lock: searches and writes go on against the old index
+            # Without the lock: searches and writes go on against the current index meanwhile.
+            index = self._build(kind, vecs)
         except Exception:  # out of memory, say: keep serving from the current index, rebuild on a later write
             log.exception("rebuilding a %d-entry index as %s failed; the current one stays", len(ids), kind)
             with self._lock:
