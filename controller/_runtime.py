@@ -69,6 +69,10 @@ class StoreConfig(BaseModel):
     embedder_url: str | None = None
     embedder_model: str | None = None
     embedder_api_key_env: str = "OPENAI_API_KEY"
+    # torch intra-op threads for the packaged embedder (process-wide, so off by default: your model may run in
+    # this process too). 1 is the better choice on a CPU host that is busy with other work: two threads that
+    # wait on each other's core made one embedding take 0.7-1 s instead of 13-29 ms on the development machine.
+    embedder_threads: int | None = Field(None, ge=1)
     # With redis_url: semantic entries and vectors live in Redis too, and every replica follows them.
     semantic_shared: bool = True
 

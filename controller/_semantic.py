@@ -20,6 +20,7 @@ Nothing here imports torch, faiss or sentence-transformers until the first seman
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import threading
@@ -152,6 +153,8 @@ class SemanticLayer:
                     cache = SemanticCache(
                         embedder, index=index, judge=judge, mode=plan.mode, explore=plan.explore,
                         threshold=plan.threshold,
+                        # An entry id is an exact key, so any replica's neighbour can be judged from the tiers.
+                        answer_ref_of=lambda scope, entry_id: _Stored(scope.namespace, CacheKey(entry_id)),
                     )
                     self._caches[key] = cache
         return cache
@@ -177,7 +180,7 @@ def _make_embedder(config: StoreConfig) -> Embedder:
     from .semantic import BatchingEmbedder, OpenAIEmbedder, default_embedder
 
     if config.embedder == "minilm":
-        return default_embedder()
+        return default_embedder() if config.embedder_threads is None else _minilm(config.embedder_threads)
     import os
 
     return BatchingEmbedder(
@@ -186,6 +189,13 @@ def _make_embedder(config: StoreConfig) -> Embedder:
             api_key=os.environ.get(config.embedder_api_key_env) or None,
         )
     )
+
+
+@functools.cache
+def _minilm(threads: int) -> Embedder:
+    from .semantic import BatchingEmbedder, SentenceTransformerEmbedder
+
+    return BatchingEmbedder(SentenceTransformerEmbedder(threads=threads))
 
 
 def stored_ref(ns: Namespace, key: CacheKey) -> _Stored:

@@ -4,12 +4,15 @@
     ├── ContractError        a @cache_if contract is invalid (raised at decoration time; wraps the dsl error)
     ├── StoreConfigError     a store configuration is invalid
     ├── TraceError           a trace line cannot be read (file and line named)
-    └── TierError            a tier could not do its job; converted into a counted miss at the tier boundary
-        ├── TierUnavailable  the backend is down, slow past its timeout, or out of space
-        └── CorruptEntry     a stored payload failed its checksum or could not be decoded
+    ├── TierError            a tier could not do its job; converted into a counted miss at the tier boundary
+    │   ├── TierUnavailable  the backend is down, slow past its timeout, or out of space
+    │   └── CorruptEntry     a stored payload failed its checksum or could not be decoded
+    └── SemanticError        semantic matching could not do its job (bad scope, index failure)
+        └── EmbeddingError   the embedder failed (model missing, endpoint error or bad reply)
 
 Tier errors never reach a caller of a cached function: ``TieredStore`` turns them into misses, logs them
-and counts them (``evocache_tier_errors_total``).
+and counts them (``evocache_tier_errors_total``). Semantic errors on a call's path are the same: a counted
+miss (``tier="semantic"``).
 """
 
 from __future__ import annotations

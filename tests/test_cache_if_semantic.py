@@ -268,3 +268,32 @@ def test_feedback_on_a_semantic_hit_reaches_the_served_entry(srt):
     assert (stats.feedback, stats.feedback_wrong) == (1, 1)
     served = [e for e in srt.events.events() if e.outcome == "hit"][0].semantic["neighbour"]
     assert cache.evidence[served] == (1, 0)
+
+
+@pytest.mark.redis
+def test_a_replica_judges_a_neighbour_another_replica_stored(redis_url):
+    config = StoreConfig(redis_url=redis_url, events="ring", l2_timeout_s=1.0, l2_prefix="judge")
+    replica_a, replica_b = build_runtime(config), build_runtime(config)
+    judged = []
+
+    def judge(new, cached):
+        judged.append((new, cached))
+        return new == cached
+
+    def model(prompt: str) -> str:
+        return "reset" if "password" in prompt else "other"
+
+    on_a = cache_if("true", semantic={"max_error": 0.05}, judge=judge, name="faq", store=replica_a)(model)
+    on_b = cache_if("true", semantic={"max_error": 0.05}, judge=judge, name="faq", store=replica_b)(model)
+    on_b(UNRELATED)  # B's index and follower exist before A writes
+    on_a(ASK)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and ("reset", "reset") not in judged:
+        # Untrained, so not served: the model runs and the judge compares its answer with the nearest
+        # neighbour's: B's own UNRELATED entry until A's entry reaches B through the stream, then A's.
+        on_b(PARAPHRASE)
+        on_b.invalidate(PARAPHRASE)
+        time.sleep(0.05)
+    assert ("reset", "reset") in judged  # A's cached answer, read from L2 by B
+    replica_a.close()
+    replica_b.close()

@@ -135,6 +135,7 @@ class SemanticCache:
         link_tries: int = 2,
         rng: random.Random | None = None,
         policy: BoundedPolicy | StaticPolicy | None = None,
+        answer_ref_of: Callable[[Scope, str], Any] | None = None,
     ) -> None:
         if policy is None:
             if mode not in POLICIES:
@@ -145,6 +146,9 @@ class SemanticCache:
         self._embedder = embedder
         self._index = index if index is not None else SemanticIndex()
         self._judge = judge
+        # For neighbours this process did not insert (another replica's, found through a shared index): the
+        # answer ref of an entry id in a scope, or None when the caller cannot know it.
+        self._answer_ref_of = answer_ref_of
         self._policy = policy
         self._k = k
         self._link_tries = link_tries
@@ -293,11 +297,11 @@ class SemanticCache:
             pending = self._pending.pop((scope, prompt), None)
             if pending is None or pending.candidate is None:
                 return
-            neighbour = self._entries.get(decision.neighbour)
-        if neighbour is None:
+            neighbour_ref = self._ref_of(scope, decision.neighbour)
+        if neighbour_ref is None:
             return  # removed since the lookup: its answer is gone
-        same = bool(self._judge(new_answer_ref, neighbour.answer_ref))
-        link = decision.neighbour if same else self._find_link(pending.neighbours, new_answer_ref, decision)
+        same = bool(self._judge(new_answer_ref, neighbour_ref))
+        link = decision.neighbour if same else self._find_link(scope, pending.neighbours, new_answer_ref, decision)
         with self._lock:
             self._counts["judge_calls"] += 1
             self._counts["observations"] += 1
@@ -313,29 +317,36 @@ class SemanticCache:
                 else:
                     _remember(self._links, (scope, prompt), link)
 
+    def _ref_of(self, scope: Scope, entry_id: str) -> Any:
+        entry = self._entries.get(entry_id)
+        if entry is not None:
+            return entry.answer_ref if entry.scope == scope else None
+        return None if self._answer_ref_of is None else self._answer_ref_of(scope, entry_id)
+
     def _find_link(
-        self, neighbours: Sequence[Neighbour], answer: Any, decision: SemanticDecision
+        self, scope: Scope, neighbours: Sequence[Neighbour], answer: Any, decision: SemanticDecision
     ) -> str | None:
         tried = {self.cluster_of(decision.neighbour)} if decision.neighbour else set()
         for n in neighbours:
             if len(tried) > self._link_tries:
                 break
             root = self.cluster_of(n.entry_id)
-            entry = self._entries.get(n.entry_id)
-            if root in tried or entry is None:
+            ref = self._ref_of(scope, n.entry_id)
+            if root in tried or ref is None:
                 continue
             tried.add(root)
             with self._lock:
                 self._counts["judge_calls"] += 1
-            if self._judge(answer, entry.answer_ref):
+            if self._judge(answer, ref):
                 return n.entry_id
         return None
 
     def feedback(self, entry_id: str, correct: bool) -> None:
         """A verdict on a served answer of ``entry_id`` (from a user or an evaluator). It weighs on that
-        entry's own error estimate and counts in the realised error. Unknown entries are ignored."""
+        entry's own error estimate and counts in the realised error. Unknown entries are ignored (with
+        ``answer_ref_of`` every id counts: it may be another replica's)."""
         with self._lock:
-            if entry_id not in self._entries:
+            if entry_id not in self._entries and self._answer_ref_of is None:
                 return
             self._counts["feedback"] += 1
             self._counts["feedback_wrong"] += not correct
