@@ -73,7 +73,7 @@ def test_get_returns_one_item_per_key_in_order() -> None:
     tier = MemoryTier(1000)
     tier.set_many(A, [(K1, entry(3)), (K2, entry(4))])
     assert tier.get_many(A, [K2, K5, K1, K2]) == [entry(4), None, entry(3), entry(4)]
-    assert stats(tier) == {"hits": 3, "misses": 1, "evictions": 0, "expirations": 0, "rejected": 0}
+    assert stats(tier) == {"hits": 3, "misses": 1, "evictions": 0, "expirations": 0, "rejected": 0, "bypassed": 0}
 
 
 def test_size_is_payload_plus_key() -> None:
@@ -163,7 +163,7 @@ def test_oversize_entry_is_not_stored_and_evicts_nothing() -> None:
     tier.set_many(A, [(K3, weighing(301))])  # over the capacity
     tier.set_many(A, [(K4, weighing(201))])  # over max_entry_bytes
     assert tier.keys(A) == [K1, K2]
-    assert stats(tier) == {"hits": 0, "misses": 0, "evictions": 0, "expirations": 0, "rejected": 2}
+    assert stats(tier) == {"hits": 0, "misses": 0, "evictions": 0, "expirations": 0, "rejected": 2, "bypassed": 0}
     tier.set_many(A, [(K5, weighing(200))])  # exactly max_entry_bytes: evicts K1
     assert tier.keys(A) == [K2, K5]
 
@@ -194,7 +194,7 @@ def test_expired_entry_is_absent_and_dropped_on_read() -> None:
     clock.now = 10.0  # expires_at is the first instant the entry is dead
     assert tier.get_many(A, [K1, K2]) == [None, entry(5)]
     assert tier.usage() == 21 and len(tier) == 1
-    assert stats(tier) == {"hits": 2, "misses": 1, "evictions": 0, "expirations": 1, "rejected": 0}
+    assert stats(tier) == {"hits": 2, "misses": 1, "evictions": 0, "expirations": 1, "rejected": 0, "bypassed": 0}
 
 
 def test_entry_already_expired_is_not_stored() -> None:
@@ -359,3 +359,29 @@ def test_threads_hammering_keep_the_invariants(name: str) -> None:
     assert all(slot in policy for slot in held)  # type: ignore[operator]
     assert sum(tier.usage(ns) for ns in namespaces) == tier.usage()
     assert stats(tier)["evictions"] > 0
+
+
+class PickyLRU(RecordingLRU):
+    """Admits only entries of rule "keep": an admission-deciding policy, like the learned one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[tuple[Hashable, EntryInfo]] = []
+
+    def admit(self, key: Hashable, info: EntryInfo) -> bool:
+        self.asked.append((key, info))
+        return info.rule == "keep"
+
+
+def test_a_policy_that_refuses_admission_keeps_the_entry_out_and_is_counted() -> None:
+    policy = PickyLRU()
+    tier = MemoryTier(10_000, policy=policy)
+    keep, skip = Entry(b"v" * 10, None, 0.0, rule="keep"), Entry(b"v" * 10, None, 0.0, rule="skip")
+    tier.set_many(A, [(k(1), keep), (k(2), skip)])
+    assert tier.get_many(A, [k(1), k(2)]) == [keep, None]
+    assert [key for key, _ in policy.asked] == [(A, k(1)), (A, k(2))]
+    assert [info.rule for _, info in policy.asked] == ["keep", "skip"]
+    assert [key for key, _ in policy.inserted] == [(A, k(1))]  # a refused key is never inserted
+    assert tier.stats.bypassed == 1 and tier.stats.rejected == 0
+    assert len(policy) == 1
+

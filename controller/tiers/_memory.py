@@ -24,13 +24,15 @@ Slot = tuple[Namespace, CacheKey]
 class MemoryStats:
     """Counters since the tier was made. ``expirations`` counts entries dropped because their TTL ran out
     (on read, on delete, or when making room); ``rejected`` counts writes not stored because the entry alone
-    exceeds the capacity, ``max_entry_bytes`` or its namespace's quota."""
+    exceeds the capacity, ``max_entry_bytes`` or its namespace's quota; ``bypassed`` counts writes the eviction
+    policy chose not to admit (``EvictionPolicy.admit``: storing them would cost more valuable entries)."""
 
     hits: int = 0
     misses: int = 0
     evictions: int = 0
     expirations: int = 0
     rejected: int = 0
+    bypassed: int = 0
 
 
 class HotRead(NamedTuple):
@@ -107,7 +109,7 @@ class MemoryTier(Tier):
         # behind, which is skipped when it surfaces because the live entry no longer expires then.
         self._expiry: list[tuple[float, int, Slot]] = []
         self._seq = itertools.count()
-        self._hits = self._misses = self._evictions = self._expirations = self._rejected = 0
+        self._hits = self._misses = self._evictions = self._expirations = self._rejected = self._bypassed = 0
         # Bounded so that a tier read only through peek() under lock contention cannot grow without limit;
         # a full buffer forgets its oldest reads (recency hints, never data).
         self._reads: collections.deque[Slot] = collections.deque(maxlen=_READ_BUFFER_MAX)
@@ -238,7 +240,9 @@ class MemoryTier(Tier):
     def stats(self) -> MemoryStats:
         with self._lock:
             self._drain_reads()
-            return MemoryStats(self._hits, self._misses, self._evictions, self._expirations, self._rejected)
+            return MemoryStats(
+                self._hits, self._misses, self._evictions, self._expirations, self._rejected, self._bypassed
+            )
 
     # -- internals (called with the lock held) -----------------------------------------------------------
 
@@ -283,13 +287,19 @@ class MemoryTier(Tier):
         if not self._admissible(size, quota):
             self._rejected += 1
             return
+        weight = self._weight(ns) if self._weight is not None else 1.0
+        info = EntryInfo(size=size, ns=ns, saved_ms=entry.saved_ms, weight=weight, rule=entry.rule)
+        policy = self._policy
+        # Only a policy that decides admission is asked (the base class admits everything).
+        if type(policy).admit is not EvictionPolicy.admit and not policy.admit(slot, info):
+            self._bypassed += 1
+            return
         self._make_room(ns, size, quota, now)
         self._entries[slot] = entry
         self._bytes += size
         self._ns_bytes[ns] = self._ns_bytes.get(ns, 0) + size
         self._watch_expiry(slot, entry)
-        weight = self._weight(ns) if self._weight is not None else 1.0
-        self._policy.on_insert(slot, EntryInfo(size=size, ns=ns, saved_ms=entry.saved_ms, weight=weight))
+        policy.on_insert(slot, info)
 
     def _admissible(self, size: int, quota: int | None) -> bool:
         if size > self.capacity_bytes:
