@@ -216,7 +216,9 @@ class MemoryTier(Tier):
             self._drain_reads()
             for slot, entry in self._entries.items():
                 weight = self._weight(slot[0]) if self._weight is not None else 1.0
-                info = EntryInfo(size=_sizeof(slot, entry), ns=slot[0], saved_ms=entry.saved_ms, weight=weight)
+                info = EntryInfo(
+                    size=_sizeof(slot, entry), ns=slot[0], saved_ms=entry.saved_ms, weight=weight, rule=entry.rule
+                )
                 policy.on_insert(slot, info)
             self._policy = policy
 
