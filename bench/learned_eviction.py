@@ -24,6 +24,7 @@ def main() -> None:
     parser.add_argument("--csv-columns", default=None, help="time=...,id=...,size=... (csv traces)")
     parser.add_argument("--sizes", default="0.01,0.05,0.1")
     parser.add_argument("--unit", default="objects", choices=("objects", "bytes"))
+    parser.add_argument("--seed", type=int, default=0, help="the replay's rng seed (the policy's sampling)")
     parser.add_argument("--opt", action="append", default=[], help="LearnedPolicy option, key=value")
     parser.add_argument("--train-speed", type=int, default=0, metavar="N",
                         help="instead: time one training on N samples collected by replaying the trace")
@@ -45,7 +46,7 @@ def main() -> None:
         policies = []
         factory = functools.partial(_build, policies, capacity, options)
         start = time.perf_counter()
-        learned = replay(trace, factory, **cap).hit_ratio
+        learned = replay(trace, factory, seed=args.seed, **cap).hit_ratio
         wall = time.perf_counter() - start
         gap = (learned - lru) / (best - lru) if best == best and best > lru else float("nan")
         print(f"size {size}: cap {capacity} lru {lru:.4f} learned {learned:.4f} belady {best:.4f} "
@@ -55,6 +56,7 @@ def main() -> None:
 def _train_speed(trace: list, n: int, options: dict, objects: int) -> None:
     """Replay the trace (repeated, shifted in time, until it yields ``n`` samples) at 5 % without training,
     then time one training on the latest ``n`` samples, as the policy would run it."""
+    from evocache.controller.eviction._history import targets
     from evocache.controller.eviction._model import TrainingWindow, train
 
     span = trace[-1].t - trace[0].t + 1
@@ -64,11 +66,13 @@ def _train_speed(trace: list, n: int, options: dict, objects: int) -> None:
     replay(long, functools.partial(_build, built, objects // 20, {**options, "window": n, "retrain_every": 10**9}),
            capacity_objects=objects // 20)
     policy = built[0]
-    rows, labels, first, last = policy._samples.training_set(policy._tick)
+    rows, distances, horizons, first, last = policy._samples.training_set(policy._tick)
+    labels = targets(distances, horizons, policy.target)
     start = time.perf_counter()
-    train(rows, labels, features=policy.features, window=TrainingWindow(first, last, 0, len(labels), 0),
-          rounds=policy.rounds, depth=policy.depth, threads=policy.threads)
-    print(f"trained on {len(labels)} samples ({int(labels.sum())} positive), {policy.rounds} rounds of depth "
+    train(policy._select(rows), labels, features=policy.features, objective=policy._objective,
+          window=TrainingWindow(first, last, 0, len(labels), 0), rounds=policy.rounds, depth=policy.depth,
+          threads=policy.threads)
+    print(f"trained on {len(labels)} samples ({int((distances <= horizons).sum())} reused), {policy.rounds} rounds of depth "
           f"{policy.depth}, {policy.threads} thread(s): {time.perf_counter() - start:.2f}s")
 
 

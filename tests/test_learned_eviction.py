@@ -344,11 +344,26 @@ def test_a_feature_subset_trains_on_those_columns_only(tmp_path) -> None:
         LearnedPolicy(features=("age", "colour"))
 
 
+def test_distance_target_learns_a_regression_that_round_trips(tmp_path) -> None:
+    result, policy = run(functools.partial(LearnedPolicy, capacity=20, retrain_every=300, target="distance"))
+    model = policy.model
+    assert model is not None and policy.stats.trained == len(TRACE) // 300
+    rows = np.random.default_rng(1).random((100, len(FEATURES))) * 30
+    scores = model.predict(rows)
+    assert (scores <= 0).all()  # minus a log distance
+    np.testing.assert_allclose(scores, model.booster.inplace_predict(rows), atol=1e-5)
+    model.save(tmp_path / "m.json")
+    assert np.array_equal(LearnedModel.load(tmp_path / "m.json").predict(rows), scores)
+    assert result == run(functools.partial(LearnedPolicy, capacity=20, retrain_every=300, target="distance"))[0]
+
+
 def test_options_are_checked() -> None:
     with pytest.raises(ValueError, match="retrain_every"):
         LearnedPolicy(retrain_every=0)
     with pytest.raises(ValueError, match="horizon"):
         LearnedPolicy(horizon=float("inf"))
+    with pytest.raises(ValueError, match="target must be"):
+        LearnedPolicy(target="soon")
     with pytest.raises(ValueError, match="fallback must be a heuristic"):
         LearnedPolicy(fallback="learned")
     assert isinstance(make_eviction_policy("learned", capacity=10), LearnedPolicy)

@@ -21,8 +21,10 @@ class Forest:
     def __init__(self, model: dict[str, Any]) -> None:
         learner = model["learner"]
         trees = learner["gradient_booster"]["model"]["trees"]
-        if learner["objective"]["name"] != "binary:logistic" or any(t["categories"] for t in trees):
-            raise LearnedModelError("only numerical binary:logistic boosters can be evaluated")
+        objective = learner["objective"]["name"]
+        if objective not in ("binary:logistic", "reg:squarederror") or any(t["categories"] for t in trees):
+            raise LearnedModelError("only numerical binary:logistic or reg:squarederror boosters can be evaluated")
+        self.logistic = objective == "binary:logistic"
         offsets = np.cumsum([0] + [len(t["left_children"]) for t in trees])
         self.roots = offsets[:-1]
         left, right, feature, split, default_left = [], [], [], [], []
@@ -44,7 +46,7 @@ class Forest:
         self.leaf_value = self.split  # a leaf's split condition holds its value
         self.depth = max(_depth(t) for t in trees) if trees else 0
         base = float(learner["learner_model_param"]["base_score"].strip("[]"))
-        self.base_margin = float(np.log(base / (1 - base)))
+        self.base_margin = float(np.log(base / (1 - base))) if self.logistic else base
 
     def predict(self, rows: np.ndarray) -> np.ndarray:
         x = rows.astype(np.float32)
@@ -55,7 +57,7 @@ class Forest:
             go_left = np.where(np.isnan(value), self.default_left[node], value < self.split[node])
             node = np.where(go_left, self.left[node], self.right[node])
         margin = self.leaf_value[node].sum(axis=1, dtype=np.float64) + self.base_margin
-        return 1.0 / (1.0 + np.exp(-margin))
+        return 1.0 / (1.0 + np.exp(-margin)) if self.logistic else margin
 
 
 def _depth(tree: dict[str, Any]) -> int:

@@ -143,8 +143,8 @@ class History:
 
 class Samples:
     """Training samples in a ring of ``2 * window`` rows: features as of the sampling access, the horizon,
-    and a label that stays -1 until the object is accessed again (1 if within the horizon, else 0) or the
-    horizon passes (0). Ids count samples ever taken; a label for an id the ring has overwritten is dropped.
+    and the distance (in accesses) to the object's next access, -1 until it happens. Ids count samples ever
+    taken; a distance for an id the ring has overwritten is dropped.
     """
 
     def __init__(self, window: int) -> None:
@@ -176,29 +176,39 @@ class Samples:
             for i in waiting:
                 if i >= oldest:
                     j = i % self.ring
-                    self.labels[j] = 1.0 if tick - self.taken_at[j] <= self.horizons[j] else 0.0
+                    self.labels[j] = tick - self.taken_at[j]
 
-    def training_set(self, tick: int) -> tuple[np.ndarray, np.ndarray, int, int] | None:
-        """The latest ``window`` samples whose horizon has passed, as ``(rows, labels, first id, last id)``
-        (copies; the unlabelled ones are 0: not accessed within their horizon); ``None`` when there are none. Drops pending lists that can no
-        longer label anything."""
+    def training_set(self, tick: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int] | None:
+        """The latest ``window`` samples whose horizon has passed, as ``(rows, distances, horizons, first id,
+        last id)`` (copies; distance ``inf``: not accessed again yet); ``None`` when there are none. Drops
+        pending lists that can no longer label anything."""
         ids = np.arange(max(0, self.next_id - self.ring), self.next_id)
         j = ids % self.ring
         # Only samples whose horizon has passed: a recent one labelled 1 already would otherwise count while
         # its peers that will be 0 do not yet, and the newest samples would look far more reusable than they are.
         done = self.taken_at[j] + self.horizons[j] < tick
-        expired = done & (self.labels[j] < 0)
-        self.labels[j[expired]] = 0.0
         known = ids[done][-self.window :]
         oldest = self.next_id - self.ring
         self.pending = {
             k: waiting
             for k, waiting in self.pending.items()
-            if waiting[-1] >= oldest and self.labels[waiting[-1] % self.ring] < 0
+            if waiting[-1] >= oldest and self.taken_at[waiting[-1] % self.ring] + self.horizons[waiting[-1] % self.ring] >= tick
         }
         if not len(known):
             return None
-        return self.rows[known % self.ring], self.labels[known % self.ring], int(known[0]), int(known[-1])
+        k = known % self.ring
+        distances = self.labels[k]
+        distances[distances < 0] = np.inf
+        return self.rows[k], distances, self.horizons[k], int(known[0]), int(known[-1])
+
+
+def targets(distances: np.ndarray, horizons: np.ndarray, target: str) -> np.ndarray:
+    """What the model learns: ``reuse``, 1 if the next access came within the horizon, else 0; ``distance``
+    (LRB's), minus the log distance to the next access, censored at the horizon (minus: the lowest is evicted,
+    as with a probability)."""
+    if target == "distance":
+        return -np.log2(1.0 + np.minimum(distances, horizons))
+    return (distances <= horizons).astype(float)
 
 
 def lowest(
@@ -217,6 +227,7 @@ def auc(scores: np.ndarray, labels: np.ndarray) -> float:
     """Area under the ROC curve of ``scores`` for 0/1 ``labels`` (Mann-Whitney, ties counted half)."""
     from scipy.stats import rankdata
 
+    labels = np.asarray(labels, dtype=float)
     positives = labels.sum()
     negatives = len(labels) - positives
     if not positives or not negatives:

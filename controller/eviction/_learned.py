@@ -90,6 +90,7 @@ class LearnedPolicy(EvictionPolicy):
         rounds: int = 20,
         depth: int = 3,
         monotone: bool = False,
+        target: str = "reuse",
         features: Sequence[str] | None = None,
         threads: int = 1,
         background: bool = False,
@@ -101,7 +102,7 @@ class LearnedPolicy(EvictionPolicy):
         rng: random.Random | None = None,
     ) -> None:
         from . import make_eviction_policy  # the registry imports this module
-        from ._history import History, Samples, auc, lowest  # numpy: only when a learned policy is built
+        from ._history import History, Samples, auc, lowest, targets  # numpy: only when a learned policy is built
 
         for label, value in (("retrain_every", retrain_every), ("window", window), ("sample", sample),
                              ("rounds", rounds), ("depth", depth), ("threads", threads)):
@@ -126,6 +127,9 @@ class LearnedPolicy(EvictionPolicy):
         self.rounds = rounds
         self.depth = depth
         self.monotone = monotone
+        if target not in ("reuse", "distance"):
+            raise ValueError(f"target must be 'reuse' or 'distance', got {target!r}")
+        self.target = target
         self.features = chosen
         self._columns = None if chosen == FEATURES else [FEATURES.index(f) for f in chosen]
         self.threads = threads
@@ -139,6 +143,7 @@ class LearnedPolicy(EvictionPolicy):
         self._samples = Samples(window)
         self._lowest = lowest
         self._auc_of = auc
+        self._targets = targets
         self._held: dict[Hashable, tuple[str, int, Hashable | None]] = {}  # key -> (ns, size, parent)
         # Held keys by last access, oldest first: overall, per namespace, and the leaves only.
         self._order: OrderedDict[Hashable, None] = OrderedDict()
@@ -151,6 +156,7 @@ class LearnedPolicy(EvictionPolicy):
         self._model = None if model is None else self._rebased(model, 0)
         self._trained = self._skipped = self._bypassed = 0
         self._auc = float("nan")
+        self._objective = "reg:squarederror" if target == "distance" else "binary:logistic"
         self._background = background
         self._cond = threading.Condition()
         self._job: tuple[np.ndarray, np.ndarray, TrainingWindow] | None = None
@@ -317,14 +323,16 @@ class LearnedPolicy(EvictionPolicy):
         self._forget_old(tick)
         if found is None:
             return
-        rows, y, first, last = found
-        positives = int(y.sum())
+        rows, distances, horizons, first, last = found
+        reused = distances <= horizons
+        positives = int(reused.sum())
+        y = self._targets(distances, horizons, self.target)
         if positives == 0 or positives == len(y):
             return  # one class only: nothing to learn yet
         window = TrainingWindow(first, last, tick, len(y), positives)
         if self._model is not None:  # judged on the samples it has not seen
             unseen = slice(max(0, self._model.window.last + 1 - first), None)
-            self._auc = self._auc_of(self._model.predict(self._select(rows[unseen])), y[unseen])
+            self._auc = self._auc_of(self._model.predict(self._select(rows[unseen])), reused[unseen])
         if not self._background:
             self._model = self._fit(rows, y, window)
             self._trained += 1
@@ -352,7 +360,7 @@ class LearnedPolicy(EvictionPolicy):
             hist.forget(k)
 
     def _fit(self, rows: np.ndarray, labels: np.ndarray, window: TrainingWindow) -> LearnedModel:
-        return train(self._select(rows), labels, features=self.features, window=window, rounds=self.rounds, depth=self.depth,
+        return train(self._select(rows), labels, features=self.features, window=window, objective=self._objective, rounds=self.rounds, depth=self.depth,
                      threads=self.threads, monotone=MONOTONE if self.monotone else None)
 
     def _train_forever(self) -> None:

@@ -123,13 +123,14 @@ def train(
     threads: int,
     depth: int = 6,
     monotone: dict[str, int] | None = None,
+    objective: str = "binary:logistic",
 ) -> LearnedModel:
     """Fit a classifier of ``labels`` (0/1) on ``rows``. Deterministic for the same data, rounds and threads
     (histogram trees, fixed seed, no sampling)."""
     import xgboost
 
     data = xgboost.DMatrix(rows, label=labels, feature_names=list(features))
-    params = {**_PARAMS, "nthread": threads, "max_depth": depth}
+    params = {**_PARAMS, "nthread": threads, "max_depth": depth, "objective": objective}
     if monotone:
         params["monotone_constraints"] = "(" + ",".join(str(monotone.get(f, 0)) for f in features) + ")"
     booster = xgboost.train(params, data, num_boost_round=rounds)
