@@ -4,6 +4,7 @@
     ├── ContractError        a @cache_if contract is invalid (raised at decoration time; wraps the dsl error)
     ├── StoreConfigError     a store configuration is invalid
     ├── TraceError           a trace line cannot be read (file and line named)
+    ├── LearnedModelError    a saved eviction model cannot be used (not ours, another version, other features)
     ├── TierError            a tier could not do its job; converted into a counted miss at the tier boundary
     │   ├── TierUnavailable  the backend is down, slow past its timeout, or out of space
     │   └── CorruptEntry     a stored payload failed its checksum or could not be decoded
@@ -41,6 +42,10 @@ class TraceError(ControllerError, ValueError):
         self.line = line
         self.message = message
         super().__init__(f"{file}:{line}: {message}")
+
+
+class LearnedModelError(ControllerError, ValueError):
+    """A saved learned-eviction model cannot be used: not ours, another format version, or other features."""
 
 
 class TierError(ControllerError):

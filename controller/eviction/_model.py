@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ControllerError
+from ..errors import LearnedModelError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -33,10 +33,6 @@ _PARAMS: dict[str, Any] = {
     "min_child_weight": 20,
     "seed": 0,
 }
-
-
-class LearnedModelError(ControllerError, ValueError):
-    """A saved model that cannot be used: not ours, another format version, or other features."""
 
 
 @dataclass(frozen=True)
