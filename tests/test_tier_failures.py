@@ -298,3 +298,41 @@ def test_quota_space_of_expired_entries_is_reused_first(redis_url: str) -> None:
     assert present(tier, NS, range(1, 6)) == [1, 4, 5]
     assert tier.usage(NS) == 3 * SIZE
     tier.close()
+
+
+@pytest.mark.redis
+def test_the_breaker_keeps_single_reads_off_the_pool(restartable_redis: RedisServer) -> None:
+    """get_one (the request path's read) talks to a pooled connection directly: while the breaker is open it
+    must not even take one."""
+    clock = WallClock()
+    tier = RedisTier(restartable_redis.url, clock=clock, retry_after=5.0)
+    restartable_redis.stop()
+    with pytest.raises(TierUnavailable, match="l2: get: ConnectionError"):
+        tier.get_one(NS, key_of(1))
+    restartable_redis.start()
+    recorder = Recorder(tier._pool)
+    tier._pool = recorder
+    clock.advance(4.9)
+    with pytest.raises(TierUnavailable, match=r"skipped: Redis failed less than 5\.0s ago"):
+        tier.get_one(NS, key_of(1))
+    assert recorder.touched == []
+    clock.advance(0.1)
+    assert tier.get_one(NS, key_of(1)) is None
+    assert recorder.touched == ["get_connection", "release"]
+    tier.close()
+
+
+@pytest.mark.redis
+def test_a_connection_left_out_of_step_is_dropped_not_decoded(redis_url: str) -> None:
+    """A pooled connection holding an unread reply of another command (an exchange interrupted elsewhere) must
+    not hand that reply to a GET: the read is a counted miss and the connection is replaced."""
+    tier = RedisTier(redis_url, socket_timeout=1.0)
+    tier.set_many(NS, [(key_of(1), Entry(b"value", None, 0.0))])
+    conn = tier._pool.get_connection()
+    conn.send_command("MGET", "a", "b")  # its array reply is left unread
+    tier._pool.release(conn)
+    with pytest.raises(TierUnavailable, match="out-of-step reply to GET: list"):
+        tier.get_one(NS, key_of(1))
+    tier._down_until = 0.0  # the breaker opened; close it to read again at once
+    assert tier.get_one(NS, key_of(1)).value == b"value"  # a fresh connection, in step
+    tier.close()

@@ -32,9 +32,6 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 from redis.retry import Retry
 
-# redis-py 7+ connections may be told by the server to reconnect (maintenance notices); older ones are not.
-_SHOULD_RECONNECT = hasattr(getattr(redis.connection, "AbstractConnection", object), "should_reconnect")
-
 from .._codec import check_keys, check_ns, encode_entry
 from .._types import L2, CacheKey, Entry, Namespace
 from ..errors import TierUnavailable
@@ -42,6 +39,9 @@ from ._base import FaultHook, log_fault
 from ._blob import BlobTier
 
 log = logging.getLogger("evocache.controller.tiers.redis")
+
+# redis-py 7+ connections may be told by the server to reconnect (maintenance notices); older ones are not.
+_SHOULD_RECONNECT = hasattr(getattr(redis.connection, "AbstractConnection", object), "should_reconnect")
 
 Quota = Callable[[Namespace], int | None]
 """``quota(ns)``: the bytes a namespace may hold in L2, or ``None`` for no limit."""
@@ -251,6 +251,10 @@ class RedisTier(BlobTier):
         try:
             conn.send_command("GET", name)
             blob = conn.read_response()
+            if blob is not None and type(blob) is not bytes:
+                # A reply meant for another command (a connection left out of step by an interrupted
+                # exchange elsewhere): never decode it; the connection is dropped and the read is a miss.
+                raise redis.ConnectionError(f"out-of-step reply to GET: {type(blob).__name__}")
         except BaseException:
             conn.disconnect()
             raise
