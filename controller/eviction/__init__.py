@@ -14,6 +14,7 @@ from ..errors import StoreConfigError
 from ._base import Clock, EntryInfo, EvictionPolicy
 from ._learned import LearnedPolicy, LearnedStats
 from ._lfu import LFUPolicy
+from ._lookahead import LookaheadPolicy, QueuedRequest
 from ._lru import LRUPolicy
 from ._lruk import LRUKPolicy
 from ._model import LearnedModel, LearnedModelError, TrainingWindow
@@ -30,8 +31,10 @@ __all__ = [
     "LearnedModelError",
     "LearnedPolicy",
     "LearnedStats",
+    "LookaheadPolicy",
     "LRUKPolicy",
     "LRUPolicy",
+    "QueuedRequest",
     "S3FIFOPolicy",
     "TrainingWindow",
     "WeightedPolicy",
@@ -39,7 +42,8 @@ __all__ = [
 ]
 
 EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
-    cls.name: cls for cls in (LRUPolicy, LFUPolicy, LRUKPolicy, S3FIFOPolicy, WeightedPolicy, LearnedPolicy)
+    cls.name: cls for cls in (LRUPolicy, LFUPolicy, LRUKPolicy, S3FIFOPolicy, WeightedPolicy, LearnedPolicy,
+                             LookaheadPolicy)
 }
 """Policy name -> class."""
 

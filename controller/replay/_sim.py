@@ -5,18 +5,23 @@ no payloads. Every miss is admitted when it fits and the policy's ``admit`` agre
 bypassed miss is still a miss); room is made by evicting the policy's victims first. Policies that ask for the
 access context (``uses_context``) get it for every access, hit or miss. What was hit is counted apart from how it was decided (``_tally``), so that the Belady bound
 (``_belady``) reports exactly the same measures as the online policies it is compared with.
+
+With a ``QueueModel`` a look-ahead policy (``LookaheadPolicy``) is also told, at each request's service start,
+which requests wait in the queue (``_queue.serve``). Service is FIFO, so the accesses and their order are the
+trace's: every other policy replays exactly as without the queue.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from ..eviction import EntryInfo, EvictionPolicy, make_eviction_policy
+from ..eviction import EntryInfo, EvictionPolicy, LookaheadPolicy, QueuedRequest, make_eviction_policy
 from ._access import Access
+from ._queue import QueueModel, serve
 
 Unit = Literal["bytes", "objects"]
 Outcomes = Iterable[tuple[Access, bool]]
@@ -89,6 +94,7 @@ def replay(
     fraction_of: Unit = "bytes",
     window_s: float | None = None,
     seed: int = 0,
+    queue: QueueModel | None = None,
 ) -> ReplayResult:
     """Run ``policy`` over ``trace`` with cache-on-miss and return what it hit.
 
@@ -107,7 +113,14 @@ def replay(
     never admitted. A hit is a hit whatever size the access gives: the object keeps the size it was admitted
     with. Raises ``TypeError``/``ValueError`` for bad arguments and ``StoreConfigError`` for an unknown
     policy name (naming the known ones).
+
+    ``queue``: requests wait for one FIFO server (``QueueModel``), and a ``LookaheadPolicy`` is told the
+    waiting requests at each service start (``_queue.serve``; it needs a KV-block trace, every access with a
+    request number, arrivals in time order, else ``ValueError`` while replaying). Other policies ignore it.
+    The policy's clock still reads each access's trace ``t`` (its arrival), and so do the windows.
     """
+    if queue is not None and not isinstance(queue, QueueModel):
+        raise TypeError(f"queue must be a QueueModel or None, not {type(queue).__name__}")
     if window_s is not None and not (isinstance(window_s, int | float) and 0 < window_s < math.inf):
         raise ValueError(f"window_s must be a finite number of seconds > 0, got {window_s!r}")
     capacity, unit = _capacity(trace, capacity_bytes, capacity_objects, fraction, fraction_of)
@@ -169,7 +182,11 @@ def replay(
         used = 0
         by_objects = unit == "objects"
         on_access, admit = instance.on_access, instance.admit
-        for a, info in _in_context(trace, by_objects):
+        if queue is not None and isinstance(instance, LookaheadPolicy):
+            contexts = _queued_context(trace, by_objects, queue, instance.on_queue)
+        else:
+            contexts = _in_context(trace, by_objects)
+        for a, info in contexts:
             now = a.t
             k = (a.ns, a.key) if a.ns else a.key
             on_access(k, info)
@@ -202,25 +219,38 @@ def _in_context(trace: Iterable[Access], by_objects: bool) -> Iterator[tuple[Acc
     ``req`` >= 0) are read together first, as a server has the whole prompt when the request arrives: that
     gives ``req_len``; ``parent`` is the key of the block before in the same request. Memory: one request."""
     batch: list[Access] = []
-
-    def flush() -> Iterator[tuple[Access, EntryInfo]]:
-        parent: Hashable | None = None
-        for a in batch:
-            k = (a.ns, a.key) if a.ns else a.key
-            info = EntryInfo(1 if by_objects else a.size, a.ns, rule=a.rule, req=a.req, pos=a.pos,
-                             req_len=len(batch), parent=parent)
-            parent = k
-            yield a, info
-        batch.clear()
-
     for a in trace:
         if batch and a.req != batch[0].req:
-            yield from flush()
+            yield from _request_context(batch, by_objects)
+            batch.clear()
         if a.req >= 0:
             batch.append(a)
         else:
             yield a, EntryInfo(1 if by_objects else a.size, a.ns, rule=a.rule)
-    yield from flush()
+    yield from _request_context(batch, by_objects)
+
+
+def _queued_context(
+    trace: Iterable[Access], by_objects: bool, queue: QueueModel,
+    on_queue: Callable[[tuple[QueuedRequest, ...]], None],
+) -> Iterator[tuple[Access, EntryInfo]]:
+    """``_in_context`` for a KV-block trace served through ``queue``: before a request's first access,
+    ``on_queue`` gets the requests waiting at its service start. The generator calls it only when the request
+    before has been consumed, so the policy never hears of a later moment than the access it decides."""
+    for service in serve(trace, queue):
+        on_queue(service.waiting)
+        yield from _request_context(service.request.accesses, by_objects)
+
+
+def _request_context(batch: Sequence[Access], by_objects: bool) -> Iterator[tuple[Access, EntryInfo]]:
+    """The accesses of one request (its blocks, in prefix order) with their ``EntryInfo``: ``req_len`` the
+    request's blocks, ``parent`` the key of the block before."""
+    parent: Hashable | None = None
+    for a in batch:
+        k = (a.ns, a.key) if a.ns else a.key
+        yield a, EntryInfo(1 if by_objects else a.size, a.ns, rule=a.rule, req=a.req, pos=a.pos,
+                           req_len=len(batch), parent=parent)
+        parent = k
 
 
 def _capacity(

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from types import ModuleType
 
     from ._access import Access
+    from ._queue import QueueModel
     from ._readers import CsvColumns
     from ._sim import ReplayResult
 
@@ -170,6 +171,16 @@ def eviction(
             "lcs:NAME (needs libcachesim, GPL-3.0: evocache's 'peers' extra).",
         ),
     ] = False,
+    utilisation: Annotated[
+        float | None,
+        typer.Option(
+            "--utilisation",
+            metavar="U",
+            help="Mooncake traces: requests wait for one FIFO server whose service time per block makes its "
+            "utilisation (arrival rate x mean service time) U; the lookahead policy is told the waiting requests. "
+            "Other policies replay unchanged.",
+        ),
+    ] = None,
 ) -> None:
     """Replay a trace against eviction policies at several cache sizes, with Belady's optimum as the bound.
 
@@ -180,10 +191,15 @@ def eviction(
 
     With --peers, libCacheSim gets exactly the accesses, object identities, sizes (1 each with --unit objects)
     and capacities that evocache's policies get, and its hits are counted the same way.
+
+    With --utilisation U (Mooncake traces), each request's blocks are accessed when its service starts at one
+    FIFO server taking a fixed time per block, chosen so that arrival rate x mean service time = U; at that
+    moment the lookahead policy is told the requests that have arrived and not started (nothing later). The
+    JSON then holds "queue": the utilisation, the seconds per block, the requests and the arrival span.
     """
     try:
         _bench(trace_path, json_out, trace_format, sizes_text, policies_text, plot, unit, csv_columns,
-               block_tokens, skip_bad, peers)
+               block_tokens, skip_bad, peers, utilisation)
     except _Failed as failed:
         raise typer.Exit(failed.code) from None
 
@@ -198,8 +214,9 @@ app.command(help=_reflow(eviction.__doc__ or ""))(eviction)
 
 def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str, policies_text: str,
            plot: Path | None, unit: str | None, csv_columns: str | None, block_tokens: int,
-           skip_bad: bool, peers: bool) -> None:
+           skip_bad: bool, peers: bool, utilisation: float | None = None) -> None:
     from ..eviction import EVICTION_POLICIES
+    from ._queue import Load, QueueModel
     from ._sim import working_set
 
     sizes = _parse_sizes(sizes_text)
@@ -216,12 +233,29 @@ def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str,
     # Mooncake accesses carry their request number; unit-size blocks are how the data README's points are taken.
     mooncake = trace[0].req >= 0
     unit = unit or ("objects" if mooncake else "bytes")
+    queue, queue_report, queue_notes = None, None, []
+    if utilisation is not None:
+        if not mooncake:
+            raise _usage("--utilisation", "the queue model needs a KV-block (Mooncake) trace")
+        try:
+            queue = QueueModel.for_utilisation(trace, utilisation)
+            load = Load.of(trace)
+        except ValueError as exc:
+            raise _usage("--utilisation", str(exc)) from None
+        queue_report = {"utilisation": utilisation, "per_block_s": queue.per_block, "requests": load.requests,
+                        "blocks": load.blocks, "span_s": load.span}
+        queue_notes.append(
+            f"queue: one FIFO server, {queue.per_block * 1000:.3f} ms per block: utilisation {utilisation:g} "
+            f"({load.requests} requests over {load.span:g} s, {load.blocks} blocks); lookahead is told the "
+            "waiting requests at each service start, the other policies replay unchanged")
+    elif "lookahead" in policies:
+        queue_notes.append("lookahead ran without a queue (no --utilisation): it decides as its base policy")
 
     ws = working_set(trace)
     whole = ws.objects if unit == "objects" else ws.bytes
     capacities = {size: max(1, math.floor(size * whole)) for size in sizes}  # as replay(fraction=...) sizes it
     peer_names, peer_notes = _peer_names(lcs, min(capacities.values())) if lcs is not None else ((), [])
-    results, lru = _run(trace, capacities, policies, unit, lcs, peer_names)
+    results, lru = _run(trace, capacities, policies, unit, lcs, peer_names, queue)
     rows = [
         {
             "policy": r.policy,
@@ -236,12 +270,14 @@ def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str,
     ]
     report = {"trace": str(trace_path), "requests": len(trace), "objects": ws.objects, "unit": unit,
               "skipped": skipped, "rows": rows}
+    if queue_report is not None:
+        report["queue"] = queue_report
     try:
         json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     except OSError as exc:
         raise _error(f"error: {json_out}: {exc.strerror or exc}", EXIT_UNREADABLE) from None
 
-    notes = peer_notes + (_peer_result_notes(results, sizes, len(trace)) if peer_names else [])
+    notes = queue_notes + peer_notes + (_peer_result_notes(results, sizes, len(trace)) if peer_names else [])
     _print_table(results, lru, sizes, capacities, unit, mooncake, lru_requested="lru" in policies, extra=notes)
     if figure is not None:
         assert plot is not None
@@ -305,10 +341,11 @@ def _peer_result_notes(results: dict[float, list[ReplayResult]], sizes: tuple[fl
 
 
 def _run(trace: list[Access], capacities: dict[float, int], policies: tuple[str, ...], unit: str,
-         lcs: ModuleType | None = None, peers: tuple[str, ...] = ()
+         lcs: ModuleType | None = None, peers: tuple[str, ...] = (), queue: QueueModel | None = None
          ) -> tuple[dict[float, list[ReplayResult]], dict[float, ReplayResult]]:
     """Per size (``capacities``' keys, ascending): the requested policies' results, then libCacheSim's
-    ``peers`` (with ``lcs``), then Belady's; and LRU's (the gap's baseline) even if not asked."""
+    ``peers`` (with ``lcs``), then Belady's; and LRU's (the gap's baseline) even if not asked. ``queue``
+    reaches every replay (only a look-ahead policy reads it)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -333,7 +370,7 @@ def _run(trace: list[Access], capacities: dict[float, int], policies: tuple[str,
             row: list[ReplayResult] = []
             for name in runs:
                 progress.update(task, description=f"{name} @ {size:g}")
-                result = replay(trace, name, **{capacity_arg: capacity})
+                result = replay(trace, name, queue=queue, **{capacity_arg: capacity})
                 if name == "lru":
                     lru[size] = result
                 if name in policies:
