@@ -245,3 +245,13 @@ def test_bench_utilisation_needs_a_kv_trace(tmp_path: Path) -> None:
                                       "--utilisation", "0.9", "--json", str(tmp_path / "o.json")])
     assert result.exit_code == 2
     assert "error: --utilisation: the queue model needs a KV-block (Mooncake) trace" in result.output
+
+
+def test_victim_in_a_namespace_of_protected_keys_only_takes_the_furthest_needed() -> None:
+    policy = LookaheadPolicy(base="lru")
+    for key, ns in (("a", "t1"), ("b", "t1"), ("c", "t2")):
+        policy.on_insert(key, EntryInfo(1, ns))
+    policy.on_queue([QueuedRequest(1, ("b", "a", "c"))])
+    assert [policy.victim("t1"), policy.victim("t2"), policy.victim()] == ["a", "c", "c"]
+    with pytest.raises(KeyError):
+        policy.victim("t3")
