@@ -17,6 +17,7 @@ from evocache.controller.eviction import (
     EntryInfo,
     EvictionPolicy,
     LearnedPolicy,
+    LookaheadPolicy,
     LFUPolicy,
     LRUKPolicy,
     LRUPolicy,
@@ -318,6 +319,7 @@ def test_registry_names_every_policy() -> None:
         "s3fifo": S3FIFOPolicy,
         "weighted": WeightedPolicy,
         "learned": LearnedPolicy,
+        "lookahead": LookaheadPolicy,
     }
     for name, cls in EVICTION_POLICIES.items():
         assert cls.name == name
@@ -327,7 +329,7 @@ def test_registry_names_every_policy() -> None:
 def test_unknown_policy_lists_the_known_ones() -> None:
     with pytest.raises(StoreConfigError) as info:
         make_eviction_policy("clock")
-    assert str(info.value) == "unknown eviction policy 'clock'; known: learned, lfu, lru, lruk, s3fifo, weighted"
+    assert str(info.value) == "unknown eviction policy 'clock'; known: learned, lfu, lookahead, lru, lruk, s3fifo, weighted"
 
 
 def test_factory_passes_options() -> None:
