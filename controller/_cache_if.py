@@ -392,8 +392,10 @@ class CachedFunction:
             if stored:
                 # The semantic entry expires with its answer's exact entry (one with a sliding TTL may then
                 # live on, reachable by its exact key only).
-                expires_at = rt.clock() + plan.ttl if rt.semantic.keeps_expiry else None
-                cache.insert(scope, plan.key, sp.text, stored_ref(plan.ns, plan.key), expires_at=expires_at)
+                expires_at = rt.clock() + plan.ttl
+                cache.insert(
+                    scope, plan.key, sp.text, stored_ref(plan.ns, plan.key, plan.tiers), expires_at=expires_at
+                )
                 rt.semantic.inserted(cache, scope, plan.key)
             cache.judge_miss(scope, sp.text, fresh_ref(value), decision)
         except Gone:
@@ -406,7 +408,7 @@ class CachedFunction:
         store, decode = rt.store, self._decode
 
         def resolve(ref: Any) -> Any:
-            entry = store.get(ref.ns, ref.key).entry
+            entry = store.get(ref.ns, ref.key, ref.tiers or None).entry
             if entry is None:
                 raise Gone(ref.key)
             return decode(entry.value)

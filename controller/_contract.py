@@ -566,13 +566,14 @@ class Contract:
             return Plan(None, ns, rule, "uncacheable-args")
         semantic = None
         if semantic_setting is not None:
-            semantic = self._semantic_plan(rt, rule, parts, rest, semantic_setting)
+            semantic = self._semantic_plan(rt, rule, parts, rest, semantic_setting, chosen)
         # The L1 hit path needs a MemoryTier as L1 (its lock-free peek); any other "l1" takes the full path.
         hit_cells = rt.metrics.cells((rule, L1, "hit")) if chosen[0] == L1 and rt.l1 is not None else None
         return Plan(key, ns, rule, "", ttl, sliding, chosen, max_bytes, stream_ok, hit_cells, semantic)
 
     def _semantic_plan(
-        self, rt: CacheRuntime, rule: str, parts: dict[str, Any], rest: dict[str, Any], setting: tuple
+        self, rt: CacheRuntime, rule: str, parts: dict[str, Any], rest: dict[str, Any], setting: tuple,
+        tiers: tuple[TierName, ...],
     ) -> SemanticPlan | None:
         """The semantic lookup of a call whose rule allows one: the prompt, and the boundary = the key of every
         other part of the call (so a neighbour differs from this call in its prompt alone)."""
@@ -589,7 +590,7 @@ class Contract:
         others = {k: v for k, v in rest.items() if k != name}
         boundary = derive_key(**parts, args=others)  # cannot raise: a subset of what just hashed
         max_error, mode, explore, threshold = setting
-        return SemanticPlan(text, boundary, max_error, mode, explore, threshold)
+        return SemanticPlan(text, boundary, max_error, mode, explore, threshold, tuple(tiers))
 
     def _warn_once(self, rt: CacheRuntime, rules: tuple[str, ...]) -> None:
         for rule in rules:

@@ -53,6 +53,12 @@ class SemanticPlan(NamedTuple):
     mode: str
     explore: float
     threshold: float | None
+    tiers: tuple[str, ...] = ()  # the rule's tiers: where its answers live (and are read back for the judge)
+
+    @property
+    def shared(self) -> bool:
+        """Whether other replicas can read these answers (they live in Redis), so the entries are shared."""
+        return "l2" in self.tiers
 
 
 class Gone(LookupError):
@@ -64,6 +70,7 @@ class _Stored(NamedTuple):
 
     ns: Namespace
     key: CacheKey
+    tiers: tuple[str, ...] = ()  # read back from these only (no promotion into tiers the rule does not use)
 
 
 class _Fresh(NamedTuple):
@@ -97,7 +104,8 @@ class SemanticLayer:
         self._embedder = embedder
         self._clock = clock
         self._max_entries = max_entries
-        self._index: Any = None
+        self._index: Any = None  # shared through Redis when the store has one
+        self._local: Any = None  # this process only: entries whose answers other replicas cannot read
         self._caches: dict[tuple, SemanticCache] = {}
         self._inserted: OrderedDict[str, Scope] = OrderedDict()
         self._lock = threading.Lock()
@@ -109,6 +117,17 @@ class SemanticLayer:
                 if self._embedder is None:
                     self._embedder = _make_embedder(self._config)
         return self._embedder
+
+    def _index_for(self, shared: bool) -> Any:
+        if shared:
+            return self._index_now()
+        if self._local is None:
+            with self._lock:
+                if self._local is None:
+                    from .semantic import SharedIndex
+
+                    self._local = SharedIndex(None, clock=self._clock)
+        return self._local
 
     def _index_now(self) -> Any:
         if self._index is None:
@@ -127,13 +146,6 @@ class SemanticLayer:
                     )
         return self._index
 
-    @property
-    def keeps_expiry(self) -> bool:
-        """Whether the index takes entry expiries (a ``SharedIndex`` does)."""
-        from .semantic import SharedIndex
-
-        return isinstance(self._index_now(), SharedIndex)
-
     def scope(self, ns: Namespace, plan: SemanticPlan) -> Scope:
         from .semantic import Scope
 
@@ -141,12 +153,14 @@ class SemanticLayer:
 
     def cache_for(self, identity: str, plan: SemanticPlan, judge: Judge) -> SemanticCache:
         """The ``SemanticCache`` of one function under one semantic setting (made on first use)."""
-        key = (identity, plan.mode, plan.explore, plan.threshold)
+        # max_error too: the pacer spends one bound's budget (a strict and a lenient rule must not share one).
+        # tiers: where the answers live decides which index (shared or local) and where the judge reads them.
+        key = (identity, plan.max_error, plan.mode, plan.explore, plan.threshold, plan.tiers)
         cache = self._caches.get(key)
         if cache is None:
             from .semantic._cache import SemanticCache
 
-            embedder, index = self.embedder, self._index_now()  # each takes the lock itself: not under it
+            embedder, index = self.embedder, self._index_for(plan.shared)  # each locks itself: not under it
             with self._lock:
                 cache = self._caches.get(key)
                 if cache is None:
@@ -154,7 +168,9 @@ class SemanticLayer:
                         embedder, index=index, judge=judge, mode=plan.mode, explore=plan.explore,
                         threshold=plan.threshold,
                         # An entry id is an exact key, so any replica's neighbour can be judged from the tiers.
-                        answer_ref_of=lambda scope, entry_id: _Stored(scope.namespace, CacheKey(entry_id)),
+                        answer_ref_of=lambda scope, entry_id: _Stored(
+                            scope.namespace, CacheKey(entry_id), plan.tiers
+                        ),
                     )
                     self._caches[key] = cache
         return cache
@@ -172,8 +188,9 @@ class SemanticLayer:
                 c.remove(old_scope, [old_id])
 
     def close(self) -> None:
-        if self._index is not None and hasattr(self._index, "close"):
-            self._index.close()
+        for index in (self._index, self._local):
+            if index is not None:
+                index.close()
 
 
 def _make_embedder(config: StoreConfig) -> Embedder:
@@ -198,8 +215,8 @@ def _minilm(threads: int) -> Embedder:
     return BatchingEmbedder(SentenceTransformerEmbedder(threads=threads))
 
 
-def stored_ref(ns: Namespace, key: CacheKey) -> _Stored:
-    return _Stored(ns, key)
+def stored_ref(ns: Namespace, key: CacheKey, tiers: tuple[str, ...]) -> _Stored:
+    return _Stored(ns, key, tiers)
 
 
 def fresh_ref(value: Any) -> _Fresh:

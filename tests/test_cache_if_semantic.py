@@ -297,3 +297,95 @@ def test_a_replica_judges_a_neighbour_another_replica_stored(redis_url):
     assert ("reset", "reset") in judged  # A's cached answer, read from L2 by B
     replica_a.close()
     replica_b.close()
+
+
+def test_rules_with_different_bounds_never_share_an_error_budget(srt):
+    from evocache.dsl import parse_policy
+
+    policy = parse_policy(
+        "policy: p\nversion: 1\nrules:\n"
+        "  - name: strict\n    when: 'tenant.tier == \"pro\"'\n    semantic: {max_error: 0.01}\n"
+        "  - name: lenient\n    when: 'true'\n    semantic: {max_error: 0.2}\n"
+    )
+    runtime = srt.activate(policy)
+
+    @cache_if("true", store=runtime)
+    def answer(prompt: str) -> str:
+        return "x"
+
+    with tenant_scope("acme", tier="pro"):
+        answer(ASK)
+    answer(ASK)
+    bounds = sorted(key[1] for key in runtime.semantic._caches)
+    assert bounds == [0.01, 0.2]  # one SemanticCache (error model and pacer) per bound
+
+
+def test_the_judge_reads_a_neighbour_only_from_the_rules_tiers(tmp_path):
+    runtime = build_runtime(StoreConfig(events="ring", disk_path=str(tmp_path / "l3")))
+
+    @cache_if("true", semantic={"max_error": 0.05}, tiers=["l3"], store=runtime)
+    def answer(prompt: str) -> str:
+        return "reset"
+
+    answer(ASK)
+    answer(PARAPHRASE)  # judged against ASK's answer, which lives in L3 only
+    cache = next(iter(runtime.semantic._caches.values()))
+    assert cache.stats().judge_calls == 1
+    assert len(runtime.store.tiers["l1"]) == 0  # reading it for the judge promoted nothing into L1
+    runtime.close()
+
+
+@pytest.mark.redis
+def test_answers_other_replicas_cannot_read_stay_out_of_the_shared_index(redis_url):
+    config = StoreConfig(redis_url=redis_url, events="ring", l2_timeout_s=1.0, l2_prefix="localsem")
+    runtime = build_runtime(config)
+
+    @cache_if("true", semantic=STATIC, tiers=["l1"], store=runtime)
+    def local(prompt: str) -> str:
+        return "l1 only"
+
+    @cache_if("true", semantic=STATIC, tiers=["l1", "l2"], store=runtime)
+    def shared(prompt: str) -> str:
+        return "in redis"
+
+    local(ASK)
+    shared(ASK)
+    layer = runtime.semantic
+    assert len(layer._local.scopes()) == 1 and len(layer._index.scopes()) == 1
+    assert layer._local.scopes()[0] != layer._index.scopes()[0]
+    runtime.close()
+
+
+def test_a_link_try_whose_answer_is_gone_loses_no_verdict():
+    """When the candidate's answer differs, other neighbours are judged for a link; one whose answer has gone
+    (the judge raises LookupError) is skipped, and the main verdict still counts."""
+    import numpy as np
+
+    from evocache.controller.semantic import Scope
+    from evocache.controller.semantic._cache import SemanticCache
+    from evocache.controller.semantic._decide import SemanticDecision
+
+    class Fixed:
+        name, dim = "fixed", 2
+
+        def embed(self, texts):
+            table = {"a": [1.0, 0.0], "b": [0.9, 0.436], "q": [0.99, 0.141]}
+            return np.array([table[t] for t in texts], dtype=np.float32)
+
+    answers = {"A": "one", "B": "two"}
+
+    def judge(new, cached):
+        if cached == "B":
+            raise LookupError("B's answer left the tiers")
+        return new == answers[cached]
+
+    cache = SemanticCache(Fixed(), judge=judge, explore=0.0)
+    scope = Scope("t", "fn")
+    cache.insert(scope, "a", "a", "A")
+    cache.insert(scope, "b", "b", "B")
+    decision, served = cache.lookup(scope, "q", max_error=0.05)
+    assert served is None and decision.neighbour == "a"
+    cache.judge_miss(scope, "q", "three", decision)  # a's answer differs; the link try on b raises LookupError
+    assert cache.stats().observations == 1
+    assert cache.evidence["a"] == (1, 0)
+    assert isinstance(decision, SemanticDecision)

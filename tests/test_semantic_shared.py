@@ -330,3 +330,21 @@ def _digest(boundary: str) -> str:
     import hashlib
 
     return hashlib.sha256(boundary.encode()).hexdigest()
+
+
+def test_a_stream_message_the_index_cannot_take_is_skipped_and_the_follower_goes_on(replicas):
+    """A vector of another dimension in a scope (another model under the same embedder name, a rolling upgrade)
+    must not stop a replica from following: it is counted as corrupt, and later changes still arrive."""
+    follower = replicas()
+    old, new = replicas(), replicas()
+    old.add(A, ["a"], random_unit(1))
+    follower.follow_once(block_ms=50)
+    assert ids(follower.search(A, random_unit(1), 1)) == [["a"]]
+    new.add(A, ["b"], unit(np.ones((1, 8))))  # same scope, dimension 8
+    old.add(B, ["c"], random_unit(1, seed=1))
+    old.remove(A, ["a"])
+    for _ in range(3):
+        follower.follow_once(block_ms=50)
+    assert follower.stats().corrupt == 1
+    assert ids(follower.search(B, random_unit(1, seed=1), 1)) == [["c"]]  # later changes were applied
+    assert ids(follower.search(A, random_unit(1), 1)) == [[]]

@@ -275,10 +275,12 @@ class SemanticCache:
         """Forget entries (evicted or expired): they are no longer searched, matched or served."""
         check_scope(scope)
         with self._lock:
-            ids = [e for e in entry_ids if e in self._entries and self._entries[e].scope == scope]
+            # Ids this cache never inserted (another replica's, found through a shared index) are removed from
+            # the index too; only an id known to belong to another scope is left alone.
+            ids = [e for e in entry_ids if e not in self._entries or self._entries[e].scope == scope]
             for entry_id in ids:
-                entry = self._entries.pop(entry_id)
-                if self._exact.get((scope, entry.prompt)) == entry_id:
+                entry = self._entries.pop(entry_id, None)
+                if entry is not None and self._exact.get((scope, entry.prompt)) == entry_id:
                     del self._exact[(scope, entry.prompt)]
         self._index.remove(scope, ids)
 
@@ -337,7 +339,11 @@ class SemanticCache:
             tried.add(root)
             with self._lock:
                 self._counts["judge_calls"] += 1
-            if self._judge(answer, ref):
+            try:
+                same = self._judge(answer, ref)
+            except LookupError:  # that answer has gone (a judge may say so): no link there, and no verdict lost
+                continue
+            if same:
                 return n.entry_id
         return None
 

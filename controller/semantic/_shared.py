@@ -554,16 +554,23 @@ class SharedIndex:
                 self._last_id = msg_id
             return
         with self._lock:
-            if change.kind == "add":
-                held = self._entries.setdefault(scope, {})
-                entry = SharedEntry(meta, deadline)
-                # A replica reads its own adds back from the stream: an identical one leaves the index alone
-                # (replacing it would only leave a tombstone behind).
-                if held.get(entry_id) != entry or not _same(self._index.vector(scope, entry_id), vec):
-                    self._index.add(scope, [entry_id], vec[None, :])
-                    held[entry_id] = entry
-            else:
-                self._forget(scope, list(change.ids))
+            try:
+                if change.kind == "add":
+                    held = self._entries.setdefault(scope, {})
+                    entry = SharedEntry(meta, deadline)
+                    # A replica reads its own adds back from the stream: an identical one leaves the index
+                    # alone (replacing it would only leave a tombstone behind).
+                    if held.get(entry_id) != entry or not _same(self._index.vector(scope, entry_id), vec):
+                        self._index.add(scope, [entry_id], vec[None, :])
+                        held[entry_id] = entry
+                else:
+                    self._forget(scope, list(change.ids))
+            except (ValueError, TypeError) as exc:
+                # A message this replica's index cannot take (a vector of another dimension: another model
+                # under the same embedder name) is skipped and counted; the follower goes on.
+                self._last_id = msg_id
+                self._corrupt(f"stream message {msg_id!r}", exc)
+                return
             self._last_id = msg_id
         self._counts["applied"] += 1
         self._notify(change)
@@ -582,11 +589,18 @@ class SharedIndex:
     def _run(self) -> None:
         next_sweep = 0.0
         while not self._stop.is_set():
-            self.follow_once(self._block_ms)  # the first call loads the index from Redis
-            self._first_try.set()
-            if self._clock() >= next_sweep:
-                self.sweep()
-                next_sweep = self._clock() + self._sweep_interval
+            try:
+                self.follow_once(self._block_ms)  # the first call loads the index from Redis
+                self._first_try.set()
+                if self._clock() >= next_sweep:
+                    self.sweep()
+                    next_sweep = self._clock() + self._sweep_interval
+            except Exception:  # noqa: BLE001 - the follower must outlive any one bad step; logged and counted
+                self._counts["errors"] += 1
+                log.exception("semantic index %s: follower step failed; going on", self._prefix)
+                self._first_try.set()
+                self._stop.wait(max(self._retry_after, 0.01))
+                continue
             if not self._connected:
                 self._stop.wait(max(self._retry_after, 0.01))
 
