@@ -344,6 +344,12 @@ class CachedFunction:
         sp = plan.semantic
         layer = rt.semantic
         try:
+            fits = getattr(layer.embedder, "fits", None)
+            if fits is not None and not fits(sp.text):
+                # Longer than the embedder reads: prompts that differ only past its window would look alike.
+                self.counters.misses += 1
+                self._emit(rt, plan, "miss", None, 0, time.perf_counter() - started, reason="semantic-too-long")
+                return False, None, None
             cache = layer.cache_for(self.identity, sp, self._semantic_judge(rt))
             scope = layer.scope(plan.ns, sp)
             decision, entry_id = cache.lookup(scope, sp.text, max_error=sp.max_error)

@@ -389,3 +389,21 @@ def test_a_link_try_whose_answer_is_gone_loses_no_verdict():
     assert cache.stats().observations == 1
     assert cache.evidence["a"] == (1, 0)
     assert isinstance(decision, SemanticDecision)
+
+
+def test_a_prompt_longer_than_the_embedder_reads_is_matched_exactly_only(srt):
+    """MiniLM reads 256 tokens: two prompts sharing a long context and differing after it embed identically,
+    so such a prompt never takes part in semantic matching."""
+    context = "You are a careful assistant for a bank. " * 60  # far past 256 tokens
+    calls = []
+
+    @cache_if("true", semantic=STATIC, store=srt)
+    def answer(prompt: str) -> str:
+        calls.append(prompt)
+        return prompt[-30:]
+
+    first, second = context + "How do I close my account?", context + "How do I open an account?"
+    assert answer(first) == first[-30:]
+    assert answer(second) == second[-30:]  # computed, though the two would embed alike
+    assert calls == [first, second]
+    assert [e.reason for e in srt.events.events() if e.outcome == "miss"] == ["semantic-too-long"] * 2

@@ -130,6 +130,13 @@ class SentenceTransformerEmbedder:
         self._batch_size = batch_size
         self.name = name or default_name
         self.dim = int(self._model.get_embedding_dimension())
+        self.max_tokens = int(self._model.max_seq_length)
+
+    def fits(self, text: str) -> bool:
+        """Whether ``text`` is embedded whole: the model reads only its first ``max_tokens`` tokens, so two
+        prompts that share a long beginning and differ after it would embed identically."""
+        ids = self._model.tokenizer(text, add_special_tokens=True, truncation=False)["input_ids"]
+        return len(ids) <= self.max_tokens
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         import numpy as np
@@ -288,6 +295,11 @@ class BatchingEmbedder:
     @property
     def dim(self) -> int:
         return self.inner.dim
+
+    def fits(self, text: str) -> bool:
+        """The inner embedder's ``fits`` (True when it has none: it reads whole texts, as far as we know)."""
+        fits = getattr(self.inner, "fits", None)
+        return True if fits is None else bool(fits(text))
 
     def pending(self) -> int:
         """Requests waiting for the worker (not counting the batch being embedded)."""
