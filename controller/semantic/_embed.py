@@ -309,20 +309,27 @@ class BatchingEmbedder:
         import numpy as np
 
         items = check_texts(texts)
-        if self._closed:
-            raise RuntimeError("BatchingEmbedder is closed")
         if not items:
+            if self._closed:
+                raise RuntimeError("BatchingEmbedder is closed")
             return np.zeros((0, self.dim), dtype=np.float32)
         self._ensure_worker()
         request = _Request(items)
-        self._queue.put(request)
+        # The closed check and the put under one lock with close(): a request is either refused or queued
+        # ahead of the worker's stop marker, never left behind it unread (its caller would wait forever).
+        with self._start_lock:
+            if self._closed:
+                raise RuntimeError("BatchingEmbedder is closed")
+            self._queue.put(request)
         return request.future.result()
 
     def close(self) -> None:
-        self._closed = True
-        self._queue.put(None)
+        with self._start_lock:
+            self._closed = True
+            self._queue.put(None)
         if self._worker is not None:
             self._worker.join(timeout=10)
+        self._fail_waiting()  # anything still queued (no worker ever started, or it stopped first) fails
 
     def _ensure_worker(self) -> None:
         if self._worker is None:
