@@ -19,6 +19,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from .._commands import EXIT_FAILED
+from .._commands import Failed as _Failed
+from .._commands import error as _error
+from .._commands import usage as _usage
+
 if TYPE_CHECKING:
     from types import ModuleType
 
@@ -31,8 +36,6 @@ app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="Replay traces against the cache's policies."
 )
 
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 EXIT_UNREADABLE = 2
 
 _UNITS = ("objects", "bytes")
@@ -44,21 +47,7 @@ def _bench_group() -> None:
     # A callback keeps `eviction` a subcommand: a one-command typer app would otherwise take its options itself.
 
 
-class _Failed(Exception):
-    def __init__(self, code: int) -> None:
-        self.code = code
-
-
-def _error(message: str, code: int) -> _Failed:
-    typer.echo(message, err=True)
-    return _Failed(code)
-
-
 # -- option parsing: each turns one option's text into a value, or prints why not and raises _Failed (exit 2) --
-
-def _usage(option: str, message: str) -> _Failed:
-    # A plain line, not click's usage box: rich would wrap the list of known names at 80 columns.
-    return _error(f"error: {option}: {message}", EXIT_USAGE)
 
 
 def _parse_sizes(text: str) -> tuple[float, ...]:

@@ -15,28 +15,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from .._commands import EXIT_FAILED, EXIT_USAGE
+from .._commands import Failed as _Failed
+from .._commands import error as _error
+from .._commands import usage as _usage
+
 if TYPE_CHECKING:
     from ._bench import VectorTable
     from ._embed import Embedder
 
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 
 PAIR_THRESHOLDS = (0.8, 0.85, 0.9, 0.95)  # static thresholds the pair report compares against
-
-
-class _Failed(Exception):
-    def __init__(self, code: int) -> None:
-        self.code = code
-
-
-def _error(message: str, code: int) -> _Failed:
-    typer.echo(message, err=True)
-    return _Failed(code)
-
-
-def _usage(option: str, message: str) -> _Failed:
-    return _error(f"error: {option}: {message}", EXIT_USAGE)
 
 
 def _make_embedder(spec: str) -> Embedder:
