@@ -222,14 +222,14 @@ class SemanticCache:
             if exact is not None:
                 self._counts["exact_hits"] += 1
                 if isinstance(self._policy, BoundedPolicy):
-                    self._policy.exact()
+                    self._policy.exact(scope)
                 threshold = getattr(self._policy, "threshold", 0.0)
                 return SemanticDecision(True, False, exact, 1.0, threshold, 0.0), exact
         vec = self.embedder.embed([prompt])  # outside the lock: concurrent lookups batch their embeddings
         neighbours = self._index.search(scope, vec, self._k)[0]
         with self._lock:
             _remember(self._vectors, (scope, prompt), vec[0])
-            decision, candidate = self._policy.decide(neighbours, max_error, self._rng.random(), self)
+            decision, candidate = self._policy.decide(neighbours, max_error, self._rng.random(), self, scope=scope)
             if decision.serve:
                 self._counts["served"] += 1
                 return decision, decision.neighbour
@@ -359,11 +359,17 @@ class SemanticCache:
             wrong, right = self._evidence.get(entry_id, (0, 0))
             self._evidence[entry_id] = (wrong + (not correct), right + bool(correct))
 
-    def stats(self) -> SemanticStats:
+    def stats(self, scope: Scope | None = None) -> SemanticStats:
+        """The counters (over all scopes); ``cutoff`` is ``scope``'s (each scope paces its own budget; by
+        default the scope looked up last; 0.0 for a scope without a pacer), ``calibration`` the shared one."""
         with self._lock:
             policy = self._policy
-            cutoff = policy.pacer.current if isinstance(policy, BoundedPolicy) else policy.threshold
-            calibration = policy.pacer.calibration if isinstance(policy, BoundedPolicy) else 1.0
+            if isinstance(policy, BoundedPolicy):
+                pacer = policy.pacer if scope is None else policy.pacer_of(scope)
+                cutoff = 0.0 if pacer is None else pacer.current
+                calibration = policy.calibration.value
+            else:
+                cutoff, calibration = policy.threshold, 1.0
             return SemanticStats(**self._counts, cutoff=cutoff, calibration=calibration)
 
     def answer_ref(self, entry_id: str) -> Any:

@@ -11,9 +11,10 @@ Three pieces, each one small class:
   candidate entry and its features (similarity, margin to the nearest other cluster, vote of the top-k).
 - ``ErrorModel``: one global logistic model of P(wrong | features), refitted online from observations (judge
   verdicts on misses and explorations, feedback); per-entry evidence is pooled with it as a Beta prior.
-- ``Pacer``: picks the cut-off from the recent lookups' estimated errors so that their expected error per
-  lookup is within the bound; an upper confidence bound on the exploration sample's observed/expected error
-  ratio scales the estimates up when the model is optimistic.
+- ``Pacer``: one per scope (tenant namespace + boundary), so each scope's own error per lookup is held within
+  the bound; it picks the cut-off from the scope's recent lookups' estimated errors so that their expected
+  error per lookup is within the bound; an upper confidence bound on the exploration sample's observed/expected
+  error ratio (``Calibration``, shared like the model) scales the estimates up when the model is optimistic.
 
 ``StaticPolicy`` is the comparison baseline: serve the nearest entry at cosine similarity >= threshold.
 """
@@ -21,8 +22,8 @@ Three pieces, each one small class:
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ._index import Neighbour
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AnswerClusters",
     "BoundedPolicy",
+    "Calibration",
     "Candidate",
     "ErrorModel",
     "Pacer",
@@ -165,6 +167,7 @@ class ErrorModel:
         self._seen = 0
         self._wrong = 0
         self._fitted_at = 0
+        self.fits = 0  # how many times it was fitted: a pacer re-estimates its lookups when this moved
         self._coef: np.ndarray | None = None
         self._intercept = 0.0
         self._mean: np.ndarray | None = None
@@ -207,6 +210,7 @@ class ErrorModel:
         self._mean, self._scale = mean, scale
         self._coef, self._intercept = fit.coef_[0].copy(), float(fit.intercept_[0])
         self._fitted_at = self._seen
+        self.fits += 1
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         """P(wrong) for each row of ``features`` (n, len(FEATURES)); all 1.0 before the first fit."""
@@ -231,6 +235,24 @@ def calibration_upper(wrong: int, expected: float, *, prior: float, confidence: 
     return float(gamma.ppf(confidence, prior + wrong, scale=1.0 / (prior + expected)))
 
 
+class Calibration:
+    """The exploration sample: observed and expected wrong answers among explored would-be hits, and ``value``,
+    the upper ``confidence`` bound on their ratio (``calibration_upper``). It checks one error model, so the
+    pacers that read that model share one."""
+
+    def __init__(self, *, prior: float = 2.0, confidence: float = 0.85) -> None:
+        self.prior = prior
+        self.confidence = confidence
+        self.expected = 0.0
+        self.wrong = 0
+        self.value = 1.0
+
+    def explored(self, est_error: float, wrong: bool) -> None:
+        self.expected += est_error
+        self.wrong += int(wrong)
+        self.value = calibration_upper(self.wrong, self.expected, prior=self.prior, confidence=self.confidence)
+
+
 class Pacer:
     """The cut-off on estimated error that keeps the expected error per lookup within ``max_error``.
 
@@ -251,6 +273,7 @@ class Pacer:
         confidence: float = 0.85,
         prior: float = 2.0,
         every: int = 25,
+        calibration: Calibration | None = None,
     ) -> None:
         self.window = window
         self.prior = prior
@@ -262,13 +285,20 @@ class Pacer:
         self._cutoff = 0.0
         self.lookups = 0
         self.spent = 0.0  # expected wrong answers served so far, by the model (uncalibrated)
-        self.explored_expected = 0.0
-        self.explored_wrong = 0
-        self._calibration = 1.0
+        # The exploration sample may be shared between pacers (one per scope) that read the same error model.
+        self._calibration = calibration if calibration is not None else Calibration(prior=prior, confidence=confidence)
 
     @property
     def calibration(self) -> float:
-        return self._calibration
+        return self._calibration.value
+
+    @property
+    def explored_expected(self) -> float:
+        return self._calibration.expected
+
+    @property
+    def explored_wrong(self) -> int:
+        return self._calibration.wrong
 
     @property
     def current(self) -> float:
@@ -290,11 +320,7 @@ class Pacer:
 
     def explored(self, est_error: float, wrong: bool) -> None:
         """The verdict on an explored would-be hit: the sample that checks the model where it serves."""
-        self.explored_expected += est_error
-        self.explored_wrong += int(wrong)
-        self._calibration = calibration_upper(
-            self.explored_wrong, self.explored_expected, prior=self.prior, confidence=self.confidence
-        )
+        self._calibration.explored(est_error, wrong)
 
     def replace_recent(self, estimates: Sequence[float]) -> None:
         """Re-estimate the remembered lookups (after the model was refitted)."""
@@ -313,14 +339,15 @@ class Pacer:
         # nothing): spend the saving over the next window, at most 1.5 times the rate, so the cumulative
         # expected error still stays within the budget.
         # Past spending is re-read with today's calibration: the cold start spent on an unchecked model.
-        balance = (budget * self.lookups - self.spent * self._calibration) / self.window
+        calibration = self._calibration.value
+        balance = (budget * self.lookups - self.spent * calibration) / self.window
         target = budget + min(balance, budget / 2)
         p = np.sort(np.fromiter(self._recent, float, n))
         p = p[np.isfinite(p)]
         if target <= 0 or p.size == 0:
             self._cutoff = 0.0
             return
-        spend = np.cumsum(p) * self._calibration / n
+        spend = np.cumsum(p) * calibration / n
         k = int(np.searchsorted(spend, target, side="right"))
         self._cutoff = float(p[k - 1]) if k > 0 else 0.0
 
@@ -340,7 +367,12 @@ class StaticPolicy:
         self.threshold = threshold
 
     def decide(
-        self, neighbours: Sequence[Neighbour], max_error: float, explore_draw: float, clusters: AnswerClusters
+        self,
+        neighbours: Sequence[Neighbour],
+        max_error: float,
+        explore_draw: float,
+        clusters: AnswerClusters,
+        scope: Hashable = None,
     ) -> tuple[SemanticDecision, Candidate | None]:
         if not neighbours:
             return SemanticDecision(False, False, None, 0.0, self.threshold, math.nan), None
@@ -364,13 +396,33 @@ class AnswerClusters(Protocol):
 
 
 _EXACT = "exact"
+_SCOPES = 10_000  # pacers kept (one per scope, least recently used dropped): memory stays bounded
+
+
+class _Pace:
+    """One scope's pacer and the features of its last lookups (None: no candidate; _EXACT: an exact hit),
+    re-estimated when the shared error model has been refitted since (``fit``: the model's fit count then)."""
+
+    __slots__ = ("fit", "pacer", "recent")
+
+    def __init__(self, pacer: Pacer, fit: int) -> None:
+        self.pacer = pacer
+        self.recent: deque[np.ndarray | str | None] = deque(maxlen=pacer.window)
+        self.fit = fit
 
 
 class BoundedPolicy:
     """Serve a would-be hit when its estimated error is within the paced cut-off; explore a fraction
     ``explore`` of would-be hits (the caller draws uniformly in [0, 1) for each lookup).
 
-    The error model and the pacer are per policy (one per rule): the bound is the rule's.
+    One policy per rule (the bound is the rule's). The error model and its calibration (the exploration
+    sample) are shared by all the scopes the rule serves: what makes a neighbour wrong is learnt from all of
+    them. The budget is not: each scope (tenant namespace + boundary) has its own ``Pacer``, so one tenant's
+    lookups without a candidate never buy another tenant's risky hits, and each scope's own error per lookup is
+    held within the bound. The ``max_scopes`` most recently used pacers are kept; a scope whose pacer was
+    dropped starts again cold (it serves nothing until its first cut-off), which errs on the safe side.
+    ``pacer_options`` are passed to every ``Pacer`` (``window``, ``safety``, ``every``, ``prior``,
+    ``confidence``).
     """
 
     mode = "bounded"
@@ -381,30 +433,76 @@ class BoundedPolicy:
         explore: float = 0.05,
         k: int = 10,
         model: ErrorModel | None = None,
-        pacer: Pacer | None = None,
+        pacer_options: Mapping[str, float] | None = None,
+        max_scopes: int = _SCOPES,
         **_ignored: object,
     ) -> None:
         if not 0 <= explore < 1:
             raise ValueError(f"explore must be in [0, 1), got {explore!r}")
         if k < 1:
             raise ValueError(f"k must be positive, got {k!r}")
+        if max_scopes < 1:
+            raise ValueError(f"max_scopes must be positive, got {max_scopes!r}")
         self.explore = explore
         self.k = k
         self.model = model or ErrorModel()
-        self.pacer = pacer or Pacer()
-        # Features of the last lookups (None: no candidate; _EXACT: an exact hit), re-estimated at each refit.
-        self._recent: deque[np.ndarray | str | None] = deque(maxlen=self.pacer.window)
+        self._pacer_options = dict(pacer_options or {})
+        self.calibration = Calibration(
+            prior=self._pacer_options.get("prior", 2.0), confidence=self._pacer_options.get("confidence", 0.85)
+        )
+        self.max_scopes = max_scopes
+        self._paces: OrderedDict[Hashable, _Pace] = OrderedDict()
+        self._last: Pacer | None = None
+
+    @property
+    def pacer(self) -> Pacer:
+        """The pacer used last (a fresh one before any lookup): what ``SemanticStats`` reports by default."""
+        if self._last is None:
+            self._last = self._new_pacer()
+        return self._last
+
+    def pacer_of(self, scope: Hashable) -> Pacer | None:
+        """``scope``'s pacer, or None when it has none (never looked up, or dropped as least recently used)."""
+        pace = self._paces.get(scope)
+        return None if pace is None else pace.pacer
+
+    def __len__(self) -> int:
+        """The number of pacers held."""
+        return len(self._paces)
+
+    def _new_pacer(self) -> Pacer:
+        return Pacer(**self._pacer_options, calibration=self.calibration)  # type: ignore[arg-type]
+
+    def _pace(self, scope: Hashable) -> _Pace:
+        pace = self._paces.get(scope)
+        if pace is None:
+            pace = self._paces[scope] = _Pace(self._new_pacer(), self.model.fits)
+            if len(self._paces) > self.max_scopes:
+                self._paces.popitem(last=False)
+        else:
+            self._paces.move_to_end(scope)
+            if pace.fit != self.model.fits:
+                self._reestimate(pace)
+        self._last = pace.pacer
+        return pace
 
     def decide(
-        self, neighbours: Sequence[Neighbour], max_error: float, explore_draw: float, clusters: AnswerClusters
+        self,
+        neighbours: Sequence[Neighbour],
+        max_error: float,
+        explore_draw: float,
+        clusters: AnswerClusters,
+        scope: Hashable = None,
     ) -> tuple[SemanticDecision, Candidate | None]:
         if not 0 < max_error <= 0.5:
             raise ValueError(f"max_error must be in (0, 0.5], got {max_error!r}")
-        cutoff = self.pacer.cutoff(max_error)
+        pace = self._pace(scope)
+        pacer = pace.pacer
+        cutoff = pacer.cutoff(max_error)
         candidate = neighbourhood(neighbours, clusters.cluster_of, clusters.cluster_size, clusters.evidence)
-        self._recent.append(None if candidate is None else candidate.features)
+        pace.recent.append(None if candidate is None else candidate.features)
         if candidate is None:
-            self.pacer.record(math.inf, False)
+            pacer.record(math.inf, False)
             return SemanticDecision(False, False, None, 0.0, cutoff, 1.0), None
         est = float(self.model.predict(candidate.features)[0])
         would = self.model.ready and est <= cutoff
@@ -413,34 +511,41 @@ class BoundedPolicy:
         # then checks the model where it is pessimistic, and the calibration loosened the bound; see
         # docs/notes/semantic-*.md).
         explore = would and explore_draw < self.explore
-        self.pacer.record(est, would and not explore)
+        pacer.record(est, would and not explore)
         decision = SemanticDecision(
             would and not explore, explore, candidate.entry_id, candidate.similarity, cutoff, est
         )
         return decision, candidate
 
-    def exact(self) -> None:
-        """An exact hit: a lookup that costs no error (it still counts in the per-lookup rate)."""
-        self._recent.append(_EXACT)
-        self.pacer.record(0.0, True)
+    def exact(self, scope: Hashable = None) -> None:
+        """An exact hit in ``scope``: a lookup that costs no error (it still counts in the per-lookup rate)."""
+        pace = self._pace(scope)
+        pace.recent.append(_EXACT)
+        pace.pacer.record(0.0, True)
 
     def observe(self, candidate: Candidate, wrong: bool, est_error: float, *, explored: bool) -> None:
-        """A verdict on a candidate (judge on a miss or exploration, or feedback)."""
+        """A verdict on a candidate: the judge on a miss or an exploration, or feedback on a served hit.
+
+        Only explorations enter the calibration: they are the uniform sample of would-be hits. Served hits with
+        feedback are not (users report what they choose to, mostly what was wrong); they still inform the
+        model, whose features include everything that decided they were served.
+        """
         if explored:
-            self.pacer.explored(est_error, wrong)
+            self.calibration.explored(est_error, wrong)
         # Inverse propensity: an explored verdict stands for the 1/explore would-be hits like it that were served.
         weight = 1.0 / self.explore if explored else 1.0
-        if self.model.observe(candidate.features, wrong, weight):
-            self._reestimate()
+        self.model.observe(candidate.features, wrong, weight)  # the pacers re-estimate on their next lookup
 
-    def _reestimate(self) -> None:
+    def _reestimate(self, pace: _Pace) -> None:
+        """Re-estimate a scope's remembered lookups with the refitted model."""
         import numpy as np
 
-        rows = [f for f in self._recent if f is not None and f is not _EXACT]
+        rows = [f for f in pace.recent if f is not None and f is not _EXACT]
         fresh = iter(self.model.predict(np.asarray(rows)).tolist() if rows else ())
-        self.pacer.replace_recent(
-            [math.inf if f is None else 0.0 if f is _EXACT else next(fresh) for f in self._recent]
+        pace.pacer.replace_recent(
+            [math.inf if f is None else 0.0 if f is _EXACT else next(fresh) for f in pace.recent]
         )
+        pace.fit = self.model.fits
 
 
 POLICIES: dict[str, type[BoundedPolicy | StaticPolicy]] = {"bounded": BoundedPolicy, "static": StaticPolicy}
