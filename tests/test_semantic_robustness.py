@@ -58,3 +58,63 @@ def test_pacers_are_kept_for_the_most_recently_used_scopes_only() -> None:
     assert policy.pacer_of(scopes[0]) is None  # least recently used: dropped (starts cold if it returns)
     assert policy.pacer_of(scopes[1]).lookups == 2
     assert policy.pacer_of(scopes[2]).lookups == 1
+
+
+class _Recording(BoundedPolicy):
+    """The real bounded policy, recording what it is told to observe."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.observed: list[tuple[np.ndarray, bool, float, bool]] = []
+
+    def observe(self, candidate, wrong, est_error, *, explored):  # type: ignore[no-untyped-def]
+        self.observed.append((candidate.features, wrong, est_error, explored))
+        super().observe(candidate, wrong, est_error, explored=explored)
+
+
+def _served_replay(cache: SemanticCache, stream: list[tuple[str, str]]) -> list[tuple[int, object, str]]:
+    """Replay ``stream`` in scope A; the served non-exact hits as (position, decision, entry)."""
+    served = []
+    for i, (prompt, group) in enumerate(stream):
+        decision, entry = cache.lookup(A, prompt, max_error=0.05)
+        if entry is not None:
+            served.append((i, decision, entry))
+            continue
+        cache.insert(A, f"e{i}", prompt, group)
+        cache.judge_miss(A, prompt, group, decision)
+    return served
+
+
+def test_feedback_on_a_served_hit_is_an_observation_with_the_features_that_served_it() -> None:
+    stream, table = synthetic_stream(1, n=1500)
+    policy = _Recording()
+    cache = SemanticCache(TableEmbedder(table), policy=policy, rng=random.Random(1))
+    served = _served_replay(cache, stream)
+    assert len(served) > 100
+    _, decision, entry = served[-1]
+    before = len(policy.observed)
+    model_seen, calibration = len(policy.model), (policy.calibration.wrong, policy.calibration.expected)
+    stats = cache.stats()
+    evidence = cache.evidence.get(entry, (0, 0))
+
+    cache.feedback(entry, correct=False)
+
+    assert len(policy.observed) == before + 1
+    features, wrong, est, explored = policy.observed[-1]
+    assert wrong is True and explored is False
+    assert est == decision.est_error
+    assert features[0] == decision.similarity  # the candidate's features as they were at that lookup
+    assert len(policy.model) == model_seen + 1
+    # served hits are not the uniform sample: the calibration stays the explorations' own
+    assert (policy.calibration.wrong, policy.calibration.expected) == calibration
+    after = cache.stats()
+    assert (after.feedback, after.feedback_wrong, after.observations) == (1, 1, stats.observations + 1)
+    assert after.realised_error == (stats.explored_wrong + 1) / (stats.explored + 1)
+    assert cache.evidence[entry] == (evidence[0] + 1, evidence[1])
+
+    # one lookup gives one observation: a second verdict on it is evidence and a count, not a second observation
+    served_from_entry = sum(1 for _, _, e in served if e == entry)
+    for _ in range(served_from_entry + 3):
+        cache.feedback(entry, correct=True)
+    assert len(policy.observed) == before + served_from_entry
+    assert cache.stats().feedback == served_from_entry + 4

@@ -18,6 +18,7 @@ An entry is only ever searched for, linked or served within its own ``Scope``.
 
 from __future__ import annotations
 
+import itertools
 import operator
 import random
 import threading
@@ -71,6 +72,14 @@ class _Pending(NamedTuple):
     est_error: float
     explored: bool
     neighbours: tuple[Neighbour, ...]
+
+
+class _Served(NamedTuple):
+    """A served (non-exact) hit, remembered so that feedback on it is an observation for the error model."""
+
+    entry_id: str
+    candidate: Candidate
+    est_error: float
 
 
 class _Entry(NamedTuple):
@@ -161,6 +170,9 @@ class SemanticCache:
             str, tuple[int, int]
         ] = {}  # entry -> (wrong, right) verdicts with it as candidate
         self._pending: OrderedDict[tuple[Scope, str], _Pending] = OrderedDict()
+        # The last served hits by lookup (a token per lookup), so feedback can be an observation.
+        self._served: OrderedDict[int, _Served] = OrderedDict()
+        self._tokens = itertools.count(1)
         self._links: OrderedDict[tuple[Scope, str], str] = (
             OrderedDict()
         )  # judged before insert: link on insert
@@ -232,6 +244,9 @@ class SemanticCache:
             decision, candidate = self._policy.decide(neighbours, max_error, self._rng.random(), self, scope=scope)
             if decision.serve:
                 self._counts["served"] += 1
+                if candidate is not None:
+                    served = _Served(decision.neighbour, candidate, decision.est_error)
+                    _remember(self._served, next(self._tokens), served)
                 return decision, decision.neighbour
             self._counts["explored"] += decision.explore
             if decision.neighbour is not None:
@@ -348,9 +363,13 @@ class SemanticCache:
         return None
 
     def feedback(self, entry_id: str, correct: bool) -> None:
-        """A verdict on a served answer of ``entry_id`` (from a user or an evaluator). It weighs on that
-        entry's own error estimate and counts in the realised error. Unknown entries are ignored (with
-        ``answer_ref_of`` every id counts: it may be another replica's)."""
+        """A verdict on a served answer of ``entry_id`` (from a user or an evaluator). It counts in the realised
+        error and in that entry's own evidence (a feature of its later lookups). When the lookup that served it
+        is still remembered (the last few thousand served hits; the latest one served from ``entry_id`` that
+        has no verdict yet), the verdict is also an observation for the error model, with the features that
+        decided it. It never enters the calibration: served hits with feedback are not a uniform sample (users
+        report what they choose to), the explorations are. Unknown entries are ignored (with ``answer_ref_of``
+        every id counts: it may be another replica's)."""
         with self._lock:
             if entry_id not in self._entries and self._answer_ref_of is None:
                 return
@@ -358,6 +377,12 @@ class SemanticCache:
             self._counts["feedback_wrong"] += not correct
             wrong, right = self._evidence.get(entry_id, (0, 0))
             self._evidence[entry_id] = (wrong + (not correct), right + bool(correct))
+            token = next((t for t in reversed(self._served) if self._served[t].entry_id == entry_id), None)
+            if token is None:
+                return
+            served = self._served.pop(token)
+            self._counts["observations"] += 1
+            self._policy.observe(served.candidate, not correct, served.est_error, explored=False)
 
     def stats(self, scope: Scope | None = None) -> SemanticStats:
         """The counters (over all scopes); ``cutoff`` is ``scope``'s (each scope paces its own budget; by
