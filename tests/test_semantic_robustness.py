@@ -118,3 +118,121 @@ def test_feedback_on_a_served_hit_is_an_observation_with_the_features_that_serve
         cache.feedback(entry, correct=True)
     assert len(policy.observed) == before + served_from_entry
     assert cache.stats().feedback == served_from_entry + 4
+
+
+# -- F11: state follows the live entries -------------------------------------------------------------------
+
+
+def _unit_rows(n: int, dim: int = 4, seed: int = 0) -> np.ndarray:
+    rows = np.random.default_rng(seed).normal(size=(n, dim))
+    return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+
+
+def test_a_scope_left_empty_is_dropped_and_can_come_back() -> None:
+    from evocache.controller.semantic import SemanticIndex
+
+    index = SemanticIndex()
+    scopes = [Scope("t", f"fn|user{i}") for i in range(3)]
+    for i, scope in enumerate(scopes):
+        index.add(scope, [f"a{i}", f"b{i}"], _unit_rows(2, seed=i))
+    index.remove(scopes[0], ["a0"])
+    assert index.index(scopes[0]) is not None  # still holds b0
+    index.remove(scopes[0], ["b0"])
+    assert index.index(scopes[0]) is None
+    assert len(index._indexes) == 2 and sorted(index.scopes()) == sorted(scopes[1:])
+    assert index.search(scopes[0], _unit_rows(1), 3) == [[]]
+    index.add(scopes[0], ["c0"], _unit_rows(1, dim=6))  # a fresh index: any dimension
+    assert [n.entry_id for n in index.search(scopes[0], _unit_rows(1, dim=6), 3)[0]] == ["c0"]
+
+
+def test_removed_entries_leave_no_trace_in_the_cache() -> None:
+    rows = _unit_rows(2000, dim=8, seed=3)
+    table = {f"p{i}": rows[i] for i in range(2000)}
+    cache = SemanticCache(TableEmbedder(table), judge=lambda a, b: True, rng=random.Random(0))
+    for i in range(2000):
+        decision, _ = cache.lookup(A, f"p{i}", max_error=0.05)
+        cache.insert(A, f"e{i}", f"p{i}", "same")
+        cache.judge_miss(A, f"p{i}", "same", decision)
+        cache.feedback(f"e{i}", correct=True)
+        if i >= 10:
+            cache.remove(A, [f"e{i - 10}"])  # at most 10 live entries
+    assert len(cache._entries) == len(cache._exact) == 10
+    assert set(cache.evidence) <= set(cache._entries)
+    assert len(cache._clusters) <= 10
+    cache.remove(A, [f"e{i}" for i in range(1990, 2000)])
+    assert (len(cache._entries), len(cache._exact), len(cache.evidence), len(cache._clusters)) == (0, 0, 0, 0)
+    assert cache._index.scopes() == []
+
+
+def test_answer_clusters_keep_their_members_together_when_one_leaves() -> None:
+    from evocache.controller.semantic._cache import _Clusters
+
+    clusters = _Clusters()
+    clusters.union("a", "b")
+    clusters.union("c", "b")
+    clusters.union("d", "e")
+    assert clusters.find("a") == clusters.find("c") != clusters.find("d")
+    clusters.discard("b")  # the link it carried stays: a and c were judged equal through it
+    assert clusters.find("a") == clusters.find("c") and clusters.size(clusters.find("a")) == 2
+    clusters.discard("a")
+    assert clusters.find("c") == "c" and clusters.size("c") == 1  # alone again: its own cluster
+    clusters.union("c", "d")
+    assert clusters.find("c") == clusters.find("e") and clusters.size(clusters.find("e")) == 3
+    assert len(clusters) == 3
+
+
+def test_expired_entries_leave_the_embedded_index_and_the_cache(fake_clock) -> None:
+    from evocache.controller.semantic import SharedIndex
+
+    index = SharedIndex(clock=fake_clock, sweep_interval=1.0)
+    rows = _unit_rows(60, dim=8, seed=5)
+    table = {f"p{i}": rows[i] for i in range(60)}
+    cache = SemanticCache(TableEmbedder(table), index=index, judge=lambda a, b: True, rng=random.Random(0))
+    for i in range(50):  # one scope per user; each entry expires in 5 s
+        scope = Scope("t", f"fn|user{i}")
+        decision, _ = cache.lookup(scope, f"p{i}", max_error=0.05)
+        cache.insert(scope, f"e{i}", f"p{i}", "answer", expires_at=fake_clock() + 5)
+        cache.feedback(f"e{i}", correct=False)
+    assert len(cache._entries) == len(index) == 50
+    fake_clock.advance(6)
+    # no search meets them: the next write frees them all, and the cache hears of it
+    cache.insert(Scope("t", "fn|late"), "late", "p59", "answer")
+    assert len(index) == 1 and index.scopes() == [Scope("t", "fn|late")]
+    assert len(index._entries) == 1 and len(index._index._indexes) == 1
+    assert list(cache._entries) == ["late"] and list(cache._exact.values()) == ["late"]
+    assert cache.evidence == {}
+    index.close()
+
+
+def test_redis_unregisters_a_scope_when_the_sweep_empties_it(redis_url, fake_clock) -> None:
+    import redis
+    from evocache.controller.semantic import SharedIndex
+
+    index = SharedIndex(redis_url, follow=False, clock=fake_clock, socket_timeout=1, connect_timeout=1)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        row = _unit_rows(1)
+        for i in range(40):
+            index.add(Scope("t", f"fn|user{i}"), [f"k{i}"], row, expires_at=[fake_clock() + 1])
+        index.add(Scope("u", "fn|kept"), ["kept"], row)  # no expiry
+        index.add(Scope("v", "fn|removed"), ["gone"], row)
+        index.remove(Scope("v", "fn|removed"), ["gone"])  # emptied by a removal: unregistered by the sweep
+        assert client.hlen("evc-sem:t:#scopes") == 40
+        fake_clock.advance(2)
+        assert index.sweep() == 40
+        assert client.hlen("evc-sem:t:#scopes") == 0 and client.hlen("evc-sem:v:#scopes") == 0
+        assert client.smembers("evc-sem:#ns") == {b"u"}
+        assert sorted(k.decode() for k in client.scan_iter("evc-sem:t:*")) == []
+        client.config_resetstat()
+        index.sweep()
+        assert client.info("commandstats")["cmdstat_evalsha"]["calls"] == 1  # the one scope that holds entries
+        # a scope that comes back registers again, and a new replica loads it
+        index.add(Scope("t", "fn|user3"), ["k3"], row)
+        other = SharedIndex(redis_url, follow=False, clock=fake_clock, socket_timeout=1, connect_timeout=1)
+        assert sorted(other.scopes()) == [Scope("t", "fn|user3"), Scope("u", "fn|kept")]
+        other.close()
+        index.follow_once(10)  # the sweep's messages: this replica forgets the expired entries too
+        assert len(index) == 2 and len(index._index._indexes) == 2 and len(index._entries) == 2
+    finally:
+        client.close()
+        index.close()

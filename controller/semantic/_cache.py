@@ -22,6 +22,7 @@ import itertools
 import operator
 import random
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -88,32 +89,56 @@ class _Entry(NamedTuple):
     answer_ref: Any
 
 
-class _UnionFind:
-    """Answer clusters: entries the judge found equal, transitively. Path halving, union by size."""
+class _Clusters:
+    """Answer clusters: entries the judge found equal, transitively. Only linked entries are held (an entry
+    never linked is its own cluster of one); the smaller cluster joins the larger on a link. An entry removed
+    leaves its cluster (which keeps its other members together) and is forgotten, so memory follows the live
+    entries."""
 
     def __init__(self) -> None:
-        self._parent: dict[str, str] = {}
-        self._size: dict[str, int] = {}
+        self._label: dict[str, str] = {}
+        self._members: dict[str, set[str]] = {}
+        self._labels = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._label)
 
     def find(self, x: str) -> str:
-        parent = self._parent
-        while (p := parent.get(x, x)) != x:
-            grand = parent.get(p, p)
-            parent[x] = grand
-            x = grand
-        return x
+        return self._label.get(x, x)
 
     def size(self, root: str) -> int:
-        return self._size.get(root, 1)
+        return len(self._members.get(root, ())) or 1
 
     def union(self, a: str, b: str) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra == rb:
+        la, lb = self._label.get(a), self._label.get(b)
+        if la is not None and la == lb or a == b:
             return
-        if self.size(ra) < self.size(rb):
-            ra, rb = rb, ra
-        self._parent[rb] = ra
-        self._size[ra] = self.size(ra) + self.size(rb)
+        if la is None and lb is None:
+            # A label no entry id can be (NUL first), so a cluster never shares a name with an unlinked entry.
+            label = f"\0{next(self._labels)}"
+            self._members[label] = {a, b}
+            self._label[a] = self._label[b] = label
+            return
+        if la is None or (lb is not None and len(self._members[la]) < len(self._members[lb])):
+            a, b, la, lb = b, a, lb, la
+        moving = {b} if lb is None else self._members.pop(lb)
+        self._members[la] |= moving
+        for x in moving:
+            self._label[x] = la
+
+    def ids(self) -> list[str]:
+        return list(self._label)
+
+    def discard(self, x: str) -> None:
+        label = self._label.pop(x, None)
+        if label is None:
+            return
+        members = self._members[label]
+        members.discard(x)
+        if len(members) < 2:  # one left: it is its own cluster again
+            del self._members[label]
+            for rest in members:
+                del self._label[rest]
 
 
 class SemanticCache:
@@ -165,7 +190,7 @@ class SemanticCache:
         self._lock = threading.RLock()
         self._entries: dict[str, _Entry] = {}
         self._exact: dict[tuple[Scope, str], str] = {}
-        self._clusters = _UnionFind()
+        self._clusters = _Clusters()
         self._evidence: dict[
             str, tuple[int, int]
         ] = {}  # entry -> (wrong, right) verdicts with it as candidate
@@ -179,6 +204,9 @@ class SemanticCache:
         self._vectors: OrderedDict[tuple[Scope, str], np.ndarray] = (
             OrderedDict()
         )  # embedded, not yet inserted
+        listen = getattr(self._index, "listen", None)
+        if listen is not None:  # an index that forgets entries by itself (expiry, other replicas) says so
+            listen(_weak_listener(self))
         self._counts = dict.fromkeys(
             (
                 "lookups",
@@ -267,8 +295,8 @@ class SemanticCache:
         the entry then leaves Redis and every replica's index when its answer's exact entry expires)."""
         check_scope(scope)
         _check_prompt(prompt)
-        if not isinstance(entry_id, str) or not entry_id:
-            raise ValueError(f"entry_id must be a non-empty str, got {entry_id!r}")
+        if not isinstance(entry_id, str) or not entry_id or entry_id[0] == "\0":
+            raise ValueError(f"entry_id must be a non-empty str not starting with NUL, got {entry_id!r}")
         with self._lock:
             held = self._entries.get(entry_id)
             if held is not None and held.scope != scope:
@@ -293,11 +321,45 @@ class SemanticCache:
             # Ids this cache never inserted (another replica's, found through a shared index) are removed from
             # the index too; only an id known to belong to another scope is left alone.
             ids = [e for e in entry_ids if e not in self._entries or self._entries[e].scope == scope]
-            for entry_id in ids:
-                entry = self._entries.pop(entry_id, None)
-                if entry is not None and self._exact.get((scope, entry.prompt)) == entry_id:
-                    del self._exact[(scope, entry.prompt)]
+            self._forget(scope, ids)
         self._index.remove(scope, ids)
+
+    def _forget(self, scope: Scope, ids: Sequence[str]) -> None:
+        """Drop what this cache keeps of entries that left ``scope`` (its entry, exact prompt, evidence and
+        cluster membership), so its state follows the live entries. Caller holds the lock."""
+        for entry_id in ids:
+            entry = self._entries.get(entry_id)
+            if entry is not None:
+                if entry.scope != scope:
+                    continue  # an id of another scope: not this removal's
+                del self._entries[entry_id]
+                if self._exact.get((scope, entry.prompt)) == entry_id:
+                    del self._exact[(scope, entry.prompt)]
+            self._evidence.pop(entry_id, None)
+            self._clusters.discard(entry_id)
+
+    def _changed(self, change: Any) -> None:
+        """A change the index made without this cache (an expiry, another replica's removal, a rebuild)."""
+        with self._lock:
+            if change.kind == "remove" and change.scope is not None:
+                self._forget(change.scope, change.ids)
+            elif change.kind == "reset":
+                # The index was reloaded: keep only the entries it still holds. What is known of ids this
+                # cache did not insert (evidence, links) is dropped with them: their scope is not known here.
+                gone = [(e.scope, i) for i, e in self._entries.items() if not self._holds(e.scope, i)]
+                for scope, entry_id in gone:
+                    self._forget(scope, [entry_id])
+                for entry_id in [i for i in self._evidence if i not in self._entries]:
+                    del self._evidence[entry_id]
+                for entry_id in [i for i in self._clusters.ids() if i not in self._entries]:
+                    self._clusters.discard(entry_id)
+
+    def _holds(self, scope: Scope, entry_id: str) -> bool:
+        try:
+            self._index.vector(scope, entry_id)
+        except KeyError:
+            return False
+        return True
 
     def judge_miss(self, scope: Scope, prompt: str, new_answer_ref: Any, decision: SemanticDecision) -> None:
         """After a miss (or an exploration) the model answered ``prompt``: the judge compares the answer with
@@ -400,6 +462,18 @@ class SemanticCache:
     def answer_ref(self, entry_id: str) -> Any:
         """The answer ref stored with ``entry_id``; ``KeyError`` if it is not held."""
         return self._entries[entry_id].answer_ref
+
+
+def _weak_listener(cache: SemanticCache) -> Callable[[Any], None]:
+    """``cache._changed`` without keeping the cache alive: an index may outlive the caches that use it."""
+    ref = weakref.ref(cache)
+
+    def changed(change: Any) -> None:
+        target = ref()
+        if target is not None:
+            target._changed(change)
+
+    return changed
 
 
 def _check_prompt(prompt: object) -> None:

@@ -208,9 +208,10 @@ class VectorIndex:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return False
-            if thread is not None:
+            # A rebuilder not started yet (its writer is between making and starting it) cannot be joined.
+            if thread is not None and thread.ident is not None:
                 thread.join(None if left is None else min(left, 0.1))
-            else:  # a rebuild inside another thread's call (background=False): it ends with that call
+            else:  # or a rebuild inside another thread's call (background=False): it ends with that call
                 time.sleep(0.001)
         return True
 
@@ -368,7 +369,8 @@ class VectorIndex:
 
 
 class SemanticIndex:
-    """``Scope -> VectorIndex``: each scope's index is created on its first add, with that add's dimension.
+    """``Scope -> VectorIndex``: each scope's index is created on its first add, with that add's dimension,
+    and dropped when a remove empties it.
 
     Searching a scope that holds nothing returns empty neighbour lists; removing from it is a no-op. The
     keyword arguments are passed to every ``VectorIndex``. Safe to share between threads.
@@ -383,19 +385,31 @@ class SemanticIndex:
     def add(self, scope: Scope, ids: Sequence[str], vecs: Any) -> None:
         check_scope(scope)
         arr = check_vectors(vecs, None)
-        index = self._indexes.get(scope)
-        if index is None:
+        while True:
+            index = self._indexes.get(scope)
+            if index is None:
+                with self._lock:
+                    index = self._indexes.get(scope)
+                    if index is None:
+                        index = self._indexes[scope] = VectorIndex(arr.shape[1], **self._options)
+            index.add(ids, arr)
+            # A remove that emptied the scope may have dropped this index meanwhile: add to its successor.
+            # (Checked under the lock remove drops under, so a drop decided before this add is seen here.)
             with self._lock:
-                index = self._indexes.get(scope)
-                if index is None:
-                    index = self._indexes[scope] = VectorIndex(arr.shape[1], **self._options)
-        index.add(ids, arr)
+                if self._indexes.get(scope) is index:
+                    return
 
     def remove(self, scope: Scope, ids: Sequence[str]) -> None:
+        """Remove ``ids`` from ``scope`` (unknown ids are ignored); a scope left empty is dropped, so the
+        number of indexes held follows the scopes that hold entries, not every scope ever used."""
         check_scope(scope)
         index = self._indexes.get(scope)
         if index is not None:
             index.remove(ids)
+            if not len(index):
+                with self._lock:
+                    if not len(index) and self._indexes.get(scope) is index:
+                        del self._indexes[scope]
 
     def search(self, scope: Scope, vecs: Any, k: int) -> list[list[Neighbour]]:
         check_scope(scope)
@@ -414,7 +428,7 @@ class SemanticIndex:
         return index.vector(entry_id)
 
     def index(self, scope: Scope) -> VectorIndex | None:
-        """The scope's ``VectorIndex``, or ``None`` before its first add."""
+        """The scope's ``VectorIndex``, or ``None`` before its first add (and after a remove emptied it)."""
         return self._indexes.get(scope)
 
     def scopes(self) -> list[Scope]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import heapq
 import json
 import logging
 import math
@@ -49,15 +50,26 @@ log = logging.getLogger("evocache.controller.semantic.shared")
 _HEADER = struct.Struct("<dI")  # expires_at (NaN: never), length of the metadata JSON
 _SWEEP_BATCH = 512
 
-# KEYS: entries hash, expiry zset, stream.  ARGV: now (ms), batch, ns, boundary, stream maxlen.
-# Removes the due entries of one scope and announces them in one message, atomically.
+# KEYS: entries hash, expiry zset, stream, the namespace's scopes hash, the namespaces set.
+# ARGV: now (ms), batch, ns, boundary, stream maxlen, boundary digest.
+# Removes the due entries of one scope and announces them in one message, and unregisters the scope when it
+# holds nothing (then the namespace when it has no scope left), atomically: an add (one MULTI that registers
+# and stores) lands either before (the scope is not empty) or after (it registers the scope again).
 _SWEEP = """
 local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
-if #due == 0 then return 0 end
-redis.call('HDEL', KEYS[1], unpack(due))
-redis.call('ZREM', KEYS[2], unpack(due))
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'op', 'del', 'ns', ARGV[3], 'bd', ARGV[4],
-           'ids', cjson.encode(due))
+if #due > 0 then
+  redis.call('HDEL', KEYS[1], unpack(due))
+  redis.call('ZREM', KEYS[2], unpack(due))
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'op', 'del', 'ns', ARGV[3], 'bd', ARGV[4],
+             'ids', cjson.encode(due))
+end
+if redis.call('HLEN', KEYS[1]) == 0 then
+  redis.call('DEL', KEYS[2])
+  redis.call('HDEL', KEYS[4], ARGV[6])
+  if redis.call('HLEN', KEYS[4]) == 0 then
+    redis.call('SREM', KEYS[5], ARGV[3])
+  end
+end
 return #due
 """
 
@@ -165,6 +177,8 @@ class SharedIndex:
         self._index_options = index_options
         self._index = SemanticIndex(**index_options)
         self._entries: dict[Scope, dict[str, SharedEntry]] = {}
+        self._due: list[tuple[float, Scope, str]] = []  # heap of (expiry, scope, id): the local expiry
+        self._next_expiry = 0.0
         self._lock = threading.RLock()  # local state: the index, the entries, the stream position
         self._listeners: list[Callable[[Change], None]] = []
         self._counts = dict.fromkeys(("errors", "corrupt", "applied", "rebuilds"), 0)
@@ -239,8 +253,10 @@ class SharedIndex:
             held = self._entries.setdefault(scope, {})
             for entry_id, meta, deadline in zip(ids, metas, deadlines, strict=True):
                 held[entry_id] = SharedEntry(dict(meta), deadline)
+            self._expiring(scope, ids, deadlines)
         if self._client is not None and ids:
             self._write(lambda pipe: self._queue_add(pipe, scope, ids, records, deadlines))
+        self._maybe_expire()
 
     def remove(self, scope: Scope, ids: Sequence[str]) -> None:
         """Remove entries here and in Redis (unknown ids are ignored)."""
@@ -253,6 +269,7 @@ class SharedIndex:
     def search(self, scope: Scope, vecs: Any, k: int) -> list[list[Neighbour]]:
         """``SemanticIndex.search`` over live entries: expired entries met on the way are forgotten and the
         search is run again, so each row still holds the ``k`` best live entries."""
+        self._maybe_expire()
         while True:
             rows = self._index.search(scope, vecs, k)
             now = self._clock()
@@ -268,6 +285,7 @@ class SharedIndex:
             if not expired:
                 return rows
             self._forget(scope, expired)
+            self._notify(Change("remove", scope, tuple(expired)))
 
     def get(self, scope: Scope, entry_id: str) -> SharedEntry | None:
         """The entry's metadata and expiry, or ``None`` if this replica does not hold it (or it expired)."""
@@ -341,17 +359,21 @@ class SharedIndex:
         return n
 
     def sweep(self) -> int:
-        """Remove entries whose expiry has passed from Redis (announced to every replica); how many."""
+        """Remove entries whose expiry has passed from Redis (announced to every replica); how many. A scope
+        left empty (expired or removed) is unregistered in the same step, so sweeps and rebuilds visit the
+        scopes that hold entries, not every scope ever used. Forgets this replica's expired entries too."""
+        self._expire_local()
         if self._reader is None:
             return 0
         now_ms = int(self._clock() * 1000)
         removed = 0
         try:
             for ns in sorted(m.decode() for m in self._reader.smembers(f"{self._prefix}:#ns")):
-                for digest, boundary in self._reader.hgetall(self._scopes_key(ns)).items():
+                scopes_key = self._scopes_key(ns)
+                for digest, boundary in self._reader.hgetall(scopes_key).items():
                     base = f"{self._prefix}:{ns}:{digest.decode()}"
-                    keys = [base + ":e", base + ":x", self._stream]
-                    args = [now_ms, _SWEEP_BATCH, ns, boundary, self._maxlen]
+                    keys = [base + ":e", base + ":x", self._stream, scopes_key, f"{self._prefix}:#ns"]
+                    args = [now_ms, _SWEEP_BATCH, ns, boundary, self._maxlen, digest]
                     removed += int(self._sweep_script(keys=keys, args=args))
         except self._redis_errors as exc:
             self._failed("sweep", exc)
@@ -430,9 +452,52 @@ class SharedIndex:
         with self._lock:
             self._index.remove(scope, ids)
             held = self._entries.get(scope)
-            if held:
+            if held is not None:
                 for entry_id in ids:
                     held.pop(entry_id, None)
+                if not held:
+                    del self._entries[scope]
+
+    def _expiring(self, scope: Scope, ids: Sequence[str], deadlines: Sequence[float | None]) -> None:
+        """Note deadlines for the local expiry (caller holds the lock); the heap is rebuilt from the entries
+        held once stale deadlines (replaced or removed entries) make up most of it."""
+        for entry_id, deadline in zip(ids, deadlines, strict=True):
+            if deadline is not None:
+                heapq.heappush(self._due, (deadline, scope, entry_id))
+        if len(self._due) > 2 * sum(map(len, self._entries.values())) + 1024:
+            self._reheap()
+
+    def _reheap(self) -> None:
+        """The expiry heap from the entries held (caller holds the lock)."""
+        self._due = [
+            (e.expires_at, scope, entry_id)
+            for scope, held in self._entries.items()
+            for entry_id, e in held.items()
+            if e.expires_at is not None
+        ]
+        heapq.heapify(self._due)
+
+    def _maybe_expire(self) -> None:
+        # No follower sweeps for this replica: its adds and searches do, every sweep_interval at most.
+        if self._thread is None and self._clock() >= self._next_expiry:
+            self._next_expiry = self._clock() + self._sweep_interval
+            self._expire_local()
+
+    def _expire_local(self) -> None:
+        """Forget the expired entries this replica holds (searches skip them anyway; this frees them, also
+        those no search meets, and tells the listeners)."""
+        now = self._clock()
+        expired: dict[Scope, list[str]] = {}
+        with self._lock:
+            while self._due and self._due[0][0] <= now:
+                deadline, scope, entry_id = heapq.heappop(self._due)
+                entry = self._entries.get(scope, {}).get(entry_id)
+                if entry is not None and entry.expires_at == deadline:
+                    expired.setdefault(scope, []).append(entry_id)
+            for scope, ids in expired.items():
+                self._forget(scope, ids)
+        for scope, ids in expired.items():
+            self._notify(Change("remove", scope, tuple(ids)))
 
     def _recover(self) -> None:
         """Go on from the last position if the server and stream are the same, else rebuild."""
@@ -468,6 +533,7 @@ class SharedIndex:
                     entries[scope] = held
         with self._lock:
             self._index, self._entries = index, entries
+            self._reheap()
             self._last_id, self._run_id, self._synced = last_id, run_id, True
         self._loaded.set()
         self._ok()
@@ -563,6 +629,7 @@ class SharedIndex:
                     if held.get(entry_id) != entry or not _same(self._index.vector(scope, entry_id), vec):
                         self._index.add(scope, [entry_id], vec[None, :])
                         held[entry_id] = entry
+                        self._expiring(scope, [entry_id], [deadline])
                 else:
                     self._forget(scope, list(change.ids))
             except (ValueError, TypeError) as exc:
