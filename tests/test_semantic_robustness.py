@@ -236,3 +236,71 @@ def test_redis_unregisters_a_scope_when_the_sweep_empties_it(redis_url, fake_clo
     finally:
         client.close()
         index.close()
+
+
+# -- F15: concurrent lookups of one prompt ---------------------------------------------------------------
+
+
+class _Toy:
+    name, dim = "toy", 2
+
+    def embed(self, texts):  # type: ignore[no-untyped-def]
+        return np.tile(np.array([[1.0, 0.0]], dtype=np.float32), (len(texts), 1))
+
+
+class _Scripted:
+    """A policy whose decisions are given: the first lookup explores, the others are plain misses."""
+
+    mode = "bounded"
+    threshold = 0.0
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.observed: list[tuple[bool, bool, float]] = []
+
+    def decide(self, neighbours, max_error, draw, clusters, scope=None):  # type: ignore[no-untyped-def]
+        from evocache.controller.semantic._decide import Candidate, SemanticDecision
+
+        self.calls += 1
+        explore = self.calls == 1
+        est = 0.05 if explore else 0.3
+        top = neighbours[0]
+        candidate = Candidate(top.entry_id, top.similarity, np.zeros(9))
+        return SemanticDecision(False, explore, top.entry_id, top.similarity, 0.1, est), candidate
+
+    def observe(self, candidate, wrong, est_error, *, explored):  # type: ignore[no-untyped-def]
+        self.observed.append((wrong, explored, est_error))
+
+
+def test_concurrent_lookups_of_one_prompt_are_judged_each_on_its_own() -> None:
+    policy = _Scripted()
+    cache = SemanticCache(_Toy(), policy=policy)
+    cache.insert(A, "e0", "stored prompt", "A")
+    first, _ = cache.lookup(A, "same prompt", max_error=0.02)  # explored
+    second, _ = cache.lookup(A, "same prompt", max_error=0.02)  # a plain miss, before the first is judged
+    assert (first.explore, second.explore) == (True, False)
+    assert first[:6] == (False, True, "e0", first.similarity, 0.1, 0.05)  # the agreed six fields, first
+    cache.judge_miss(A, "same prompt", "B", second)  # the second's model answered first
+    cache.judge_miss(A, "same prompt", "B", first)
+    assert policy.observed == [(True, False, 0.3), (True, True, 0.05)]
+    assert cache.stats().explored_wrong == 1
+    cache.judge_miss(A, "same prompt", "B", first)  # a verdict per lookup: judging it again does nothing
+    cache.judge_miss(B, "same prompt", "B", second)  # nor another scope's name for it
+    assert len(policy.observed) == 2 and cache.stats().judge_calls == 2
+    assert first.token != second.token
+
+
+def test_feedback_names_the_lookup_it_is_about() -> None:
+    stream, table = synthetic_stream(1, n=1500)
+    policy = _Recording()
+    cache = SemanticCache(TableEmbedder(table), policy=policy, rng=random.Random(1))
+    served = _served_replay(cache, stream)
+    entry = max({e for _, _, e in served}, key=[e for _, _, e in served].count)
+    mine = [d for _, d, e in served if e == entry]
+    assert len(mine) >= 2 and mine[0].est_error != mine[-1].est_error
+    before = len(policy.observed)
+    cache.feedback(entry, correct=False, decision=mine[0])  # the older lookup, not the latest
+    assert policy.observed[-1][2] == mine[0].est_error and len(policy.observed) == before + 1
+    cache.feedback(entry, correct=False, decision=mine[0])  # already observed: evidence and counts only
+    cache.feedback("e0", correct=False, decision=mine[1])  # a decision that did not serve that entry
+    assert len(policy.observed) == before + 1

@@ -18,6 +18,7 @@ An entry is only ever searched for, linked or served within its own ``Scope``.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import operator
 import random
@@ -69,6 +70,9 @@ class SemanticStats:
 
 
 class _Pending(NamedTuple):
+    """A lookup that was not served, awaiting the judge's verdict on its candidate (by the lookup's token)."""
+
+    scope: Scope
     candidate: Candidate | None
     est_error: float
     explored: bool
@@ -184,6 +188,8 @@ class SemanticCache:
         # answer ref of an entry id in a scope, or None when the caller cannot know it.
         self._answer_ref_of = answer_ref_of
         self._policy = policy
+        # A policy given by the caller may pace one budget for all scopes (its decide() takes no scope).
+        self._scoped = "scope" in inspect.signature(policy.decide).parameters
         self._k = k
         self._link_tries = link_tries
         self._rng = rng if rng is not None else random.Random()
@@ -194,7 +200,7 @@ class SemanticCache:
         self._evidence: dict[
             str, tuple[int, int]
         ] = {}  # entry -> (wrong, right) verdicts with it as candidate
-        self._pending: OrderedDict[tuple[Scope, str], _Pending] = OrderedDict()
+        self._pending: OrderedDict[int, _Pending] = OrderedDict()  # by the lookup's token
         # The last served hits by lookup (a token per lookup), so feedback can be an observation.
         self._served: OrderedDict[int, _Served] = OrderedDict()
         self._tokens = itertools.count(1)
@@ -269,19 +275,22 @@ class SemanticCache:
         neighbours = self._index.search(scope, vec, self._k)[0]
         with self._lock:
             _remember(self._vectors, (scope, prompt), vec[0])
-            decision, candidate = self._policy.decide(neighbours, max_error, self._rng.random(), self, scope=scope)
+            scoped = {"scope": scope} if self._scoped else {}
+            decision, candidate = self._policy.decide(neighbours, max_error, self._rng.random(), self, **scoped)
+            # Each lookup's own token: concurrent lookups of one prompt keep apart what each is judged on.
+            token = next(self._tokens)
+            decision = decision._replace(token=token)
             if decision.serve:
                 self._counts["served"] += 1
                 if candidate is not None:
-                    served = _Served(decision.neighbour, candidate, decision.est_error)
-                    _remember(self._served, next(self._tokens), served)
+                    _remember(self._served, token, _Served(decision.neighbour, candidate, decision.est_error))
                 return decision, decision.neighbour
             self._counts["explored"] += decision.explore
             if decision.neighbour is not None:
                 _remember(
                     self._pending,
-                    (scope, prompt),
-                    _Pending(candidate, decision.est_error, decision.explore, tuple(neighbours)),
+                    token,
+                    _Pending(scope, candidate, decision.est_error, decision.explore, tuple(neighbours)),
                 )
             return decision, None
 
@@ -367,14 +376,16 @@ class SemanticCache:
         sample) and, when equal, links the prompt's entry to the neighbour's answer cluster. Where the
         candidate's answer differs, up to ``link_tries`` other neighbouring clusters are judged for a link.
 
-        A decision without a neighbour, or one whose lookup is no longer remembered, does nothing. In static
+        The lookup is the one ``decision`` came from (its ``token``), so concurrent lookups of the same prompt
+        are each judged on their own candidate, once. A decision without a neighbour or token, one for another
+        scope, or one whose lookup is no longer remembered (or was judged already) does nothing. In static
         mode nothing is learnt, so nothing is judged. Judge exceptions propagate.
         """
         if decision.neighbour is None or self._policy.mode == "static":
             return
         with self._lock:
-            pending = self._pending.pop((scope, prompt), None)
-            if pending is None or pending.candidate is None:
+            pending = self._pending.pop(decision.token, None) if decision.token is not None else None
+            if pending is None or pending.candidate is None or pending.scope != scope:
                 return
             neighbour_ref = self._ref_of(scope, decision.neighbour)
         if neighbour_ref is None:
@@ -424,12 +435,12 @@ class SemanticCache:
                 return n.entry_id
         return None
 
-    def feedback(self, entry_id: str, correct: bool) -> None:
+    def feedback(self, entry_id: str, correct: bool, *, decision: SemanticDecision | None = None) -> None:
         """A verdict on a served answer of ``entry_id`` (from a user or an evaluator). It counts in the realised
         error and in that entry's own evidence (a feature of its later lookups). When the lookup that served it
-        is still remembered (the last few thousand served hits; the latest one served from ``entry_id`` that
-        has no verdict yet), the verdict is also an observation for the error model, with the features that
-        decided it. It never enters the calibration: served hits with feedback are not a uniform sample (users
+        is still remembered (the last few thousand served hits: ``decision``'s lookup when given, else the
+        latest one served from ``entry_id`` that has no verdict yet), the verdict is also an observation for
+        the error model, with the features that decided it. It never enters the calibration: served hits with feedback are not a uniform sample (users
         report what they choose to), the explorations are. Unknown entries are ignored (with ``answer_ref_of``
         every id counts: it may be another replica's)."""
         with self._lock:
@@ -439,8 +450,11 @@ class SemanticCache:
             self._counts["feedback_wrong"] += not correct
             wrong, right = self._evidence.get(entry_id, (0, 0))
             self._evidence[entry_id] = (wrong + (not correct), right + bool(correct))
-            token = next((t for t in reversed(self._served) if self._served[t].entry_id == entry_id), None)
-            if token is None:
+            if decision is not None and decision.token is not None:
+                token = decision.token if decision.token in self._served else None
+            else:
+                token = next((t for t in reversed(self._served) if self._served[t].entry_id == entry_id), None)
+            if token is None or self._served[token].entry_id != entry_id:
                 return
             served = self._served.pop(token)
             self._counts["observations"] += 1

@@ -53,6 +53,8 @@ class SemanticDecision(NamedTuple):
     decision compared against: the cut-off on ``est_error`` in bounded mode, the similarity threshold in static
     mode. ``est_error``: the estimated probability that the candidate's answer is wrong for this prompt (1.0
     before the model has learnt anything; 0.0 for an exact match; NaN in static mode, which estimates nothing).
+    ``token``: which lookup this was, for ``SemanticCache.judge_miss``/``feedback`` to find what it remembers
+    of it (None for an exact match and for decisions a policy makes before the cache numbers them).
     """
 
     serve: bool
@@ -61,6 +63,7 @@ class SemanticDecision(NamedTuple):
     similarity: float
     threshold: float
     est_error: float
+    token: int | None = None
 
 
 # --- the neighbourhood ------------------------------------------------------------------------------------
