@@ -304,3 +304,18 @@ def test_feedback_names_the_lookup_it_is_about() -> None:
     cache.feedback(entry, correct=False, decision=mine[0])  # already observed: evidence and counts only
     cache.feedback("e0", correct=False, decision=mine[1])  # a decision that did not serve that entry
     assert len(policy.observed) == before + 1
+
+
+def test_a_neighbour_removed_before_its_verdict_keeps_no_evidence_or_link() -> None:
+    policy = _Scripted()
+    # answer_ref_of: any id may be another replica's, so the judge still reads the removed neighbour's answer
+    cache = SemanticCache(_Toy(), policy=policy, answer_ref_of=lambda scope, entry_id: "A")
+    cache.insert(A, "e0", "stored prompt", "A")
+    decision, _ = cache.lookup(A, "new prompt", max_error=0.02)
+    cache.remove(A, ["e0"])
+    cache.insert(A, "e1", "new prompt", "A")
+    cache.judge_miss(A, "new prompt", "A", decision)  # same answer: would link e1 to the removed e0
+    assert len(policy.observed) == 1  # the verdict is still an observation of the model
+    assert cache.evidence == {} and len(cache._clusters) == 0
+    cache.feedback("e0", correct=False)  # counted, but nothing is kept of an entry no longer held
+    assert cache.evidence == {} and cache.stats().feedback == 1

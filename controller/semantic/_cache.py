@@ -82,6 +82,7 @@ class _Pending(NamedTuple):
 class _Served(NamedTuple):
     """A served (non-exact) hit, remembered so that feedback on it is an observation for the error model."""
 
+    scope: Scope
     entry_id: str
     candidate: Candidate
     est_error: float
@@ -283,7 +284,7 @@ class SemanticCache:
             if decision.serve:
                 self._counts["served"] += 1
                 if candidate is not None:
-                    _remember(self._served, token, _Served(decision.neighbour, candidate, decision.est_error))
+                    _remember(self._served, token, _Served(scope, decision.neighbour, candidate, decision.est_error))
                 return decision, decision.neighbour
             self._counts["explored"] += decision.explore
             if decision.neighbour is not None:
@@ -363,6 +364,11 @@ class SemanticCache:
                 for entry_id in [i for i in self._clusters.ids() if i not in self._entries]:
                     self._clusters.discard(entry_id)
 
+    def _held(self, scope: Scope, entry_id: str) -> bool:
+        """``entry_id`` is a live entry of ``scope``: this cache's, or (through a shared index) another's."""
+        entry = self._entries.get(entry_id)
+        return entry.scope == scope if entry is not None else self._holds(scope, entry_id)
+
     def _holds(self, scope: Scope, entry_id: str) -> bool:
         try:
             self._index.vector(scope, entry_id)
@@ -397,10 +403,12 @@ class SemanticCache:
             self._counts["observations"] += 1
             if pending.explored:
                 self._counts["explored_wrong"] += not same
-            wrong, right = self._evidence.get(decision.neighbour, (0, 0))
-            self._evidence[decision.neighbour] = (wrong + (not same), right + same)
+            # What is kept of an entry is kept while it is held: one removed meanwhile gets no evidence or link.
+            if self._held(scope, decision.neighbour):
+                wrong, right = self._evidence.get(decision.neighbour, (0, 0))
+                self._evidence[decision.neighbour] = (wrong + (not same), right + same)
             self._policy.observe(pending.candidate, not same, pending.est_error, explored=pending.explored)
-            if link is not None:
+            if link is not None and self._held(scope, link):
                 new_id = self._exact.get((scope, prompt))
                 if new_id is not None:
                     self._clusters.union(new_id, link)
@@ -440,25 +448,26 @@ class SemanticCache:
         error and in that entry's own evidence (a feature of its later lookups). When the lookup that served it
         is still remembered (the last few thousand served hits: ``decision``'s lookup when given, else the
         latest one served from ``entry_id`` that has no verdict yet), the verdict is also an observation for
-        the error model, with the features that decided it. It never enters the calibration: served hits with feedback are not a uniform sample (users
-        report what they choose to), the explorations are. Unknown entries are ignored (with ``answer_ref_of``
-        every id counts: it may be another replica's)."""
+        the error model, with the features that decided it. It never enters the calibration: served hits with
+        feedback are not a uniform sample (users report what they choose to), the explorations are. Unknown
+        entries are ignored (with ``answer_ref_of`` every id counts: it may be another replica's); evidence is
+        kept only for an entry still held, so what is known of entries follows the live ones."""
         with self._lock:
             if entry_id not in self._entries and self._answer_ref_of is None:
                 return
             self._counts["feedback"] += 1
             self._counts["feedback_wrong"] += not correct
-            wrong, right = self._evidence.get(entry_id, (0, 0))
-            self._evidence[entry_id] = (wrong + (not correct), right + bool(correct))
             if decision is not None and decision.token is not None:
                 token = decision.token if decision.token in self._served else None
             else:
                 token = next((t for t in reversed(self._served) if self._served[t].entry_id == entry_id), None)
-            if token is None or self._served[token].entry_id != entry_id:
-                return
-            served = self._served.pop(token)
-            self._counts["observations"] += 1
-            self._policy.observe(served.candidate, not correct, served.est_error, explored=False)
+            served = None if token is None or self._served[token].entry_id != entry_id else self._served.pop(token)
+            if entry_id in self._entries or (served is not None and self._holds(served.scope, entry_id)):
+                wrong, right = self._evidence.get(entry_id, (0, 0))
+                self._evidence[entry_id] = (wrong + (not correct), right + bool(correct))
+            if served is not None:
+                self._counts["observations"] += 1
+                self._policy.observe(served.candidate, not correct, served.est_error, explored=False)
 
     def stats(self, scope: Scope | None = None) -> SemanticStats:
         """The counters (over all scopes); ``cutoff`` is ``scope``'s (each scope paces its own budget; by
