@@ -3,6 +3,7 @@ concurrent identical prompts (the review's F5, F7, F11, F15)."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -319,3 +320,25 @@ def test_a_neighbour_removed_before_its_verdict_keeps_no_evidence_or_link() -> N
     assert cache.evidence == {} and len(cache._clusters) == 0
     cache.feedback("e0", correct=False)  # counted, but nothing is kept of an entry no longer held
     assert cache.evidence == {} and cache.stats().feedback == 1
+
+
+def test_a_scope_re_estimates_its_last_window_of_lookups_after_a_refit() -> None:
+    from evocache.controller.semantic._decide import ErrorModel
+
+    model = ErrorModel(min_each=1)
+    policy = BoundedPolicy(model=model, pacer_options={"window": 4, "every": 1})
+    pace = policy._pace(A)
+    rng = np.random.default_rng(0)
+    feats = [rng.normal(size=9) for _ in range(4)]
+    pace.append(feats[0])
+    pace.append(None)
+    pace.append(None, exact=True)
+    pace.append(feats[1])
+    pace.append(feats[2])  # the window is 4: the first lookup has left it
+    for i in range(20):
+        model.observe(rng.normal(size=9), wrong=i % 2 == 0)
+    assert model.fits >= 1 and pace.fit != model.fits
+    policy._pace(A)  # the next lookup of the scope re-estimates what it remembers
+    assert pace.fit == model.fits
+    expected = [math.inf, 0.0, *model.predict(np.asarray(feats[1:3])).tolist()]
+    assert pace.pacer._recent[: pace.pacer._n].tolist() == expected

@@ -283,7 +283,11 @@ class Pacer:
         self.safety = safety
         self.confidence = confidence
         self.every = every
-        self._recent: deque[float] = deque(maxlen=window)
+        import numpy as np
+
+        # The estimates of the last ``window`` lookups, a ring (order does not matter: they are sorted).
+        self._recent = np.empty(window)
+        self._n = self._pos = 0
         self._since = 0
         self._cutoff = 0.0
         self.lookups = 0
@@ -315,7 +319,9 @@ class Pacer:
 
     def record(self, est_error: float, served: bool) -> None:
         """One lookup: its candidate's estimated error (``inf`` if none) and whether it was served."""
-        self._recent.append(est_error)
+        self._recent[self._pos] = est_error
+        self._pos = (self._pos + 1) % self.window
+        self._n = min(self._n + 1, self.window)
         self.lookups += 1
         self._since += 1
         if served:
@@ -327,14 +333,18 @@ class Pacer:
 
     def replace_recent(self, estimates: Sequence[float]) -> None:
         """Re-estimate the remembered lookups (after the model was refitted)."""
-        self._recent = deque(estimates, maxlen=self.window)
+        import numpy as np
+
+        kept = np.asarray(estimates, dtype=float)[-self.window :]
+        self._recent[: len(kept)] = kept
+        self._n, self._pos = len(kept), len(kept) % self.window
         self._since = self.every
 
     def _recompute(self, max_error: float) -> None:
         import numpy as np
 
         self._since = 0
-        n = len(self._recent)
+        n = self._n
         if n == 0:
             return
         budget = self.safety * max_error
@@ -345,7 +355,7 @@ class Pacer:
         calibration = self._calibration.value
         balance = (budget * self.lookups - self.spent * calibration) / self.window
         target = budget + min(balance, budget / 2)
-        p = np.sort(np.fromiter(self._recent, float, n))
+        p = np.sort(self._recent[:n])
         p = p[np.isfinite(p)]
         if target <= 0 or p.size == 0:
             self._cutoff = 0.0
@@ -398,20 +408,43 @@ class AnswerClusters(Protocol):
     def cluster_size(self, root: str) -> int: ...
 
 
-_EXACT = "exact"
+_NONE, _EXACT, _CANDIDATE = 0, 1, 2  # what a remembered lookup had: no candidate, an exact hit, a candidate
 _SCOPES = 10_000  # pacers kept (one per scope, least recently used dropped): memory stays bounded
 
 
 class _Pace:
-    """One scope's pacer and the features of its last lookups (None: no candidate; _EXACT: an exact hit),
-    re-estimated when the shared error model has been refitted since (``fit``: the model's fit count then)."""
+    """One scope's pacer and the features of its last lookups, re-estimated when the shared error model has
+    been refitted since (``fit``: the model's fit count then). The features are kept in a ring of rows
+    (``kinds``: 0 no candidate, 1 an exact hit, 2 a candidate whose features are the row), about 80 KB per
+    scope at the default window, so many scopes stay affordable."""
 
-    __slots__ = ("fit", "pacer", "recent")
+    __slots__ = ("fit", "kinds", "n", "pacer", "pos", "rows")
 
     def __init__(self, pacer: Pacer, fit: int) -> None:
+        import numpy as np
+
         self.pacer = pacer
-        self.recent: deque[np.ndarray | str | None] = deque(maxlen=pacer.window)
         self.fit = fit
+        self.kinds = np.zeros(pacer.window, dtype=np.int8)
+        self.rows: np.ndarray | None = None  # (window, features), made at the first candidate
+        self.n = self.pos = 0
+
+    def append(self, features: np.ndarray | None, *, exact: bool = False) -> None:
+        import numpy as np
+
+        if features is not None:
+            if self.rows is None:
+                self.rows = np.empty((len(self.kinds), len(features)))
+            self.rows[self.pos] = features
+        self.kinds[self.pos] = _CANDIDATE if features is not None else _EXACT if exact else _NONE
+        self.pos = (self.pos + 1) % len(self.kinds)
+        self.n = min(self.n + 1, len(self.kinds))
+
+    def order(self) -> np.ndarray:
+        """Positions of the remembered lookups, oldest first."""
+        import numpy as np
+
+        return (self.pos - self.n + np.arange(self.n)) % len(self.kinds)
 
 
 class BoundedPolicy:
@@ -448,7 +481,7 @@ class BoundedPolicy:
             raise ValueError(f"max_scopes must be positive, got {max_scopes!r}")
         self.explore = explore
         self.k = k
-        self.model = model or ErrorModel()
+        self.model = model if model is not None else ErrorModel()  # an empty one is falsy (len 0)
         self._pacer_options = dict(pacer_options or {})
         self.calibration = Calibration(
             prior=self._pacer_options.get("prior", 2.0), confidence=self._pacer_options.get("confidence", 0.85)
@@ -503,7 +536,7 @@ class BoundedPolicy:
         pacer = pace.pacer
         cutoff = pacer.cutoff(max_error)
         candidate = neighbourhood(neighbours, clusters.cluster_of, clusters.cluster_size, clusters.evidence)
-        pace.recent.append(None if candidate is None else candidate.features)
+        pace.append(None if candidate is None else candidate.features)
         if candidate is None:
             pacer.record(math.inf, False)
             return SemanticDecision(False, False, None, 0.0, cutoff, 1.0), None
@@ -523,7 +556,7 @@ class BoundedPolicy:
     def exact(self, scope: Hashable = None) -> None:
         """An exact hit in ``scope``: a lookup that costs no error (it still counts in the per-lookup rate)."""
         pace = self._pace(scope)
-        pace.recent.append(_EXACT)
+        pace.append(None, exact=True)
         pace.pacer.record(0.0, True)
 
     def observe(self, candidate: Candidate, wrong: bool, est_error: float, *, explored: bool) -> None:
@@ -543,11 +576,14 @@ class BoundedPolicy:
         """Re-estimate a scope's remembered lookups with the refitted model."""
         import numpy as np
 
-        rows = [f for f in pace.recent if f is not None and f is not _EXACT]
-        fresh = iter(self.model.predict(np.asarray(rows)).tolist() if rows else ())
-        pace.pacer.replace_recent(
-            [math.inf if f is None else 0.0 if f is _EXACT else next(fresh) for f in pace.recent]
-        )
+        at = pace.order()
+        kinds = pace.kinds[at]
+        estimates = np.where(kinds == _NONE, math.inf, 0.0)
+        candidates = kinds == _CANDIDATE
+        if candidates.any():
+            assert pace.rows is not None
+            estimates[candidates] = self.model.predict(pace.rows[at[candidates]])
+        pace.pacer.replace_recent(estimates)
         pace.fit = self.model.fits
 
 
