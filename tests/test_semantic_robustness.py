@@ -226,7 +226,7 @@ def test_redis_unregisters_a_scope_when_the_sweep_empties_it(redis_url, fake_clo
         assert sorted(k.decode() for k in client.scan_iter("evc-sem:t:*")) == []
         client.config_resetstat()
         index.sweep()
-        assert client.info("commandstats")["cmdstat_evalsha"]["calls"] == 1  # the one scope that holds entries
+        assert "cmdstat_evalsha" not in client.info("commandstats")  # nothing is due: no scope is visited
         # a scope that comes back registers again, and a new replica loads it
         index.add(Scope("t", "fn|user3"), ["k3"], row)
         other = SharedIndex(redis_url, follow=False, clock=fake_clock, socket_timeout=1, connect_timeout=1)
@@ -342,3 +342,43 @@ def test_a_scope_re_estimates_its_last_window_of_lookups_after_a_refit() -> None
     assert pace.fit == model.fits
     expected = [math.inf, 0.0, *model.predict(np.asarray(feats[1:3])).tolist()]
     assert pace.pacer._recent[: pace.pacer._n].tolist() == expected
+
+
+def test_the_sweep_visits_only_scopes_with_an_expiry_due(redis_url, fake_clock) -> None:
+    import redis
+    from evocache.controller.semantic import SharedIndex
+    from evocache.controller.semantic._shared import boundary_digest
+
+    index = SharedIndex(redis_url, follow=False, clock=fake_clock, socket_timeout=1, connect_timeout=1)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        row = _unit_rows(1)
+        t0 = fake_clock()
+        for i in range(30):  # not due for a long time
+            index.add(Scope("t", f"fn|later{i}"), [f"l{i}"], row, expires_at=[t0 + 100])
+        scope = Scope("t", "fn|two")
+        index.add(scope, ["soon"], row, expires_at=[t0 + 1])
+        index.add(scope, ["then"], row, expires_at=[t0 + 5])
+        member = f"t:{boundary_digest(scope.boundary)}"
+        assert client.zscore("evc-sem:#due", member) == int((t0 + 1) * 1000)
+        fake_clock.advance(2)
+        client.config_resetstat()
+        assert index.sweep() == 1
+        assert client.info("commandstats")["cmdstat_evalsha"]["calls"] == 1  # one scope was due, not 31
+        assert client.zscore("evc-sem:#due", member) == int((t0 + 5) * 1000)  # its next expiry
+        fake_clock.advance(4)
+        assert index.sweep() == 1
+        assert client.zscore("evc-sem:#due", member) is None
+        assert client.hexists("evc-sem:t:#scopes", boundary_digest(scope.boundary)) is False
+        assert client.hlen("evc-sem:t:#scopes") == 30
+        # a scope registered by a writer that kept no due time (an older version) is still swept: a replica's
+        # load marks every registered scope for one check
+        client.zrem("evc-sem:#due", f"t:{boundary_digest('fn|later0')}")
+        fake_clock.advance(100)
+        other = SharedIndex(redis_url, follow=False, clock=fake_clock, socket_timeout=1, connect_timeout=1)
+        assert other.sweep() == 30
+        assert client.hlen("evc-sem:t:#scopes") == 0 and client.zcard("evc-sem:#due") == 0
+        other.close()
+    finally:
+        client.close()
+        index.close()

@@ -7,6 +7,7 @@ is found by all, and a removal or an expiry anywhere takes the entry out everywh
 Layout under ``prefix`` (``p``), for a namespace ``ns`` and a boundary whose SHA-256 hex digest is ``b``::
 
     p:#ns           SET    namespaces that hold semantic entries
+    p:#due          ZSET   "ns:b" -> when the scope's earliest expiry is due (ms); 0: check it for emptiness
     p:ns:#scopes    HASH   b -> the boundary itself (checked against its digest when loaded)
     p:ns:b:e        HASH   entry id -> record (expiry, metadata JSON, float32 vector; see ``encode_record``)
     p:ns:b:x        ZSET   entry id -> expiry deadline (ms) of entries stored with one
@@ -48,24 +49,35 @@ __all__ = ["Change", "SharedEntry", "SharedIndex", "SharedStats"]
 log = logging.getLogger("evocache.controller.semantic.shared")
 
 _HEADER = struct.Struct("<dI")  # expires_at (NaN: never), length of the metadata JSON
-_SWEEP_BATCH = 512
+_SWEEP_BATCH = 512  # entries per scope per sweep step
+_SWEEP_SCOPES = 10_000  # scopes per sweep; the rest are due still and come next time
 
-# KEYS: entries hash, expiry zset, stream, the namespace's scopes hash, the namespaces set.
-# ARGV: now (ms), batch, ns, boundary, stream maxlen, boundary digest.
-# Removes the due entries of one scope and announces them in one message, and unregisters the scope when it
-# holds nothing (then the namespace when it has no scope left), atomically: an add (one MULTI that registers
-# and stores) lands either before (the scope is not empty) or after (it registers the scope again).
+# KEYS: entries hash, expiry zset, stream, the namespace's scopes hash, the namespaces set, the due zset.
+# ARGV: now (ms), batch, ns, boundary digest, stream maxlen, the scope's member in the due zset.
+# Removes the due entries of one scope and announces them in one message; moves the scope's due time to its
+# next expiry (or takes it off the due zset when none is left); unregisters the scope when it holds nothing
+# (then the namespace when it has no scope left). All atomically: an add (one MULTI that registers, stores
+# and sets the due time) lands either before (the scope is not empty) or after (it registers it again).
 _SWEEP = """
+local boundary = redis.call('HGET', KEYS[4], ARGV[4])
 local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
 if #due > 0 then
   redis.call('HDEL', KEYS[1], unpack(due))
   redis.call('ZREM', KEYS[2], unpack(due))
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'op', 'del', 'ns', ARGV[3], 'bd', ARGV[4],
-             'ids', cjson.encode(due))
+  if boundary then
+    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'op', 'del', 'ns', ARGV[3], 'bd', boundary,
+               'ids', cjson.encode(due))
+  end
+end
+local next = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+if next[2] then
+  redis.call('ZADD', KEYS[6], next[2], ARGV[6])
+else
+  redis.call('ZREM', KEYS[6], ARGV[6])
 end
 if redis.call('HLEN', KEYS[1]) == 0 then
   redis.call('DEL', KEYS[2])
-  redis.call('HDEL', KEYS[4], ARGV[6])
+  redis.call('HDEL', KEYS[4], ARGV[4])
   if redis.call('HLEN', KEYS[4]) == 0 then
     redis.call('SREM', KEYS[5], ARGV[3])
   end
@@ -368,13 +380,14 @@ class SharedIndex:
         now_ms = int(self._clock() * 1000)
         removed = 0
         try:
-            for ns in sorted(m.decode() for m in self._reader.smembers(f"{self._prefix}:#ns")):
-                scopes_key = self._scopes_key(ns)
-                for digest, boundary in self._reader.hgetall(scopes_key).items():
-                    base = f"{self._prefix}:{ns}:{digest.decode()}"
-                    keys = [base + ":e", base + ":x", self._stream, scopes_key, f"{self._prefix}:#ns"]
-                    args = [now_ms, _SWEEP_BATCH, ns, boundary, self._maxlen, digest]
-                    removed += int(self._sweep_script(keys=keys, args=args))
+            # Only the scopes whose earliest expiry has passed (or that a removal may have emptied).
+            due = self._reader.zrangebyscore(self._due_key, "-inf", now_ms, start=0, num=_SWEEP_SCOPES)
+            for member in due:
+                ns, digest = member.decode()[:-65], member.decode()[-64:]
+                base = f"{self._prefix}:{ns}:{digest}"
+                keys = [base + ":e", base + ":x", self._stream, self._scopes_key(ns), self._ns_key, self._due_key]
+                args = [now_ms, _SWEEP_BATCH, ns, digest, self._maxlen, member]
+                removed += int(self._sweep_script(keys=keys, args=args))
         except self._redis_errors as exc:
             self._failed("sweep", exc)
         return removed
@@ -384,6 +397,17 @@ class SharedIndex:
     @property
     def _stream(self) -> str:
         return f"{self._prefix}:#stream"
+
+    @property
+    def _due_key(self) -> str:
+        return f"{self._prefix}:#due"
+
+    @property
+    def _ns_key(self) -> str:
+        return f"{self._prefix}:#ns"
+
+    def _due_member(self, scope: Scope) -> str:
+        return f"{scope.namespace}:{boundary_digest(scope.boundary)}"
 
     def _scopes_key(self, ns: str) -> str:
         return f"{self._prefix}:{ns}:#scopes"
@@ -402,6 +426,7 @@ class SharedIndex:
         untimed = [i for i, d in zip(ids, deadlines, strict=True) if d is None]
         if timed:
             pipe.zadd(base + ":x", timed)
+            pipe.zadd(self._due_key, {self._due_member(scope): min(timed.values())}, lt=True)
         if untimed:
             pipe.zrem(base + ":x", *untimed)
         for entry_id, record in zip(ids, records, strict=True):
@@ -412,6 +437,7 @@ class SharedIndex:
         base = self._scope_base(scope)
         pipe.hdel(base + ":e", *ids)
         pipe.zrem(base + ":x", *ids)
+        pipe.zadd(self._due_key, {self._due_member(scope): 0}, lt=True)  # the next sweep: is it empty now?
         fields = {"op": "del", "ns": scope.namespace, "bd": scope.boundary, "ids": json.dumps(ids)}
         pipe.xadd(self._stream, fields, maxlen=self._maxlen, approximate=True)
 
@@ -521,8 +547,10 @@ class SharedIndex:
         index = SemanticIndex(**self._index_options)
         entries: dict[Scope, dict[str, SharedEntry]] = {}
         now = self._clock()
+        registered: dict[str, int] = {}
         for ns in sorted(m.decode() for m in reader.smembers(f"{self._prefix}:#ns")):
             for digest, boundary in reader.hgetall(self._scopes_key(ns)).items():
+                registered[f"{ns}:{digest.decode()}"] = 0
                 scope = self._loaded_scope(ns, digest.decode(), boundary.decode())
                 if scope is None:
                     continue
@@ -531,6 +559,10 @@ class SharedIndex:
                     ids, vecs, held = loaded
                     index.add(scope, ids, vecs)
                     entries[scope] = held
+        if registered:
+            # Every registered scope is checked by the next sweep once (which then keeps its due time exact):
+            # scopes written before the due zset existed are swept too, and an emptied one is unregistered.
+            reader.zadd(self._due_key, registered, lt=True)
         with self._lock:
             self._index, self._entries = index, entries
             self._reheap()
