@@ -190,8 +190,8 @@ class CachedFunction:
         self._epoch_floor = 0
         self._invalidated: dict[tuple[Namespace, CacheKey], int] = {}
         self._epoch_lock = threading.Lock()
-        # (ns, key) of a call -> (semantic cache, neighbour id) that served it last: for feedback().
-        self._served: collections.OrderedDict[tuple[Namespace, CacheKey], tuple[Any, str]] = (
+        # (ns, key) of a call -> (semantic cache, neighbour id, decision) that served it last: for feedback().
+        self._served: collections.OrderedDict[tuple[Namespace, CacheKey], tuple[Any, str, Any]] = (
             collections.OrderedDict()
         )
         self._served_lock = threading.Lock()
@@ -373,7 +373,7 @@ class CachedFunction:
                     rt.store.delete(plan.ns, [CacheKey(entry_id)])
             if value is not _GONE:
                 with self._served_lock:
-                    self._served[plan.slot] = (cache, entry_id)
+                    self._served[plan.slot] = (cache, entry_id, decision)
                     self._served.move_to_end(plan.slot)
                     if len(self._served) > _SERVED_MAX:
                         self._served.popitem(last=False)
@@ -678,8 +678,8 @@ class CachedFunction:
             served = self._served.pop(plan.slot, None)
         if served is None:
             return False
-        cache, entry_id = served
-        cache.feedback(entry_id, bool(correct))
+        cache, entry_id, decision = served
+        cache.feedback(entry_id, bool(correct), decision=decision)  # the verdict is on that very lookup
         return True
 
     def refresh(self, *args: Any, **kwargs: Any) -> Any:

@@ -261,11 +261,13 @@ def test_feedback_on_a_semantic_hit_reaches_the_served_entry(srt):
     answer(ASK)
     assert answer.feedback(ASK, correct=True) is False  # a miss, then stored: no semantic hit to judge
     answer(PARAPHRASE)
+    cache = next(iter(srt.semantic._caches.values()))
+    observed = cache.stats().observations
     assert answer.feedback(PARAPHRASE, correct=False) is True
     assert answer.feedback(PARAPHRASE, correct=False) is False  # one verdict per served hit
-    cache = next(iter(srt.semantic._caches.values()))
     stats = cache.stats()
     assert (stats.feedback, stats.feedback_wrong) == (1, 1)
+    assert stats.observations == observed + 1  # the verdict on that lookup, with the features that decided it
     served = [e for e in srt.events.events() if e.outcome == "hit"][0].semantic["neighbour"]
     assert cache.evidence[served] == (1, 0)
 
