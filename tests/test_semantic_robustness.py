@@ -382,3 +382,28 @@ def test_the_sweep_visits_only_scopes_with_an_expiry_due(redis_url, fake_clock) 
     finally:
         client.close()
         index.close()
+
+
+def test_a_new_scope_can_serve_from_its_first_lookups() -> None:
+    from evocache.controller.semantic._decide import Pacer
+
+    pacer = Pacer(every=25, safety=1.0)
+    pacer.record(0.004, served=False)
+    pacer.record(math.inf, served=False)
+    # young: the cut-off follows each lookup (2 lookups, estimates 0.004 and none: 0.002 per lookup <= 0.02)
+    assert pacer.cutoff(0.02) == 0.004
+
+    # through the cache: the error model learnt in scope A serves a new scope's near-duplicates at once
+    stream, table = synthetic_stream(2, n=1500)
+    table = dict(table)
+    cache = SemanticCache(TableEmbedder(table), rng=random.Random(2))
+    _served_replay(cache, stream)
+    fresh = Scope("tenant-c", "fn")
+    prompt, group = stream[0]
+    cache.insert(fresh, "c0", prompt, group)
+    table["again"] = table["again2"] = table[prompt]  # same vector, other text: similarity 1, not exact
+    first, _ = cache.lookup(fresh, "again", max_error=0.05)
+    assert first.threshold == 0.0  # nothing is known of the scope's lookups yet: nothing to pace
+    decision, entry = cache.lookup(fresh, "again2", max_error=0.05)
+    assert cache._policy.pacer_of(fresh).lookups == 2
+    assert (decision.serve, entry) == (True, "c0")

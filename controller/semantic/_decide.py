@@ -314,6 +314,11 @@ class Pacer:
 
     def cutoff(self, max_error: float) -> float:
         if self._since >= self.every:
+            self._since = 0
+            self._recompute(max_error)
+        elif self.lookups < self.every:
+            # A young pacer (a scope's first lookups) follows each one: a scope with little traffic would
+            # otherwise serve nothing until its first scheduled cut-off. The schedule itself is unchanged.
             self._recompute(max_error)
         return self._cutoff
 
@@ -343,7 +348,6 @@ class Pacer:
     def _recompute(self, max_error: float) -> None:
         import numpy as np
 
-        self._since = 0
         n = self._n
         if n == 0:
             return
