@@ -413,7 +413,7 @@ class AnswerClusters(Protocol):
 
 
 _NONE, _EXACT, _CANDIDATE = 0, 1, 2  # what a remembered lookup had: no candidate, an exact hit, a candidate
-_SCOPES = 10_000  # pacers kept (one per scope, least recently used dropped): memory stays bounded
+_SCOPES = 1024  # pacers kept (LRU): about 112 KB each with a full window, so about 115 MB at most
 
 
 class _Pace:
