@@ -201,6 +201,30 @@ def test_inner_failure_reaches_every_caller_of_the_batch(model):
     assert all(isinstance(r, EmbeddingError) and "endpoint down" in str(r) for r in results)
 
 
+def test_one_callers_bad_text_fails_only_that_caller(model):
+    """An embedder that refuses a text (an endpoint rejecting an empty or overlong input) fails the whole inner
+    call; the batcher then embeds each request alone, so the other callers of the batch still get vectors."""
+
+    class Picky:
+        name, dim = model.name, 384
+
+        def __init__(self) -> None:
+            self.calls: list[int] = []
+
+        def embed(self, texts):
+            self.calls.append(len(texts))
+            if "BAD" in texts:
+                raise EmbeddingError("HTTP 400: input rejected")
+            return model.embed(texts)
+
+    picky = Picky()
+    batcher = BatchingEmbedder(picky, max_batch=3, max_wait_ms=60_000)
+    results = run_threads(batcher, ["first question", "BAD", "third question"])
+    batcher.close()
+    assert picky.calls == [3, 1, 1, 1]  # the batch, then each request alone
+    assert [type(r).__name__ for r in results] == ["ndarray", "EmbeddingError", "ndarray"]
+
+
 def test_closed_batcher_refuses_calls(model):
     batcher = BatchingEmbedder(model)
     assert batcher.embed(["x"]).shape == (1, 384)

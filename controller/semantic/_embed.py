@@ -371,6 +371,12 @@ class BatchingEmbedder:
         try:
             vecs = self.inner.embed([text for request in batch for text in request.texts])
         except BaseException as exc:  # noqa: BLE001 - every caller of the batch must wake and re-raise it
+            if len(batch) > 1 and isinstance(exc, Exception):
+                # One caller's text may be what the embedder refused (an endpoint rejecting an empty or overlong
+                # input): each request alone, so only the callers whose own texts fail see the error.
+                for request in batch:
+                    self._embed_batch([request])
+                return
             for request in batch:
                 request.future.set_exception(exc)
             return
