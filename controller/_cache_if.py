@@ -270,7 +270,7 @@ class CachedFunction:
                 kw = ()
             if not issimple(types_):
                 return full_path(rt, args, kwargs, None, None)
-            generation, hot_read, clock, record, policy_ref = rt.hot
+            generation, entries_get, append, reads, note_reads, clock, record, policy_ref = rt.hot
             memo_key = (args, kw, types_, tenant_get(), generation)
             plan = memo_get(memo_key)
             if plan is None or not plan.l1_first:  # l1_first: this runtime has an L1
@@ -278,7 +278,6 @@ class CachedFunction:
             now = clock()
             slot = plan.slot
             # MemoryTier.peek(slot, now), inlined: the same steps, in the same order (see MemoryTier.hot_read).
-            entries_get, append, reads, note_reads = hot_read
             entry = entries_get(slot)
             if entry is None or entry.sliding_ttl is not None or (
                 entry.expires_at is not None and now >= entry.expires_at

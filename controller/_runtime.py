@@ -162,8 +162,8 @@ class CacheRuntime:
     l1: MemoryTier | None = field(init=False, default=None)
     # The semantic side (embedder, index, per-function error models): shared by every generation, like store.
     semantic: SemanticLayer | None = field(default=None, compare=False)
-    # What the L1 hit path reads, in one tuple: (generation, l1.hot_read or None, clock, events.record,
-    # policy_ref).
+    # What the L1 hit path reads, in one flat tuple: (generation, *l1.hot_read (Nones without an L1), clock,
+    # events.record, policy_ref).
     hot: tuple = field(init=False, default=())
 
     def __post_init__(self) -> None:
@@ -172,8 +172,10 @@ class CacheRuntime:
         l1 = first if isinstance(first, MemoryTier) else None
         object.__setattr__(self, "policy_ref", policy_ref)
         object.__setattr__(self, "l1", l1)
-        hot_read = l1.hot_read if l1 is not None else None
-        object.__setattr__(self, "hot", (self.generation, hot_read, self.clock, self.events.record, policy_ref))
+        hot_read = l1.hot_read if l1 is not None else (None, None, None, None)
+        object.__setattr__(
+            self, "hot", (self.generation, *hot_read, self.clock, self.events.record, policy_ref)
+        )
 
     @property
     def tier_names(self) -> tuple[TierName, ...]:
