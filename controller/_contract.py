@@ -551,21 +551,21 @@ class Contract:
         rest = dict(arguments)
         params = {name: rest.pop(name) for name in self._generation_params if name in rest}
         model = arguments.get("model", self.model) if isinstance(arguments.get("model"), str) else self.model
-        parts = dict(
-            function=self.identity,
-            model=model,
-            revision=self.model_revision,
-            template=self.template,
-            params=normalise_params(params),
-            ns=ns,
-        )
+        normalised = normalise_params(params)
         try:
-            key = derive_key(**parts, args=rest)
+            key = derive_key(
+                function=self.identity, model=model, revision=self.model_revision, template=self.template,
+                params=normalised, ns=ns, args=rest,
+            )
         except Uncacheable as exc:
             log.debug("%s: %s", self.identity, exc)
             return Plan(None, ns, rule, "uncacheable-args")
         semantic = None
         if semantic_setting is not None:
+            parts = dict(
+                function=self.identity, model=model, revision=self.model_revision, template=self.template,
+                params=normalised, ns=ns,
+            )
             semantic = self._semantic_plan(rt, rule, parts, rest, semantic_setting, chosen)
         # The L1 hit path needs a MemoryTier as L1 (its lock-free peek); any other "l1" takes the full path.
         hit_cells = rt.metrics.cells((rule, L1, "hit")) if chosen[0] == L1 and rt.l1 is not None else None
