@@ -107,7 +107,7 @@ class SemanticLayer:
         self._index: Any = None  # shared through Redis when the store has one
         self._local: Any = None  # this process only: entries whose answers other replicas cannot read
         self._caches: dict[tuple, SemanticCache] = {}
-        self._inserted: OrderedDict[str, Scope] = OrderedDict()
+        self._inserted: OrderedDict[str, tuple[Scope, SemanticCache]] = OrderedDict()
         self._lock = threading.Lock()
 
     @property
@@ -178,14 +178,15 @@ class SemanticLayer:
     def inserted(self, cache: SemanticCache, scope: Scope, entry_id: str) -> None:
         """Note an insert; removes the oldest entries past ``max_entries``."""
         with self._lock:
-            self._inserted[entry_id] = scope
+            self._inserted[entry_id] = (scope, cache)
             self._inserted.move_to_end(entry_id)
             dropped = []
             while len(self._inserted) > self._max_entries:
                 dropped.append(self._inserted.popitem(last=False))
-        for old_id, old_scope in dropped:
-            for c in list(self._caches.values()):
-                c.remove(old_scope, [old_id])
+        # Only the cache that inserted an entry removes it: it forgets its own state and takes the entry out of
+        # the index (once: the index, and Redis behind it, are shared by every cache).
+        for old_id, (old_scope, old_cache) in dropped:
+            old_cache.remove(old_scope, [old_id])
 
     def close(self) -> None:
         for index in (self._index, self._local):

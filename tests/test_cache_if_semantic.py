@@ -409,3 +409,20 @@ def test_a_prompt_longer_than_the_embedder_reads_is_matched_exactly_only(srt):
     assert answer(second) == second[-30:]  # computed, though the two would embed alike
     assert calls == [first, second]
     assert [e.reason for e in srt.events.events() if e.outcome == "miss"] == ["semantic-too-long"] * 2
+
+
+def test_past_max_entries_the_oldest_semantic_entry_leaves_the_index(srt):
+    srt.semantic._max_entries = 2
+    calls = []
+
+    @cache_if("true", semantic=STATIC, store=srt)
+    def answer(prompt: str) -> str:
+        calls.append(prompt)
+        return f"answer to {prompt}"
+
+    answer(ASK)
+    answer(UNRELATED)
+    answer("Which documents do I need to open a business account?")  # the third entry: ASK's leaves the index
+    assert answer(PARAPHRASE) == f"answer to {PARAPHRASE}"  # no neighbour left to serve it from
+    assert calls[-1] == PARAPHRASE
+    assert answer(ASK) == f"answer to {ASK}" and calls.count(ASK) == 1  # its exact entry is still cached
