@@ -12,8 +12,10 @@ from evocache.cli.app import app as evocache
 from evocache.controller.semantic._bench import (
     StreamRow,
     VectorTable,
+    PairRow,
     best_static,
     oracle_hit_rate,
+    pair_answers,
     prior_neighbours,
     read_rows,
     static_replay,
@@ -148,10 +150,29 @@ def test_pairs_report_per_category(tmp_path: Path) -> None:
     assert {name: c["pairs"] for name, c in cats.items()} == expected
     for name, c in cats.items():
         trap = not any(p["same_answer"] for p in chosen if p["category"] == name)
-        assert c["traps_served"] == (c["hits"] if trap else 0)
+        # A trap served is a wrong answer for a trap's b; an exact hit (its text stored for another pair) is not.
+        assert c["traps_served"] == (c["wrong"] if trap else 0)
+        assert c["traps_served"] <= c["hits"] - c["exact_hits"]
         assert (c["trap_rate"] is None) == (not trap)
     assert set(report["static"]) == {"0.8", "0.85", "0.9", "0.95"}
     assert report["n"] == 120
+
+
+def test_pair_answers_follow_same_answer_links_and_identical_texts() -> None:
+    pairs = [
+        PairRow("cancel my plan", "end my plan", True, "paraphrase"),
+        PairRow("end my plan", "stop my plan", True, "paraphrase"),  # transitively the same answer
+        PairRow("cancel my plan", "don't cancel my plan", False, "negation"),
+        PairRow("don't cancel my plan", "keep my plan", True, "paraphrase"),  # a trap's b written again
+        PairRow("open on sundays?", "closed on sundays?", False, "negation"),
+    ]
+    answers = pair_answers(pairs)
+    assert answers["cancel my plan"] == answers["end my plan"] == answers["stop my plan"]
+    assert answers["don't cancel my plan"] == answers["keep my plan"] != answers["cancel my plan"]
+    assert answers["open on sundays?"] != answers["closed on sundays?"]
+    assert len(set(answers.values())) == 4
+    with pytest.raises(ValueError, match="pairs contradict: 'stop my plan' and 'cancel my plan'"):
+        pair_answers([*pairs, PairRow("stop my plan", "cancel my plan", False, "negation")])
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 from evocache.controller.semantic import Scope
 from evocache.controller.semantic._cache import SemanticCache
-from evocache.controller.semantic._decide import FEATURES, ErrorModel, Pacer, SemanticDecision, neighbourhood
+from evocache.controller.semantic._decide import (
+    FEATURES,
+    LEXICAL,
+    ErrorModel,
+    Pacer,
+    SemanticDecision,
+    lexical,
+    neighbourhood,
+)
 from evocache.controller.semantic._index import Neighbour
 
 SCOPE = Scope("tenant-a", "fn@model:rev")
@@ -233,6 +241,54 @@ def test_neighbourhood_votes_by_cluster_and_measures_the_margin() -> None:
     assert features["share_of_k"] == pytest.approx(2 / 3)
     assert features["entry_right"] == pytest.approx(math.log1p(3))
     assert neighbourhood([], clusters.__getitem__, len) is None
+
+
+@pytest.mark.parametrize(
+    ("query", "stored", "expected"),
+    [
+        # a negation trap: "don't" is "do not", two words inserted, one of them ("not") a content word
+        ("Don't cancel my subscription", "Cancel my subscription",
+         {"token_jaccard": 0.6, "word_edits": 2, "content_edits": 1, "typo_edits": 0, "minimal_pair": 1,
+          "numbers_differ": 0, "negation_differs": 1, "reordered": 0}),
+        # typos only: a near-repeat, no whole-word edit (a swap of two letters is one typo)
+        ("How do I chnage the email adress on my acount?", "How do I change the email address on my account?",
+         {"token_jaccard": 7 / 13, "word_edits": 0, "content_edits": 0, "typo_edits": 3, "minimal_pair": 0,
+          "numbers_differ": 0, "negation_differs": 0, "reordered": 0}),
+        # function words changed only: the same request
+        ("How can I top up the card?", "How do I top up my card?",
+         {"token_jaccard": 5 / 9, "word_edits": 2, "content_edits": 0, "typo_edits": 0, "minimal_pair": 0,
+          "numbers_differ": 0, "negation_differs": 0, "reordered": 0}),
+        # a number changed (never a typo), and the same words in another order
+        ("Who won the World Cup in 2014?", "Who won the World Cup in 2018?",
+         {"token_jaccard": 6 / 8, "word_edits": 1, "content_edits": 1, "typo_edits": 0, "minimal_pair": 1,
+          "numbers_differ": 1, "negation_differs": 0, "reordered": 0}),
+        ("from MySQL to Postgres", "from Postgres to MySQL",
+         {"token_jaccard": 1.0, "word_edits": 4, "content_edits": 2, "typo_edits": 0, "minimal_pair": 1,
+          "numbers_differ": 0, "negation_differs": 0, "reordered": 1}),
+    ],
+)
+def test_lexical_features_tell_a_minimal_pair_from_typos_and_rewording(
+    query: str, stored: str, expected: dict[str, float]
+) -> None:
+    got = dict(zip(LEXICAL, lexical(query, stored), strict=True))
+    assert got.pop("prompt_known") == 1.0
+    counts = ("word_edits", "content_edits", "typo_edits")
+    assert {k: round(math.expm1(v)) if k in counts else v for k, v in got.items()} == pytest.approx(expected)
+    assert lexical(query, None) == lexical(None, stored) == (0.0,) * len(LEXICAL)  # an entry without its prompt
+
+
+def test_the_error_model_reads_the_candidates_stored_prompt() -> None:
+    e = np.eye(4, dtype=np.float32)
+    table = {"Cancel my subscription": e[0], "Don't cancel my subscription": _unit(e[0] + 0.05 * e[1])}
+    cache = SemanticCache(TableEmbedder(table))
+    cache.insert(SCOPE, "a", "Cancel my subscription", "x")
+    assert cache.prompt_of("a") == cache.prompt_of("a", SCOPE) == "Cancel my subscription"
+    assert cache.prompt_of("a", Scope("tenant-b", SCOPE.boundary)) is None  # never across scopes
+    decision, _ = cache.lookup(SCOPE, "Don't cancel my subscription", max_error=0.02)
+    pending = cache._pending[decision.token]
+    assert pending.candidate is not None
+    features = dict(zip(FEATURES, pending.candidate.features.tolist(), strict=True))
+    assert (features["prompt_known"], features["minimal_pair"], features["negation_differs"]) == (1.0, 1.0, 1.0)
 
 
 def test_error_model_knows_nothing_until_it_has_seen_both_outcomes() -> None:

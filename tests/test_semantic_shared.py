@@ -193,6 +193,24 @@ def test_a_second_replica_follows_inserts_and_removals(replicas):
     assert second.follow_once() == 0
 
 
+def test_a_cache_stores_the_prompt_with_its_entry_so_other_replicas_read_it(replicas):
+    from evocache.controller.semantic import SemanticCache
+
+    class Table:
+        name, dim = "test:table", DIM
+
+        def embed(self, texts):
+            return random_unit(1, seed=sum(map(ord, texts[0])))
+
+    first, second = replicas(), replicas()
+    mine, theirs = SemanticCache(Table(), index=first), SemanticCache(Table(), index=second)
+    mine.insert(A, "a0", "Cancel my subscription", "r0")
+    assert second.follow_once() == 1
+    assert second.get(A, "a0") == SharedEntry({"prompt": "Cancel my subscription"}, None)
+    assert theirs.prompt_of("a0", A) == "Cancel my subscription"  # another replica's entry, read from Redis
+    assert theirs.prompt_of("a0", B) is None and theirs.prompt_of("a0") is None  # never outside its scope
+
+
 def test_followed_entries_stay_in_their_scope(replicas):
     first, second = replicas(), replicas()
     vecs = random_unit(5, seed=11)

@@ -13,8 +13,9 @@ lists (numpy), not the index, so a sweep over 100 thresholds takes seconds.
 
 Pairs (``{"a", "b", "same_answer", "category"}``): the pairs are replayed, in an order shuffled by the seed, as
 a stream of lookups ``a, b`` in one scope (an entry of one pair is a neighbour of the others, as in a real
-cache); ``a`` and ``b`` share an answer exactly when ``same_answer``. The per-category figures count lookups of
-``b``: hits, and traps served (hits when ``same_answer`` is false).
+cache); ``a`` and ``b`` share an answer exactly when ``same_answer``, and a text written for several pairs has
+one answer (``pair_answers``). The per-category figures count lookups of ``b``: hits, exact hits, and traps
+served (a wrong answer served for the b of a pair whose b needs another answer than its a).
 
 Embeddings can be cached on disk (``.npy`` keyed by the sha256 of the embedder name and the texts) so repeated
 runs skip the model.
@@ -293,15 +294,41 @@ def best_static(
 # --- pairs ---------------------------------------------------------------------------------------------------
 
 
+def pair_answers(pairs: Sequence[PairRow]) -> dict[str, str]:
+    """The answer of each text in ``pairs``: texts linked by ``same_answer`` pairs share one (transitively), and
+    so do identical texts wherever they occur (a prompt asked again has its own answer again, whichever pair it
+    was written for). ``ValueError`` if a pair marked different ends up with one answer: the set contradicts
+    itself."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for pair in pairs:
+        ra, rb = find(pair.a), find(pair.b)
+        if pair.same_answer and ra != rb:
+            parent[rb] = ra
+    for pair in pairs:
+        if not pair.same_answer and find(pair.a) == find(pair.b):
+            raise ValueError(f"pairs contradict: {pair.a!r} and {pair.b!r} are linked by same_answer pairs")
+    roots: dict[str, str] = {}
+    return {text: roots.setdefault(find(text), f"answer{len(roots)}") for text in parent}
+
+
 def pair_stream(pairs: Sequence[PairRow], seed: int) -> list[tuple[int, str, str, bool]]:
-    """The pairs as lookups ``(pair index, text, answer, is_b)``, pairs in an order shuffled by ``seed``."""
+    """The pairs as lookups ``(pair index, text, answer, is_b)``, pairs in an order shuffled by ``seed``;
+    answers from ``pair_answers``."""
+    answers = pair_answers(pairs)
     order = list(range(len(pairs)))
     random.Random(seed).shuffle(order)
     out = []
     for i in order:
         pair = pairs[i]
-        out.append((i, pair.a, f"pair{i}", False))
-        out.append((i, pair.b, f"pair{i}" if pair.same_answer else f"pair{i}-b", True))
+        out.append((i, pair.a, answers[pair.a], False))
+        out.append((i, pair.b, answers[pair.b], True))
     return out
 
 
@@ -316,8 +343,11 @@ def replay_pairs(
     explore: float = 0.05,
     threshold: float | None = None,
 ) -> dict[str, Any]:
-    """Per category of ``b``: pairs, hits, traps served. ``warmup`` rows (a labelled stream) are replayed
-    first in their own scope, so the error model starts from what it learnt there (entries never cross)."""
+    """Per category of ``b``: pairs, hits (``exact_hits`` of them: the same text stored before, from another
+    pair), wrong answers served, and for trap categories ``traps_served``: b lookups served an answer that is
+    not b's (an exact hit is b's own answer, see ``pair_answers``). ``warmup`` rows (a labelled stream) are
+    replayed first in their own scope, so the error model starts from what it learnt there (entries never
+    cross)."""
     cache = SemanticCache(table, mode=mode, explore=explore, threshold=threshold, rng=random.Random(seed))
     warm = Scope("bench", "warmup")
     for i, row in enumerate(warmup):
@@ -333,8 +363,10 @@ def replay_pairs(
             counts = per.setdefault(pairs[i].category, Counter())
             counts["pairs"] += 1
             counts["hits"] += served
-            counts["traps_served"] += served and not pairs[i].same_answer
-            counts["wrong"] += served and cache.answer_ref(entry) != answer
+            wrong = served and cache.answer_ref(entry) != answer
+            counts["exact_hits"] += served and decision.token is None  # only an exact match goes unnumbered
+            counts["traps_served"] += wrong and not pairs[i].same_answer
+            counts["wrong"] += wrong
         if not served:
             cache.insert(_SCOPE, f"p{n}", text, answer)
             cache.judge_miss(_SCOPE, text, answer, decision)
@@ -345,6 +377,7 @@ def replay_pairs(
             "pairs": c["pairs"],
             "hits": c["hits"],
             "hit_rate": c["hits"] / c["pairs"],
+            "exact_hits": c["exact_hits"],
             "traps_served": c["traps_served"],
             "trap_rate": c["traps_served"] / c["pairs"] if traps else None,
             "wrong": c["wrong"],

@@ -190,7 +190,13 @@ class SemanticCache:
         self._answer_ref_of = answer_ref_of
         self._policy = policy
         # A policy given by the caller may pace one budget for all scopes (its decide() takes no scope).
-        self._scoped = "scope" in inspect.signature(policy.decide).parameters
+        decide = inspect.signature(policy.decide).parameters
+        self._scoped = "scope" in decide
+        # ... and may not read the prompt (the lexical features of the error model compare it with the entry's).
+        self._prompted = "prompt" in decide
+        # An index that keeps metadata with each entry (``SharedIndex``) stores the prompt there, so another
+        # replica's entries have their prompt too.
+        self._metas = "metas" in inspect.signature(self._index.add).parameters
         self._k = k
         self._link_tries = link_tries
         self._rng = rng if rng is not None else random.Random()
@@ -237,6 +243,19 @@ class SemanticCache:
     def cluster_size(self, root: str) -> int:
         return self._clusters.size(root)
 
+    def prompt_of(self, entry_id: str, scope: Scope | None = None) -> str | None:
+        """The prompt stored with ``entry_id``: this cache's own entry's, or (an entry another replica inserted
+        into a shared index) the one in the index's metadata for ``scope``; None when not known."""
+        entry = self._entries.get(entry_id)
+        if entry is not None:
+            return entry.prompt if scope is None or entry.scope == scope else None
+        get = getattr(self._index, "get", None)
+        if get is None or scope is None:
+            return None
+        held = get(scope, entry_id)
+        prompt = None if held is None else held.meta.get("prompt")
+        return prompt if isinstance(prompt, str) else None
+
     @property
     def evidence(self) -> dict[str, tuple[int, int]]:
         return self._evidence
@@ -276,7 +295,9 @@ class SemanticCache:
         neighbours = self._index.search(scope, vec, self._k)[0]
         with self._lock:
             _remember(self._vectors, (scope, prompt), vec[0])
-            scoped = {"scope": scope} if self._scoped else {}
+            scoped: dict[str, Any] = {"scope": scope} if self._scoped else {}
+            if self._prompted:
+                scoped["prompt"] = prompt
             decision, candidate = self._policy.decide(neighbours, max_error, self._rng.random(), self, **scoped)
             # Each lookup's own token: concurrent lookups of one prompt keep apart what each is judged on.
             token = next(self._tokens)
@@ -313,10 +334,10 @@ class SemanticCache:
                 raise ValueError(f"entry {entry_id!r} already belongs to another scope")
             vec = self._vectors.pop((scope, prompt), None)
         vecs = self.embedder.embed([prompt]) if vec is None else vec[None, :]
-        if expires_at is None:
-            self._index.add(scope, [entry_id], vecs)
-        else:
-            self._index.add(scope, [entry_id], vecs, expires_at=[expires_at])
+        extra: dict[str, Any] = {} if expires_at is None else {"expires_at": [expires_at]}
+        if self._metas:
+            extra["metas"] = [{"prompt": prompt}]
+        self._index.add(scope, [entry_id], vecs, **extra)
         with self._lock:
             self._entries[entry_id] = _Entry(scope, prompt, answer_ref)
             self._exact[(scope, prompt)] = entry_id
