@@ -13,6 +13,7 @@ from evocache.controller.semantic._cache import SemanticCache
 from evocache.controller.semantic._decide import (
     FEATURES,
     LEXICAL,
+    BoundedPolicy,
     ErrorModel,
     Pacer,
     SemanticDecision,
@@ -148,21 +149,76 @@ def test_no_entry_of_another_tenant_or_boundary_is_ever_served() -> None:
 
 def test_exploration_fraction_follows_the_seeded_draws() -> None:
     stream, table = synthetic_stream(5, n=2500)
-    explore = 0.2
-    cache = SemanticCache(TableEmbedder(table), explore=explore, rng=random.Random(11))
+    explore, (first, first_chance) = 0.2, (30, 0.5)
+    policy = BoundedPolicy(explore=explore, explore_first=(first, first_chance))
+    cache = SemanticCache(TableEmbedder(table), policy=policy, rng=random.Random(11))
     _, _, decisions = replay(cache, stream, 0.05)
     draws = random.Random(11)
-    would = explored = 0
+    would = explored = later = later_explored = 0
     for decision in decisions:
         draw = draws.random()  # one draw per lookup that searched (no exact hits in this stream)
         if decision.serve or decision.explore:
+            # the scope's first `first` explorations at `first_chance`, then `explore`
+            chance = first_chance if explored < first else explore
+            assert decision.explore == (draw < chance)
             would += 1
             explored += decision.explore
-            assert decision.explore == (draw < explore)
+            if chance == explore:
+                later += 1
+                later_explored += decision.explore
         assert not (decision.serve and decision.explore)
-    assert would > 500
+    assert later > 500 and explored > first
     assert explored == cache.stats().explored
-    assert abs(explored / would - explore) < 3 * math.sqrt(explore * (1 - explore) / would)
+    assert abs(later_explored / later - explore) < 3 * math.sqrt(explore * (1 - explore) / later)
+
+
+@pytest.mark.parametrize("stream_seed", [0, 1, 2])
+@pytest.mark.parametrize("rng_seed", [100, 101, 102])
+def test_error_bound_holds_whatever_the_exploration_draws(stream_seed: int, rng_seed: int) -> None:
+    # The exploration coin is seeded apart from the stream: the bound must not rest on lucky draws.
+    stream, table = synthetic_stream(stream_seed)
+    cache = SemanticCache(TableEmbedder(table), rng=random.Random(rng_seed))
+    hits, wrong, _ = replay(cache, stream, 0.02)
+    assert wrong / len(stream) <= 0.02
+    assert hits / len(stream) >= 0.3
+
+
+def test_a_new_scope_explores_its_first_would_be_hits_more() -> None:
+    policy = BoundedPolicy(explore=0.05, explore_first=(2, 0.5))
+    assert policy.explore_chance(0) == policy.explore_chance(1) == 0.5
+    assert policy.explore_chance(2) == 0.05
+    assert BoundedPolicy(explore=0.0).explore_chance(0) == 0.0  # no exploration asked: none at all
+    with pytest.raises(ValueError, match=r"explore_first must be \(count >= 0, fraction in \[0, 1\)\)"):
+        BoundedPolicy(explore_first=(10, 1.0))
+
+
+def test_the_model_loads_what_it_fits_with_outside_the_cache_lock() -> None:
+    import threading
+
+    seen: list[bool] = []
+
+    class Watching(BoundedPolicy):
+        def prepare(self) -> None:
+            free: list[bool] = []
+
+            def try_lock() -> None:  # from another thread: the lock is free unless some thread holds it
+                free.append(cache._lock.acquire(timeout=0))
+                if free[0]:
+                    cache._lock.release()
+
+            probe = threading.Thread(target=try_lock)
+            probe.start()
+            probe.join()
+            seen.append(free[0])
+            super().prepare()
+
+    stream, table = synthetic_stream(0, n=50)
+    cache = SemanticCache(TableEmbedder(table), policy=Watching())
+    replay(cache, stream, 0.02)
+    verdicts = cache.stats().observations  # one per judged lookup: each prepared first
+    cache.feedback("e0", correct=False)
+    assert verdicts > 10 and len(seen) == verdicts + 1
+    assert all(seen)  # never with the lock held
 
 
 def test_answer_clusters_come_only_from_the_judge() -> None:

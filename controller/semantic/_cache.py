@@ -419,6 +419,7 @@ class SemanticCache:
             return  # removed since the lookup: its answer is gone
         same = bool(self._judge(new_answer_ref, neighbour_ref))
         link = decision.neighbour if same else self._find_link(scope, pending.neighbours, new_answer_ref, decision)
+        self._prepare()
         with self._lock:
             self._counts["judge_calls"] += 1
             self._counts["observations"] += 1
@@ -435,6 +436,13 @@ class SemanticCache:
                     self._clusters.union(new_id, link)
                 else:
                     _remember(self._links, (scope, prompt), link)
+
+    def _prepare(self) -> None:
+        """Let the policy load what learning needs before the lock is taken (the first fit's imports take
+        about a second: under the lock they would stall every lookup)."""
+        prepare = getattr(self._policy, "prepare", None)
+        if prepare is not None:
+            prepare()
 
     def _ref_of(self, scope: Scope, entry_id: str) -> Any:
         entry = self._entries.get(entry_id)
@@ -473,6 +481,7 @@ class SemanticCache:
         feedback are not a uniform sample (users report what they choose to), the explorations are. Unknown
         entries are ignored (with ``answer_ref_of`` every id counts: it may be another replica's); evidence is
         kept only for an entry still held, so what is known of entries follows the live ones."""
+        self._prepare()
         with self._lock:
             if entry_id not in self._entries and self._answer_ref_of is None:
                 return
