@@ -172,9 +172,9 @@ def test_context_reaches_policies_that_ask(tmp_path) -> None:
 
     replay(read_trace(path), Listening, capacity_objects=4)
     assert seen == [
-        ("7", EntryInfo(1, req=0, pos=0, req_len=2, parent=None)),
-        ("8", EntryInfo(1, req=0, pos=1, req_len=2, parent="7")),
-        ("7", EntryInfo(1, req=1, pos=0, req_len=1, parent=None)),
+        ("7", EntryInfo(1, req=0, pos=0, req_len=2, parent=None, req_out=1)),
+        ("8", EntryInfo(1, req=0, pos=1, req_len=2, parent="7", req_out=1)),
+        ("7", EntryInfo(1, req=1, pos=0, req_len=1, parent=None, req_out=1)),
     ]
 
 
@@ -331,6 +331,69 @@ def test_model_decides_and_a_stale_one_falls_back() -> None:
     assert stale.victim() == "a"
 
 
+def two_kinds_trace(requests: int = 600, seed: int = 3) -> list[Access]:
+    """Chains of two kinds of request: 8 documents that come back again and again, asked with short answers
+    (``req_out`` 8), and one-off chains asked for long generations (``req_out`` 400), half of the requests.
+    What returns is told by the request, not by the block's history: a one-off block is new like the first
+    access of a document's block."""
+    rng = random.Random(seed)
+    out: list[Access] = []
+    for req in range(requests):
+        if rng.random() < 0.5:
+            head, length, budget = f"doc{rng.randrange(8)}", 6, 8
+        else:
+            head, length, budget = f"once{req}", 1 + rng.randrange(8), 400
+        out += [Access(float(req), f"{head}:{pos}", 1, "", "", req, pos, budget) for pos in range(length)]
+    return out
+
+
+def test_classify_learns_which_requests_leave_chains_that_never_return() -> None:
+    """With the request's output budget as a feature the model learns that long generations do not come back:
+    their blocks are classified averse and evicted first, and the cache keeps the documents (more hits than
+    LRU, which lets each one-off chain push documents out)."""
+    trace = two_kinds_trace()
+    classes: dict[str, list[int]] = {"doc": [], "once": []}
+
+    class Watching(LearnedPolicy):
+        def on_access(self, key: Hashable, info: EntryInfo) -> None:
+            super().on_access(key, info)
+            if self.model is not None:
+                classes["once" if str(key).startswith("once") else "doc"].append(self._classified[1])
+
+    result, policy = run(functools.partial(Watching, capacity=30, retrain_every=300), capacity=30, trace=trace)
+    lru, _ = run(LRUPolicy, capacity=30, trace=trace)
+    assert policy.stats.trained == len(trace) // 300 and policy.stats.averse > 0
+    once_averse = 1 - sum(classes["once"]) / len(classes["once"])
+    doc_averse = 1 - sum(classes["doc"]) / len(classes["doc"])
+    assert once_averse > 0.8 and doc_averse < 0.1, (once_averse, doc_averse)
+    assert result.hits > 1.2 * lru.hits, (result.hits, lru.hits)
+    assert policy.stats.averse == len(classes["doc"]) + len(classes["once"]) - sum(classes["doc"]) - sum(
+        classes["once"])
+
+
+def test_classify_namespace_victims_and_admission() -> None:
+    """Within a namespace the least recently used averse leaf goes first; with ``admission`` an averse miss is
+    not stored when the cache is full (and counted), a friendly one is."""
+    policy = LearnedPolicy(model=frequency_model(), retrain_every=10**6, capacity=4, admission=True)
+    held = []
+    for key, ns in (("a", "x"), ("b", "x"), ("c", "y"), ("d", "x")):
+        info = EntryInfo(1, ns)
+        policy.on_access(key, info)
+        assert policy.admit(key, info)  # room left: admitted whatever its class
+        policy.on_insert(key, info)
+        held.append(key)
+    policy.on_hit("a")  # accessed twice: friendly (the model's rule)
+    policy.on_hit("d")
+    assert policy.victim("x") == "b"  # the only averse key of x
+    assert policy.victim("y") == "c"
+    assert policy.victim() == "b"
+    policy.on_access("e", EntryInfo(1, "x"))
+    assert not policy.admit("e", EntryInfo(1, "x")) and policy.stats.bypassed == 1
+    policy.on_access("b", EntryInfo(1, "x"))
+    policy.on_hit("b")  # b is friendly now: c is the only averse key left
+    assert policy.victim() == "c" and policy.victim("x") == "a"  # x's least recently used, all friendly
+
+
 def test_a_feature_subset_trains_on_those_columns_only(tmp_path) -> None:
     chosen = ("age", "count", "edc16384", "head_requests")
     _, policy = run(functools.partial(LearnedPolicy, capacity=20, retrain_every=300, features=chosen))
@@ -345,7 +408,8 @@ def test_a_feature_subset_trains_on_those_columns_only(tmp_path) -> None:
 
 
 def test_distance_target_learns_a_regression_that_round_trips(tmp_path) -> None:
-    result, policy = run(functools.partial(LearnedPolicy, capacity=20, retrain_every=300, target="distance"))
+    result, policy = run(functools.partial(LearnedPolicy, capacity=20, retrain_every=300, target="distance",
+                                              decide="rank"))
     model = policy.model
     assert model is not None and policy.stats.trained == len(TRACE) // 300
     rows = np.random.default_rng(1).random((100, len(FEATURES))) * 30
@@ -354,7 +418,8 @@ def test_distance_target_learns_a_regression_that_round_trips(tmp_path) -> None:
     np.testing.assert_allclose(scores, model.booster.inplace_predict(rows), atol=1e-5)
     model.save(tmp_path / "m.json")
     assert np.array_equal(LearnedModel.load(tmp_path / "m.json").predict(rows), scores)
-    assert result == run(functools.partial(LearnedPolicy, capacity=20, retrain_every=300, target="distance"))[0]
+    assert result == run(functools.partial(LearnedPolicy, capacity=20, retrain_every=300, target="distance",
+                                              decide="rank"))[0]
 
 
 def test_options_are_checked() -> None:
@@ -366,4 +431,10 @@ def test_options_are_checked() -> None:
         LearnedPolicy(target="soon")
     with pytest.raises(ValueError, match="fallback must be a heuristic"):
         LearnedPolicy(fallback="learned")
+    with pytest.raises(ValueError, match="decide must be"):
+        LearnedPolicy(decide="guess")
+    with pytest.raises(ValueError, match="needs target='reuse'"):
+        LearnedPolicy(target="distance")
+    with pytest.raises(ValueError, match="averse_below"):
+        LearnedPolicy(averse_below=-1)
     assert isinstance(make_eviction_policy("learned", capacity=10), LearnedPolicy)

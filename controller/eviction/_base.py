@@ -24,7 +24,8 @@ class EntryInfo(NamedTuple):
     The fields after ``weight`` describe the access itself; owners that do not know them leave the defaults.
     For KV blocks (Mooncake traces) ``req`` numbers the request, ``pos`` is the block's place in the request's
     prefix chain (0 = first), ``req_len`` the request's length in blocks, ``parent`` the key of the block
-    before it in the chain (``None`` for the first block or when unknown); ``rule`` names the caching rule.
+    before it in the chain (``None`` for the first block or when unknown), ``req_out`` the request's output
+    budget in tokens (its ``max_tokens``; -1 when unknown); ``rule`` names the caching rule.
     """
 
     size: int
@@ -36,6 +37,7 @@ class EntryInfo(NamedTuple):
     pos: int = -1
     req_len: int = 0
     parent: Hashable | None = None
+    req_out: int = -1
 
 
 class EvictionPolicy(abc.ABC):

@@ -39,6 +39,7 @@ class History:
         self._head_requests: dict[Hashable, int] = {}
         self._head_last: dict[Hashable, int] = {}
         self._head = (0.0, _NAN)  # (requests, gap) of the request being read
+        self._first_new = -1  # position of the first block of that request never seen before (-1: none yet)
 
     def _alloc(self, n: int) -> None:
         """Make room for ``n`` slots, keeping the rows there are."""
@@ -49,7 +50,7 @@ class History:
         self.edc_t = grow(getattr(self, "edc_t", None), n, 0.0)
         self.count = grow(getattr(self, "count", None), n, 0.0)
         self.size = grow(getattr(self, "size", None), n, 1.0)
-        self.ctx = grow(getattr(self, "ctx", None), n, _NAN, width=6)  # pos, req_len, head requests/gap, ns, rule
+        self.ctx = grow(getattr(self, "ctx", None), n, _NAN, width=8)  # pos, req_len, head requests/gap, ns, rule, req_out, req_new
         self.children = grow(getattr(self, "children", None), n, 0.0)
 
     @staticmethod
@@ -89,10 +90,14 @@ class History:
         previous = self._head_last.get(head)
         self._head_last[head] = tick
         self._head = (float(requests), _NAN if previous is None else float(tick - previous))
+        self._first_new = -1
 
     def touch(self, key: Hashable, tick: int, info: EntryInfo | None) -> int:
         """Record an access of ``key`` at ``tick`` (``info``: its context, if known). Returns its slot."""
         s = self.slot_of(key)
+        if info is not None and info.pos >= 0 and not self.count[s] and self._first_new < 0:
+            # Chained block hashes: every block after the first unknown one is unknown too.
+            self._first_new = info.pos
         if self.count[s]:
             gaps = self.gaps[s]
             gaps[2], gaps[1], gaps[0] = gaps[1], gaps[0], tick - self.last[s]
@@ -109,8 +114,10 @@ class History:
             if info.pos >= 0:
                 ctx[0], ctx[1] = info.pos, info.req_len
                 ctx[2], ctx[3] = self._head
+                ctx[7] = info.req_len - self._first_new if self._first_new >= 0 else 0.0
             ctx[4] = self._code(info.ns)
             ctx[5] = self._code(info.rule)
+            ctx[6] = info.req_out if info.req_out >= 0 else _NAN
         return s
 
     def _code(self, text: str) -> float:
@@ -135,8 +142,9 @@ class History:
                 np.log2(self.size[slots]),
                 ctx[:, :2],
                 ctx[:, 1] - ctx[:, 0],
+                ctx[:, 6:8],
                 self.children[slots],
-                ctx[:, 2:],
+                ctx[:, 2:6],
             )
         )
 

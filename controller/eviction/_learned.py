@@ -1,20 +1,31 @@
-"""Learned eviction and admission (LRB, Song et al., NSDI '20, with the context of KV prefix chains).
+"""Learned eviction and admission (LRB, Song et al., NSDI '20; Hawkeye, Jain and Lin, ISCA '16; with the
+context of KV prefix chains).
 
 The policy learns, online, the probability that an object is accessed again within a horizon of
 ``horizon x (objects held)`` accesses (a relaxed Belady boundary: Belady keeps what returns soonest, and what
-returns later than about the cache's turnover is what it gives up). Eviction candidates are the ``sample``
-least recently used keys; with ``leaves_first``, the least recently used blocks that no cached block has as
-parent (a prefix chain is eaten from its tail: a prefix cache can only use a block whose parents it holds).
-At every access one candidate is taken as a training sample, its features as of then, labelled when it is
-next accessed or when the horizon passes: the model learns on exactly the population it ranks. An XGBoost
-classifier is retrained on the latest ``window`` labelled samples every ``retrain_every`` accesses: inline
-(deterministic, for replay) or on a background thread (production).
+returns later than about the cache's turnover is what it gives up). An XGBoost classifier is retrained on the
+latest ``window`` labelled samples every ``retrain_every`` accesses: inline (deterministic, for replay) or on
+a background thread (production). Blocks of a prefix chain are eaten from the tail (``leaves_first``: a
+prefix cache can only use a block whose parents it holds).
 
-With a model, ``victim()`` scores the candidates in one batch and evicts the least likely to return;
-``admit()`` (with ``admission``) compares the missed object with that victim and bypasses it when it is the
-less likely to return. Without a model (or with a stale one) every decision is the configured heuristic's,
-which sees every notification. What the policy achieves against LRU and Belady, and what did not work, is in
-docs/notes/learned-eviction-policy-2026-11-29.md.
+Two ways to decide (``decide``):
+
+- ``classify`` (the default, after Hawkeye): every access is a training sample (the accessed object's
+  features as of the access, labelled by its next access), and the model classifies the accessed object as
+  it is accessed: *averse* when its probability of returning within the horizon is below ``averse_below``
+  times the reuse rate of the model's training window, *friendly* otherwise. Victims are the least recently
+  used averse leaf while there is one, else the least recently used friendly leaf. The model only sorts
+  objects into two classes with a margin, at the moment it knows the most about them (what the request that
+  touched them looks like); recency orders each class. On the Mooncake trace what it learns is which requests
+  leave chains that never return (long generations, the tail block of a prompt).
+- ``rank`` (LRB): the ``sample`` least recently used leaves are scored in one batch at each eviction and the
+  least likely to return goes; one of them is taken as a training sample per access. It ranked poorly where
+  it decided (docs/notes/learned-eviction-policy-2026-11-29.md) and stays for comparison.
+
+With ``admission`` (off by default), a missed object is bypassed when the cache is full and it is averse
+(``classify``) or less likely to return than the victim (``rank``). Without a model (or with a stale one)
+every decision is the configured heuristic's, which sees every notification. What the policy achieves
+against LRU and Belady, and what did not work, is in docs/notes/learned-eviction-*.md.
 """
 
 from __future__ import annotations
@@ -43,9 +54,10 @@ _NOBODY: Hashable = object()  # keys are arbitrary hashables, so None could be o
 class LearnedStats:
     """Counters of a learned policy: ``accesses`` seen, models ``trained`` (and retrainings ``skipped``
     because the background trainer was still busy), training ``samples`` taken, misses ``bypassed``, and
-    ``model_tick``, the access count at which the model in use started training (-1: none), and ``auc``,
+    ``model_tick``, the access count at which the model in use started training (-1: none), ``auc``,
     the area under the ROC curve of the model in use on the samples of the latest training (data it had not
-    seen: how well it ranks what happened since; NaN before two trainings)."""
+    seen: how well it ranks what happened since; NaN before two trainings), and ``averse``, the accesses a
+    model classified averse (``decide="classify"``)."""
 
     accesses: int
     trained: int
@@ -54,6 +66,7 @@ class LearnedStats:
     bypassed: int
     model_tick: int
     auc: float
+    averse: int = 0
 
 
 class LearnedPolicy(EvictionPolicy):
@@ -91,6 +104,8 @@ class LearnedPolicy(EvictionPolicy):
         depth: int = 3,
         monotone: bool = False,
         target: str = "reuse",
+        decide: str = "classify",
+        averse_below: float = 0.6,
         features: Sequence[str] | None = None,
         threads: int = 1,
         background: bool = False,
@@ -118,6 +133,10 @@ class LearnedPolicy(EvictionPolicy):
             raise ValueError(f"unknown features {unknown or '(none given)'}; known: {', '.join(FEATURES)}")
         if fallback == self.name:
             raise ValueError("fallback must be a heuristic, not 'learned' itself")
+        if decide not in ("classify", "rank"):
+            raise ValueError(f"decide must be 'classify' or 'rank', got {decide!r}")
+        if not (isinstance(averse_below, int | float) and 0 <= averse_below < float("inf")):
+            raise ValueError(f"averse_below must be a finite number >= 0, got {averse_below!r}")
         super().__init__(clock=clock, rng=rng)
         self.capacity = capacity
         self.horizon = float(horizon)
@@ -129,7 +148,11 @@ class LearnedPolicy(EvictionPolicy):
         self.monotone = monotone
         if target not in ("reuse", "distance"):
             raise ValueError(f"target must be 'reuse' or 'distance', got {target!r}")
+        if decide == "classify" and target != "reuse":
+            raise ValueError("decide='classify' needs target='reuse' (a probability to compare with the reuse rate)")
         self.target = target
+        self.classify = decide == "classify"
+        self.averse_below = float(averse_below)
         self.features = chosen
         self._columns = None if chosen == FEATURES else [FEATURES.index(f) for f in chosen]
         self.threads = threads
@@ -149,6 +172,12 @@ class LearnedPolicy(EvictionPolicy):
         self._order: OrderedDict[Hashable, None] = OrderedDict()
         self._by_ns: dict[str, OrderedDict[Hashable, None]] = {}
         self._leaves: OrderedDict[Hashable, None] = OrderedDict()
+        # classify: each held key's class (0 averse, 1 friendly), and the keys of each class by last access.
+        self._class: dict[Hashable, int] = {}
+        self._by_class: tuple[OrderedDict[Hashable, None], OrderedDict[Hashable, None]] = (
+            OrderedDict(), OrderedDict())
+        self._classified: tuple[Hashable, int] = (_NOBODY, 1)  # the latest access's key and class
+        self._averse = 0
         self._used = 0
         self._tick = 0
         self._announced: Hashable = _NOBODY
@@ -181,6 +210,11 @@ class LearnedPolicy(EvictionPolicy):
         self._by_ns[ns].move_to_end(key)
         if key in self._leaves:
             self._leaves.move_to_end(key)
+        if self.classify:
+            now = self._class_of(key)
+            del self._by_class[self._class[key]][key]
+            self._class[key] = now
+            self._by_class[now][key] = None
         self.fallback.on_hit(key)
 
     def on_insert(self, key: Hashable, info: EntryInfo) -> None:
@@ -194,11 +228,15 @@ class LearnedPolicy(EvictionPolicy):
         self._used += info.size
         self._order[key] = None
         self._by_ns.setdefault(info.ns, OrderedDict())[key] = None
-        if not hist.children[hist.slot_of(key)]:
+        leaf = not hist.children[hist.slot_of(key)]
+        if leaf:
             self._leaves[key] = None
         if parent is not None:
             hist.children[hist.slot_of(parent)] += 1
             self._leaves.pop(parent, None)
+        if self.classify:
+            cls = self._class[key] = self._class_of(key)
+            self._by_class[cls][key] = None
         self.fallback.on_insert(key, info)
 
     def on_remove(self, key: Hashable) -> None:
@@ -212,6 +250,8 @@ class LearnedPolicy(EvictionPolicy):
         if not keys:
             del self._by_ns[ns]
         self._leaves.pop(key, None)
+        if self.classify:
+            del self._by_class[self._class.pop(key)][key]
         if parent is not None:
             hist = self._hist
             s = hist.slot[parent]  # kept while it has cached children (see _forget_old)
@@ -234,6 +274,8 @@ class LearnedPolicy(EvictionPolicy):
         model = self._usable_model()
         if model is None:
             return self.fallback.victim(ns)
+        if self.classify:
+            return self._classified_victim(ns)
         named = self._named
         if named is not None and named[1] == ns:
             return named[0]
@@ -248,6 +290,11 @@ class LearnedPolicy(EvictionPolicy):
             return True
         model = self._usable_model()
         if model is None or not self._held:
+            return True
+        if self.classify:
+            if self._class_of(key) == 0:
+                self._bypassed += 1
+                return False
             return True
         victim, p_victim, p_new = self._score(model, None, self._hist.slot[key])
         self._named = (victim, None, p_victim)
@@ -275,6 +322,42 @@ class LearnedPolicy(EvictionPolicy):
             slots.append(extra)
         best, p = self._lowest(model.predict, hist, slots, self._tick, n, self._columns)
         return candidates[best], p[best], p[n] if extra is not None else 0.0
+
+    def _classified_victim(self, ns: str | None) -> Hashable:
+        """The least recently used averse leaf, else the least recently used friendly leaf; within a namespace,
+        the same among its ``sample`` least recently used keys (leaves first, then any).
+
+        A class's keys are kept by last access and the leaves found by a scan: a chain's blocks were accessed
+        in order, so the scan passes a chain's parents before reaching its tail (O(chain length)). Keeping
+        the leaves in their own order instead would need a sorted insert when a block becomes a leaf again."""
+        children, slot = self._hist.children, self._hist.slot
+        if ns is None:
+            for keys in self._by_class:
+                for key in keys:
+                    if not children[slot[key]]:
+                        return key
+            if not self._order:
+                raise KeyError("no key held")
+            return next(iter(self._order))
+        order = self._by_ns.get(ns)
+        if not order:
+            raise KeyError(f"no key held in namespace {ns!r}")
+        classes = self._class
+        first = first_leaf = None
+        for key in islice(order, self.sample):
+            if first is None:
+                first = key
+            if not children[slot[key]]:
+                if not classes[key]:
+                    return key
+                if first_leaf is None:
+                    first_leaf = key
+        return first_leaf if first_leaf is not None else first
+
+    def _class_of(self, key: Hashable) -> int:
+        """The class given to ``key`` at its latest access (friendly when it came with no usable model)."""
+        latest, cls = self._classified
+        return cls if latest == key else 1
 
     def _window(self, ns: str | None) -> list[Hashable]:
         """The eviction candidates: the ``sample`` least recently used keys (of ``ns``), leaves first."""
@@ -307,13 +390,29 @@ class LearnedPolicy(EvictionPolicy):
         hist = self._hist
         if info is not None and info.pos == 0:
             hist.start_request(key, tick)
-        hist.touch(key, tick, info)
+        slot = hist.touch(key, tick, info)
         samples = self._samples
         samples.accessed(key, tick)
+        horizon = self.horizon * max(len(self._held), 1)
+        if self.classify:
+            row = hist.rows([slot], tick)
+            samples.add([key], row, tick, horizon)
+            if tick % self.retrain_every == 0:
+                self._retrain()
+            model = self._usable_model()
+            cls = 1
+            if model is not None:
+                window = model.window
+                cut = self.averse_below * window.positives / max(window.samples, 1)
+                if float(model.predict(self._select(row))[0]) < cut:
+                    cls = 0
+                    self._averse += 1
+            self._classified = (key, cls)
+            return
         window = self._window(None)
         if window:
             other = window[self.rng.randrange(len(window))]
-            samples.add([other], hist.rows([hist.slot[other]], tick), tick, self.horizon * max(len(self._held), 1))
+            samples.add([other], hist.rows([hist.slot[other]], tick), tick, horizon)
         if tick % self.retrain_every == 0:
             self._retrain()
 
@@ -402,6 +501,7 @@ class LearnedPolicy(EvictionPolicy):
             bypassed=self._bypassed,
             model_tick=model.window.tick if model is not None else -1,
             auc=self._auc,
+            averse=self._averse,
         )
 
     def wait_trained(self, count: int, timeout: float | None = None) -> bool:

@@ -11,7 +11,9 @@ class Access(NamedTuple):
     ``t`` is in seconds (readers convert: Mooncake's milliseconds, CSV columns by their mapping). ``size`` is
     in bytes (1 for unit-size traces). ``ns`` is the tenant namespace ("" when the trace has none). For KV
     block traces (Mooncake) ``req`` numbers the request and ``pos`` is the block's position in the request's
-    prefix chain (0 = first block); both are -1 for other formats.
+    prefix chain (0 = first block); both are -1 for other formats. ``req_out`` is the request's output length
+    in tokens (Mooncake's ``output_length``; -1 when unknown): it stands for what a server knows of a request's
+    generation when it places the request's blocks, its ``max_tokens`` budget.
     """
 
     t: float
@@ -21,3 +23,4 @@ class Access(NamedTuple):
     rule: str = ""
     req: int = -1
     pos: int = -1
+    req_out: int = -1

@@ -153,6 +153,13 @@ def _key(value: Any, field: str) -> str:
     raise _Bad(f"field {field!r} must be a string or an int, got {_show(value)}")
 
 
+def _count(rec: dict[str, Any], field: str) -> int:
+    """An optional int >= 0; -1 when the field is absent."""
+    if field not in rec:
+        return -1
+    return _size(rec, field, 0)
+
+
 def _text(rec: dict[str, Any], field: str) -> str:
     value = rec.get(field, "")
     if type(value) is str:
@@ -200,7 +207,7 @@ def read_canonical(lines: Iterable[str], name: str, options: ReadOptions, stats:
     for lineno, rec in _json_records(lines, name, options, stats):
         try:
             access = _new(Access, (_number(rec, "t"), _key(_field(rec, "key"), "key"), _size(rec, "size", 1),
-                                   _text(rec, "ns"), "", -1, -1))
+                                   _text(rec, "ns"), "", -1, -1, -1))
         except _Bad as exc:
             error = _fail(name, lineno, str(exc), options, stats)
             if error is not None:
@@ -245,7 +252,7 @@ def read_events(lines: Iterable[str], name: str, options: ReadOptions, stats: Re
         if outcome == "hit" or (outcome == "miss" and size > 0):
             if not queue:
                 stats.accesses += 1
-                yield _new(Access, (t, key, size, ns, rule, -1, -1))
+                yield _new(Access, (t, key, size, ns, rule, -1, -1, -1))
                 continue
             queue.append([t, key, size, ns, rule, True])
         elif outcome == "miss":
@@ -269,10 +276,10 @@ def read_events(lines: Iterable[str], name: str, options: ReadOptions, stats: Re
                 if not waiting:
                     del unsized[ns, key]
             stats.accesses += 1
-            yield _new(Access, (t, key, size, ns, rule, -1, -1))
+            yield _new(Access, (t, key, size, ns, rule, -1, -1, -1))
     for t, key, size, ns, rule, _sized in queue:
         stats.accesses += 1
-        yield _new(Access, (t, key, size, ns, rule, -1, -1))
+        yield _new(Access, (t, key, size, ns, rule, -1, -1, -1))
 
 
 def read_mooncake(lines: Iterable[str], name: str, options: ReadOptions, stats: ReadStats) -> Iterator[Access]:
@@ -281,7 +288,7 @@ def read_mooncake(lines: Iterable[str], name: str, options: ReadOptions, stats: 
     ``t`` is the timestamp in seconds, ``key`` the hash id as a string (ids are chained: an equal id is an
     equal prefix), ``size`` is ``block_tokens * bytes_per_token`` for every block (the KV cache allocates
     whole blocks, the last one too), ``req`` the request's index among the valid lines (from 0), ``pos`` the
-    block's index in ``hash_ids``. A request is checked whole before its first block comes out, so a bad
+    block's index in ``hash_ids``, ``req_out`` the optional ``output_length`` (-1 without one). A request is checked whole before its first block comes out, so a bad
     line yields nothing.
     """
     size = options.block_tokens * options.bytes_per_token
@@ -293,6 +300,7 @@ def read_mooncake(lines: Iterable[str], name: str, options: ReadOptions, stats: 
             if type(ids) is not list:
                 raise _Bad(f"field 'hash_ids' must be a list, got {_show(ids)}")
             keys = [_key(h, "hash_ids") for h in ids]
+            out = _count(rec, "output_length")
         except _Bad as exc:
             error = _fail(name, lineno, str(exc), options, stats)
             if error is not None:
@@ -300,7 +308,7 @@ def read_mooncake(lines: Iterable[str], name: str, options: ReadOptions, stats: 
             continue
         for pos, key in enumerate(keys):
             stats.accesses += 1
-            yield _new(Access, (t, key, size, "", "", req, pos))
+            yield _new(Access, (t, key, size, "", "", req, pos, out))
         req += 1
 
 
@@ -378,7 +386,7 @@ def read_csv(lines: Iterable[str], name: str, options: ReadOptions, stats: ReadS
                 raise error from None
             continue
         stats.accesses += 1
-        yield _new(Access, (t, key, size, ns, "", -1, -1))
+        yield _new(Access, (t, key, size, ns, "", -1, -1, -1))
 
 
 def _detect(line: str, name: str, lineno: int) -> str:

@@ -154,7 +154,7 @@ def replay(
         # EntryInfo is immutable, and making a named tuple costs more than finding one: one per (size, ns)
         infos: dict[tuple[int, str], EntryInfo] = {}
         for a in trace:
-            t, key, size, ns, _, _, _ = a
+            t, key, size, ns, _, _, _, _ = a
             now = t
             k = (ns, key) if ns else key
             if k in cache:
@@ -244,12 +244,12 @@ def _queued_context(
 
 def _request_context(batch: Sequence[Access], by_objects: bool) -> Iterator[tuple[Access, EntryInfo]]:
     """The accesses of one request (its blocks, in prefix order) with their ``EntryInfo``: ``req_len`` the
-    request's blocks, ``parent`` the key of the block before."""
+    request's blocks, ``parent`` the key of the block before, ``req_out`` the request's output length."""
     parent: Hashable | None = None
     for a in batch:
         k = (a.ns, a.key) if a.ns else a.key
         yield a, EntryInfo(1 if by_objects else a.size, a.ns, rule=a.rule, req=a.req, pos=a.pos,
-                           req_len=len(batch), parent=parent)
+                           req_len=len(batch), parent=parent, req_out=a.req_out)
         parent = k
 
 
@@ -322,7 +322,7 @@ def _tally(
     w_requests = w_hits = 0
     step = window_s if window_s is not None else math.inf
     for a, hit in outcomes:
-        t, _, size, ns, _, req, _ = a
+        t, _, size, ns, _, req, _, _ = a
         if t >= w_end:
             windows.append((w_start, w_requests, w_hits))
             w_requests = w_hits = 0
