@@ -305,22 +305,22 @@ def test_neighbourhood_votes_by_cluster_and_measures_the_margin() -> None:
         # a negation trap: "don't" is "do not", two words inserted, one of them ("not") a content word
         ("Don't cancel my subscription", "Cancel my subscription",
          {"token_jaccard": 0.6, "word_edits": 2, "content_edits": 1, "typo_edits": 0, "minimal_pair": 1,
-          "numbers_differ": 0, "negation_differs": 1, "reordered": 0}),
+          "numbers_differ": 0, "negation_differs": 1, "reordered": 0, "names_differ": 0}),
         # typos only: a near-repeat, no whole-word edit (a swap of two letters is one typo)
         ("How do I chnage the email adress on my acount?", "How do I change the email address on my account?",
          {"token_jaccard": 7 / 13, "word_edits": 0, "content_edits": 0, "typo_edits": 3, "minimal_pair": 0,
-          "numbers_differ": 0, "negation_differs": 0, "reordered": 0}),
+          "numbers_differ": 0, "negation_differs": 0, "reordered": 0, "names_differ": 0}),
         # function words changed only: the same request
         ("How can I top up the card?", "How do I top up my card?",
          {"token_jaccard": 5 / 9, "word_edits": 2, "content_edits": 0, "typo_edits": 0, "minimal_pair": 0,
-          "numbers_differ": 0, "negation_differs": 0, "reordered": 0}),
-        # a number changed (never a typo), and the same words in another order
+          "numbers_differ": 0, "negation_differs": 0, "reordered": 0, "names_differ": 0}),
+        # a number changed (never a typo); the same words in another order, names swapped
         ("Who won the World Cup in 2014?", "Who won the World Cup in 2018?",
          {"token_jaccard": 6 / 8, "word_edits": 1, "content_edits": 1, "typo_edits": 0, "minimal_pair": 1,
-          "numbers_differ": 1, "negation_differs": 0, "reordered": 0}),
+          "numbers_differ": 1, "negation_differs": 0, "reordered": 0, "names_differ": 0}),
         ("from MySQL to Postgres", "from Postgres to MySQL",
          {"token_jaccard": 1.0, "word_edits": 4, "content_edits": 2, "typo_edits": 0, "minimal_pair": 1,
-          "numbers_differ": 0, "negation_differs": 0, "reordered": 1}),
+          "numbers_differ": 0, "negation_differs": 0, "reordered": 1, "names_differ": 1}),
     ],
 )
 def test_lexical_features_tell_a_minimal_pair_from_typos_and_rewording(
@@ -372,6 +372,29 @@ def test_pacer_serves_the_lowest_estimates_first_within_the_budget() -> None:
         spender.record(p, served=math.isfinite(p))
     # 1.445 expected wrong answers served against a budget of 0.1: the debt closes the tap.
     assert spender.cutoff(0.01) == 0.0
+
+
+def test_a_scope_whose_explorations_refute_the_shared_calibration_uses_its_own() -> None:
+    from evocache.controller.semantic._decide import Calibration, calibration_upper
+
+    shared = Calibration()
+    for i in range(200):  # elsewhere the model is calibrated: 10 wrong where it expected 10
+        shared.explored(0.05, wrong=i % 20 == 0)
+    here, new = Pacer(calibration=shared), Pacer(calibration=shared)
+    assert here.calibration == new.calibration == shared.value
+    here.scope_explored(0.002, wrong=False)
+    assert here.calibration == shared.value  # no wrong answer here: nothing refutes the shared value
+    for _ in range(3):  # here the model said 0.2 % and was wrong three times in four
+        shared.explored(0.002, wrong=True)
+        here.scope_explored(0.002, wrong=True)
+    own = calibration_upper(3, 0.008, prior=0.1, confidence=0.975)
+    assert own > 30 * shared.value
+    assert here.calibration == pytest.approx(own)
+    assert new.calibration == shared.value  # a scope without evidence of its own is not held back
+    # a wrong answer where the shared value expected some is no refutation
+    calm = Pacer(calibration=shared)
+    calm.scope_explored(0.3, wrong=True)
+    assert calm.calibration == shared.value
 
 
 def test_real_model_end_to_end_on_a_small_stream() -> None:

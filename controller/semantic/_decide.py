@@ -73,7 +73,7 @@ class SemanticDecision(NamedTuple):
 
 LEXICAL = (
     "prompt_known", "token_jaccard", "word_edits", "content_edits", "typo_edits", "minimal_pair", "numbers_differ",
-    "negation_differs", "reordered",
+    "negation_differs", "reordered", "names_differ",
 )
 FEATURES = (
     "similarity", "gap_to_top", "margin", "vote", "share_of_k", "cluster_size", "similarity_sq", "entry_wrong",
@@ -151,6 +151,15 @@ def _edit_distance(u: str, v: str) -> int:
     return prev[-1]
 
 
+_NAME = re.compile(r"(?<![.?!]\s)(?<!^)\b[A-Z][A-Za-z0-9]*")
+
+
+def _names(text: str) -> list[str]:
+    """Capitalised words past the start of a sentence, in order: the names a prompt mentions ("from London to
+    Manchester"), the cheapest stand-in for named entities. "I" and its contractions are not names."""
+    return [w.lower() for w in _NAME.findall(text.strip()) if w != "I"]
+
+
 def _negated(words: Sequence[str]) -> frozenset[str]:
     return frozenset(w for w in words if w in _NEGATIONS)
 
@@ -163,8 +172,9 @@ def lexical(query: str | None, stored: str | None) -> tuple[float, ...]:
     touch a content word (not a function word such as "the", "my", "can"), and substitutions that are
     misspellings); ``minimal_pair`` 1 when 1 to 3 content-word edits separate prompts sharing at least half
     their words, or the same words are in another order; ``numbers_differ`` (the numbers in them, digits or words, differ),
-    ``negation_differs`` (a negation word in one only, or different ones) and ``reordered`` (same words,
-    another order), each 1 or 0."""
+    ``negation_differs`` (a negation word in one only, or different ones), ``reordered`` (same words,
+    another order) and ``names_differ`` (the capitalised words past a sentence's start, in order, differ:
+    another place, product or person), each 1 or 0."""
     if query is None or stored is None:
         return (0.0,) * len(LEXICAL)
     a, b = _words(query), _words(stored)
@@ -197,6 +207,7 @@ def lexical(query: str | None, stored: str | None) -> tuple[float, ...]:
         float(numbers_a != numbers_b),
         float(_negated(a) != _negated(b)),
         float(reordered),
+        float(_names(query) != _names(stored)),
     )
 
 
@@ -208,6 +219,7 @@ class Candidate(NamedTuple):
     similarity: float
     features: np.ndarray  # float64, FEATURES order
     explore_chance: float = 0.0
+    scope: Hashable = None  # where it was looked up: its explored verdict also checks the model there
 
 
 def neighbourhood(
@@ -400,6 +412,9 @@ class Calibration:
         self.value = calibration_upper(self.wrong, self.expected, prior=self.prior, confidence=self.confidence)
 
 
+_OWN_PRIOR = 0.1
+
+
 class Pacer:
     """The cut-off on estimated error that keeps the expected error per lookup within ``max_error``.
 
@@ -438,10 +453,33 @@ class Pacer:
         self.spent = 0.0  # expected wrong answers served so far, by the model (uncalibrated)
         # The exploration sample may be shared between pacers (one per scope) that read the same error model.
         self._calibration = calibration if calibration is not None else Calibration(prior=prior, confidence=confidence)
+        # This scope's own share of it: read only once it shows the shared value to be too low here.
+        # Its prior is weak (worth a tenth of an expected error): it is read only once the shared value is refuted
+        # here, and then it must be free to say how wrong the model is (a prior worth 2 expected errors kept a
+        # model 90 times too optimistic at 6 times).
+        self._own = Calibration(prior=_OWN_PRIOR, confidence=confidence) if calibration is not None else None
 
     @property
     def calibration(self) -> float:
-        return self._calibration.value
+        """The shared calibration, or this scope's own when its explored verdicts refute the shared one: a
+        model learnt on other tenants' prompts may be wrong on this one's (a new tenant asking minimal pairs
+        the others never asked). The own value is read only on evidence, so a new scope is not held back
+        for being new; in a scope that is the whole sample the two agree and the own one never applies."""
+        shared = self._calibration.value
+        own = self._own
+        if own is None or not own.wrong:
+            return shared
+        from scipy.stats import poisson
+
+        # As many wrong answers as seen here, or more, would be unlikely under the shared value.
+        if poisson.sf(own.wrong - 1, shared * own.expected) < 1 - own.confidence:
+            return max(shared, own.value)
+        return shared
+
+    def scope_explored(self, est_error: float, wrong: bool) -> None:
+        """A verdict on one of this scope's explored would-be hits (the shared sample is told by its owner)."""
+        if self._own is not None:
+            self._own.explored(est_error, wrong)
 
     @property
     def explored_expected(self) -> float:
@@ -500,7 +538,7 @@ class Pacer:
         # nothing): spend the saving over the next window, at most 1.5 times the rate, so the cumulative
         # expected error still stays within the budget.
         # Past spending is re-read with today's calibration: the cold start spent on an unchecked model.
-        calibration = self._calibration.value
+        calibration = self.calibration
         balance = (budget * self.lookups - self.spent * calibration) / self.window
         target = budget + min(balance, budget / 2)
         p = np.sort(self._recent[:n])
@@ -711,7 +749,7 @@ class BoundedPolicy:
         chance = self.explore_chance(self.explorations) if would else 0.0
         explore = would and explore_draw < chance
         self.explorations += explore
-        candidate = candidate._replace(explore_chance=chance)
+        candidate = candidate._replace(explore_chance=chance, scope=scope)
         pacer.record(est, would and not explore)
         decision = SemanticDecision(
             would and not explore, explore, candidate.entry_id, candidate.similarity, cutoff, est
@@ -745,6 +783,9 @@ class BoundedPolicy:
         """
         if explored:
             self.calibration.explored(est_error, wrong)
+            pace = self._paces.get(candidate.scope)
+            if pace is not None:
+                pace.pacer.scope_explored(est_error, wrong)
         # Inverse propensity: an explored verdict stands for the 1/chance would-be hits like it that were served.
         weight = 1.0 / candidate.explore_chance if explored and candidate.explore_chance > 0 else 1.0
         self.model.observe(candidate.features, wrong, weight)  # the pacers re-estimate on their next lookup
