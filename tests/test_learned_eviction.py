@@ -394,6 +394,36 @@ def test_classify_namespace_victims_and_admission() -> None:
     assert policy.victim() == "c" and policy.victim("x") == "a"  # x's least recently used, all friendly
 
 
+def test_request_features_req_out_and_req_new() -> None:
+    """``req_out`` is the request's output budget (NaN when unknown); ``req_new`` counts the request's blocks
+    from its first never-seen block to the end, known at that block (chained hashes), and is 0 for the blocks
+    of the known prefix before it."""
+    from evocache.controller.eviction._history import History
+
+    hist = History()
+    tick = 0
+
+    def request(keys: list[str], out: int) -> dict[str, list[float]]:
+        nonlocal tick
+        got = {}
+        for pos, key in enumerate(keys):
+            tick += 1
+            if pos == 0:
+                hist.start_request(key, tick)
+            slot = hist.touch(key, tick, EntryInfo(1, req=0, pos=pos, req_len=len(keys), req_out=out))
+            row = hist.rows([slot], tick)[0]
+            got[key] = [row[FEATURES.index("req_out")], row[FEATURES.index("req_new")]]
+        return got
+
+    assert request(["a", "b", "c"], 7) == {"a": [7, 3], "b": [7, 3], "c": [7, 3]}  # all new
+    assert request(["a", "b", "d", "e"], 300) == {"a": [300, 0], "b": [300, 0], "d": [300, 2], "e": [300, 2]}
+    assert request(["a", "b", "c"], 7) == {"a": [7, 0], "b": [7, 0], "c": [7, 0]}  # all known
+    tick += 1
+    slot = hist.touch("z", tick, EntryInfo(1))  # no request context (an L1 entry): both unknown
+    row = hist.rows([slot], tick)[0]
+    assert np.isnan(row[FEATURES.index("req_out")]) and np.isnan(row[FEATURES.index("req_new")])
+
+
 def test_a_feature_subset_trains_on_those_columns_only(tmp_path) -> None:
     chosen = ("age", "count", "edc16384", "head_requests")
     _, policy = run(functools.partial(LearnedPolicy, capacity=20, retrain_every=300, features=chosen))
