@@ -125,6 +125,10 @@ def _markdown(rows: list[dict], pairs: dict | None) -> str:
                      f"{s['hit_rate']:.3f} | {s['error_rate']:.4f} | {ratio} |")
     if pairs is not None:
         lines += ["", f"fow traps at δ = {pairs['delta']:g} (b served / traps served, of the pairs in the category)",
+                  "", "Traps served are wrong answers served for a trap's b; an exact hit (the same text stored for "
+                  "another pair) is that text's own answer. The pairs' scope's error per lookup (a and b): warm "
+                  f"{pairs['warm']['error_rate']:.4f}, cold {pairs['cold']['error_rate']:.4f} "
+                  f"(of {pairs['cold']['lookups']} lookups).",
                   "", "| category | pairs | evocache warm | evocache cold | " + " | ".join(
                       f"static {t}" for t in pairs["static"]) + " |",
                   "|---|---|---|---|" + "---|" * len(pairs["static"])]

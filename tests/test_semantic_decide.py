@@ -359,6 +359,19 @@ def test_error_model_knows_nothing_until_it_has_seen_both_outcomes() -> None:
     assert 0 < model.predict(x)[0] < model.predict(x + 2)[0] < 1
 
 
+def test_a_heavy_verdict_brings_the_refit_nearer() -> None:
+    model = ErrorModel(min_each=3, refit_every=50, refit_growth=1.0)
+    x = np.zeros(len(FEATURES))
+    for i in range(6):
+        model.observe(x + i, wrong=i % 2 == 0)
+    assert model.fits == 1  # first fit as soon as both outcomes were seen 3 times
+    # next refit after observations weighing as much as those fitted (6): one explored verdict at 1/20 does it
+    assert model.observe(x + 1, wrong=True, weight=20.0) and model.fits == 2
+    for _ in range(6):  # now 7 fitted: six plain verdicts weigh 6, one short
+        assert not model.observe(x, wrong=False)
+    assert model.observe(x, wrong=False) and model.fits == 3
+
+
 def test_pacer_serves_the_lowest_estimates_first_within_the_budget() -> None:
     estimates = (0.01, 0.02, 0.03, 0.5, 0.5, math.inf, 0.0, 0.04, 0.045, 0.3)
     pacer = Pacer(window=10, safety=1.0, every=1)

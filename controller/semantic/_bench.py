@@ -356,9 +356,12 @@ def replay_pairs(
             cache.insert(warm, f"w{i}", row.prompt, row.group)
             cache.judge_miss(warm, row.prompt, row.group, decision)
     per: dict[str, Counter[str]] = {}
+    lookups = wrong_served = 0
     for n, (i, text, answer, is_b) in enumerate(pair_stream(pairs, seed)):
         decision, entry = cache.lookup(_SCOPE, text, max_error=delta)
         served = entry is not None
+        lookups += 1
+        wrong_served += served and cache.answer_ref(entry) != answer
         if is_b:
             counts = per.setdefault(pairs[i].category, Counter())
             counts["pairs"] += 1
@@ -383,7 +386,9 @@ def replay_pairs(
             "wrong": c["wrong"],
         }
     stats = cache.stats()
-    return {"categories": categories, "exploration_calls": stats.explored, "judge_calls": stats.judge_calls}
+    # The pairs scope's own error per lookup (a and b lookups): the quantity the bound is on.
+    return {"categories": categories, "exploration_calls": stats.explored, "judge_calls": stats.judge_calls,
+            "lookups": lookups, "error_rate": wrong_served / lookups if lookups else 0.0}
 
 
 def ratio(evocache_hit_rate: float, static_hit_rate: float) -> float:

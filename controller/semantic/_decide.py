@@ -314,6 +314,7 @@ class ErrorModel:
         self._seen = 0
         self._wrong = 0
         self._fitted_at = 0
+        self._weight_since = 0.0  # weight of the observations since the last fit
         self.fits = 0  # how many times it was fitted: a pacer re-estimates its lookups when this moved
         self._coef: np.ndarray | None = None
         self._intercept = 0.0
@@ -339,10 +340,13 @@ class ErrorModel:
         self._w.append(weight)
         self._seen += 1
         self._wrong += int(wrong)
+        # An explored verdict weighs 1/chance: it moves the fit as much as that many plain ones, so it brings
+        # the next refit as much nearer (a model wrong where it serves is corrected within a few of them).
+        self._weight_since += weight
         if min(self._wrong, self._seen - self._wrong) < self.min_each:
             return False
-        due = self._fitted_at + min(self.refit_every, max(1, int(self._fitted_at * self.refit_growth)))
-        if self._coef is not None and self._seen < due:
+        due = min(self.refit_every, max(1, int(self._fitted_at * self.refit_growth)))
+        if self._coef is not None and self._weight_since < due:
             return False
         self._fit()
         return True
@@ -362,6 +366,7 @@ class ErrorModel:
         self._mean, self._scale = mean, scale
         self._coef, self._intercept = fit.coef_[0].copy(), float(fit.intercept_[0])
         self._fitted_at = self._seen
+        self._weight_since = 0.0
         self.fits += 1
 
     def predict(self, features: np.ndarray) -> np.ndarray:

@@ -201,6 +201,8 @@ def _pairs(pairs: list[Any], warm: list[Any], embedder: Embedder, embed_cache: P
         line = f"{name:<14} {c['pairs']:>5} {c['hits']:>9} {c['traps_served']:>6}"
         line += "".join(f" {cats[name]['hits']:>12}" for cats in static.values())
         typer.echo(line)
+    typer.echo(f"error per lookup in the pairs' scope (a and b): {evocache['error_rate']:.4f} "
+               f"of {evocache['lookups']} lookups")
     return {"n": len(pairs), "warmup": len(warm), "evocache": evocache, "static": static}
 
 
