@@ -171,10 +171,14 @@ def test_context_reaches_policies_that_ask(tmp_path) -> None:
             seen.append((key, info))
 
     replay(read_trace(path), Listening, capacity_objects=4)
+    budgets = []
+    Listening.on_access = lambda self, key, info: budgets.append(info.req_out)  # type: ignore[method-assign]
+    replay(read_trace(path, output_budget=True), Listening, capacity_objects=4)
+    assert budgets == [1, 1, 1]
     assert seen == [
-        ("7", EntryInfo(1, req=0, pos=0, req_len=2, parent=None, req_out=1)),
-        ("8", EntryInfo(1, req=0, pos=1, req_len=2, parent="7", req_out=1)),
-        ("7", EntryInfo(1, req=1, pos=0, req_len=1, parent=None, req_out=1)),
+        ("7", EntryInfo(1, req=0, pos=0, req_len=2, parent=None)),
+        ("8", EntryInfo(1, req=0, pos=1, req_len=2, parent="7")),
+        ("7", EntryInfo(1, req=1, pos=0, req_len=1, parent=None)),
     ]
 
 

@@ -95,22 +95,25 @@ def test_mooncake_one_access_per_block() -> None:
     stats = ReadStats()
     got = list(read_trace(fixture("mooncake.jsonl"), "mooncake", stats=stats, block_tokens=16, bytes_per_token=2))
     assert got == [
-        Access(0.0, "0", 32, req=0, pos=0, req_out=6), Access(0.0, "1", 32, req=0, pos=1, req_out=6),
-        Access(0.0, "2", 32, req=0, pos=2, req_out=6),
-        Access(1.5, "0", 32, req=1, pos=0, req_out=4), Access(1.5, "3", 32, req=1, pos=1, req_out=4),
-        Access(2.75, "4", 32, req=2, pos=0, req_out=1),
+        Access(0.0, "0", 32, req=0, pos=0), Access(0.0, "1", 32, req=0, pos=1), Access(0.0, "2", 32, req=0, pos=2),
+        Access(1.5, "0", 32, req=1, pos=0), Access(1.5, "3", 32, req=1, pos=1),
+        Access(2.75, "4", 32, req=2, pos=0),
     ]
     assert stats == ReadStats(lines=4, accesses=6, skipped=0)
 
 
-def test_mooncake_output_length_is_optional_but_checked(tmp_path) -> None:
-    """``output_length`` becomes ``req_out`` (-1 without one); a present one that is not an int >= 0 is a bad
-    line, named with its file and line."""
+def test_mooncake_output_length_as_budget_only_when_asked(tmp_path) -> None:
+    """``output_length`` is what a request generated, known at its completion: it becomes ``req_out`` only with
+    ``output_budget`` (-1 otherwise, and without one); a present one that is not an int >= 0 is a bad line
+    either way, named with its file and line."""
+    assert [a.req_out for a in read_trace(fixture("mooncake.jsonl"), "mooncake", output_budget=True)] == [
+        6, 6, 6, 4, 4, 1]
+    assert {a.req_out for a in read_trace(fixture("mooncake.jsonl"), "mooncake")} == {-1}
     path = tmp_path / "t.jsonl"
     path.write_text('{"timestamp": 0, "hash_ids": [1]}\n{"timestamp": 1, "output_length": 2.5, "hash_ids": [2]}\n')
     with pytest.raises(TraceError, match=r"t\.jsonl:2: field .output_length. must be an int >= 0, got 2.5"):
         list(read_trace(path, "mooncake"))
-    got = list(read_trace(path, "mooncake", skip_bad=True))
+    got = list(read_trace(path, "mooncake", skip_bad=True, output_budget=True))
     assert [(a.key, a.req_out) for a in got] == [("1", -1)]
 
 
@@ -220,9 +223,8 @@ def test_csv_row_errors(row: str, message: str) -> None:
      ReadStats(lines=9, accesses=3, skipped=6)),
     ("events_bad.jsonl", "events", [Access(1.0, "k", 4, "", "r"), Access(5.0, "k", 4, "", "r")],
      ReadStats(lines=6, accesses=2, skipped=3)),
-    ("mooncake_bad.jsonl", "mooncake", [Access(0.0, "0", 512, req=0, pos=0, req_out=6),
-                                        Access(0.0, "1", 512, req=0, pos=1, req_out=6),
-                                        Access(0.04, "0", 512, req=1, pos=0, req_out=6)],
+    ("mooncake_bad.jsonl", "mooncake", [Access(0.0, "0", 512, req=0, pos=0), Access(0.0, "1", 512, req=0, pos=1),
+                                        Access(0.04, "0", 512, req=1, pos=0)],
      ReadStats(lines=6, accesses=3, skipped=4)),
     ("blocks_bad.csv", "csv", [Access(100.0, "1", 512), Access(600.0, "6", 512)],
      ReadStats(lines=7, accesses=2, skipped=4)),

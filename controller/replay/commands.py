@@ -160,6 +160,15 @@ def eviction(
             "lcs:NAME (needs libcachesim, GPL-3.0: evocache's 'peers' extra).",
         ),
     ] = False,
+    output_budget: Annotated[
+        bool,
+        typer.Option(
+            "--output-budget",
+            help="Mooncake traces: give policies each request's output_length as its output budget (req_out). It "
+            "is the length the request generated, which a server knows only at completion: rows with it are not "
+            "online results; the table says so.",
+        ),
+    ] = False,
     utilisation: Annotated[
         float | None,
         typer.Option(
@@ -188,7 +197,7 @@ def eviction(
     """
     try:
         _bench(trace_path, json_out, trace_format, sizes_text, policies_text, plot, unit, csv_columns,
-               block_tokens, skip_bad, peers, utilisation)
+               block_tokens, skip_bad, peers, utilisation, output_budget)
     except _Failed as failed:
         raise typer.Exit(failed.code) from None
 
@@ -203,7 +212,7 @@ app.command(help=_reflow(eviction.__doc__ or ""))(eviction)
 
 def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str, policies_text: str,
            plot: Path | None, unit: str | None, csv_columns: str | None, block_tokens: int,
-           skip_bad: bool, peers: bool, utilisation: float | None = None) -> None:
+           skip_bad: bool, peers: bool, utilisation: float | None = None, output_budget: bool = False) -> None:
     from ..eviction import EVICTION_POLICIES
     from ._queue import Load, QueueModel
     from ._sim import working_set
@@ -216,7 +225,7 @@ def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str,
     figure = _figure_class() if plot is not None else None  # before the replays: fail in a second, not a minute
     lcs = _libcachesim() if peers else None
 
-    trace, skipped = _read(trace_path, trace_format, columns, block_tokens, skip_bad)
+    trace, skipped = _read(trace_path, trace_format, columns, block_tokens, skip_bad, output_budget)
     if skipped:
         typer.echo(f"skipped {skipped} malformed line(s) of {trace_path}", err=True)
     # Mooncake accesses carry their request number; unit-size blocks are how the data README's points are taken.
@@ -261,12 +270,17 @@ def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str,
               "skipped": skipped, "rows": rows}
     if queue_report is not None:
         report["queue"] = queue_report
+    if output_budget:
+        report["output_budget"] = True
     try:
         json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     except OSError as exc:
         raise _error(f"error: {json_out}: {exc.strerror or exc}", EXIT_UNREADABLE) from None
 
     notes = queue_notes + peer_notes + (_peer_result_notes(results, sizes, len(trace)) if peer_names else [])
+    if output_budget:
+        notes.insert(0, "--output-budget: policies were told each request's output_length, the length it generated, "
+                        "which a server knows only when the request completes: these are not online results")
     _print_table(results, lru, sizes, capacities, unit, mooncake, lru_requested="lru" in policies, extra=notes)
     if figure is not None:
         assert plot is not None
@@ -274,7 +288,7 @@ def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str,
 
 
 def _read(path: Path, fmt: str, columns: CsvColumns | None, block_tokens: int,
-          skip_bad: bool) -> tuple[list[Access], int]:
+          skip_bad: bool, output_budget: bool = False) -> tuple[list[Access], int]:
     """The whole trace and the number of lines skipped; prints and raises ``_Failed`` when it cannot be read."""
     from ..errors import TraceError
     from ._readers import ReadStats, read_trace
@@ -282,7 +296,7 @@ def _read(path: Path, fmt: str, columns: CsvColumns | None, block_tokens: int,
     stats = ReadStats()
     try:  # read_trace checks its options at once, and reads nothing until iterated
         accesses = read_trace(path, fmt, skip_bad=skip_bad, stats=stats, block_tokens=block_tokens,
-                              csv_columns=columns)
+                              csv_columns=columns, output_budget=output_budget)
     except ValueError as exc:
         raise _usage("--format", str(exc)) from None
     try:
