@@ -195,7 +195,7 @@ class CacheRuntime:
         l1_name = _l1_eviction(self.config, policy)
         new_l1 = None
         if self.l1 is not None and l1_name != _l1_eviction(self.config, self.policy):
-            new_l1 = make_eviction_policy(l1_name, capacity=self.config.l1_bytes)
+            new_l1 = make_eviction_policy(l1_name, capacity=self.config.l1_bytes, background=True)
         disk = self.store.tiers.get("l3")
         if isinstance(disk, DiskTier):
             # The one step that can fail (another process holding the disk index locked), so it goes first.
@@ -297,7 +297,7 @@ def build_runtime(
     tiers: list[Tier] = [
         MemoryTier(
             config.l1_bytes,
-            policy=make_eviction_policy(_l1_eviction(config, policy), capacity=config.l1_bytes),
+            policy=make_eviction_policy(_l1_eviction(config, policy), capacity=config.l1_bytes, background=True),
             quota=holder.l1_quota(config.l1_bytes),
             weight=holder.weight,
             clock=clock,

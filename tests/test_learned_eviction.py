@@ -428,6 +428,117 @@ def test_request_features_req_out_and_req_new() -> None:
     assert np.isnan(row[FEATURES.index("req_out")]) and np.isnan(row[FEATURES.index("req_new")])
 
 
+def test_request_state_is_kept_per_request_when_blocks_interleave() -> None:
+    """Two requests whose blocks arrive interleaved (an owner serving them at once) each get their own
+    ``req_new`` and head counts; a request whose first block is never reported starts fresh."""
+    from evocache.controller.eviction._history import History
+
+    hist = History()
+    hist.touch("k", 1, EntryInfo(1, req=9, pos=0, req_len=1))  # "k" known from an earlier request
+    col = FEATURES.index("req_new")
+    hist.start_request("n0", 2, req=1)
+    hist.start_request("k", 3, req=2)
+    got = {}
+    for tick, (key, req, pos) in enumerate([("n0", 1, 0), ("k", 2, 0), ("n1", 1, 1), ("k1", 2, 1)], start=4):
+        slot = hist.touch(key, tick, EntryInfo(1, req=req, pos=pos, req_len=2))
+        got[key] = hist.rows([slot], tick)[0][col]
+    assert got == {"n0": 2, "n1": 2, "k": 0, "k1": 1}
+    slot = hist.touch("x1", 9, EntryInfo(1, req=3, pos=1, req_len=2))  # request 3's block 0 never reported
+    assert hist.rows([slot], 9)[0][col] == 1
+    assert np.isnan(hist.rows([slot], 9)[0][FEATURES.index("head_requests")])
+
+
+def test_head_counts_are_bounded() -> None:
+    from evocache.controller.eviction._history import History
+
+    hist = History()
+    for tick, head in enumerate("abcab", start=1):
+        hist.start_request(head, tick)
+    hist.forget_heads(keep=2)  # the two first blocks requested most recently stay: a (tick 4) and b (tick 5)
+    hist.start_request("a", 6, req=7)
+    hist.start_request("c", 7, req=8)
+    assert hist._requests[7][0] == 3 and hist._requests[8][0] == 1  # a's count kept, c's started again
+
+
+def test_classify_victim_passes_averse_parents_of_friendly_children() -> None:
+    """An averse block whose child is friendly cannot go before the child; the least recently used averse
+    *leaf* goes, however many such parents come first (found through a heap, not a scan)."""
+    policy = LearnedPolicy(model=frequency_model(), retrain_every=10**6)
+    for i in range(300):  # each chain: an averse head (one access) under a friendly child (two accesses)
+        policy.on_access(f"p{i}", EntryInfo(1, req=i, pos=0, req_len=2))
+        policy.on_insert(f"p{i}", EntryInfo(1, req=i, pos=0, req_len=2))
+        policy.on_access(f"c{i}", EntryInfo(1, req=i, pos=1, req_len=2, parent=f"p{i}"))
+        policy.on_insert(f"c{i}", EntryInfo(1, req=i, pos=1, req_len=2, parent=f"p{i}"))
+        policy.on_hit(f"c{i}")
+    policy.on_access("lone", EntryInfo(1))
+    policy.on_insert("lone", EntryInfo(1))
+    assert policy.victim() == "lone"  # the only averse leaf
+    policy.on_remove("lone")
+    assert policy.victim() == "c0"  # no averse leaf left: the least recently used friendly leaf
+    policy.on_remove("c0")
+    assert policy.victim() == "p0"  # its parent is a leaf again, averse, and goes next
+
+
+def test_classify_without_leaves_first_takes_the_least_recently_used_averse_key() -> None:
+    policy = LearnedPolicy(model=frequency_model(), retrain_every=10**6, leaves_first=False)
+    policy.on_insert("a", EntryInfo(1, req=0, pos=0, req_len=2))
+    policy.on_insert("b", EntryInfo(1, req=0, pos=1, req_len=2, parent="a"))
+    assert policy.victim() == "a"
+
+
+def test_admission_without_an_announced_access_admits() -> None:
+    """The L1 tier asks ``admit`` without ``on_access``: nothing was classified for the key, so it is admitted
+    (classify), and ``rank`` finds no history instead of raising."""
+    for decide in ("classify", "rank"):
+        policy = LearnedPolicy(model=frequency_model(), retrain_every=10**6, capacity=1, admission=True,
+                               decide=decide)
+        policy.on_insert("a", EntryInfo(1))
+        assert policy.admit("new", EntryInfo(1)) and policy.stats.bypassed == 0
+
+
+def test_a_regression_model_cannot_classify(tmp_path) -> None:
+    _, ranked = run(functools.partial(LearnedPolicy, capacity=20, retrain_every=300, target="distance",
+                                      decide="rank"))
+    ranked.save_model(tmp_path / "m.json")
+    with pytest.raises(LearnedModelError, match="regression"):
+        LearnedPolicy().load_model(tmp_path / "m.json")
+    LearnedPolicy(target="distance", decide="rank").load_model(tmp_path / "m.json")
+
+
+def test_a_failed_training_is_counted_and_the_trainer_goes_on() -> None:
+    class FailsOnce(LearnedPolicy):
+        calls = 0
+
+        def _fit(self, rows, labels, window):
+            FailsOnce.calls += 1
+            if FailsOnce.calls == 1:
+                raise RuntimeError("injected")
+            return super()._fit(rows, labels, window)
+
+    policy = FailsOnce(background=True, retrain_every=300, capacity=20)
+    try:
+        held: list[str] = []
+        for i, a in enumerate(TRACE):
+            info = EntryInfo(1, req=a.req, pos=a.pos, req_len=10)
+            policy.on_access(a.key, info)
+            if a.key in policy:
+                policy.on_hit(a.key)
+            else:
+                if len(held) == 20:
+                    victim = policy.victim()
+                    policy.on_remove(victim)
+                    held.remove(victim)
+                policy.on_insert(a.key, info)
+                held.append(a.key)
+            if i % 300 == 299:
+                assert policy.wait_trained(0, timeout=1)
+                with policy._cond:  # let each job finish before the next retraining, so none is skipped
+                    policy._cond.wait_for(lambda: policy._job is None and not policy._busy, timeout=60)
+        assert policy.stats.failed == 1 and policy.stats.trained == len(TRACE) // 300 - 1
+    finally:
+        policy.close()
+
+
 def test_a_feature_subset_trains_on_those_columns_only(tmp_path) -> None:
     chosen = ("age", "count", "edc16384", "head_requests")
     _, policy = run(functools.partial(LearnedPolicy, capacity=20, retrain_every=300, features=chosen))

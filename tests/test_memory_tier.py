@@ -385,3 +385,33 @@ def test_a_policy_that_refuses_admission_keeps_the_entry_out_and_is_counted() ->
     assert tier.stats.bypassed == 1 and tier.stats.rejected == 0
     assert len(policy) == 1
 
+
+
+def test_the_tier_closes_a_policy_it_stops_using() -> None:
+    """A replaced policy, and the tier's policy when the tier closes, are closed (a learned policy's trainer
+    thread ends)."""
+    closed: list[str] = []
+
+    class Closing(LRUPolicy):
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.label = name
+
+        def close(self) -> None:
+            closed.append(self.label)
+
+    tier = MemoryTier(1000, policy=Closing("first"))
+    tier.replace_policy(Closing("second"))
+    assert closed == ["first"]
+    tier.close()
+    assert closed == ["first", "second"]
+
+
+def test_a_learned_policy_on_the_request_path_trains_in_the_background() -> None:
+    policy = make_eviction_policy("learned", capacity=1000, background=True)
+    try:
+        assert policy._thread is not None and policy._thread.is_alive()
+    finally:
+        policy.close()
+    assert not policy._thread.is_alive()
+    assert not hasattr(make_eviction_policy("lru", capacity=1000, background=True), "_thread")

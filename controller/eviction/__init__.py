@@ -48,12 +48,16 @@ EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
 """Policy name -> class."""
 
 
-def make_eviction_policy(name: str, *, capacity: int | None = None, **kwargs: Any) -> EvictionPolicy:
+def make_eviction_policy(
+    name: str, *, capacity: int | None = None, background: bool = False, **kwargs: Any
+) -> EvictionPolicy:
     """A new policy of the registered ``name``, built with ``kwargs`` (``clock``, ``rng``, its own options).
 
     ``capacity`` is the owner's capacity in bytes. An owner always knows it and may always pass it; it reaches
     only the classes whose constructor takes a ``capacity`` (those that size their structure in bytes, like
-    S3-FIFO's queues); the others have no use for it.
+    S3-FIFO's queues); the others have no use for it. ``background`` likewise reaches only the classes that
+    take it: an owner on a request path passes True so that a learned policy trains on its own thread, never
+    inside a request (replay leaves it False: inline training is deterministic).
 
     Raises ``StoreConfigError`` naming the known policies for an unknown name; an option the class does not
     take raises ``TypeError`` and a bad value ``ValueError``, from the class itself.
@@ -65,4 +69,6 @@ def make_eviction_policy(name: str, *, capacity: int | None = None, **kwargs: An
         raise StoreConfigError(f"unknown eviction policy {name!r}; known: {known}") from None
     if capacity is not None and "capacity" in inspect.signature(cls).parameters:
         kwargs["capacity"] = capacity
+    if background and "background" in inspect.signature(cls).parameters:
+        kwargs["background"] = True
     return cls(**kwargs)

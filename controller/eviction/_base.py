@@ -95,3 +95,7 @@ class EvictionPolicy(abc.ABC):
 
     @abc.abstractmethod
     def __len__(self) -> int: ...
+
+    def close(self) -> None:  # noqa: B027 (optional hook, not abstract)
+        """Release what the policy holds beyond its structure (a learned policy's trainer thread). The owner
+        calls it when it stops using the policy (the tier closes, or a new policy replaces this one)."""

@@ -8,6 +8,7 @@ stays light (``evocache`` commands start without numpy).
 from __future__ import annotations
 
 import zlib
+from collections import OrderedDict
 from collections.abc import Hashable
 
 import numpy as np
@@ -17,6 +18,8 @@ from ._features import FEATURES, HALF_LIVES
 
 _NAN = float("nan")
 _HALF_LIVES = np.array(HALF_LIVES)
+_IN_FLIGHT = 4096  # requests whose blocks may be read interleaved
+_HEADS = 65_536  # first blocks whose request counts are kept
 
 
 def _code(text: str) -> float:
@@ -38,8 +41,9 @@ class History:
         self._codes: dict[str, float] = {}
         self._head_requests: dict[Hashable, int] = {}
         self._head_last: dict[Hashable, int] = {}
-        self._head = (0.0, _NAN)  # (requests, gap) of the request being read
-        self._first_new = -1  # position of the first block of that request never seen before (-1: none yet)
+        # Per request in flight (an owner may interleave requests' blocks): [head requests, head gap, position
+        # of its first block never seen before (-1: none yet)]; dropped at its last block, at most _IN_FLIGHT.
+        self._requests: OrderedDict[int, list[float]] = OrderedDict()
 
     def _alloc(self, n: int) -> None:
         """Make room for ``n`` slots, keeping the rows there are."""
@@ -83,21 +87,39 @@ class History:
             self.ctx[s] = _NAN
         return s
 
-    def start_request(self, head: Hashable, tick: int) -> None:
-        """A request whose first block is ``head`` begins at ``tick``."""
+    def start_request(self, head: Hashable, tick: int, req: int = -1) -> None:
+        """Request ``req`` (-1: unnumbered), whose first block is ``head``, begins at ``tick``."""
         requests = self._head_requests.get(head, 0) + 1
         self._head_requests[head] = requests
         previous = self._head_last.get(head)
         self._head_last[head] = tick
-        self._head = (float(requests), _NAN if previous is None else float(tick - previous))
-        self._first_new = -1
+        self._request(req)[:2] = (float(requests), _NAN if previous is None else float(tick - previous))
+
+    def _request(self, req: int) -> list[float]:
+        """The state of request ``req``, made fresh (head unknown, no new block yet) on its first sight."""
+        state = self._requests.get(req)
+        if state is None:
+            state = self._requests[req] = [_NAN, _NAN, -1.0]
+            if len(self._requests) > _IN_FLIGHT:
+                self._requests.popitem(last=False)
+        return state
+
+    def forget_heads(self, keep: int = _HEADS) -> None:
+        """Keep the request counts of the ``keep`` first blocks requested most recently, drop the others' (a
+        count is worth keeping long after its blocks left: a chain's popularity is the best single feature)."""
+        excess = len(self._head_last) - keep
+        if excess > 0:
+            for h, _ in sorted(self._head_last.items(), key=lambda item: item[1])[:excess]:
+                del self._head_last[h]
+                del self._head_requests[h]
 
     def touch(self, key: Hashable, tick: int, info: EntryInfo | None) -> int:
         """Record an access of ``key`` at ``tick`` (``info``: its context, if known). Returns its slot."""
         s = self.slot_of(key)
-        if info is not None and info.pos >= 0 and not self.count[s] and self._first_new < 0:
+        request = self._request(info.req) if info is not None and info.pos >= 0 else None
+        if request is not None and not self.count[s] and request[2] < 0:
             # Chained block hashes: every block after the first unknown one is unknown too.
-            self._first_new = info.pos
+            request[2] = info.pos
         if self.count[s]:
             gaps = self.gaps[s]
             gaps[2], gaps[1], gaps[0] = gaps[1], gaps[0], tick - self.last[s]
@@ -113,8 +135,11 @@ class History:
             ctx = self.ctx[s]
             if info.pos >= 0:
                 ctx[0], ctx[1] = info.pos, info.req_len
-                ctx[2], ctx[3] = self._head
-                ctx[7] = info.req_len - self._first_new if self._first_new >= 0 else 0.0
+                assert request is not None
+                ctx[2], ctx[3] = request[0], request[1]
+                ctx[7] = info.req_len - request[2] if request[2] >= 0 else 0.0
+                if info.pos >= info.req_len - 1:
+                    self._requests.pop(info.req, None)
             ctx[4] = self._code(info.ns)
             ctx[5] = self._code(info.rule)
             ctx[6] = info.req_out if info.req_out >= 0 else _NAN

@@ -30,6 +30,8 @@ against LRU and Belady, and what did not work, is in docs/notes/learned-eviction
 
 from __future__ import annotations
 
+import heapq
+import logging
 import random
 import threading
 import time
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 _NOBODY: Hashable = object()  # keys are arbitrary hashables, so None could be one
+log = logging.getLogger("evocache.controller.eviction")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +59,9 @@ class LearnedStats:
     because the background trainer was still busy), training ``samples`` taken, misses ``bypassed``, and
     ``model_tick``, the access count at which the model in use started training (-1: none), ``auc``,
     the area under the ROC curve of the model in use on the samples of the latest training (data it had not
-    seen: how well it ranks what happened since; NaN before two trainings), and ``averse``, the accesses a
-    model classified averse (``decide="classify"``)."""
+    seen: how well it ranks what happened since; NaN before two trainings), ``averse``, the accesses a
+    model classified averse (``decide="classify"``), and ``failed``, trainings that raised (logged; the
+    model in use stays, and the next retraining tries again)."""
 
     accesses: int
     trained: int
@@ -67,6 +71,7 @@ class LearnedStats:
     model_tick: int
     auc: float
     averse: int = 0
+    failed: int = 0
 
 
 class LearnedPolicy(EvictionPolicy):
@@ -172,10 +177,15 @@ class LearnedPolicy(EvictionPolicy):
         self._order: OrderedDict[Hashable, None] = OrderedDict()
         self._by_ns: dict[str, OrderedDict[Hashable, None]] = {}
         self._leaves: OrderedDict[Hashable, None] = OrderedDict()
-        # classify: each held key's class (0 averse, 1 friendly), and the keys of each class by last access.
+        # classify: each held key's class (0 averse, 1 friendly); the keys of each class by last access; and
+        # per class a heap of (last access, key) over its leaves, entries going stale when the key is accessed
+        # again, changes class, gains a child or leaves (checked when they reach the top).
         self._class: dict[Hashable, int] = {}
         self._by_class: tuple[OrderedDict[Hashable, None], OrderedDict[Hashable, None]] = (
             OrderedDict(), OrderedDict())
+        self._leaf_heaps: tuple[list[tuple[float, int, Hashable]], list[tuple[float, int, Hashable]]] = ([], [])
+        self._pushes = 0  # tie-breaker: keys need not be comparable
+        self._failed = 0
         self._classified: tuple[Hashable, int] = (_NOBODY, 1)  # the latest access's key and class
         self._averse = 0
         self._used = 0
@@ -188,7 +198,7 @@ class LearnedPolicy(EvictionPolicy):
         self._objective = "reg:squarederror" if target == "distance" else "binary:logistic"
         self._background = background
         self._cond = threading.Condition()
-        self._job: tuple[np.ndarray, np.ndarray, TrainingWindow] | None = None
+        self._job: tuple[np.ndarray, np.ndarray, TrainingWindow, LearnedModel | None, np.ndarray] | None = None
         self._busy = False
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -215,6 +225,7 @@ class LearnedPolicy(EvictionPolicy):
             del self._by_class[self._class[key]][key]
             self._class[key] = now
             self._by_class[now][key] = None
+            self._push_leaf(key)
         self.fallback.on_hit(key)
 
     def on_insert(self, key: Hashable, info: EntryInfo) -> None:
@@ -237,6 +248,8 @@ class LearnedPolicy(EvictionPolicy):
         if self.classify:
             cls = self._class[key] = self._class_of(key)
             self._by_class[cls][key] = None
+            if leaf:
+                self._push_leaf(key)
         self.fallback.on_insert(key, info)
 
     def on_remove(self, key: Hashable) -> None:
@@ -260,6 +273,8 @@ class LearnedPolicy(EvictionPolicy):
                 # The chain's new tail joins the first candidates, where its child just was.
                 self._leaves[parent] = None
                 self._leaves.move_to_end(parent, last=False)
+                if self.classify:
+                    self._push_leaf(parent)  # at its own last access: it may be far more recent than its child
         self.fallback.on_remove(key)
 
     def __len__(self) -> int:
@@ -292,11 +307,15 @@ class LearnedPolicy(EvictionPolicy):
         if model is None or not self._held:
             return True
         if self.classify:
-            if self._class_of(key) == 0:
+            # An owner that announced no access (the L1 tier) leaves nothing classified for it: admit.
+            if self._classified[0] == key and self._classified[1] == 0:
                 self._bypassed += 1
                 return False
             return True
-        victim, p_victim, p_new = self._score(model, None, self._hist.slot[key])
+        slot = self._hist.slot.get(key)
+        if slot is None:  # no history (no announced access): nothing to compare
+            return True
+        victim, p_victim, p_new = self._score(model, None, slot)
         self._named = (victim, None, p_victim)
         if p_new < p_victim:
             self._bypassed += 1
@@ -324,25 +343,25 @@ class LearnedPolicy(EvictionPolicy):
         return candidates[best], p[best], p[n] if extra is not None else 0.0
 
     def _classified_victim(self, ns: str | None) -> Hashable:
-        """The least recently used averse leaf, else the least recently used friendly leaf; within a namespace,
-        the same among its ``sample`` least recently used keys (leaves first, then any).
-
-        A class's keys are kept by last access and the leaves found by a scan: a chain's blocks were accessed
-        in order, so the scan passes a chain's parents before reaching its tail (O(chain length)). Keeping
-        the leaves in their own order instead would need a sorted insert when a block becomes a leaf again."""
-        children, slot = self._hist.children, self._hist.slot
+        """The least recently used averse leaf, else the least recently used friendly leaf (without
+        ``leaves_first``: the least recently used averse key, else friendly key); within a namespace, the same
+        among its ``sample`` least recently used keys (leaves first, then any). O(log held) amortised: each
+        class's leaves are in a heap by last access (a block that becomes a leaf again enters at its own)."""
         if ns is None:
-            for keys in self._by_class:
-                for key in keys:
-                    if not children[slot[key]]:
-                        return key
             if not self._order:
                 raise KeyError("no key held")
-            return next(iter(self._order))
+            if not self.leaves_first:
+                return next(iter(self._by_class[0] or self._by_class[1]))
+            for cls in (0, 1):
+                key = self._top_leaf(cls)
+                if key is not _NOBODY:
+                    return key
+            return next(iter(self._leaves or self._order))
         order = self._by_ns.get(ns)
         if not order:
             raise KeyError(f"no key held in namespace {ns!r}")
         classes = self._class
+        children, slot = self._hist.children, self._hist.slot
         first = first_leaf = None
         for key in islice(order, self.sample):
             if first is None:
@@ -353,6 +372,41 @@ class LearnedPolicy(EvictionPolicy):
                 if first_leaf is None:
                     first_leaf = key
         return first_leaf if first_leaf is not None else first
+
+    def _push_leaf(self, key: Hashable) -> None:
+        """Enter ``key`` (held, classified) in its class's leaf heap at its last access, if it is a leaf."""
+        hist = self._hist
+        s = hist.slot[key]
+        if hist.children[s]:
+            return
+        heap = self._leaf_heaps[self._class[key]]
+        self._pushes += 1
+        heapq.heappush(heap, (hist.last[s], self._pushes, key))
+        if len(heap) > 2 * len(self._held) + 1024:  # stale entries: rebuild from the live leaves
+            self._rebuild_leaf_heaps()
+
+    def _rebuild_leaf_heaps(self) -> None:
+        hist = self._hist
+        for cls, heap in enumerate(self._leaf_heaps):
+            heap.clear()
+            for key in self._by_class[cls]:
+                s = hist.slot[key]
+                if not hist.children[s]:
+                    self._pushes += 1
+                    heap.append((hist.last[s], self._pushes, key))
+            heapq.heapify(heap)
+
+    def _top_leaf(self, cls: int) -> Hashable:
+        """The least recently used leaf of class ``cls`` (``_NOBODY`` when it has none), stale entries popped."""
+        heap, classes, hist = self._leaf_heaps[cls], self._class, self._hist
+        while heap:
+            last, _, key = heap[0]
+            if classes.get(key) == cls:
+                s = hist.slot[key]
+                if not hist.children[s] and hist.last[s] == last:
+                    return key
+            heapq.heappop(heap)
+        return _NOBODY
 
     def _class_of(self, key: Hashable) -> int:
         """The class given to ``key`` at its latest access (friendly when it came with no usable model)."""
@@ -389,7 +443,7 @@ class LearnedPolicy(EvictionPolicy):
         self._named = None
         hist = self._hist
         if info is not None and info.pos == 0:
-            hist.start_request(key, tick)
+            hist.start_request(key, tick, info.req)
         slot = hist.touch(key, tick, info)
         samples = self._samples
         samples.accessed(key, tick)
@@ -429,10 +483,9 @@ class LearnedPolicy(EvictionPolicy):
         if positives == 0 or positives == len(y):
             return  # one class only: nothing to learn yet
         window = TrainingWindow(first, last, tick, len(y), positives)
-        if self._model is not None:  # judged on the samples it has not seen
-            unseen = slice(max(0, self._model.window.last + 1 - first), None)
-            self._auc = self._auc_of(self._model.predict(self._select(rows[unseen])), reused[unseen])
+        previous = self._model
         if not self._background:
+            self._judge(previous, rows, reused, first)
             self._model = self._fit(rows, y, window)
             self._trained += 1
             return
@@ -440,8 +493,15 @@ class LearnedPolicy(EvictionPolicy):
             if self._busy or self._job is not None:
                 self._skipped += 1
                 return
-            self._job = (rows, y, window)  # copies: the ring moves on meanwhile
+            self._job = (rows, y, window, previous, reused)  # copies: the ring moves on meanwhile
             self._cond.notify_all()
+
+    def _judge(self, model: LearnedModel | None, rows: np.ndarray, reused: np.ndarray, first: int) -> None:
+        """``auc``: ``model`` on the samples it has not seen (ids after its window; approximate for a model
+        from elsewhere, whose ids are another policy's)."""
+        if model is not None:
+            unseen = slice(max(0, model.window.last + 1 - first), None)
+            self._auc = self._auc_of(model.predict(self._select(rows[unseen])), reused[unseen])
 
     def _forget_old(self, tick: int) -> None:
         """Drop the history of objects neither held, nor parent of a held block, nor accessed within the
@@ -457,6 +517,7 @@ class LearnedPolicy(EvictionPolicy):
         ]
         for k in old:
             hist.forget(k)
+        hist.forget_heads()
 
     def _fit(self, rows: np.ndarray, labels: np.ndarray, window: TrainingWindow) -> LearnedModel:
         return train(self._select(rows), labels, features=self.features, window=window, objective=self._objective, rounds=self.rounds, depth=self.depth,
@@ -469,11 +530,19 @@ class LearnedPolicy(EvictionPolicy):
                 if self._closed:
                     return
                 assert self._job is not None
-                rows, labels, window = self._job
+                rows, labels, window, previous, reused = self._job
                 self._job = None
                 self._busy = True
             try:
+                self._judge(previous, rows, reused, window.first)  # off the request path, as the fit
                 model = self._fit(rows, labels, window)
+            except Exception:  # a failed training must not end the thread: the next retraining tries again
+                log.exception("learned eviction: training on %d samples failed; the model in use stays", len(labels))
+                with self._cond:
+                    self._busy = False
+                    self._failed += 1
+                    self._cond.notify_all()
+                continue
             finally:
                 with self._cond:
                     self._busy = False
@@ -502,6 +571,7 @@ class LearnedPolicy(EvictionPolicy):
             model_tick=model.window.tick if model is not None else -1,
             auc=self._auc,
             averse=self._averse,
+            failed=self._failed,
         )
 
     def wait_trained(self, count: int, timeout: float | None = None) -> bool:
@@ -526,6 +596,10 @@ class LearnedPolicy(EvictionPolicy):
     def _rebased(self, model: LearnedModel, tick: int) -> LearnedModel:
         """``model`` as if trained at this policy's access ``tick``: a model from elsewhere (a file, another
         policy) is fresh when it arrives, and goes stale by this policy's count."""
+        if self.classify and not model.forest.logistic:
+            raise LearnedModelError(
+                "the model is a regression (target='distance'); decide='classify' needs a classifier's probability"
+            )
         if tuple(model.features) != self.features:
             raise LearnedModelError(
                 f"the model was trained on features {list(model.features)}, expected {list(self.features)}"

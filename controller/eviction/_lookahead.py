@@ -173,6 +173,9 @@ class LookaheadPolicy(EvictionPolicy):
     def __len__(self) -> int:
         return len(self._held)
 
+    def close(self) -> None:
+        self.base.close()
+
     def __contains__(self, key: object) -> bool:
         return key in self._held
 

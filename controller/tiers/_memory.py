@@ -200,12 +200,13 @@ class MemoryTier(Tier):
             return self._bytes if ns is None else self._ns_bytes.get(ns, 0)
 
     def close(self) -> None:
-        """Drop every entry (the policy is told of each)."""
+        """Drop every entry (the policy is told of each), then close the policy."""
         with self._lock:
             self._reads.clear()
             for slot in list(self._entries):
                 self._drop(slot)
             self._expiry.clear()
+        self._policy.close()
 
     def replace_policy(self, policy: EvictionPolicy) -> None:
         """Switch to another eviction policy (a new policy document named one). ``policy`` must be new; it is
@@ -220,7 +221,8 @@ class MemoryTier(Tier):
                     size=_sizeof(slot, entry), ns=slot[0], saved_ms=entry.saved_ms, weight=weight, rule=entry.rule
                 )
                 policy.on_insert(slot, info)
-            self._policy = policy
+            old, self._policy = self._policy, policy
+        old.close()  # outside the lock: a learned policy's close waits for its trainer thread
 
     @property
     def policy(self) -> EvictionPolicy:
