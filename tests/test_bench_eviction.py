@@ -130,17 +130,17 @@ def test_mooncake_defaults_to_objects_and_reports_prefix_hits(tmp_path: Path) ->
     }
 
 
-def test_output_budget_is_opt_in_and_labelled(tmp_path: Path) -> None:
-    """--output-budget hands policies the trace's output_length, which a server knows only at completion: the
-    JSON and the table say so; without it no row is marked."""
+def test_output_lengths_are_opt_in_and_labelled(tmp_path: Path) -> None:
+    """--output-lengths hands policies the trace's output_length, which a server knows at completion: the JSON
+    and the table say so; without it nothing is marked."""
     out = tmp_path / "out.json"
     plain = bench("--trace", str(TRACES / "mooncake.jsonl"), "--sizes", "0.4", "--policies", "lru", "--json", str(out))
-    assert plain.exit_code == 0 and "output_budget" not in json.loads(out.read_text())
-    assert "--output-budget" not in plain.stdout
-    told = bench("--trace", str(TRACES / "mooncake.jsonl"), "--sizes", "0.4", "--policies", "lru", "--output-budget",
+    assert plain.exit_code == 0 and "output_lengths" not in json.loads(out.read_text())
+    assert "--output-lengths" not in plain.stdout
+    told = bench("--trace", str(TRACES / "mooncake.jsonl"), "--sizes", "0.4", "--policies", "lru", "--output-lengths",
                  "--json", str(out))
-    assert told.exit_code == 0 and json.loads(out.read_text())["output_budget"] is True
-    assert "these are not online results" in " ".join(told.stdout.split())
+    assert told.exit_code == 0 and json.loads(out.read_text())["output_lengths"] is True
+    assert "classifies its blocks then" in " ".join(told.stdout.split())
 
 
 def test_other_traces_default_to_bytes_with_the_size_heuristic(tmp_path: Path) -> None:

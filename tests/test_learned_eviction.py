@@ -173,7 +173,7 @@ def test_context_reaches_policies_that_ask(tmp_path) -> None:
     replay(read_trace(path), Listening, capacity_objects=4)
     budgets = []
     Listening.on_access = lambda self, key, info: budgets.append(info.req_out)  # type: ignore[method-assign]
-    replay(read_trace(path, output_budget=True), Listening, capacity_objects=4)
+    replay(read_trace(path, output_lengths=True), Listening, capacity_objects=4)
     assert budgets == [1, 1, 1]
     assert seen == [
         ("7", EntryInfo(1, req=0, pos=0, req_len=2, parent=None)),
@@ -320,6 +320,18 @@ def frequency_model() -> LearnedModel:
                  rounds=5, threads=1)
 
 
+@functools.cache
+def budget_model() -> LearnedModel:
+    """A model that learned one rule: blocks of requests with an output budget over 100 tokens do not return."""
+    rng = np.random.default_rng(0)
+    rows = rng.random((2000, len(FEATURES))) * 100
+    out = FEATURES.index("req_out")
+    rows[:, out] = rng.choice([8, 400], size=2000)
+    labels = (rows[:, out] < 100).astype(float)
+    return train(rows, labels, features=FEATURES, window=TrainingWindow(0, 1999, 0, 2000, int(labels.sum())),
+                 rounds=5, threads=1)
+
+
 def test_model_decides_and_a_stale_one_falls_back() -> None:
     def policy(stale_after: int) -> LearnedPolicy:
         p = LearnedPolicy(model=frequency_model(), retrain_every=10**6, stale_after=stale_after)
@@ -359,10 +371,15 @@ def test_classify_learns_which_requests_leave_chains_that_never_return() -> None
     classes: dict[str, list[int]] = {"doc": [], "once": []}
 
     class Watching(LearnedPolicy):
-        def on_access(self, key: Hashable, info: EntryInfo) -> None:
-            super().on_access(key, info)
-            if self.model is not None:
-                classes["once" if str(key).startswith("once") else "doc"].append(self._classified[1])
+        """Records the class each held block of a request gets when the request completes."""
+
+        def _complete(self) -> None:
+            finished = [k for k in self._in_flight if k in self._class]
+            decided = self.model is not None
+            super()._complete()
+            if decided:
+                for key in finished:
+                    classes["once" if str(key).startswith("once") else "doc"].append(self._class[key])
 
     result, policy = run(functools.partial(Watching, capacity=30, retrain_every=300), capacity=30, trace=trace)
     lru, _ = run(LRUPolicy, capacity=30, trace=trace)
@@ -373,6 +390,26 @@ def test_classify_learns_which_requests_leave_chains_that_never_return() -> None
     assert result.hits > 1.2 * lru.hits, (result.hits, lru.hits)
     assert policy.stats.averse == len(classes["doc"]) + len(classes["once"]) - sum(classes["doc"]) - sum(
         classes["once"])
+
+
+def test_a_request_is_classified_when_it_completes() -> None:
+    """With an output length (known at completion) a request's blocks stay friendly while it is in flight and
+    are classified together when the next request begins; the one-off request's blocks then go first."""
+    policy = LearnedPolicy(model=budget_model(), retrain_every=10**6)
+    for pos, key in enumerate(["long0", "long1"]):
+        info = EntryInfo(1, req=0, pos=pos, req_len=2, req_out=400, parent="long0" if pos else None)
+        policy.on_access(key, info)
+        policy.on_insert(key, info)
+    assert policy.stats.averse == 0 and policy._class == {"long0": 1, "long1": 1}  # in flight: friendly
+    info = EntryInfo(1, req=1, pos=0, req_len=1, req_out=8)
+    policy.on_access("short", info)  # request 0 completed
+    policy.on_insert("short", info)
+    assert policy.stats.averse == 2 and policy._class == {"long0": 0, "long1": 0, "short": 1}
+    assert policy.victim() == "long1"  # the averse leaf (long0 is its parent)
+    policy.on_remove("long1")
+    assert policy.victim() == "long0"
+    policy.on_remove("long0")
+    assert policy.victim() == "short"  # still in flight (friendly): the only key left
 
 
 def test_classify_namespace_victims_and_admission() -> None:

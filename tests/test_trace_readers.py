@@ -102,18 +102,18 @@ def test_mooncake_one_access_per_block() -> None:
     assert stats == ReadStats(lines=4, accesses=6, skipped=0)
 
 
-def test_mooncake_output_length_as_budget_only_when_asked(tmp_path) -> None:
+def test_mooncake_output_length_only_when_asked(tmp_path) -> None:
     """``output_length`` is what a request generated, known at its completion: it becomes ``req_out`` only with
-    ``output_budget`` (-1 otherwise, and without one); a present one that is not an int >= 0 is a bad line
+    ``output_lengths`` (-1 otherwise, and without one); a present one that is not an int >= 0 is a bad line
     either way, named with its file and line."""
-    assert [a.req_out for a in read_trace(fixture("mooncake.jsonl"), "mooncake", output_budget=True)] == [
+    assert [a.req_out for a in read_trace(fixture("mooncake.jsonl"), "mooncake", output_lengths=True)] == [
         6, 6, 6, 4, 4, 1]
     assert {a.req_out for a in read_trace(fixture("mooncake.jsonl"), "mooncake")} == {-1}
     path = tmp_path / "t.jsonl"
     path.write_text('{"timestamp": 0, "hash_ids": [1]}\n{"timestamp": 1, "output_length": 2.5, "hash_ids": [2]}\n')
     with pytest.raises(TraceError, match=r"t\.jsonl:2: field .output_length. must be an int >= 0, got 2.5"):
         list(read_trace(path, "mooncake"))
-    got = list(read_trace(path, "mooncake", skip_bad=True, output_budget=True))
+    got = list(read_trace(path, "mooncake", skip_bad=True, output_lengths=True))
     assert [(a.key, a.req_out) for a in got] == [("1", -1)]
 
 

@@ -25,7 +25,9 @@ class EntryInfo(NamedTuple):
     For KV blocks (Mooncake traces) ``req`` numbers the request, ``pos`` is the block's place in the request's
     prefix chain (0 = first), ``req_len`` the request's length in blocks, ``parent`` the key of the block
     before it in the chain (``None`` for the first block or when unknown), ``req_out`` the request's output
-    budget in tokens (its ``max_tokens``; -1 when unknown); ``rule`` names the caching rule.
+    length in tokens (-1 when unknown): what it generated, known when it completes, so a policy given it must
+    not use it for decisions before then (the learned policy classifies the request's blocks at completion);
+    ``rule`` names the caching rule.
     """
 
     size: int

@@ -20,7 +20,7 @@ FEATURES = (
     "pos",  # place in its request's prefix chain at the last access (NaN: no context)
     "req_len",  # blocks in that request
     "to_tail",  # req_len - pos: how far from the end of the chain
-    "req_out",  # the request's output budget in tokens (max_tokens; NaN: unknown)
+    "req_out",  # the request's output length in tokens (known at its completion; NaN: unknown)
     "req_new",  # blocks of its request from the first never seen before to the end (0: all seen so far)
     "children",  # cached blocks that have it as parent
     "head_requests",  # requests seen so far that started with the same first block

@@ -16,8 +16,11 @@ Two ways to decide (``decide``):
   times the reuse rate of the model's training window, *friendly* otherwise. Victims are the least recently
   used averse leaf while there is one, else the least recently used friendly leaf. The model only sorts
   objects into two classes with a margin, at the moment it knows the most about them (what the request that
-  touched them looks like); recency orders each class. On the Mooncake trace what it learns is which requests
-  leave chains that never return (long generations, the tail block of a prompt).
+  touched them looks like); recency orders each class. An access whose context carries the request's output
+  length (``EntryInfo.req_out``, known when the request completes) is classified at that completion instead:
+  the request's blocks stay friendly while it is in flight and are classified in one batch when the next
+  request begins (the owner serves one request at a time, as replay does). On the Mooncake trace what it learns
+  is which requests leave chains that never return (long generations; a short new tail on a known document).
 - ``rank`` (LRB): the ``sample`` least recently used leaves are scored in one batch at each eviction and the
   least likely to return goes; one of them is taken as a training sample per access. It ranked poorly where
   it decided (docs/notes/learned-eviction-policy-2026-11-29.md) and stays for comparison.
@@ -185,6 +188,8 @@ class LearnedPolicy(EvictionPolicy):
             OrderedDict(), OrderedDict())
         self._leaf_heaps: tuple[list[tuple[float, int, Hashable]], list[tuple[float, int, Hashable]]] = ([], [])
         self._pushes = 0  # tie-breaker: keys need not be comparable
+        self._in_flight: dict[Hashable, np.ndarray] = {}  # the request in flight's blocks: their rows at access
+        self._in_flight_req = -1
         self._failed = 0
         self._classified: tuple[Hashable, int] = (_NOBODY, 1)  # the latest access's key and class
         self._averse = 0
@@ -373,6 +378,38 @@ class LearnedPolicy(EvictionPolicy):
                     first_leaf = key
         return first_leaf if first_leaf is not None else first
 
+    def _cut(self, model: LearnedModel) -> float:
+        window = model.window
+        return self.averse_below * window.positives / max(window.samples, 1)
+
+    def _predict(self, model: LearnedModel, rows: np.ndarray) -> np.ndarray:
+        return model.predict(self._select(rows))
+
+    def _complete(self) -> None:
+        """The request in flight completed (the next one begins: the owner serves one at a time, as replay
+        does): classify its blocks still held, in one batch, now that its output length counts."""
+        in_flight = self._in_flight
+        if not in_flight:
+            return
+        self._in_flight = {}
+        self._in_flight_req = -1
+        model = self._usable_model()
+        held = [k for k in in_flight if k in self._class]
+        if model is None or not held:
+            return
+        import numpy as np
+
+        p = self._predict(model, np.vstack([in_flight[k] for k in held]))
+        cut = self._cut(model)
+        for key, averse in zip(held, p < cut, strict=True):
+            if averse:
+                self._averse += 1
+                if self._class[key]:
+                    del self._by_class[1][key]
+                    self._class[key] = 0
+                    self._by_class[0][key] = None
+                    self._push_leaf(key)
+
     def _push_leaf(self, key: Hashable) -> None:
         """Enter ``key`` (held, classified) in its class's leaf heap at its last access, if it is a leaf."""
         hist = self._hist
@@ -449,16 +486,21 @@ class LearnedPolicy(EvictionPolicy):
         samples.accessed(key, tick)
         horizon = self.horizon * max(len(self._held), 1)
         if self.classify:
+            if self._in_flight and info is not None and info.req >= 0 and info.req != self._in_flight_req:
+                self._complete()  # another request's block: the one in flight completed
             row = hist.rows([slot], tick)
             samples.add([key], row, tick, horizon)
             if tick % self.retrain_every == 0:
                 self._retrain()
-            model = self._usable_model()
             cls = 1
-            if model is not None:
-                window = model.window
-                cut = self.averse_below * window.positives / max(window.samples, 1)
-                if float(model.predict(self._select(row))[0]) < cut:
+            if info is not None and info.req_out >= 0 and info.req >= 0:
+                # The request's output length is known when it completes: its blocks (in use until then) are
+                # friendly for now and classified at completion, with the rest of the request (_complete).
+                self._in_flight_req = info.req
+                self._in_flight[key] = row
+            else:
+                model = self._usable_model()
+                if model is not None and self._predict(model, row)[0] < self._cut(model):
                     cls = 0
                     self._averse += 1
             self._classified = (key, cls)

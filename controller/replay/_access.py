@@ -12,8 +12,8 @@ class Access(NamedTuple):
     in bytes (1 for unit-size traces). ``ns`` is the tenant namespace ("" when the trace has none). For KV
     block traces (Mooncake) ``req`` numbers the request and ``pos`` is the block's position in the request's
     prefix chain (0 = first block); both are -1 for other formats. ``req_out`` is the request's output length
-    in tokens (Mooncake's ``output_length``; -1 when unknown): it stands for what a server knows of a request's
-    generation when it places the request's blocks, its ``max_tokens`` budget.
+    in tokens (Mooncake's ``output_length``, with ``read_trace(..., output_lengths=True)`` only; -1 otherwise):
+    what the request generated, which a server learns when it completes.
     """
 
     t: float

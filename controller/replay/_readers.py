@@ -74,10 +74,10 @@ class ReadOptions:
     ``block_tokens`` and ``bytes_per_token`` (mooncake): a block's size is their product. The defaults make a
     block's size its token count (512, Mooncake's block), so cache capacities are in tokens; give the model's
     KV bytes per token to get bytes. ``csv_columns`` and ``time_scale`` (csv): the column mapping, and the
-    factor that turns the time column into seconds (1e-6 for microseconds). ``output_budget`` (mooncake): take
-    each request's ``output_length`` as its output budget (``Access.req_out``). Off by default: the field is the
-    length the request generated, known only when it completes, while a server places a request's blocks at
-    arrival knowing its ``max_tokens``; replays that use it say so and are reported apart.
+    factor that turns the time column into seconds (1e-6 for microseconds). ``output_lengths`` (mooncake): pass
+    each request's ``output_length`` on as ``Access.req_out``. It is the length the request generated, which a
+    server knows when the request completes, not at arrival: a policy may use it only from then on (the
+    learned policy classifies a request's blocks at its completion). Off by default.
     """
 
     skip_bad: bool = False
@@ -85,7 +85,7 @@ class ReadOptions:
     bytes_per_token: int = 1
     csv_columns: CsvColumns = CsvColumns()
     time_scale: float = 1.0
-    output_budget: bool = False
+    output_lengths: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_tokens", "bytes_per_token"):
@@ -292,7 +292,7 @@ def read_mooncake(lines: Iterable[str], name: str, options: ReadOptions, stats: 
     ``t`` is the timestamp in seconds, ``key`` the hash id as a string (ids are chained: an equal id is an
     equal prefix), ``size`` is ``block_tokens * bytes_per_token`` for every block (the KV cache allocates
     whole blocks, the last one too), ``req`` the request's index among the valid lines (from 0), ``pos`` the
-    block's index in ``hash_ids``, ``req_out`` the optional ``output_length`` with ``output_budget`` (else, or
+    block's index in ``hash_ids``, ``req_out`` the optional ``output_length`` with ``output_lengths`` (else, or
     without one, -1; a present one is checked either way). A request is checked whole before its first block comes out, so a bad
     line yields nothing.
     """
@@ -306,7 +306,7 @@ def read_mooncake(lines: Iterable[str], name: str, options: ReadOptions, stats: 
                 raise _Bad(f"field 'hash_ids' must be a list, got {_show(ids)}")
             keys = [_key(h, "hash_ids") for h in ids]
             out = _count(rec, "output_length")
-            if not options.output_budget:
+            if not options.output_lengths:
                 out = -1
         except _Bad as exc:
             error = _fail(name, lineno, str(exc), options, stats)
@@ -445,7 +445,7 @@ FORMATS: dict[str, Reader] = {
 def read_trace(source: str | os.PathLike[str] | TextIO, format: str = "auto", *, skip_bad: bool = False,
                stats: ReadStats | None = None, block_tokens: int = 512, bytes_per_token: int = 1,
                csv_columns: CsvColumns | None = None, time_scale: float = 1.0,
-               output_budget: bool = False) -> Iterator[Access]:
+               output_lengths: bool = False) -> Iterator[Access]:
     """Stream the accesses of a trace file (a path, opened and closed here) or an open text stream (read
     from where it stands, never closed here). Nothing is read until the first access is asked for.
 
@@ -459,7 +459,7 @@ def read_trace(source: str | os.PathLike[str] | TextIO, format: str = "auto", *,
         raise ValueError(f"unknown trace format {format!r}; known: {', '.join(sorted(FORMATS))}") from None
     options = ReadOptions(skip_bad=skip_bad, block_tokens=block_tokens, bytes_per_token=bytes_per_token,
                           csv_columns=CsvColumns() if csv_columns is None else csv_columns,
-                          time_scale=time_scale, output_budget=output_budget)
+                          time_scale=time_scale, output_lengths=output_lengths)
     if isinstance(source, (str, os.PathLike)):
         return _read_path(os.fspath(source), reader, options, stats if stats is not None else ReadStats())
     if isinstance(source, io.IOBase) or hasattr(source, "readline"):

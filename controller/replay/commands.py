@@ -160,13 +160,13 @@ def eviction(
             "lcs:NAME (needs libcachesim, GPL-3.0: evocache's 'peers' extra).",
         ),
     ] = False,
-    output_budget: Annotated[
+    output_lengths: Annotated[
         bool,
         typer.Option(
-            "--output-budget",
-            help="Mooncake traces: give policies each request's output_length as its output budget (req_out). It "
-            "is the length the request generated, which a server knows only at completion: rows with it are not "
-            "online results; the table says so.",
+            "--output-lengths",
+            help="Mooncake traces: tell policies each request's output_length (req_out), the length it generated, "
+            "which a server knows when the request completes; the replay serves one request at a time, so that is "
+            "before the next request's blocks. The learned policy classifies a request's blocks at completion.",
         ),
     ] = False,
     utilisation: Annotated[
@@ -197,7 +197,7 @@ def eviction(
     """
     try:
         _bench(trace_path, json_out, trace_format, sizes_text, policies_text, plot, unit, csv_columns,
-               block_tokens, skip_bad, peers, utilisation, output_budget)
+               block_tokens, skip_bad, peers, utilisation, output_lengths)
     except _Failed as failed:
         raise typer.Exit(failed.code) from None
 
@@ -212,7 +212,7 @@ app.command(help=_reflow(eviction.__doc__ or ""))(eviction)
 
 def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str, policies_text: str,
            plot: Path | None, unit: str | None, csv_columns: str | None, block_tokens: int,
-           skip_bad: bool, peers: bool, utilisation: float | None = None, output_budget: bool = False) -> None:
+           skip_bad: bool, peers: bool, utilisation: float | None = None, output_lengths: bool = False) -> None:
     from ..eviction import EVICTION_POLICIES
     from ._queue import Load, QueueModel
     from ._sim import working_set
@@ -225,7 +225,7 @@ def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str,
     figure = _figure_class() if plot is not None else None  # before the replays: fail in a second, not a minute
     lcs = _libcachesim() if peers else None
 
-    trace, skipped = _read(trace_path, trace_format, columns, block_tokens, skip_bad, output_budget)
+    trace, skipped = _read(trace_path, trace_format, columns, block_tokens, skip_bad, output_lengths)
     if skipped:
         typer.echo(f"skipped {skipped} malformed line(s) of {trace_path}", err=True)
     # Mooncake accesses carry their request number; unit-size blocks are how the data README's points are taken.
@@ -270,17 +270,17 @@ def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str,
               "skipped": skipped, "rows": rows}
     if queue_report is not None:
         report["queue"] = queue_report
-    if output_budget:
-        report["output_budget"] = True
+    if output_lengths:
+        report["output_lengths"] = True
     try:
         json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     except OSError as exc:
         raise _error(f"error: {json_out}: {exc.strerror or exc}", EXIT_UNREADABLE) from None
 
     notes = queue_notes + peer_notes + (_peer_result_notes(results, sizes, len(trace)) if peer_names else [])
-    if output_budget:
-        notes.insert(0, "--output-budget: policies were told each request's output_length, the length it generated, "
-                        "which a server knows only when the request completes: these are not online results")
+    if output_lengths:
+        notes.insert(0, "--output-lengths: policies learn each request's output_length when it completes (before the "
+                        "next request: one request at a time); the learned policy classifies its blocks then")
     _print_table(results, lru, sizes, capacities, unit, mooncake, lru_requested="lru" in policies, extra=notes)
     if figure is not None:
         assert plot is not None
@@ -288,7 +288,7 @@ def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str,
 
 
 def _read(path: Path, fmt: str, columns: CsvColumns | None, block_tokens: int,
-          skip_bad: bool, output_budget: bool = False) -> tuple[list[Access], int]:
+          skip_bad: bool, output_lengths: bool = False) -> tuple[list[Access], int]:
     """The whole trace and the number of lines skipped; prints and raises ``_Failed`` when it cannot be read."""
     from ..errors import TraceError
     from ._readers import ReadStats, read_trace
@@ -296,7 +296,7 @@ def _read(path: Path, fmt: str, columns: CsvColumns | None, block_tokens: int,
     stats = ReadStats()
     try:  # read_trace checks its options at once, and reads nothing until iterated
         accesses = read_trace(path, fmt, skip_bad=skip_bad, stats=stats, block_tokens=block_tokens,
-                              csv_columns=columns, output_budget=output_budget)
+                              csv_columns=columns, output_lengths=output_lengths)
     except ValueError as exc:
         raise _usage("--format", str(exc)) from None
     try:
