@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
 _NOBODY: Hashable = object()  # keys are arbitrary hashables, so None could be one
 log = logging.getLogger("evocache.controller.eviction")
+_SWEEP = 8  # history keys examined for forgetting per access
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +192,8 @@ class LearnedPolicy(EvictionPolicy):
         self._in_flight: dict[Hashable, np.ndarray] = {}  # the request in flight's blocks: their rows at access
         self._in_flight_req = -1
         self._failed = 0
+        self._sweep: list[Hashable] = []  # _forget_old's snapshot of the history's keys, and its place in it
+        self._sweep_at = 0
         self._classified: tuple[Hashable, int] = (_NOBODY, 1)  # the latest access's key and class
         self._averse = 0
         self._used = 0
@@ -482,6 +485,7 @@ class LearnedPolicy(EvictionPolicy):
         if info is not None and info.pos == 0:
             hist.start_request(key, tick, info.req)
         slot = hist.touch(key, tick, info)
+        self._forget_old(tick)
         samples = self._samples
         samples.accessed(key, tick)
         horizon = self.horizon * max(len(self._held), 1)
@@ -515,7 +519,6 @@ class LearnedPolicy(EvictionPolicy):
     def _retrain(self) -> None:
         tick = self._tick
         found = self._samples.training_set(tick)
-        self._forget_old(tick)
         if found is None:
             return
         rows, distances, horizons, first, last = found
@@ -547,19 +550,24 @@ class LearnedPolicy(EvictionPolicy):
 
     def _forget_old(self, tick: int) -> None:
         """Drop the history of objects neither held, nor parent of a held block, nor accessed within the
-        last ``4 x horizon`` accesses: memory stays bounded
-        by the cache's turnover, not the trace's length."""
+        last ``4 x horizon`` accesses: memory stays bounded by the cache's turnover, not the trace's length.
+
+        Incremental, so that no request pays for a whole pass: each access examines the next ``_SWEEP`` keys of
+        a snapshot of the history, and a finished snapshot is replaced by a new one (one pass per
+        ``len(history) / _SWEEP`` accesses; the history stays within a few turnovers)."""
         hist = self._hist
+        if self._sweep_at >= len(self._sweep):
+            self._sweep = list(hist.slot)
+            self._sweep_at = 0
+            hist.forget_heads()
         memory = 4 * self.horizon * max(len(self._held), 1)
-        held = self._held
-        old = [
-            k
-            for k, s in hist.slot.items()
-            if k not in held and not hist.children[s] and tick - hist.last[s] > memory
-        ]
-        for k in old:
-            hist.forget(k)
-        hist.forget_heads()
+        held, slots, children, last = self._held, hist.slot, hist.children, hist.last
+        end = min(self._sweep_at + _SWEEP, len(self._sweep))
+        for k in self._sweep[self._sweep_at:end]:
+            s = slots.get(k)
+            if s is not None and k not in held and not children[s] and tick - last[s] > memory:
+                hist.forget(k)
+        self._sweep_at = end
 
     def _fit(self, rows: np.ndarray, labels: np.ndarray, window: TrainingWindow) -> LearnedModel:
         return train(self._select(rows), labels, features=self.features, window=window, objective=self._objective, rounds=self.rounds, depth=self.depth,
