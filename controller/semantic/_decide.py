@@ -8,13 +8,16 @@ bound, inflated by a conservative calibration factor measured on the exploration
 Three pieces, each one small class:
 
 - ``neighbourhood``: turns a neighbour list and the answer clusters (built from judge links only) into a
-  candidate entry and its features (similarity, margin to the nearest other cluster, vote of the top-k).
+  candidate entry and its features: similarity, margin to the nearest other cluster, vote of the top-k, the
+  entry's own verdicts, and the ``lexical`` difference of the prompt and the entry's stored prompt (a trap is
+  a minimal pair, a near-repeat differs by typos, a paraphrase by many words).
 - ``ErrorModel``: one global logistic model of P(wrong | features), refitted online from observations (judge
-  verdicts on misses and explorations, feedback); per-entry evidence is pooled with it as a Beta prior.
+  verdicts on misses and explorations, feedback), each weighed by the inverse of its chance of being observed.
 - ``Pacer``: one per scope (tenant namespace + boundary), so each scope's own error per lookup is held within
   the bound; it picks the cut-off from the scope's recent lookups' estimated errors so that their expected
   error per lookup is within the bound; an upper confidence bound on the exploration sample's observed/expected
-  error ratio (``Calibration``, shared like the model) scales the estimates up when the model is optimistic.
+  error ratio (``Calibration``, shared like the model) scales the estimates up when the model is optimistic,
+  and a scope whose own explored verdicts refute that shared bound uses its own.
 
 ``StaticPolicy`` is the comparison baseline: serve the nearest entry at cosine similarity >= threshold.
 """
