@@ -4,7 +4,8 @@
                                        [--rounds 5] [--parts abcd] [--out DIR]
 
 (a) Policy x size table on the Mooncake trace: every registered eviction policy, Belady, and libCacheSim's
-    online algorithms when ``libcachesim`` is installed (``evocache bench eviction --peers``).
+    online algorithms when ``libcachesim`` is installed (``evocache bench eviction --peers``); then the learned
+    policy again with ``--output-lengths`` (each request's output length, learned at its completion).
 (b) cloudPhysicsIO.csv, learned against LRU (bytes), with the libCacheSim rows for context. The file is
     GPL-3.0 data, so it is read from ../shared/data/traces/ and never copied here; without it (b) is skipped
     with a message.
@@ -81,6 +82,10 @@ def table(args: argparse.Namespace) -> None:
         print(f"the {LEARNED!r} policy is not registered yet: its row is missing")
     bench_command(["--trace", str(args.trace), "--sizes", args.sizes, "--policies", ",".join(EVICTION_POLICIES),
                    *_peers(), *plot, "--json", str(args.out / "mooncake.json")])
+    if LEARNED in EVICTION_POLICIES:
+        print("\nthe learned policy told each request's output length at its completion (the README's second learned row):")
+        bench_command(["--trace", str(args.trace), "--sizes", args.sizes, "--policies", f"lru,{LEARNED}",
+                       "--output-lengths", "--json", str(args.out / "mooncake_output_lengths.json")])
 
 
 def cloudphysics(args: argparse.Namespace) -> None:
