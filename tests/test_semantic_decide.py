@@ -439,3 +439,81 @@ def test_the_decision_explains_itself_with_the_agreed_fields() -> None:
     assert isinstance(decision, SemanticDecision)
     assert list(decision._asdict())[:6] == ["serve", "explore", "neighbour", "similarity", "threshold", "est_error"]
     assert (decision.neighbour, decision.est_error) == ("e0", 1.0)  # the model has seen nothing yet
+
+
+def test_a_newcomer_scope_earns_trust_before_the_shared_model_serves_it() -> None:
+    from evocache.controller.semantic._decide import Calibration, calibration_upper
+
+    shared = Calibration()
+    for i in range(200):  # the model was checked on other scopes' traffic: calibrated there
+        shared.explored(0.05, wrong=i % 20 == 0)
+    founder, newcomer = Pacer(calibration=shared), Pacer(calibration=shared, newcomer=True)
+    assert not founder.newcomer and newcomer.newcomer
+    # Without a verdict of its own, a newcomer reads its prior alone: not the shared ratio, ten times it.
+    assert founder.calibration == shared.value
+    assert newcomer.calibration == pytest.approx(calibration_upper(0, 0.0, prior=0.1, confidence=0.975))
+    assert newcomer.calibration > 5 * shared.value
+    # Equal estimates (the model's floor): the budget affords 2 of the 4, so a newcomer serves none of them
+    # (a cut-off serves all of a run or none), while a founder's cut-off admits the run.
+    for pacer in (founder, newcomer):
+        for p in (0.002, 0.002, 0.002, 0.002, math.inf, math.inf, math.inf, math.inf):
+            pacer.record(p, served=False)
+    founder._calibration = newcomer._calibration = Calibration(prior=1e9)  # ratio 1 for both, to compare
+    newcomer._own = None
+    budget_two = 2 * 0.002 / 8 / 1.5  # the saving allows 1.5 times the rate: two estimates of 0.002 in 8
+    assert founder.cutoff(budget_two / 0.9) == 0.002
+    assert newcomer.cutoff(budget_two / 0.9) == 0.0
+
+
+def test_a_refuted_newcomer_counts_each_hit_at_its_own_wrong_rate() -> None:
+    from evocache.controller.semantic._decide import Calibration
+    from scipy.stats import beta
+
+    shared = Calibration()
+    for i in range(200):
+        shared.explored(0.05, wrong=i % 20 == 0)
+    newcomer, founder = Pacer(calibration=shared, newcomer=True), Pacer(calibration=shared)
+    for pacer in (newcomer, founder):
+        assert pacer.floor == 0.0
+        for wrong in (True, False, True, False):  # the model said 0.2 % and was wrong one time in two
+            pacer.scope_explored(0.002, wrong=wrong)
+        assert pacer.refuted
+    assert newcomer.floor == pytest.approx(beta.ppf(0.975, 2.5, 2.5))
+    assert founder.floor == 0.0  # a founding scope keeps the calibrated estimates
+    for p in (0.002,) * 10 + (math.inf,) * 90:
+        newcomer.record(p, served=False)
+    # Ten candidates at 0.002: calibrated alone they would fit 0.02 x 0.9 per lookup; at the floor
+    # (about 0.85 each) not one of them does.
+    assert newcomer.calibration * 0.002 * 10 / 100 < 0.018
+    assert newcomer.cutoff(0.02) == 0.0
+
+
+def test_a_newcomer_explores_its_first_would_be_hits_whatever_the_draw() -> None:
+    stream, table = synthetic_stream(2, n=1500)
+    cache = SemanticCache(TableEmbedder(table), rng=random.Random(2))
+    replay(cache, stream[:1200], 0.05)
+    policy = cache._policy
+    assert policy.explorations >= policy.explore_first[0]  # the model was checked in SCOPE
+    assert not policy.pacer_of(SCOPE).newcomer
+    fresh = Scope("tenant-c", "fn@model:rev")
+    for i, (prompt, group) in enumerate(stream[:1200]):  # the same traffic again, in a new tenant
+        cache.insert(fresh, f"c{i}", prompt, group)
+    draws = random.Random(2)
+    draws.setstate(cache._rng.getstate())
+    sampled_before = policy.calibration.n
+    outcomes, sampled = [], 0
+    for i, (prompt, group) in enumerate(stream[1200:]):
+        decision, entry = cache.lookup(fresh, prompt, max_error=0.05)
+        draw = draws.random()
+        if decision.serve or decision.explore:
+            outcomes.append(decision.explore)
+            sampled += draw < policy.explore  # past the early schedule: the rule's chance
+        if entry is None:
+            cache.insert(fresh, f"n{i}", prompt, group)
+            cache.judge_miss(fresh, prompt, group, decision)
+        if len(outcomes) == policy.trust:
+            break
+    assert policy.pacer_of(fresh).newcomer
+    assert outcomes == [True] * policy.trust  # explored whatever the draw
+    # Only the drawn ones joined the shared sample, which stays a uniform sample of would-be hits.
+    assert policy.calibration.n - sampled_before == sampled < policy.trust

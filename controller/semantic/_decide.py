@@ -223,6 +223,9 @@ class Candidate(NamedTuple):
     features: np.ndarray  # float64, FEATURES order
     explore_chance: float = 0.0
     scope: Hashable = None  # where it was looked up: its explored verdict also checks the model there
+    # Whether its exploration was drawn at the rule's chance (the uniform sample that calibrates the shared
+    # model), not only because its scope had yet to earn trust (``BoundedPolicy(trust=)``).
+    sampled: bool = True
 
 
 def neighbourhood(
@@ -412,11 +415,13 @@ class Calibration:
         self.confidence = confidence
         self.expected = 0.0
         self.wrong = 0
+        self.n = 0
         self.value = 1.0
 
     def explored(self, est_error: float, wrong: bool) -> None:
         self.expected += est_error
         self.wrong += int(wrong)
+        self.n += 1
         self.value = calibration_upper(self.wrong, self.expected, prior=self.prior, confidence=self.confidence)
 
 
@@ -449,6 +454,7 @@ class Pacer:
         prior: float = 2.0,
         every: int = 25,
         calibration: Calibration | None = None,
+        newcomer: bool = False,
     ) -> None:
         self.window = window
         self.prior = prior
@@ -464,6 +470,7 @@ class Pacer:
         self._cutoff = 0.0
         self.lookups = 0
         self.spent = 0.0  # expected wrong answers served so far, by the model (uncalibrated)
+        self.served = 0  # lookups served so far (exact hits included)
         # The exploration sample may be shared between pacers (one per scope) that read the same error model.
         self._calibration = calibration if calibration is not None else Calibration(prior=prior, confidence=confidence)
         # This scope's own share of it: read only once it shows the shared value to be too low here.
@@ -471,6 +478,16 @@ class Pacer:
         # here, and then it must be free to say how wrong the model is (a prior worth 2 expected errors kept a
         # model 90 times too optimistic at 6 times).
         self._own = Calibration(prior=_OWN_PRIOR, confidence=confidence) if calibration is not None else None
+        # A newcomer: a scope first seen when the shared model had already been checked on other scopes' traffic
+        # (BoundedPolicy). It must earn trust: its own calibration always counts (from its prior alone until its
+        # first verdict: about 10 times the model's estimates), its cut-off never splits a run of equal
+        # estimates, and once its verdicts refute the shared calibration its hits cost at least its own wrong rate
+        # (``floor``). A founding scope (the model learnt on its traffic) reads its own only when refuted.
+        self.newcomer = newcomer and self._own is not None
+        if self.newcomer:
+            assert self._own is not None
+            self._own.value = calibration_upper(0, 0.0, prior=_OWN_PRIOR, confidence=confidence)
+        self.explored_here = 0  # this scope's would-be hits explored so far (drawn at decision time)
 
     @property
     def calibration(self) -> float:
@@ -480,14 +497,35 @@ class Pacer:
         for being new; in a scope that is the whole sample the two agree and the own one never applies."""
         shared = self._calibration.value
         own = self._own
-        if own is None or not own.wrong:
-            return shared
-        from scipy.stats import poisson
-
-        # As many wrong answers as seen here, or more, would be unlikely (< _REFUTED) under the shared value.
-        if poisson.sf(own.wrong - 1, shared * own.expected) < _REFUTED:
+        if own is not None and (self.newcomer or self.refuted):
             return max(shared, own.value)
         return shared
+
+    @property
+    def refuted(self) -> bool:
+        """Whether this scope's explored verdicts refute the shared calibration: as many wrong answers as seen
+        here, or more, would be unlikely (< _REFUTED) under the shared value."""
+        own = self._own
+        if own is None or not own.wrong:
+            return False
+        from scipy.stats import poisson
+
+        return bool(poisson.sf(own.wrong - 1, self._calibration.value * own.expected) < _REFUTED)
+
+    @property
+    def floor(self) -> float:
+        """The least error a served hit is counted at here: 0 while the shared model holds in this scope; once
+        refuted, the upper ``confidence`` bound on the wrong rate among the scope's explored would-be hits
+        (Jeffreys prior). A model that put this scope's wrong answers at its floor ranks them among the right
+        ones, so scaling its estimates cannot price them (fow pairs after Banking77: estimates of 1e-4 for
+        answers wrong one time in two, a calibration of 100 still served them); the rate seen here can."""
+        if not self.newcomer or not self.refuted:
+            return 0.0
+        from scipy.stats import beta
+
+        own = self._own
+        assert own is not None
+        return float(beta.ppf(self.confidence, own.wrong + 0.5, own.n - own.wrong + 0.5))
 
     def scope_explored(self, est_error: float, wrong: bool) -> None:
         """A verdict on one of this scope's explored would-be hits (the shared sample is told by its owner)."""
@@ -526,6 +564,7 @@ class Pacer:
         self._since += 1
         if served:
             self.spent += est_error
+            self.served += est_error > 0  # an exact hit costs nothing, at any floor
 
     def explored(self, est_error: float, wrong: bool) -> None:
         """The verdict on an explored would-be hit: the sample that checks the model where it serves."""
@@ -552,15 +591,22 @@ class Pacer:
         # expected error still stays within the budget.
         # Past spending is re-read with today's calibration: the cold start spent on an unchecked model.
         calibration = self.calibration
-        balance = (budget * self.lookups - self.spent * calibration) / self.window
+        floor = self.floor
+        spent = max(self.spent * calibration, self.served * floor)
+        balance = (budget * self.lookups - spent) / self.window
         target = budget + min(balance, budget / 2)
         p = np.sort(self._recent[:n])
         p = p[np.isfinite(p)]
         if target <= 0 or p.size == 0:
             self._cutoff = 0.0
             return
-        spend = np.cumsum(p) * calibration / n
+        # Exact hits (estimate 0) cost nothing at any floor.
+        spend = np.cumsum(np.where(p > 0, np.maximum(p * calibration, floor), 0.0)) / n
         k = int(np.searchsorted(spend, target, side="right"))
+        if self.newcomer and 0 < k < p.size and p[k] == p[k - 1]:
+            # The budget affords only part of a run of equal estimates (the model's floor): a cut-off serves all
+            # of them or none, so none (serving all overspent a new tenant's budget ten times over).
+            k = int(np.searchsorted(p, p[k], side="left"))
         self._cutoff = float(p[k - 1]) if k > 0 else 0.0
 
 
@@ -663,6 +709,11 @@ class BoundedPolicy:
     dropped starts again cold (it serves nothing until its first cut-off), which errs on the safe side.
     ``pacer_options`` are passed to every ``Pacer`` (``window``, ``safety``, ``every``, ``prior``,
     ``confidence``).
+
+    A scope first seen after the early exploration schedule is done is a newcomer (``Pacer(newcomer=)``): the
+    model was checked on other scopes' traffic, not its. Its first ``trust`` would-be hits are all explored
+    (verdicts for its own calibration; only those the draw picked join the shared sample), and its pacer reads
+    its own pessimistic calibration until its verdicts earn it the shared one. A founding scope is unaffected.
     """
 
     mode = "bounded"
@@ -676,6 +727,7 @@ class BoundedPolicy:
         model: ErrorModel | None = None,
         pacer_options: Mapping[str, float] | None = None,
         max_scopes: int = _SCOPES,
+        trust: int = 10,
         **_ignored: object,
     ) -> None:
         if not 0 <= explore < 1:
@@ -686,8 +738,11 @@ class BoundedPolicy:
             raise ValueError(f"max_scopes must be positive, got {max_scopes!r}")
         if explore_first[0] < 0 or not 0 <= explore_first[1] < 1:
             raise ValueError(f"explore_first must be (count >= 0, fraction in [0, 1)), got {explore_first!r}")
+        if trust < 0:
+            raise ValueError(f"trust must be >= 0, got {trust!r}")
         self.explore = explore
         self.explore_first = explore_first
+        self.trust = trust
         self.explorations = 0  # would-be hits explored so far, all scopes (they check one model)
         self.k = k
         self.model = model if model is not None else ErrorModel()  # an empty one is falsy (len 0)
@@ -716,7 +771,10 @@ class BoundedPolicy:
         return len(self._paces)
 
     def _new_pacer(self) -> Pacer:
-        return Pacer(**self._pacer_options, calibration=self.calibration)  # type: ignore[arg-type]
+        # A scope first seen once the model was checked elsewhere (its early exploration schedule done) is a
+        # newcomer: that check says nothing of its prompts.
+        newcomer = self.explore > 0 and self.explorations >= self.explore_first[0]
+        return Pacer(**self._pacer_options, calibration=self.calibration, newcomer=newcomer)  # type: ignore[arg-type]
 
     def _pace(self, scope: Hashable) -> _Pace:
         pace = self._paces.get(scope)
@@ -760,9 +818,17 @@ class BoundedPolicy:
         # then checks the model where it is pessimistic, and the calibration loosened the bound; see
         # docs/notes/semantic-*.md).
         chance = self.explore_chance(self.explorations) if would else 0.0
-        explore = would and explore_draw < chance
-        self.explorations += explore
-        candidate = candidate._replace(explore_chance=chance, scope=scope)
+        sampled = would and explore_draw < chance
+        self.explorations += sampled
+        # A scope earns trust: its first ``trust`` would-be hits are all explored, whatever the draw. The shared
+        # model and calibration were learnt on other scopes' prompts; a tenant asking what they never asked
+        # (minimal pairs after Banking77) was served on estimates 90 times too optimistic before a 5 % sample
+        # of its hits could refute them (docs/notes/semantic-session3-*.md). Only the drawn ones enter the
+        # shared calibration, which stays a uniform sample of would-be hits.
+        untrusted = would and chance > 0 and pacer.newcomer and pacer.explored_here < self.trust
+        explore = sampled or untrusted
+        pacer.explored_here += explore
+        candidate = candidate._replace(explore_chance=1.0 if untrusted else chance, scope=scope, sampled=sampled)
         pacer.record(est, would and not explore)
         decision = SemanticDecision(
             would and not explore, explore, candidate.entry_id, candidate.similarity, cutoff, est
@@ -795,7 +861,8 @@ class BoundedPolicy:
         model, whose features include everything that decided they were served.
         """
         if explored:
-            self.calibration.explored(est_error, wrong)
+            if candidate.sampled:
+                self.calibration.explored(est_error, wrong)
             pace = self._paces.get(candidate.scope)
             if pace is not None:
                 pace.pacer.scope_explored(est_error, wrong)
