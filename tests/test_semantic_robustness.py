@@ -384,7 +384,7 @@ def test_the_sweep_visits_only_scopes_with_an_expiry_due(redis_url, fake_clock) 
         index.close()
 
 
-def test_a_new_scope_can_serve_from_its_first_lookups() -> None:
+def test_a_new_scope_serves_once_its_own_verdicts_back_the_model() -> None:
     from evocache.controller.semantic._decide import Pacer
 
     pacer = Pacer(every=25, safety=1.0)
@@ -393,7 +393,9 @@ def test_a_new_scope_can_serve_from_its_first_lookups() -> None:
     # young: the cut-off follows each lookup (2 lookups, estimates 0.004 and none: 0.002 per lookup <= 0.02)
     assert pacer.cutoff(0.02) == 0.004
 
-    # through the cache: the error model learnt in scope A serves a new scope's near-duplicates at once
+    # Through the cache: a scope first seen after the error model was checked on scope A's traffic (a newcomer
+    # tenant) earns trust before it is served. Its first would-be hits are explored: the model runs, and each
+    # verdict checks the shared model in this scope. Once they agree with it, the scope serves near-duplicates.
     stream, table = synthetic_stream(2, n=1500)
     table = dict(table)
     cache = SemanticCache(TableEmbedder(table), rng=random.Random(2))
@@ -401,9 +403,20 @@ def test_a_new_scope_can_serve_from_its_first_lookups() -> None:
     fresh = Scope("tenant-c", "fn")
     prompt, group = stream[0]
     cache.insert(fresh, "c0", prompt, group)
-    table["again"] = table["again2"] = table[prompt]  # same vector, other text: similarity 1, not exact
-    first, _ = cache.lookup(fresh, "again", max_error=0.05)
+    first = None
+    decisions = []
+    for i in range(40):
+        text = f"again{i}"
+        table[text] = table[prompt]  # same vector, other text: similarity 1, not exact
+        decision, entry = cache.lookup(fresh, text, max_error=0.05)
+        first = first or decision
+        decisions.append((decision, entry))
+        if entry is None or decision.explore:
+            cache.judge_miss(fresh, text, group, decision)  # the model answers as c0 did: a right verdict
     assert first.threshold == 0.0  # nothing is known of the scope's lookups yet: nothing to pace
-    decision, entry = cache.lookup(fresh, "again2", max_error=0.05)
-    assert cache._policy.pacer_of(fresh).lookups == 2
-    assert (decision.serve, entry) == (True, "c0")
+    pacer = cache._policy.pacer_of(fresh)
+    assert pacer.newcomer and pacer.explored_here >= cache._policy.trust
+    explored = [d.explore for d, _ in decisions]
+    served = [i for i, (d, e) in enumerate(decisions) if d.serve and not d.explore and e == "c0"]
+    assert served, "a newcomer scope whose verdicts back the model is served in the end"
+    assert sum(explored[: served[0]]) >= cache._policy.trust  # ... and only after its trust explorations
