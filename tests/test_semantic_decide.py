@@ -449,10 +449,15 @@ def test_a_newcomer_scope_earns_trust_before_the_shared_model_serves_it() -> Non
         shared.explored(0.05, wrong=i % 20 == 0)
     founder, newcomer = Pacer(calibration=shared), Pacer(calibration=shared, newcomer=True)
     assert not founder.newcomer and newcomer.newcomer
-    # Without a verdict of its own, a newcomer reads its prior alone: not the shared ratio, ten times it.
+    # Without a verdict of its own, a newcomer reads its prior alone, not the shared sample's ratio.
     assert founder.calibration == shared.value
-    assert newcomer.calibration == pytest.approx(calibration_upper(0, 0.0, prior=0.1, confidence=0.975))
-    assert newcomer.calibration > 5 * shared.value
+    assert newcomer.calibration == pytest.approx(calibration_upper(0, 0.0, prior=2.0, confidence=0.975))
+    assert newcomer.calibration > 1.5 * shared.value
+    # Its own verdicts move it (one wrong where the model expected 0.5: the upper bound rises).
+    before = newcomer.calibration
+    newcomer.scope_explored(0.5, wrong=True)
+    assert newcomer.calibration == pytest.approx(calibration_upper(1, 0.5, prior=2.0, confidence=0.975))
+    assert newcomer.calibration > before and founder.calibration == shared.value
     # Equal estimates (the model's floor): the budget affords 2 of the 4, so a newcomer serves none of them
     # (a cut-off serves all of a run or none), while a founder's cut-off admits the run.
     for pacer in (founder, newcomer):

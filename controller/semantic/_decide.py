@@ -470,7 +470,6 @@ class Pacer:
         self._cutoff = 0.0
         self.lookups = 0
         self.spent = 0.0  # expected wrong answers served so far, by the model (uncalibrated)
-        self.served = 0  # lookups served so far (exact hits included)
         # The exploration sample may be shared between pacers (one per scope) that read the same error model.
         self._calibration = calibration if calibration is not None else Calibration(prior=prior, confidence=confidence)
         # This scope's own share of it: read only once it shows the shared value to be too low here.
@@ -480,13 +479,17 @@ class Pacer:
         self._own = Calibration(prior=_OWN_PRIOR, confidence=confidence) if calibration is not None else None
         # A newcomer: a scope first seen when the shared model had already been checked on other scopes' traffic
         # (BoundedPolicy). It must earn trust: its own calibration always counts (from its prior alone until its
-        # first verdict: about 10 times the model's estimates), its cut-off never splits a run of equal
+        # first verdict: 2.8 times the model's estimates), its cut-off never splits a run of equal
         # estimates, and once its verdicts refute the shared calibration its hits cost at least its own wrong rate
         # (``floor``). A founding scope (the model learnt on its traffic) reads its own only when refuted.
         self.newcomer = newcomer and self._own is not None
         if self.newcomer:
             assert self._own is not None
-            self._own.value = calibration_upper(0, 0.0, prior=_OWN_PRIOR, confidence=confidence)
+            # Its own calibration has the shared one's prior (worth ``prior`` expected errors at ratio 1), not
+            # the weak one a founder's refutation check reads: with 0.1, one wrong answer where 0.46 were expected
+            # read 6.9 and closed a tenant like the founders for 500 lookups (synthetic, docs/notes).
+            self._own.prior = prior
+            self._own.value = calibration_upper(0, 0.0, prior=prior, confidence=confidence)
         self.explored_here = 0  # this scope's would-be hits explored so far (drawn at decision time)
 
     @property
@@ -564,7 +567,6 @@ class Pacer:
         self._since += 1
         if served:
             self.spent += est_error
-            self.served += est_error > 0  # an exact hit costs nothing, at any floor
 
     def explored(self, est_error: float, wrong: bool) -> None:
         """The verdict on an explored would-be hit: the sample that checks the model where it serves."""
@@ -592,8 +594,9 @@ class Pacer:
         # Past spending is re-read with today's calibration: the cold start spent on an unchecked model.
         calibration = self.calibration
         floor = self.floor
-        spent = max(self.spent * calibration, self.served * floor)
-        balance = (budget * self.lookups - spent) / self.window
+        # The floor prices the hits to come, not those served: re-reading them all at an upper bound on the
+        # wrong rate ran up a debt that closed a newcomer for a thousand lookups (synthetic stream, 3 wrong of 56).
+        balance = (budget * self.lookups - self.spent * calibration) / self.window
         target = budget + min(balance, budget / 2)
         p = np.sort(self._recent[:n])
         p = p[np.isfinite(p)]
