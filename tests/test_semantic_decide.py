@@ -483,7 +483,16 @@ def test_a_refuted_newcomer_counts_each_hit_at_its_own_wrong_rate() -> None:
         for wrong in (True, False, True, False):  # the model said 0.2 % and was wrong one time in two
             pacer.scope_explored(0.002, wrong=wrong)
         assert pacer.refuted
-    assert newcomer.floor == pytest.approx(beta.ppf(0.975, 2.5, 2.5))
+        assert pacer.floor == 0.0  # 4 verdicts: too few to price a hit by (``trust``, 10)
+        for wrong in (True, False, True, False, True, False):
+            pacer.scope_explored(0.002, wrong=wrong)
+    assert newcomer.floor == pytest.approx(beta.ppf(0.975, 5.5, 5.5))
+    # A mild refutation (2 wrong of 11 where about 0.3 were expected) tightens the calibration, not the floor.
+    mild = Pacer(calibration=shared, newcomer=True)
+    for i in range(11):
+        mild.scope_explored(0.018, wrong=i < 2)
+    assert mild.refuted and 0.01 <= mild._tail() < 0.1
+    assert mild.floor == 0.0
     assert founder.floor == 0.0  # a founding scope keeps the calibrated estimates
     for p in (0.002,) * 10 + (math.inf,) * 90:
         newcomer.record(p, served=False)
