@@ -336,3 +336,61 @@ def test_a_connection_left_out_of_step_is_dropped_not_decoded(redis_url: str) ->
     tier._down_until = 0.0  # the breaker opened; close it to read again at once
     assert tier.get_one(NS, key_of(1)).value == b"value"  # a fresh connection, in step
     tier.close()
+
+
+@pytest.mark.redis
+def test_a_foreign_value_under_one_key_fails_that_key_alone(redis_url: str) -> None:
+    """Another program's list under one of our names (WRONGTYPE) makes that read a counted miss; Redis itself
+    works, so the breaker stays closed and every other key is read at once."""
+    tier = RedisTier(redis_url, socket_timeout=1.0, retry_after=60.0)
+    tier.set_many(NS, [(key_of(2), Entry(b"fine", None, 0.0))])
+    raw = redis.Redis.from_url(redis_url)
+    raw.rpush(f"evc:{NS}:{key_of(1)}", b"not ours")
+    try:
+        with pytest.raises(TierUnavailable, match="l2: get: ResponseError: WRONGTYPE"):
+            tier.get_one(NS, key_of(1))
+        # MGET answers nil for a key of another type: a plain miss in a batch
+        assert [e and e.value for e in tier.get_many(NS, [key_of(1), key_of(2)])] == [None, b"fine"]
+        assert tier.get_one(NS, key_of(2)).value == b"fine"  # no "skipped: Redis failed" refusal
+        assert tier._down_until == 0.0
+    finally:
+        raw.delete(f"evc:{NS}:{key_of(1)}")
+        raw.close()
+        tier.close()
+
+
+@pytest.mark.redis
+def test_a_success_that_began_before_the_breaker_opened_does_not_close_it(redis_url: str) -> None:
+    """Two calls in flight: one fails (the breaker opens), the other, begun before, succeeds after. The failure is
+    the newer evidence: the breaker stays open. A call begun after it opened (a probe once the pause is over)
+    closes it."""
+    clock = WallClock()
+    tier = RedisTier(redis_url, socket_timeout=1.0, retry_after=5.0, clock=clock)
+    tier.set_many(NS, [(key_of(1), Entry(b"v", None, 0.0))])
+    real_get = tier._get
+
+    def get_while_another_call_fails(name: str) -> bytes | None:
+        blob = real_get(name)
+        with pytest.raises(TierUnavailable):  # another thread's call fails meanwhile
+            tier._backend("set").trip(redis.ConnectionError("connection reset"))
+        return blob
+
+    tier._get = get_while_another_call_fails
+    assert tier.get_one(NS, key_of(1)).value == b"v"
+    tier._get = real_get
+    with pytest.raises(TierUnavailable, match="skipped: Redis failed less than 5.0s ago"):
+        tier.get_one(NS, key_of(1))
+    with pytest.raises(TierUnavailable, match="skipped"):  # the context-manager path too
+        tier.delete(NS, [key_of(1)])
+
+    guard = tier._backend("delete")  # the same race through a guarded call
+    clock.advance(5.0)
+    guard.__enter__()
+    with pytest.raises(TierUnavailable):
+        tier._backend("set").trip(redis.ConnectionError("connection reset"))
+    guard.__exit__(None, None, None)
+    assert tier._down_until > 0.0
+    clock.advance(5.0)
+    assert tier.get_one(NS, key_of(1)).value == b"v"  # a probe after the pause closes it
+    assert tier._down_until == 0.0
+    tier.close()

@@ -29,7 +29,7 @@ from typing import NoReturn
 
 import redis
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import DataError, NoScriptError, RedisError, ResponseError
 from redis.retry import Retry
 
 from .._codec import check_keys, check_ns, encode_entry
@@ -211,9 +211,9 @@ class RedisTier(BlobTier):
         self._touch_script = client.register_script(_TOUCH)
         self._usage_script = client.register_script(_USAGE)
         self._down_until = 0.0
+        self._trips = 0  # times the breaker opened: a call that began before the latest one cannot close it
         self._last_error = ""
-        self._guards = {op: _Guard(self, op) for op in ("get", "set", "delete", "usage")}
-        self._get_guard = self._guards["get"]
+        self._get_guard = _Guard(self, "get")
 
     # -- the tier interface -------------------------------------------------------------------------------
 
@@ -230,6 +230,7 @@ class RedisTier(BlobTier):
         # _Guard's steps inlined (two Python calls less on the request path): refuse while the breaker is
         # open, open it on a Redis or socket error, close it on success.
         guard = self._get_guard
+        trips = self._trips
         if self._down_until:
             guard.refuse_if_open()
         try:
@@ -237,7 +238,8 @@ class RedisTier(BlobTier):
             blob = self._get(f"{self._prefix}:{ns}:{key}")
         except (RedisError, OSError) as exc:
             guard.trip(exc)
-        self._down_until = 0.0
+        if self._down_until and self._trips == trips:
+            self._down_until = 0.0
         return blob
 
     def _get(self, name: str) -> bytes | None:
@@ -343,29 +345,59 @@ class RedisTier(BlobTier):
 
     def _backend(self, op: str) -> _Guard:
         """Run Redis calls behind the circuit breaker, mapping every Redis error to ``TierUnavailable``."""
-        return self._guards[op]
+        return _Guard(self, op)
+
+
+# Replies that say the server as a whole refuses commands now (not this key or these arguments): they open the
+# breaker like a lost connection. redis-py raises some as their own classes, others as a plain ResponseError
+# whose message starts with the code.
+_SERVER_WIDE_CODES = frozenset(("BUSY", "MISCONF", "MASTERDOWN", "LOADING", "CLUSTERDOWN", "NOAUTH", "TRYAGAIN"))
+
+
+def _server_wide(exc: BaseException) -> bool:
+    """Whether ``exc`` (a Redis or socket error) says Redis is unusable for every key: lost or slow
+    connections, and error replies about the server's state (out of memory, read-only replica, busy, loading).
+    An error reply about one key or command (``WRONGTYPE``: another program's value under our name; a bad
+    argument) is not: other keys are fine."""
+    if isinstance(exc, DataError):
+        return False
+    if not isinstance(exc, ResponseError):
+        return True
+    from redis.exceptions import OutOfMemoryError, ReadOnlyError
+
+    if isinstance(exc, (OutOfMemoryError, ReadOnlyError)):
+        return True
+    return str(exc).split(" ", 1)[0] in _SERVER_WIDE_CODES
 
 
 class _Guard:
-    """The circuit breaker around one kind of Redis call (a class, not @contextmanager: this is on every read).
+    """The circuit breaker around one Redis call (a class, not @contextmanager: this is on the request path).
 
     Entering raises ``TierUnavailable`` at once while the breaker is open; a Redis or socket error inside the
-    block opens it for ``retry_after`` seconds and is re-raised as ``TierUnavailable``; a success closes it.
+    block is re-raised as ``TierUnavailable``, and opens the breaker for ``retry_after`` seconds when it is
+    server-wide (``_server_wide``: one key holding a foreign value fails alone). A success closes the breaker,
+    unless it opened while this call was in flight (another call's failure is newer evidence than this call's
+    success, which may have begun before it).
     """
 
-    __slots__ = ("tier", "op")
+    __slots__ = ("tier", "op", "trips")
 
     def __init__(self, tier: RedisTier, op: str) -> None:
         self.tier = tier
         self.op = op
+        self.trips = 0
 
     def __enter__(self) -> None:
-        if self.tier._down_until:
+        tier = self.tier
+        self.trips = tier._trips
+        if tier._down_until:
             self.refuse_if_open()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        tier = self.tier
         if exc is None:
-            self.tier._down_until = 0.0
+            if tier._down_until and tier._trips == self.trips:
+                tier._down_until = 0.0
         elif isinstance(exc, (RedisError, OSError)):
             self.trip(exc)
         return False
@@ -379,8 +411,13 @@ class _Guard:
             )
 
     def trip(self, exc: BaseException) -> NoReturn:
-        """Open the breaker for ``retry_after`` seconds after ``exc``, and raise it as ``TierUnavailable``."""
+        """Raise ``exc`` as ``TierUnavailable``; a server-wide one first opens the breaker for ``retry_after``
+        seconds."""
         tier = self.tier
+        message = f"{self.op}: {type(exc).__name__}: {exc}"
+        if not _server_wide(exc):
+            raise TierUnavailable(L2, message) from exc
+        tier._trips += 1
         tier._down_until = tier._clock() + tier._retry_after
-        tier._last_error = f"{self.op}: {type(exc).__name__}: {exc}"
-        raise TierUnavailable(L2, tier._last_error) from exc
+        tier._last_error = message
+        raise TierUnavailable(L2, message) from exc
