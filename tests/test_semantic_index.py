@@ -163,8 +163,13 @@ def test_a_failed_background_build_keeps_the_current_index(monkeypatch, caplog):
 
 
 def test_concurrent_writers_and_readers_across_rebuilds_end_consistent():
-    """Four threads add, replace, remove and search disjoint ids while migrations and compactions run."""
-    index = VectorIndex(DIM, exact_limit=150)
+    """Four threads add, replace, remove and search disjoint ids while migrations and compactions run.
+
+    The exact limit is low enough that one thread alone crosses it: on a loaded machine the threads may run one
+    after another (with 150, a run where they never overlapped never migrated). Whether a compaction follows
+    depends on timing (removals made while the migration runs never reach the new index as tombstones), so only
+    the migration is certain; compactions are pinned by the tests that rebuild inline."""
+    index = VectorIndex(DIM, exact_limit=20)
     pool = random_unit(1600, seed=13)
     expected: list[dict[str, int]] = [{} for _ in range(4)]  # id -> row of ``pool`` it holds, per thread
     errors: list[BaseException] = []
@@ -198,7 +203,7 @@ def test_concurrent_writers_and_readers_across_rebuilds_end_consistent():
         t.join(120)
     assert errors == []
     assert index.wait_rebuilt(60)
-    assert index.rebuilds >= 2  # the migration and at least one compaction
+    assert index.rebuilds >= 1  # the migration (and a compaction, when the timing makes one due)
     live = {entry_id: row for mine in expected for entry_id, row in mine.items()}
     assert sorted(index.ids()) == sorted(live)
     for entry_id, row in live.items():
