@@ -255,3 +255,41 @@ def test_victim_in_a_namespace_of_protected_keys_only_takes_the_furthest_needed(
     assert [policy.victim("t1"), policy.victim("t2"), policy.victim()] == ["a", "c", "c"]
     with pytest.raises(KeyError):
         policy.victim("t3")
+
+
+def test_bench_runs_the_lookahead_over_a_named_base(tmp_path: Path) -> None:
+    from evocache.controller.replay import read_trace
+
+    path, out = mooncake_file(tmp_path, random_kv_trace(5, requests=200)), tmp_path / "out.json"
+    result = CliRunner().invoke(app, ["eviction", "--trace", str(path), "--sizes", "0.1", "--policies",
+                                      "lru,lookahead:lfu", "--utilisation", "0.9", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    row = next(r for r in json.loads(out.read_text())["rows"] if r["policy"] == "lookahead:lfu")
+    trace = list(read_trace(path))
+    model = QueueModel.for_utilisation(trace, 0.9)
+    cap = row["capacity"]
+    expected = replay(trace, partial(LookaheadPolicy, capacity=cap, base="lfu"), capacity_objects=cap, queue=model)
+    assert row["hit_ratio"] == expected.hit_ratio
+    assert expected.hit_ratio != replay(trace, "lookahead", capacity_objects=cap, queue=model).hit_ratio
+
+
+@pytest.mark.parametrize(("name", "why"), [
+    ("lookahead:lookahead", "the base must be another registered policy"),
+    ("lookahead:nope", "the base must be another registered policy"),
+    ("lru:lfu", "only lookahead takes a base policy"),
+])
+def test_bench_rejects_a_bad_base(tmp_path: Path, name: str, why: str) -> None:
+    path = mooncake_file(tmp_path, random_kv_trace(5, requests=20))
+    result = CliRunner().invoke(app, ["eviction", "--trace", str(path), "--policies", name,
+                                      "--json", str(tmp_path / "o.json")])
+    assert result.exit_code == 2
+    assert f"error: --policies: {name!r}: {why}" in result.output
+
+
+def test_a_learned_base_trains_in_the_background_when_the_owner_asks() -> None:
+    policy = LookaheadPolicy(base="learned", background=True)
+    try:
+        assert policy.base._background is True  # type: ignore[attr-defined]
+    finally:
+        policy.close()
+    assert LookaheadPolicy(base="learned").base._background is False  # type: ignore[attr-defined]

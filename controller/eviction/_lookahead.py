@@ -31,9 +31,11 @@ class QueuedRequest(NamedTuple):
 class LookaheadPolicy(EvictionPolicy):
     """Keeps the blocks of waiting requests; evicts the rest by the ``base`` policy.
 
-    Options: ``base``, any registered policy name except ``lookahead`` (LRU by default); ``admission``: with a
-    ``capacity`` (the owner's, in its size unit), a missed key that no waiting request needs is not stored when
-    every held key is protected (storing it would evict a block the queue shows is needed, for one it does not).
+    Options: ``base``, any registered policy name except ``lookahead`` (LRU by default); ``background``, passed
+    to the base (a learned base then trains on its own thread, as an owner on a request path wants);
+    ``admission``: with a ``capacity`` (the owner's, in its size unit), a missed key that no waiting request
+    needs is not stored when every held key is protected (storing it would evict a block the queue shows is
+    needed, for one it does not).
 
     The base policy holds exactly the unprotected keys and sees every notification about them, so with an
     empty queue (an owner that never calls ``on_queue``, or a lightly loaded server) this policy decides
@@ -56,6 +58,7 @@ class LookaheadPolicy(EvictionPolicy):
         capacity: int | None = None,
         base: str = "lru",
         admission: bool = True,
+        background: bool = False,
         clock: Clock = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
@@ -69,7 +72,7 @@ class LookaheadPolicy(EvictionPolicy):
         self.capacity = capacity
         self.admission = admission
         # The same rng, not a child of it: with an empty queue the base then draws exactly what it would alone.
-        self.base = make_eviction_policy(base, capacity=capacity, clock=clock, rng=self.rng)
+        self.base = make_eviction_policy(base, capacity=capacity, background=background, clock=clock, rng=self.rng)
         self._held: dict[Hashable, EntryInfo] = {}
         self._used = 0
         # req -> (its rank in arrival order, its keys); needs: key -> {req: (rank, pos)} in arrival order, so

@@ -28,9 +28,10 @@ if TYPE_CHECKING:
     from types import ModuleType
 
     from ._access import Access
+    from ..eviction import EvictionPolicy
     from ._queue import QueueModel
     from ._readers import CsvColumns
-    from ._sim import ReplayResult
+    from ._sim import PolicyFactory, ReplayResult
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="Replay traces against the cache's policies."
@@ -65,14 +66,22 @@ def _parse_sizes(text: str) -> tuple[float, ...]:
 
 
 def _parse_policies(text: str, known: Sequence[str]) -> tuple[str, ...]:
-    """Registered names, in the order given, once each. ``belady`` is always run, so naming it adds nothing."""
+    """Registered names, in the order given, once each. ``belady`` is always run, so naming it adds nothing.
+    ``lookahead:BASE`` is the look-ahead policy over another registered base policy (``lookahead`` alone: LRU)."""
     names: list[str] = []
+    known_list = ", ".join(sorted(known))
     for part in text.split(","):
         name = part.strip()
         if name == "belady" or name in names:
             continue
-        if name not in known:
-            known_list = ", ".join(sorted(known))
+        head, colon, base = name.partition(":")
+        if colon:
+            if head != "lookahead":
+                raise _usage("--policies", f"{name!r}: only lookahead takes a base policy (lookahead:BASE)")
+            if base not in known or base == "lookahead":
+                raise _usage("--policies", f"{name!r}: the base must be another registered policy; known: "
+                                           f"{known_list}")
+        elif name not in known:
             raise _usage("--policies", f"unknown eviction policy {name!r}; known: {known_list} (belady always runs)")
         names.append(name)
     if not names:
@@ -130,7 +139,8 @@ def eviction(
         str, typer.Option("--sizes", help="Cache sizes, as fractions of the trace's working set.")
     ] = "0.01,0.05,0.1",
     policies_text: Annotated[
-        str, typer.Option("--policies", help="Registered eviction policies; belady is always added.")
+        str, typer.Option("--policies", help="Registered eviction policies (lookahead:BASE: the look-ahead over "
+                                    "BASE); belady is always added.")
     ] = "lru,lfu,lruk,s3fifo,weighted",
     plot: Annotated[
         Path | None, typer.Option("--plot", metavar="OUT.png", help="Plot hit ratio against size (matplotlib).")
@@ -246,7 +256,7 @@ def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str,
             f"queue: one FIFO server, {queue.per_block * 1000:.3f} ms per block: utilisation {utilisation:g} "
             f"({load.requests} requests over {load.span:g} s, {load.blocks} blocks); lookahead is told the "
             "waiting requests at each service start, the other policies replay unchanged")
-    elif "lookahead" in policies:
+    elif any(name.partition(":")[0] == "lookahead" for name in policies):
         queue_notes.append("lookahead ran without a queue (no --utilisation): it decides as its base policy")
 
     ws = working_set(trace)
@@ -373,7 +383,7 @@ def _run(trace: list[Access], capacities: dict[float, int], policies: tuple[str,
             row: list[ReplayResult] = []
             for name in runs:
                 progress.update(task, description=f"{name} @ {size:g}")
-                result = replay(trace, name, queue=queue, **{capacity_arg: capacity})
+                result = replay(trace, _policy(name, capacity), queue=queue, **{capacity_arg: capacity})
                 if name == "lru":
                     lru[size] = result
                 if name in policies:
@@ -389,6 +399,23 @@ def _run(trace: list[Access], capacities: dict[float, int], policies: tuple[str,
             progress.advance(task)
             results[size] = row
     return results, lru
+
+
+def _policy(name: str, capacity: int) -> str | PolicyFactory:
+    """What ``replay`` takes for a ``--policies`` name: the name itself, or for ``lookahead:BASE`` a factory
+    whose results carry that name."""
+    head, _, base = name.partition(":")
+    if not base:
+        return name
+
+    def factory(**kwargs: Any) -> EvictionPolicy:
+        from ..eviction import LookaheadPolicy
+
+        policy = LookaheadPolicy(capacity=capacity, base=base, **kwargs)
+        policy.name = name  # the row's name in the table and the JSON
+        return policy
+
+    return factory
 
 
 def _gap(result: ReplayResult, lru: ReplayResult, best: ReplayResult) -> str:
