@@ -252,6 +252,53 @@ def test_judge_before_insert_links_on_insert() -> None:
     assert cache.stats().judge_calls == 1
 
 
+def _fragments() -> tuple[SemanticCache, SemanticCache, SemanticDecision]:
+    """Two caches holding "x" (cluster of ex1) and "y" (cluster of ey) that the judge has not linked, though
+    both answers are "answer"; a lookup of "z" near both, not served (nothing learnt yet)."""
+    e = np.eye(4, dtype=np.float32)
+    table = {"x": e[0], "y": _unit(e[0] + 0.3 * e[1]), "w": _unit(e[0] + 0.2 * e[2]),
+             "z": _unit(e[0] + 0.1 * e[1])}
+    caches = []
+    for merge in (True, False):
+        cache = SemanticCache(TableEmbedder(table), judge=lambda new, old: new == old, merge=merge)
+        for entry, prompt, answer in (("ex", "x", "answer"), ("ey", "y", "answer"), ("ew", "w", "other")):
+            cache.insert(SCOPE, entry, prompt, answer)
+        caches.append(cache)
+    decision, entry = caches[0].lookup(SCOPE, "z", max_error=0.02)
+    assert entry is None and decision.neighbour == "ex"
+    return caches[0], caches[1], decision
+
+
+def test_a_judged_miss_merges_every_neighbouring_cluster_with_its_answer() -> None:
+    merging, first_only, _ = _fragments()
+    for cache in (merging, first_only):
+        decision, _ = cache.lookup(SCOPE, "z", max_error=0.02)
+        cache.judge_miss(SCOPE, "z", "answer", decision)
+        cache.insert(SCOPE, "ez", "z", "answer")
+    # With merge (the default), the new entry joins the candidate's cluster and the other one with its
+    # answer: two fragments of one answer become one; "w" (another answer) stays apart.
+    assert merging.cluster_of("ez") == merging.cluster_of("ex") == merging.cluster_of("ey")
+    assert merging.cluster_of("ew") != merging.cluster_of("ex")
+    assert merging.stats().judge_calls == 3  # the candidate, then one neighbour of each other cluster
+    # Without, the candidate's verdict was "same" and no other cluster is judged.
+    assert first_only.cluster_of("ez") == first_only.cluster_of("ex") != first_only.cluster_of("ey")
+    assert first_only.stats().judge_calls == 1
+
+
+def test_link_tries_bounds_the_clusters_judged_for_a_link() -> None:
+    e = np.eye(4, dtype=np.float32)
+    table = {"x": e[0], "y": _unit(e[0] + 0.3 * e[1]), "w": _unit(e[0] + 0.2 * e[2]), "z": _unit(e[0] + 0.1 * e[1])}
+    cache = SemanticCache(TableEmbedder(table), judge=lambda new, old: new == old, link_tries=1)
+    for entry, prompt, answer in (("ex", "x", "other"), ("ew", "w", "third"), ("ey", "y", "answer")):
+        cache.insert(SCOPE, entry, prompt, answer)
+    decision, _ = cache.lookup(SCOPE, "z", max_error=0.02)
+    cache.judge_miss(SCOPE, "z", "answer", decision)  # ex differs; one more cluster may be judged
+    cache.insert(SCOPE, "ez", "z", "answer")
+    assert cache.stats().judge_calls == 2
+    with pytest.raises(ValueError, match="link_tries must be an int >= 0 or None, got -1"):
+        SemanticCache(TableEmbedder(table), link_tries=-1)
+
+
 def test_feedback_counts_against_the_entry() -> None:
     cache = SemanticCache(TableEmbedder({"a": np.eye(3, dtype=np.float32)[0]}))
     cache.insert(SCOPE, "ea", "a", "x")

@@ -153,8 +153,11 @@ class SemanticCache:
     defaults to equality of answer refs, right when the refs are the answers themselves (a strict judge: only
     identical answers count as equal). ``mode`` is ``bounded`` (``explore``: fraction of would-be hits that
     call the model) or ``static`` (``threshold``: the cosine similarity). ``rng`` draws the exploration coin;
-    seed it for reproducible runs. ``k`` neighbours are read per lookup; on a miss whose judge says the
-    candidate's answer differs, up to ``link_tries`` other clusters among them are judged to link the new entry.
+    seed it for reproducible runs. ``k`` neighbours are read per lookup. After a miss the judge compares the
+    model's answer with the candidate's, and then with one entry of each other answer cluster among the
+    neighbours (at most ``link_tries`` clusters; None: all), linking the new entry to each cluster whose answer
+    it finds equal: so fragments of one answer, never linked before, merge. With ``merge=False`` the judging
+    stops at the first equal answer (the candidate's included): fewer judge calls, less complete clusters.
 
     Bad input (a scope that is not a ``Scope``, a prompt that is not a ``str``, an entry id used in another
     scope) raises ``TypeError``/``ValueError``; embedder failures (``EmbeddingError``) propagate, and the
@@ -171,7 +174,8 @@ class SemanticCache:
         explore: float = 0.05,
         threshold: float | None = None,
         k: int = 10,
-        link_tries: int = 2,
+        link_tries: int | None = None,
+        merge: bool = True,
         rng: random.Random | None = None,
         policy: BoundedPolicy | StaticPolicy | None = None,
         answer_ref_of: Callable[[Scope, str], Any] | None = None,
@@ -198,7 +202,11 @@ class SemanticCache:
         # replica's entries have their prompt too.
         self._metas = "metas" in inspect.signature(self._index.add).parameters
         self._k = k
+        if link_tries is not None and (isinstance(link_tries, bool) or not isinstance(link_tries, int)
+                                       or link_tries < 0):
+            raise ValueError(f"link_tries must be an int >= 0 or None, got {link_tries!r}")
         self._link_tries = link_tries
+        self._merge = merge
         self._rng = rng if rng is not None else random.Random()
         self._lock = threading.RLock()
         self._entries: dict[str, _Entry] = {}
@@ -211,7 +219,7 @@ class SemanticCache:
         # The last served hits by lookup (a token per lookup), so feedback can be an observation.
         self._served: OrderedDict[int, _Served] = OrderedDict()
         self._tokens = itertools.count(1)
-        self._links: OrderedDict[tuple[Scope, str], str] = (
+        self._links: OrderedDict[tuple[Scope, str], tuple[str, ...]] = (
             OrderedDict()
         )  # judged before insert: link on insert
         self._vectors: OrderedDict[tuple[Scope, str], np.ndarray] = (
@@ -341,9 +349,9 @@ class SemanticCache:
         with self._lock:
             self._entries[entry_id] = _Entry(scope, prompt, answer_ref)
             self._exact[(scope, prompt)] = entry_id
-            link = self._links.pop((scope, prompt), None)
-            if link is not None and link in self._entries:
-                self._clusters.union(entry_id, link)
+            for link in self._links.pop((scope, prompt), ()):
+                if link in self._entries:
+                    self._clusters.union(entry_id, link)
 
     def remove(self, scope: Scope, entry_ids: Sequence[str]) -> None:
         """Forget entries (evicted or expired): they are no longer searched, matched or served."""
@@ -400,8 +408,9 @@ class SemanticCache:
     def judge_miss(self, scope: Scope, prompt: str, new_answer_ref: Any, decision: SemanticDecision) -> None:
         """After a miss (or an exploration) the model answered ``prompt``: the judge compares the answer with
         the candidate neighbour's. The verdict is an observation for the error model (and the exploration
-        sample) and, when equal, links the prompt's entry to the neighbour's answer cluster. Where the
-        candidate's answer differs, up to ``link_tries`` other neighbouring clusters are judged for a link.
+        sample) and, when equal, links the prompt's entry to the neighbour's answer cluster. The other
+        neighbouring clusters (up to ``link_tries``) are judged too, and each with an equal answer is linked;
+        with ``merge=False`` only until the first link.
 
         The lookup is the one ``decision`` came from (its ``token``), so concurrent lookups of the same prompt
         are each judged on their own candidate, once. A decision without a neighbour or token, one for another
@@ -418,7 +427,9 @@ class SemanticCache:
         if neighbour_ref is None:
             return  # removed since the lookup: its answer is gone
         same = bool(self._judge(new_answer_ref, neighbour_ref))
-        link = decision.neighbour if same else self._find_link(scope, pending.neighbours, new_answer_ref, decision)
+        links = [decision.neighbour] if same else []
+        if self._merge or not same:
+            links += self._find_links(scope, pending.neighbours, new_answer_ref, decision, first=not self._merge)
         self._prepare()
         with self._lock:
             self._counts["judge_calls"] += 1
@@ -430,12 +441,14 @@ class SemanticCache:
                 wrong, right = self._evidence.get(decision.neighbour, (0, 0))
                 self._evidence[decision.neighbour] = (wrong + (not same), right + same)
             self._policy.observe(pending.candidate, not same, pending.est_error, explored=pending.explored)
-            if link is not None and self._held(scope, link):
+            links = [link for link in links if self._held(scope, link)]
+            if links:
                 new_id = self._exact.get((scope, prompt))
                 if new_id is not None:
-                    self._clusters.union(new_id, link)
+                    for link in links:
+                        self._clusters.union(new_id, link)
                 else:
-                    _remember(self._links, (scope, prompt), link)
+                    _remember(self._links, (scope, prompt), tuple(links))
 
     def _prepare(self) -> None:
         """Let the policy load what learning needs before the lock is taken (the first fit's imports take
@@ -450,12 +463,16 @@ class SemanticCache:
             return entry.answer_ref if entry.scope == scope else None
         return None if self._answer_ref_of is None else self._answer_ref_of(scope, entry_id)
 
-    def _find_link(
-        self, scope: Scope, neighbours: Sequence[Neighbour], answer: Any, decision: SemanticDecision
-    ) -> str | None:
+    def _find_links(
+        self, scope: Scope, neighbours: Sequence[Neighbour], answer: Any, decision: SemanticDecision, *,
+        first: bool
+    ) -> list[str]:
+        """Neighbours (one per answer cluster, other than the candidate's) whose answer the judge finds equal to
+        ``answer``: the first only with ``first``, else every one among the clusters judged."""
         tried = {self.cluster_of(decision.neighbour)} if decision.neighbour else set()
+        found: list[str] = []
         for n in neighbours:
-            if len(tried) > self._link_tries:
+            if self._link_tries is not None and len(tried) > self._link_tries:
                 break
             root = self.cluster_of(n.entry_id)
             ref = self._ref_of(scope, n.entry_id)
@@ -469,8 +486,10 @@ class SemanticCache:
             except LookupError:  # that answer has gone (a judge may say so): no link there, and no verdict lost
                 continue
             if same:
-                return n.entry_id
-        return None
+                found.append(n.entry_id)
+                if first:
+                    break
+        return found
 
     def feedback(self, entry_id: str, correct: bool, *, decision: SemanticDecision | None = None) -> None:
         """A verdict on a served answer of ``entry_id`` (from a user or an evaluator). It counts in the realised
