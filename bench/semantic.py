@@ -1,7 +1,8 @@
 """The semantic-caching figures of issue 4 (error bound, hit rate against the best static threshold, fow traps).
 
     .venv/bin/python bench/semantic.py [--streams banking77,clinc150] [--deltas 0.01,0.02,0.05]
-                                       [--seeds 0,1,2] [--shuffled 1] [--out DIR] [--embed-cache DIR]
+                                       [--seeds 0,1,2] [--shuffled 1] [--pairs-seeds 0] [--out DIR]
+                                       [--embed-cache DIR]
 
 (a) For each stream (examples/data/banking77_train.jsonl, bench/data/clinc150_train.jsonl), each delta and each
     seed: evocache's hit rate, error rate, exploration and judge calls, against the best static threshold
@@ -9,7 +10,8 @@
     (stream, delta) on the stream shuffled by seeds 100, 101, ... (another arrival order; its own hindsight
     static threshold). A row fails the target when error > delta or hit rate < 1.25x the static one.
 (b) fow traps (bench/data/fow_traps.jsonl) at delta 0.02: b served and traps served per category, the error
-    model warmed on the Banking77 stream (``--warmup``), and the static thresholds next to it.
+    model warmed on the Banking77 stream (``--warmup``), and the static thresholds next to it, for the first of
+    ``--pairs-seeds`` (pair orders); with more seeds, one line of traps served per seed, cold and warm.
 
 Every row is computed by the same code `evocache bench semantic` runs (``controller/semantic/_bench.py``); the
 embeddings are computed once per text set and kept under ``--embed-cache`` (default ``.evocache/embeddings``).
@@ -41,6 +43,8 @@ def main() -> int:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--shuffled", type=int, default=1, help="extra runs per (stream, delta) on shuffled orders")
     parser.add_argument("--pairs-delta", type=float, default=0.02)
+    parser.add_argument("--pairs-seeds", default="0",
+                        help="pair orders to replay (the first one's table is printed in full; each seed gets a line)")
     parser.add_argument("--no-pairs", action="store_true")
     parser.add_argument("--out", type=Path, default=ROOT / ".evocache" / "bench-semantic")
     parser.add_argument("--embed-cache", type=Path, default=ROOT / ".evocache" / "embeddings")
@@ -100,10 +104,15 @@ def main() -> int:
         warm = read_rows(STREAMS["banking77"])
         texts = list(dict.fromkeys([t for p in pairs for t in (p.a, p.b)] + [r.prompt for r in warm]))
         table = VectorTable(texts, embed_cached(texts, embedder, args.embed_cache), embedder.name)
+        pair_seeds = [int(s) for s in args.pairs_seeds.split(",")]
+        by_seed = {seed: {"warm": replay_pairs(pairs, table, args.pairs_delta, seed=seed, warmup=warm),
+                          "cold": replay_pairs(pairs, table, args.pairs_delta, seed=seed)} for seed in pair_seeds}
         pairs_report = {
             "delta": args.pairs_delta,
-            "warm": replay_pairs(pairs, table, args.pairs_delta, seed=0, warmup=warm),
-            "cold": replay_pairs(pairs, table, args.pairs_delta, seed=0),
+            "seed": pair_seeds[0],
+            "warm": by_seed[pair_seeds[0]]["warm"],
+            "cold": by_seed[pair_seeds[0]]["cold"],
+            "seeds": {str(seed): runs for seed, runs in by_seed.items()},
             "static": {f"{t:g}": replay_pairs(pairs, table, args.pairs_delta, mode="static", threshold=t)["categories"]
                        for t in (0.8, 0.85, 0.9, 0.95)},
         }
@@ -124,7 +133,8 @@ def _markdown(rows: list[dict], pairs: dict | None) -> str:
                      f"{e['error_rate']:.4f} | {e['exploration_calls']} | {e['judge_calls']} | {s['threshold']} | "
                      f"{s['hit_rate']:.3f} | {s['error_rate']:.4f} | {ratio} |")
     if pairs is not None:
-        lines += ["", f"fow traps at δ = {pairs['delta']:g} (b served / traps served, of the pairs in the category)",
+        lines += ["", f"fow traps at δ = {pairs['delta']:g}, pair seed {pairs['seed']} (b served / traps served, of "
+                  "the pairs in the category)",
                   "", "Traps served are wrong answers served for a trap's b; an exact hit (the same text stored for "
                   "another pair) is that text's own answer. The pairs' scope's error per lookup (a and b): warm "
                   f"{pairs['warm']['error_rate']:.4f}, cold {pairs['cold']['error_rate']:.4f} "
@@ -137,6 +147,13 @@ def _markdown(rows: list[dict], pairs: dict | None) -> str:
             cells = [f"{c['hits']} / {c['traps_served']}", f"{cold['hits']} / {cold['traps_served']}"]
             cells += [f"{cats[name]['hits']} / {cats[name]['traps_served']}" for cats in pairs["static"].values()]
             lines.append(f"| {name} | {c['pairs']} | " + " | ".join(cells) + " |")
+        traps = [name for name, c in pairs["warm"]["categories"].items() if c["trap_rate"] is not None]
+        if len(pairs["seeds"]) > 1:
+            lines += ["", "Traps served per pair seed (" + " / ".join(traps) + "):", ""]
+            for seed, runs in pairs["seeds"].items():
+                cells = [" / ".join(str(runs[kind]["categories"][name]["traps_served"]) for name in traps)
+                         + f" (error per lookup {runs[kind]['error_rate']:.4f})" for kind in ("cold", "warm")]
+                lines.append(f"- seed {seed}: cold {cells[0]}; warm {cells[1]}")
     return "\n".join(lines) + "\n"
 
 

@@ -199,3 +199,53 @@ def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
     bad.write_text('{"prompt": "a"}\n')
     result = CliRunner().invoke(evocache, ["bench", "semantic", "--data", str(bad)])
     assert (result.exit_code, result.output.strip()) == (1, f'{bad}:1: expected {{"prompt": str, "group": str}}')
+
+
+def _bench_module(name: str = "semantic_ceiling"):  # bench/*.py are scripts, not package modules
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_ceiling_serves_the_most_confident_first_until_delta_is_spent() -> None:
+    ceiling = _bench_module()
+    confidence = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0])
+    correct = np.array([True, True, False, True, True, False, True, True, True, True])
+    assert ceiling.frontier(confidence, correct, 0.0) == 0.2  # stops before the first wrong one
+    assert ceiling.frontier(confidence, correct, 0.1) == 0.5  # one wrong allowed: up to the second wrong one
+    assert ceiling.frontier(confidence, correct, 0.2) == 1.0
+    assert ceiling.frontier(confidence, np.zeros(10, dtype=bool), 0.05) == 0.0
+
+
+def test_the_label_oracle_votes_by_the_stored_prompts_true_groups() -> None:
+    ceiling = _bench_module()
+    e = np.eye(3, dtype=np.float32)
+    near_a = (e[0] + 0.1 * e[1]) / np.linalg.norm(e[0] + 0.1 * e[1])
+    vecs = np.stack([e[0], e[1], near_a, e[2]])
+    confidence, correct = ceiling.label_oracle(["a", "b", "a", "c"], vecs)
+    assert not np.isfinite(confidence[0])  # nothing stored yet: never served
+    assert correct.tolist() == [False, False, True, False]  # "c" has no stored prompt of its group
+    assert confidence[2] > confidence[3]
+
+
+def test_the_bench_table_has_a_line_of_traps_per_pair_seed() -> None:
+    def run(entity: int, negation: int, error: float) -> dict:
+        cats = {"entity_swap": (75, entity), "negation": (75, negation), "paraphrase": (200, None)}
+        return {"error_rate": error, "lookups": 1200, "categories": {
+            name: {"pairs": n, "hits": 9, "traps_served": t or 0, "trap_rate": None if t is None else t / n}
+            for name, (n, t) in cats.items()}}
+
+    seeds = {"0": {"cold": run(3, 2, 0.0075), "warm": run(1, 0, 0.0008)},
+             "1": {"cold": run(4, 6, 0.0133), "warm": run(3, 0, 0.0058)}}
+    pairs = {"delta": 0.02, "seed": 0, "warm": seeds["0"]["warm"], "cold": seeds["0"]["cold"], "seeds": seeds,
+             "static": {}}
+    text = _bench_module("semantic")._markdown([], pairs)
+    assert "fow traps at δ = 0.02, pair seed 0" in text
+    assert "Traps served per pair seed (entity_swap / negation):" in text
+    assert "- seed 1: cold 4 / 6 (error per lookup 0.0133); warm 3 / 0 (error per lookup 0.0058)" in text
