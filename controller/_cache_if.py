@@ -114,6 +114,7 @@ def cache_if(
     semantic: Mapping[str, Any] | None = None,
     semantic_text: str | None = None,
     judge: Callable[[Any, Any], bool] | None = None,
+    judge_links: int | None = None,
 ) -> Callable[[Callable[..., Any]], Any]:
     """Cache a function's results while ``condition`` holds for the call.
 
@@ -131,7 +132,11 @@ def cache_if(
     turns it on without a policy (``{"max_error": 0.02}``, the policy's ``semantic:`` fields); with a policy,
     its rules decide. ``semantic_text`` names the prompt parameter (default: ``prompt``, ``query`` or
     ``text``); ``judge(new_answer, cached_answer) -> bool`` says whether two answers are equivalent (default
-    ``==``): it is how the cache learns which prompts share an answer.
+    ``==``): it is how the cache learns which prompts share an answer. After a semantic miss it compares the new
+    answer with the candidate neighbour's and then with one answer of each other answer cluster among the
+    neighbours, to link the new entry to every cluster that shares its answer; ``judge_links`` bounds those
+    other clusters (None: all of them, up to 9; 0: the candidate only). Bound it when the judge is costly (a
+    model call): clusters then stay more fragmented and fewer prompts are served.
 
     Raises ``ContractError`` at decoration time for an invalid contract or option (``StoreConfigError`` for a
     store that cannot be built).
@@ -152,8 +157,12 @@ def cache_if(
         )
         if judge is not None and not callable(judge):
             raise ContractError(f"judge must be callable, got {judge!r}")
+        if judge_links is not None and (isinstance(judge_links, bool) or not isinstance(judge_links, int)
+                                        or judge_links < 0):
+            raise ContractError(f"judge_links must be an int >= 0 or None, got {judge_links!r}")
         runtime = build_runtime(store) if isinstance(store, StoreConfig) else store
-        return CachedFunction(fn, contract, _serializer(serializer), runtime, judge=judge or operator.eq).wrapper
+        return CachedFunction(fn, contract, _serializer(serializer), runtime, judge=judge or operator.eq,
+                              judge_links=judge_links).wrapper
 
     return decorate
 
@@ -178,9 +187,11 @@ class CachedFunction:
         runtime: CacheRuntime | None,
         *,
         judge: Callable[[Any, Any], bool] = operator.eq,
+        judge_links: int | None = None,
     ) -> None:
         self.fn = fn
         self.judge = judge
+        self.judge_links = judge_links
         self.contract = contract
         self.identity = contract.identity
         self.serializer = serializer
@@ -349,7 +360,7 @@ class CachedFunction:
                 self.counters.misses += 1
                 self._emit(rt, plan, "miss", None, 0, time.perf_counter() - started, reason="semantic-too-long")
                 return False, None, None
-            cache = layer.cache_for(self.identity, sp, self._semantic_judge(rt))
+            cache = layer.cache_for(self.identity, sp, self._semantic_judge(rt), link_tries=self.judge_links)
             scope = layer.scope(plan.ns, sp)
             decision, entry_id = cache.lookup(scope, sp.text, max_error=sp.max_error)
         except Exception as exc:  # noqa: BLE001 - the embedder or index failing is a miss, never a failed call

@@ -151,11 +151,14 @@ class SemanticLayer:
 
         return Scope(ns, f"{self.embedder.name}|{plan.boundary}")
 
-    def cache_for(self, identity: str, plan: SemanticPlan, judge: Judge) -> SemanticCache:
-        """The ``SemanticCache`` of one function under one semantic setting (made on first use)."""
+    def cache_for(
+        self, identity: str, plan: SemanticPlan, judge: Judge, *, link_tries: int | None = None
+    ) -> SemanticCache:
+        """The ``SemanticCache`` of one function under one semantic setting (made on first use); ``link_tries``
+        bounds the answer clusters judged for links after a miss (``SemanticCache``)."""
         # max_error too: the pacer spends one bound's budget (a strict and a lenient rule must not share one).
         # tiers: where the answers live decides which index (shared or local) and where the judge reads them.
-        key = (identity, plan.max_error, plan.mode, plan.explore, plan.threshold, plan.tiers)
+        key = (identity, plan.max_error, plan.mode, plan.explore, plan.threshold, plan.tiers, link_tries)
         cache = self._caches.get(key)
         if cache is None:
             from .semantic._cache import SemanticCache
@@ -165,7 +168,8 @@ class SemanticLayer:
                 cache = self._caches.get(key)
                 if cache is None:
                     cache = SemanticCache(
-                        embedder, index=index, judge=judge, mode=plan.mode, explore=plan.explore,
+                        embedder, index=index, judge=judge, link_tries=link_tries, mode=plan.mode,
+                        explore=plan.explore,
                         threshold=plan.threshold,
                         # An entry id is an exact key, so any replica's neighbour can be judged from the tiers.
                         answer_ref_of=lambda scope, entry_id: _Stored(

@@ -149,6 +149,38 @@ def test_bounded_mode_learns_through_the_judge_and_explains_misses(srt):
     assert miss.semantic["neighbour"] is not None and miss.semantic["est_error"] is not None
 
 
+@pytest.mark.parametrize(("links", "judged"), [(None, 3), (1, 2), (0, 1)])
+def test_judge_links_bounds_the_answer_clusters_judged_after_a_miss(srt, links, judged):
+    calls = []
+    answers = {ASK: "reset", PARAPHRASE: "reset", "How do I change my password?": "change",
+               "How can I recover my password?": "recover"}
+
+    def judge(new, cached):
+        calls.append((new, cached))
+        return new == cached
+
+    @cache_if("true", semantic={"max_error": 0.05}, judge=judge, judge_links=links, store=srt)
+    def answer(prompt: str) -> str:
+        return answers[prompt]
+
+    for prompt in (ASK, "How do I change my password?", "How can I recover my password?"):
+        answer(prompt)
+    calls.clear()
+    answer(PARAPHRASE)  # untrained: a miss; its answer is judged against the candidate, then the other clusters
+    assert len(calls) == judged
+    assert calls[0] == ("reset", "reset")  # the candidate (the nearest) first
+    assert {cached for _, cached in calls} <= {"reset", "change", "recover"}
+
+
+def test_judge_links_is_checked_at_decoration():
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ContractError, match="judge_links must be an int >= 0 or None"):
+
+            @cache_if("true", semantic=STATIC, judge_links=bad)
+            def f(prompt: str) -> str:
+                return prompt
+
+
 def test_a_failing_embedder_is_a_counted_miss_never_a_failed_call():
     class Broken:
         name = "broken"
