@@ -434,6 +434,52 @@ def test_pacer_serves_the_lowest_estimates_first_within_the_budget() -> None:
     assert spender.cutoff(0.01) == 0.0
 
 
+class _FixedModel:
+    """An error model that is ready and estimates every candidate at ``est``; learns nothing."""
+
+    ready, fits = True, 1
+
+    def __init__(self, est: float) -> None:
+        self.est = est
+
+    def __len__(self) -> int:
+        return 1
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        return np.full(len(np.atleast_2d(features)), self.est)
+
+    def prepare(self) -> None:
+        pass
+
+    def observe(self, features: np.ndarray, wrong: bool, weight: float) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("cap", "est", "served"), [(5.0, 0.09, True), (5.0, 0.11, False), (None, 0.11, True)])
+def test_no_answer_is_served_whose_own_estimate_passes_the_item_cap(
+    cap: float | None, est: float, served: bool
+) -> None:
+    e = np.eye(4, dtype=np.float32)
+    table = {f"x{i}": e[0] for i in range(40)} | {"a": e[1], "p": _unit(e[1] + 0.3 * e[3]),
+                                                   "q": _unit(e[1] + 0.2 * e[2])}
+    policy = BoundedPolicy(model=_FixedModel(est), explore=0.0, explore_first=(0, 0.0), item_cap=cap,
+                           pacer_options={"every": 1})
+    cache = SemanticCache(TableEmbedder(table), policy=policy)
+    for i in range(40):  # lookups with no candidate spend nothing: the pacer's budget is then ample
+        cache.lookup(SCOPE, f"x{i}", max_error=0.02)
+    cache.insert(SCOPE, "ea", "a", "answer")
+    assert cache.lookup(SCOPE, "p", max_error=0.02)[1] is None  # no estimate seen yet: the cut-off is 0
+    # One estimate of `est` among 41 lookups costs est / 41 per lookup, within 0.9 x 0.02: the pacer alone
+    # would serve the next lookup at that estimate.
+    decision, entry = cache.lookup(SCOPE, "q", max_error=0.02)
+    assert (entry == "ea") is served and decision.serve is served
+    assert decision.est_error == est
+    if cap is not None:  # the decision explains the cut-off it applied
+        assert decision.threshold <= cap * 0.02
+    with pytest.raises(ValueError, match="item_cap must be > 0 or None, got 0"):
+        BoundedPolicy(item_cap=0)
+
+
 def test_a_scope_whose_explorations_refute_the_shared_calibration_uses_its_own() -> None:
     from evocache.controller.semantic._decide import Calibration, calibration_upper
 

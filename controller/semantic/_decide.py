@@ -724,6 +724,13 @@ class BoundedPolicy:
     ``pacer_options`` are passed to every ``Pacer`` (``window``, ``safety``, ``every``, ``prior``,
     ``confidence``).
 
+    ``item_cap``: a would-be hit whose own estimate exceeds ``item_cap`` x the bound is never served, whatever
+    the budget left (None: the pacer alone decides). The pacer holds the *average* error per lookup within the
+    bound, so a scope whose lookups are mostly safe could otherwise spend its budget on a few answers that are
+    individually likely wrong: 15-20 % estimates at a 2 % bound served negation traps ("without a
+    prescription" for "do I need a prescription") in fow pair replays. With 5, at most 3 of 75 traps per
+    category were served on every pair seed (docs/notes/semantic-session4-*.md).
+
     A scope first seen after the early exploration schedule is done is a newcomer (``Pacer(newcomer=)``): the
     model was checked on other scopes' traffic, not its. Its first ``trust`` would-be hits are all explored
     (verdicts for its own calibration; only those the draw picked join the shared sample), and its pacer reads
@@ -742,6 +749,7 @@ class BoundedPolicy:
         pacer_options: Mapping[str, float] | None = None,
         max_scopes: int = _SCOPES,
         trust: int = 10,
+        item_cap: float | None = 5.0,
         **_ignored: object,
     ) -> None:
         if not 0 <= explore < 1:
@@ -754,9 +762,12 @@ class BoundedPolicy:
             raise ValueError(f"explore_first must be (count >= 0, fraction in [0, 1)), got {explore_first!r}")
         if trust < 0:
             raise ValueError(f"trust must be >= 0, got {trust!r}")
+        if item_cap is not None and not item_cap > 0:
+            raise ValueError(f"item_cap must be > 0 or None, got {item_cap!r}")
         self.explore = explore
         self.explore_first = explore_first
         self.trust = trust
+        self.item_cap = item_cap
         self.explorations = 0  # would-be hits explored so far, all scopes (they check one model)
         self.k = k
         self.model = model if model is not None else ErrorModel()  # an empty one is falsy (len 0)
@@ -819,6 +830,8 @@ class BoundedPolicy:
         pace = self._pace(scope)
         pacer = pace.pacer
         cutoff = pacer.cutoff(max_error)
+        if self.item_cap is not None:
+            cutoff = min(cutoff, self.item_cap * max_error)
         candidate = neighbourhood(
             neighbours, clusters.cluster_of, clusters.cluster_size, clusters.evidence,
             query=prompt, prompt_of=lambda entry_id: clusters.prompt_of(entry_id, scope),
