@@ -32,8 +32,9 @@ TARGET_RATIO = 1.25
 
 def frontier(confidence: np.ndarray, correct: np.ndarray, delta: float) -> float:
     """The largest share of queries served, most confident first, with at most delta x queries wrong."""
-    order = np.argsort(-confidence, kind="stable")
-    wrong = np.cumsum(~correct[order])
+    servable = np.isfinite(confidence)  # a query with nothing stored before it is never served
+    order = np.argsort(-confidence[servable], kind="stable")
+    wrong = np.cumsum(~correct[servable][order])
     allowed = np.nonzero(wrong <= delta * len(correct))[0]
     return 0.0 if len(allowed) == 0 else (allowed[-1] + 1) / len(correct)
 
@@ -84,8 +85,9 @@ def main() -> int:
         for delta in deltas:
             ceiling = frontier(confidence, correct, delta)
             needed = TARGET_RATIO * static[delta]["hit_rate"]
+            share = f"{needed / ceiling:.0%}" if ceiling else "n/a"
             print(f"| {name} | {delta:g} | {ceiling:.3f} | {static[delta]['hit_rate']:.3f} | {needed:.3f} | "
-                  f"{needed / ceiling:.0%} |", flush=True)
+                  f"{share} |", flush=True)
     return 0
 
 

@@ -34,6 +34,7 @@ import time
 from bisect import bisect_left
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from numbers import Integral
 from typing import Any
 
 from ._contract import (
@@ -135,8 +136,11 @@ def cache_if(
     ``==``): it is how the cache learns which prompts share an answer. After a semantic miss it compares the new
     answer with the candidate neighbour's and then with one answer of each other answer cluster among the
     neighbours, to link the new entry to every cluster that shares its answer; ``judge_links`` bounds those
-    other clusters (None: all of them, up to 9; 0: the candidate only). Bound it when the judge is costly (a
-    model call): clusters then stay more fragmented and fewer prompts are served.
+    other clusters (None: all of them, up to 9, plus one call per merge of two clusters; 0: the candidate
+    only). The judging runs in the missed call, after the model and before the call returns, each judge call
+    reading a neighbour's answer from the tiers: bound it when the judge is costly (a model call). Clusters
+    then stay more fragmented and fewer prompts are served. A judge should be transitive; two clusters merge
+    only if it also finds their answers equal.
 
     Raises ``ContractError`` at decoration time for an invalid contract or option (``StoreConfigError`` for a
     store that cannot be built).
@@ -157,12 +161,12 @@ def cache_if(
         )
         if judge is not None and not callable(judge):
             raise ContractError(f"judge must be callable, got {judge!r}")
-        if judge_links is not None and (isinstance(judge_links, bool) or not isinstance(judge_links, int)
+        if judge_links is not None and (isinstance(judge_links, bool) or not isinstance(judge_links, Integral)
                                         or judge_links < 0):
             raise ContractError(f"judge_links must be an int >= 0 or None, got {judge_links!r}")
         runtime = build_runtime(store) if isinstance(store, StoreConfig) else store
         return CachedFunction(fn, contract, _serializer(serializer), runtime, judge=judge or operator.eq,
-                              judge_links=judge_links).wrapper
+                              judge_links=None if judge_links is None else int(judge_links)).wrapper
 
     return decorate
 
@@ -413,7 +417,9 @@ class CachedFunction:
                     scope, plan.key, sp.text, stored_ref(plan.ns, plan.key, plan.tiers), expires_at=expires_at
                 )
                 rt.semantic.inserted(cache, scope, plan.key)
-            cache.judge_miss(scope, sp.text, fresh_ref(value), decision)
+            # An answer that was not stored (too large, unencodable, invalidated meanwhile) is still a verdict,
+            # but no entry carries it: its links would otherwise wait for the prompt's next stored answer.
+            cache.judge_miss(scope, sp.text, fresh_ref(value), decision, link=stored)
         except Gone:
             pass  # the neighbour's answer left the tiers before it could be judged: no observation
         except Exception as exc:  # noqa: BLE001 - the embedder, index or the user's judge: never fail the call

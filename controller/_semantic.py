@@ -65,6 +65,10 @@ class Gone(LookupError):
     """A cached answer the judge needed is no longer in any tier."""
 
 
+class JudgeError(RuntimeError):
+    """The user's judge raised a ``LookupError`` of its own (not ``Gone``)."""
+
+
 class _Stored(NamedTuple):
     """The answer ref kept with a semantic entry: where its exact entry lives (not the answer itself)."""
 
@@ -236,7 +240,13 @@ def make_judge(resolve: Callable[[_Stored], Any], judge: Judge) -> Judge:
         return ref.value if type(ref) is _Fresh else resolve(ref)
 
     def judge_refs(new_ref: Any, cached_ref: Any) -> bool:
-        return bool(judge(value_of(new_ref), value_of(cached_ref)))
+        new, cached = value_of(new_ref), value_of(cached_ref)  # Gone: an answer left the tiers
+        try:
+            return bool(judge(new, cached))
+        except LookupError as exc:
+            # Not Gone: a bug in the user's judge. Raised as something else, so the cache does not mistake it
+            # for an answer that has gone (which it skips without a word).
+            raise JudgeError(f"the judge raised {type(exc).__name__}: {exc}") from exc
 
     return judge_refs
 

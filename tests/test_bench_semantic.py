@@ -221,6 +221,8 @@ def test_the_ceiling_serves_the_most_confident_first_until_delta_is_spent() -> N
     assert ceiling.frontier(confidence, correct, 0.1) == 0.5  # one wrong allowed: up to the second wrong one
     assert ceiling.frontier(confidence, correct, 0.2) == 1.0
     assert ceiling.frontier(confidence, np.zeros(10, dtype=bool), 0.05) == 0.0
+    first_unservable = np.array([-np.inf, 0.9, 0.8, 0.7])
+    assert ceiling.frontier(first_unservable, np.array([False, True, True, True]), 0.25) == 0.75
 
 
 def test_the_label_oracle_votes_by_the_stored_prompts_true_groups() -> None:

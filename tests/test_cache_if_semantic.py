@@ -172,6 +172,46 @@ def test_judge_links_bounds_the_answer_clusters_judged_after_a_miss(srt, links, 
     assert {cached for _, cached in calls} <= {"reset", "change", "recover"}
 
 
+def test_an_answer_too_large_to_store_is_judged_but_never_linked(srt):
+    # The paraphrase's first answer is over max_entry_bytes: not stored, so it must not leave links that a later
+    # stored answer (the model is not deterministic) would join without being compared with anything.
+    outputs = {"How do I change my password?": ["change"], ASK: ["reset"], PARAPHRASE: ["reset" + " " * 100, "change"]}
+
+    @cache_if("true", semantic={"max_error": 0.05}, max_entry_bytes=40, store=srt,
+              judge=lambda new, old: new.strip() == old.strip())
+    def answer(prompt: str) -> str:
+        return outputs[prompt].pop(0)
+
+    for prompt in ("How do I change my password?", ASK, PARAPHRASE, PARAPHRASE):
+        answer(prompt)
+    cache = next(iter(srt.semantic._caches.values()))
+    ids = {entry.prompt: entry_id for entry_id, entry in cache._entries.items()}
+    assert cache.stats().observations == 3  # ASK against the first entry, then both answers of the paraphrase
+    assert cache.cluster_of(ids[PARAPHRASE]) != cache.cluster_of(ids[ASK])  # "change" never joins "reset"
+    assert cache.cluster_of(ids[ASK]) != cache.cluster_of(ids["How do I change my password?"])
+
+
+def test_a_lookup_error_in_the_users_judge_is_reported_not_taken_for_a_gone_answer(srt, caplog):
+    table = {"reset": 1, "change": 2}
+
+    def buggy(new, cached):
+        return table[new] == table[cached]  # KeyError for an answer missing from its table
+
+    answers = {ASK: "reset", "How do I change my password?": "unknown", PARAPHRASE: "reset"}
+
+    @cache_if("true", semantic={"max_error": 0.05}, judge=buggy, store=srt)
+    def answer(prompt: str) -> str:
+        return answers[prompt]
+
+    answer(ASK)
+    answer("How do I change my password?")  # its own judging fails on the candidate: logged, call served
+    with caplog.at_level("WARNING"):
+        answer(PARAPHRASE)  # the candidate (ASK) judges fine; the link try on "unknown" raises KeyError
+    cache = next(iter(srt.semantic._caches.values()))
+    assert cache.stats().link_errors == 1
+    assert "JudgeError: the judge raised KeyError" in caplog.text
+
+
 def test_judge_links_is_checked_at_decoration():
     for bad in (-1, 1.5, True):
         with pytest.raises(ContractError, match="judge_links must be an int >= 0 or None"):

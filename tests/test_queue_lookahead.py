@@ -273,8 +273,18 @@ def test_bench_runs_the_lookahead_over_a_named_base(tmp_path: Path) -> None:
     assert expected.hit_ratio != replay(trace, "lookahead", capacity_objects=cap, queue=model).hit_ratio
 
 
+def test_bench_reads_a_base_as_written_and_lookahead_over_lru_once(tmp_path: Path) -> None:
+    path, out = mooncake_file(tmp_path, random_kv_trace(5, requests=50)), tmp_path / "out.json"
+    result = CliRunner().invoke(app, ["eviction", "--trace", str(path), "--sizes", "0.1", "--policies",
+                                      "lookahead, lookahead : lru, lookahead: lfu", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    names = [r["policy"] for r in json.loads(out.read_text())["rows"]]
+    assert names == ["lookahead", "lookahead:lfu", "belady"]  # lru runs as the gap's baseline, unlisted
+
+
 @pytest.mark.parametrize(("name", "why"), [
-    ("lookahead:lookahead", "the base must be another registered policy"),
+    ("lookahead:lookahead", "the base must be another registered policy, one of learned, lfu, lru, lruk, "
+                            "s3fifo, weighted"),
     ("lookahead:nope", "the base must be another registered policy"),
     ("lru:lfu", "only lookahead takes a base policy"),
 ])

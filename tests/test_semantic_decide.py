@@ -279,7 +279,9 @@ def test_a_judged_miss_merges_every_neighbouring_cluster_with_its_answer() -> No
     # answer: two fragments of one answer become one; "w" (another answer) stays apart.
     assert merging.cluster_of("ez") == merging.cluster_of("ex") == merging.cluster_of("ey")
     assert merging.cluster_of("ew") != merging.cluster_of("ex")
-    assert merging.stats().judge_calls == 3  # the candidate, then one neighbour of each other cluster
+    # The candidate; ey, then ey against the candidate's answer (a second cluster joins only if the two answers
+    # are equal too); ew (another answer).
+    assert merging.stats().judge_calls == 4
     # Without, the candidate's verdict was "same" and no other cluster is judged.
     assert first_only.cluster_of("ez") == first_only.cluster_of("ex") != first_only.cluster_of("ey")
     assert first_only.stats().judge_calls == 1
@@ -297,6 +299,87 @@ def test_link_tries_bounds_the_clusters_judged_for_a_link() -> None:
     assert cache.stats().judge_calls == 2
     with pytest.raises(ValueError, match="link_tries must be an int >= 0 or None, got -1"):
         SemanticCache(TableEmbedder(table), link_tries=-1)
+
+
+def _near_table() -> dict[str, np.ndarray]:
+    e = np.eye(4, dtype=np.float32)
+    return {"a": e[0], "b": _unit(e[0] + 0.5 * e[1]), "p": _unit(e[0] + 0.2 * e[1]), "q": _unit(e[0] + 0.25 * e[1])}
+
+
+def test_links_judged_for_an_answer_that_is_not_stored_are_never_applied() -> None:
+    cache = SemanticCache(TableEmbedder(_near_table()), judge=lambda new, old: new == old)
+    cache.insert(SCOPE, "ea", "a", "old answer")
+    cache.insert(SCOPE, "eb", "b", "new answer")
+    decision, _ = cache.lookup(SCOPE, "p", max_error=0.05)
+    cache.judge_miss(SCOPE, "p", "old answer", decision, link=False)  # the owner did not store this answer
+    assert cache.stats().observations == 1 and not cache._links  # a verdict, no link kept
+    decision, _ = cache.lookup(SCOPE, "p", max_error=0.05)
+    cache.judge_miss(SCOPE, "p", "old answer", decision)  # judged before its insert: kept for that answer
+    cache.insert(SCOPE, "ep", "p", "new answer")  # ... but another answer is what gets stored
+    assert cache.cluster_of("ep") != cache.cluster_of("ea")
+    assert cache.cluster_of("ea") != cache.cluster_of("eb")
+
+
+def test_a_failing_link_judge_keeps_the_candidates_verdict() -> None:
+    calls: list[str] = []
+
+    def judge(new: str, old: str) -> bool:
+        calls.append(old)
+        if len(calls) > 1:
+            raise TimeoutError("judge model timed out")  # the link comparisons fail, the candidate's did not
+        return new == old
+
+    cache = SemanticCache(TableEmbedder(_near_table()), judge=judge)
+    cache.insert(SCOPE, "ea", "a", "wrong")
+    cache.insert(SCOPE, "eb", "b", "other")
+    decision, _ = cache.lookup(SCOPE, "p", max_error=0.05)
+    cache.judge_miss(SCOPE, "p", "right", decision)  # no exception: the verdict stands
+    stats = cache.stats()
+    assert (stats.observations, stats.link_errors, cache.evidence["ea"]) == (1, 1, (1, 0))
+    assert len(calls) == 2
+
+
+def test_a_judge_that_is_not_transitive_does_not_merge_two_answers() -> None:
+    # "reset or change" shares a word with both "reset" and "change": the lenient judge calls it equal to each,
+    # but not those two to each other, so the two clusters stay apart (the new entry joins the first).
+    def lenient(new: str, old: str) -> bool:
+        return bool(set(new.split()) & set(old.split()))
+
+    cache = SemanticCache(TableEmbedder(_near_table()), judge=lenient)
+    cache.insert(SCOPE, "ea", "a", "reset")
+    cache.insert(SCOPE, "eb", "b", "change")
+    decision, _ = cache.lookup(SCOPE, "p", max_error=0.05)
+    cache.insert(SCOPE, "ep", "p", "reset or change")
+    cache.judge_miss(SCOPE, "p", "reset or change", decision)
+    assert cache.cluster_of("ep") == cache.cluster_of("ea") != cache.cluster_of("eb")
+    assert cache.stats().judge_calls == 3  # ea, eb, then eb against ea's answer
+
+
+def test_a_link_judged_before_insert_never_crosses_scopes() -> None:
+    other = Scope("tenant-b", SCOPE.boundary)
+    table = _near_table()
+    cache = SemanticCache(TableEmbedder(table), judge=lambda new, old: new == old)
+    cache.insert(SCOPE, "e1", "a", "answer")
+    decision, _ = cache.lookup(SCOPE, "p", max_error=0.05)
+    cache.judge_miss(SCOPE, "p", "answer", decision)  # a link p -> e1, kept until p's entry is inserted
+    cache.remove(SCOPE, ["e1"])
+    cache.insert(other, "e1", "b", "answer")  # the id now names another tenant's entry
+    cache.insert(SCOPE, "ep", "p", "answer")
+    assert cache.cluster_of("ep") != cache.cluster_of("e1")
+
+
+def test_a_removal_racing_an_insert_leaves_no_entry_behind() -> None:
+    from evocache.controller.semantic._index import SemanticIndex
+
+    class Racy(SemanticIndex):  # another thread's removal lands between the index's add and the cache's record
+        def add(self, scope, ids, vecs, **kwargs):  # type: ignore[no-untyped-def]
+            super().add(scope, ids, vecs, **kwargs)
+            cache.remove(scope, ids)
+
+    cache = SemanticCache(TableEmbedder(_near_table()), index=Racy())
+    cache.insert(SCOPE, "ea", "a", "answer")
+    assert "ea" not in cache._entries
+    assert cache.lookup(SCOPE, "a", max_error=0.05)[1] is None
 
 
 def test_feedback_counts_against_the_entry() -> None:
@@ -476,8 +559,9 @@ def test_no_answer_is_served_whose_own_estimate_passes_the_item_cap(
     assert decision.est_error == est
     if cap is not None:  # the decision explains the cut-off it applied
         assert decision.threshold <= cap * 0.02
-    with pytest.raises(ValueError, match="item_cap must be > 0 or None, got 0"):
-        BoundedPolicy(item_cap=0)
+    for bad in (0, -1.0, True, "5"):
+        with pytest.raises(ValueError, match=f"item_cap must be a number > 0 or None, got {bad!r}"):
+            BoundedPolicy(item_cap=bad)  # type: ignore[arg-type]
 
 
 def test_a_scope_whose_explorations_refute_the_shared_calibration_uses_its_own() -> None:

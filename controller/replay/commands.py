@@ -71,17 +71,19 @@ def _parse_policies(text: str, known: Sequence[str]) -> tuple[str, ...]:
     names: list[str] = []
     known_list = ", ".join(sorted(known))
     for part in text.split(","):
-        name = part.strip()
-        if name == "belady" or name in names:
-            continue
-        head, colon, base = name.partition(":")
+        head, colon, base = (s.strip() for s in part.partition(":"))
+        name = f"{head}:{base}" if colon else head
         if colon:
             if head != "lookahead":
                 raise _usage("--policies", f"{name!r}: only lookahead takes a base policy (lookahead:BASE)")
             if base not in known or base == "lookahead":
-                raise _usage("--policies", f"{name!r}: the base must be another registered policy; known: "
-                                           f"{known_list}")
-        elif name not in known:
+                bases = ", ".join(sorted(k for k in known if k != "lookahead"))
+                raise _usage("--policies", f"{name!r}: the base must be another registered policy, one of {bases}")
+            if base == "lru":
+                name = "lookahead"  # LRU is lookahead's own base: the same policy, once
+        if name == "belady" or name in names:
+            continue
+        if not colon and name not in known:
             raise _usage("--policies", f"unknown eviction policy {name!r}; known: {known_list} (belady always runs)")
         names.append(name)
     if not names:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import logging
 import operator
 import random
 import threading
@@ -33,13 +34,16 @@ from ._decide import POLICIES, BoundedPolicy, Candidate, SemanticDecision, Stati
 from ._embed import Embedder
 from ._index import Neighbour, Scope, SemanticIndex, check_scope
 
+log = logging.getLogger("evocache.controller.semantic.cache")
+
 if TYPE_CHECKING:
     import numpy as np
 
 __all__ = ["Judge", "SemanticCache", "SemanticStats"]
 
 Judge = Callable[[Any, Any], bool]
-"""``judge(new_answer_ref, cached_answer_ref) -> bool``: do the two answers say the same thing?"""
+"""``judge(new_answer_ref, cached_answer_ref) -> bool``: do the two answers say the same thing? Before two
+answer clusters merge it is also asked about two cached answers (the first linked one's, then the other's)."""
 
 _PENDING = (
     4096  # lookups awaiting their judge verdict; older ones are forgotten (their miss was never judged)
@@ -62,6 +66,7 @@ class SemanticStats:
     feedback_wrong: int
     cutoff: float
     calibration: float
+    link_errors: int = 0  # judge calls for links (not the candidate's verdict) that raised: no link, logged
 
     @property
     def realised_error(self) -> float:
@@ -219,7 +224,7 @@ class SemanticCache:
         # The last served hits by lookup (a token per lookup), so feedback can be an observation.
         self._served: OrderedDict[int, _Served] = OrderedDict()
         self._tokens = itertools.count(1)
-        self._links: OrderedDict[tuple[Scope, str], tuple[str, ...]] = (
+        self._links: OrderedDict[tuple[Scope, str], tuple[Any, tuple[str, ...]]] = (
             OrderedDict()
         )  # judged before insert: link on insert
         self._vectors: OrderedDict[tuple[Scope, str], np.ndarray] = (
@@ -239,6 +244,7 @@ class SemanticCache:
                 "explored_wrong",
                 "feedback",
                 "feedback_wrong",
+                "link_errors",
             ),
             0,
         )
@@ -347,11 +353,19 @@ class SemanticCache:
             extra["metas"] = [{"prompt": prompt}]
         self._index.add(scope, [entry_id], vecs, **extra)
         with self._lock:
+            # A remove() between the add and here took the entry out of the index (remove updates the index
+            # before this cache): recording it now would leave an entry no index holds, served by exact match.
+            if not self._holds(scope, entry_id):
+                return
             self._entries[entry_id] = _Entry(scope, prompt, answer_ref)
             self._exact[(scope, prompt)] = entry_id
-            for link in self._links.pop((scope, prompt), ()):
-                if link in self._entries:
-                    self._clusters.union(entry_id, link)
+            # Links judged before this insert belong to the answer that was judged: another answer to the same
+            # prompt (a model that is not deterministic) has not been compared with anything.
+            judged_ref, links = self._links.pop((scope, prompt), (None, ()))
+            if links and judged_ref == answer_ref:
+                for link in links:
+                    if self._held(scope, link):
+                        self._clusters.union(entry_id, link)
 
     def remove(self, scope: Scope, entry_ids: Sequence[str]) -> None:
         """Forget entries (evicted or expired): they are no longer searched, matched or served."""
@@ -360,8 +374,11 @@ class SemanticCache:
             # Ids this cache never inserted (another replica's, found through a shared index) are removed from
             # the index too; only an id known to belong to another scope is left alone.
             ids = [e for e in entry_ids if e not in self._entries or self._entries[e].scope == scope]
-            self._forget(scope, ids)
+        # The index first: an insert() of one of these ids racing with this call then either finds it gone
+        # and records nothing, or records it before the _forget below drops it.
         self._index.remove(scope, ids)
+        with self._lock:
+            self._forget(scope, ids)
 
     def _forget(self, scope: Scope, ids: Sequence[str]) -> None:
         """Drop what this cache keeps of entries that left ``scope`` (its entry, exact prompt, evidence and
@@ -405,17 +422,25 @@ class SemanticCache:
             return False
         return True
 
-    def judge_miss(self, scope: Scope, prompt: str, new_answer_ref: Any, decision: SemanticDecision) -> None:
+    def judge_miss(
+        self, scope: Scope, prompt: str, new_answer_ref: Any, decision: SemanticDecision, *, link: bool = True
+    ) -> None:
         """After a miss (or an exploration) the model answered ``prompt``: the judge compares the answer with
         the candidate neighbour's. The verdict is an observation for the error model (and the exploration
-        sample) and, when equal, links the prompt's entry to the neighbour's answer cluster. The other
-        neighbouring clusters (up to ``link_tries``) are judged too, and each with an equal answer is linked;
-        with ``merge=False`` only until the first link.
+        sample), recorded before anything else is judged. Then the answer is linked to answer clusters: to the
+        candidate's when equal, and to each other neighbouring cluster (up to ``link_tries``) whose answer the
+        judge finds equal, so fragments of one answer merge; with ``merge=False`` only until the first link. A
+        second cluster joins only if the judge also finds its answer equal to the first linked one (a judge
+        that is not transitive must not chain two different answers into one cluster). The links go to the
+        prompt's entry, now or when it is inserted (by an insert of this very answer ref: an insert of another
+        answer to the prompt drops them); with ``link=False`` (the answer was not stored) nothing is linked.
 
         The lookup is the one ``decision`` came from (its ``token``), so concurrent lookups of the same prompt
         are each judged on their own candidate, once. A decision without a neighbour or token, one for another
         scope, or one whose lookup is no longer remembered (or was judged already) does nothing. In static
-        mode nothing is learnt, so nothing is judged. Judge exceptions propagate.
+        mode nothing is learnt, so nothing is judged. A judge exception on the candidate propagates (nothing is
+        recorded); one while judging for links ends the link search (logged, counted in ``link_errors``): the
+        verdict stands.
         """
         if decision.neighbour is None or self._policy.mode == "static":
             return
@@ -427,9 +452,6 @@ class SemanticCache:
         if neighbour_ref is None:
             return  # removed since the lookup: its answer is gone
         same = bool(self._judge(new_answer_ref, neighbour_ref))
-        links = [decision.neighbour] if same else []
-        if self._merge or not same:
-            links += self._find_links(scope, pending.neighbours, new_answer_ref, decision, first=not self._merge)
         self._prepare()
         with self._lock:
             self._counts["judge_calls"] += 1
@@ -441,14 +463,25 @@ class SemanticCache:
                 wrong, right = self._evidence.get(decision.neighbour, (0, 0))
                 self._evidence[decision.neighbour] = (wrong + (not same), right + same)
             self._policy.observe(pending.candidate, not same, pending.est_error, explored=pending.explored)
-            links = [link for link in links if self._held(scope, link)]
-            if links:
+        if not link:
+            return
+        links = [(decision.neighbour, neighbour_ref)] if same else []
+        if self._merge or not same:
+            try:
+                self._find_links(scope, pending.neighbours, new_answer_ref, decision, links)
+            except Exception as exc:  # noqa: BLE001 - the user's judge: the verdict above stands, links stop here
+                log.warning("semantic link judging failed: %s: %s", type(exc).__name__, exc)
+                with self._lock:
+                    self._counts["link_errors"] += 1
+        with self._lock:
+            held = [entry_id for entry_id, _ in links if self._held(scope, entry_id)]
+            if held:
                 new_id = self._exact.get((scope, prompt))
                 if new_id is not None:
-                    for link in links:
-                        self._clusters.union(new_id, link)
+                    for entry_id in held:
+                        self._clusters.union(new_id, entry_id)
                 else:
-                    _remember(self._links, (scope, prompt), tuple(links))
+                    _remember(self._links, (scope, prompt), (new_answer_ref, tuple(held)))
 
     def _prepare(self) -> None:
         """Let the policy load what learning needs before the lock is taken (the first fit's imports take
@@ -464,32 +497,37 @@ class SemanticCache:
         return None if self._answer_ref_of is None else self._answer_ref_of(scope, entry_id)
 
     def _find_links(
-        self, scope: Scope, neighbours: Sequence[Neighbour], answer: Any, decision: SemanticDecision, *,
-        first: bool
-    ) -> list[str]:
-        """Neighbours (one per answer cluster, other than the candidate's) whose answer the judge finds equal to
-        ``answer``: the first only with ``first``, else every one among the clusters judged."""
+        self, scope: Scope, neighbours: Sequence[Neighbour], answer: Any, decision: SemanticDecision,
+        links: list[tuple[str, Any]],
+    ) -> None:
+        """Append to ``links`` (``(entry id, answer ref)``, the candidate's first when it is equal) one
+        neighbour per other answer cluster whose answer the judge finds equal to ``answer``, and, for every
+        cluster after the first linked one, equal to that one's answer too: the first only without ``merge``.
+        An answer that has gone (``LookupError``) is no link. Other judge exceptions propagate."""
         tried = {self.cluster_of(decision.neighbour)} if decision.neighbour else set()
-        found: list[str] = []
         for n in neighbours:
             if self._link_tries is not None and len(tried) > self._link_tries:
+                break
+            if links and not self._merge:
                 break
             root = self.cluster_of(n.entry_id)
             ref = self._ref_of(scope, n.entry_id)
             if root in tried or ref is None:
                 continue
             tried.add(root)
-            with self._lock:
-                self._counts["judge_calls"] += 1
             try:
-                same = self._judge(answer, ref)
+                with self._lock:
+                    self._counts["judge_calls"] += 1
+                if not self._judge(answer, ref):
+                    continue
+                if links:  # a second cluster: its answer must equal the first linked one's as well
+                    with self._lock:
+                        self._counts["judge_calls"] += 1
+                    if not self._judge(links[0][1], ref):
+                        continue
             except LookupError:  # that answer has gone (a judge may say so): no link there, and no verdict lost
                 continue
-            if same:
-                found.append(n.entry_id)
-                if first:
-                    break
-        return found
+            links.append((n.entry_id, ref))
 
     def feedback(self, entry_id: str, correct: bool, *, decision: SemanticDecision | None = None) -> None:
         """A verdict on a served answer of ``entry_id`` (from a user or an evaluator). It counts in the realised

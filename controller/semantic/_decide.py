@@ -724,8 +724,12 @@ class BoundedPolicy:
     ``pacer_options`` are passed to every ``Pacer`` (``window``, ``safety``, ``every``, ``prior``,
     ``confidence``).
 
-    ``item_cap``: a would-be hit whose own estimate exceeds ``item_cap`` x the bound is never served, whatever
-    the budget left (None: the pacer alone decides). The pacer holds the *average* error per lookup within the
+    ``item_cap``: a would-be hit whose own estimate (the model's, before calibration) exceeds ``item_cap`` x
+    the bound is never served, whatever the budget left (None: the pacer alone decides). The calibration is an
+    upper confidence bound over the whole exploration sample, right for pacing a budget and pessimistic for
+    judging one answer: at the calibrations seen on Banking77 and CLINC150 (1.1-2.5) a cap on the calibrated
+    estimate would act like a cap of 2-4.5 on the model's, and a cap of 2 cost 0.1-0.2 of the hit-rate ratio
+    at δ = 0.02 (docs/notes/semantic-session4-*.md). The pacer holds the *average* error per lookup within the
     bound, so a scope whose lookups are mostly safe could otherwise spend its budget on a few answers that are
     individually likely wrong: 15-20 % estimates at a 2 % bound served negation traps ("without a
     prescription" for "do I need a prescription") in fow pair replays. With 5, at most 3 of 75 traps per
@@ -762,8 +766,9 @@ class BoundedPolicy:
             raise ValueError(f"explore_first must be (count >= 0, fraction in [0, 1)), got {explore_first!r}")
         if trust < 0:
             raise ValueError(f"trust must be >= 0, got {trust!r}")
-        if item_cap is not None and not item_cap > 0:
-            raise ValueError(f"item_cap must be > 0 or None, got {item_cap!r}")
+        if item_cap is not None and (isinstance(item_cap, bool) or not isinstance(item_cap, int | float)
+                                     or not item_cap > 0):
+            raise ValueError(f"item_cap must be a number > 0 or None, got {item_cap!r}")
         self.explore = explore
         self.explore_first = explore_first
         self.trust = trust
