@@ -362,7 +362,7 @@ class SemanticCache:
             # Links judged before this insert belong to the answer that was judged: another answer to the same
             # prompt (a model that is not deterministic) has not been compared with anything.
             judged_ref, links = self._links.pop((scope, prompt), (None, ()))
-            if links and judged_ref == answer_ref:
+            if links and _same_ref(judged_ref, answer_ref):
                 for link in links:
                     if self._held(scope, link):
                         self._clusters.union(entry_id, link)
@@ -584,6 +584,17 @@ def _weak_listener(cache: SemanticCache) -> Callable[[Any], None]:
             target._changed(change)
 
     return changed
+
+
+def _same_ref(a: Any, b: Any) -> bool:
+    """Whether two answer refs name the same answer; refs whose ``==`` is not a plain truth value (arrays) or
+    raises count as different (a link judged for one is then dropped, never misapplied)."""
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):
+        return False
 
 
 def _check_prompt(prompt: object) -> None:
