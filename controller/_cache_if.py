@@ -137,10 +137,10 @@ def cache_if(
     answer with the candidate neighbour's and then with one answer of each other answer cluster among the
     neighbours, to link the new entry to every cluster that shares its answer; ``judge_links`` bounds those
     other clusters (None: all of them, up to 9, plus one call per merge of two clusters; 0: the candidate
-    only). The judging runs in the missed call, after the model and before the call returns, each judge call
-    reading a neighbour's answer from the tiers: bound it when the judge is costly (a model call). Clusters
-    then stay more fragmented and fewer prompts are served. A judge should be transitive; two clusters merge
-    only if it also finds their answers equal.
+    only). The candidate's judging runs in the missed call, after the model; the search for other links runs
+    on a background thread, each judge call reading a neighbour's answer from the tiers: bound it when the
+    judge is costly (a model call). Clusters then stay more fragmented and fewer prompts are served. A judge
+    should be transitive; two clusters merge only if it also finds their answers equal.
 
     Raises ``ContractError`` at decoration time for an invalid contract or option (``StoreConfigError`` for a
     store that cannot be built).
@@ -419,7 +419,7 @@ class CachedFunction:
                 rt.semantic.inserted(cache, scope, plan.key)
             # An answer that was not stored (too large, unencodable, invalidated meanwhile) is still a verdict,
             # but no entry carries it: its links would otherwise wait for the prompt's next stored answer.
-            cache.judge_miss(scope, sp.text, fresh_ref(value), decision, link=stored)
+            cache.judge_miss(scope, sp.text, fresh_ref(value), decision, link=stored, defer=rt.semantic.later)
         except Gone:
             pass  # the neighbour's answer left the tiers before it could be judged: no observation
         except Exception as exc:  # noqa: BLE001 - the embedder, index or the user's judge: never fail the call

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import queue
 import threading
 import time
 from collections import OrderedDict
@@ -94,6 +95,11 @@ class SemanticLayer:
     one; otherwise ``StoreConfig.embedder`` says which). With a Redis store the index is a ``SharedIndex``
     (entries and vectors in Redis, followed by every replica), else a local ``SemanticIndex``. ``max_entries``
     bounds the entries this process has inserted: past it the oldest are removed from the index.
+
+    After a semantic miss the judge's link search (comparing the new answer with each neighbouring answer
+    cluster) runs on one background thread (``later``), so the missed call returns without waiting for it; at
+    most ``link_backlog`` searches wait, later ones are dropped (counted by the cache). ``drain`` waits for the
+    backlog (tests, shutdown).
     """
 
     def __init__(
@@ -103,6 +109,7 @@ class SemanticLayer:
         embedder: Embedder | None = None,
         clock: Callable[[], float] = time.time,
         max_entries: int = 1_000_000,
+        link_backlog: int = 1024,
     ) -> None:
         self._config = config
         self._embedder = embedder
@@ -113,6 +120,9 @@ class SemanticLayer:
         self._caches: dict[tuple, SemanticCache] = {}
         self._inserted: OrderedDict[str, tuple[Scope, SemanticCache]] = OrderedDict()
         self._lock = threading.Lock()
+        self._later: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=link_backlog)
+        self._worker: threading.Thread | None = None
+        self._closed = False
 
     @property
     def embedder(self) -> Embedder:
@@ -196,7 +206,48 @@ class SemanticLayer:
         for old_id, (old_scope, old_cache) in dropped:
             old_cache.remove(old_scope, [old_id])
 
+    def later(self, work: Callable[[], None]) -> bool:
+        """Run ``work`` on the layer's background thread (started on first use), after what is queued before
+        it. False when the backlog is full or the layer is closed: ``work`` will not run."""
+        with self._lock:
+            if self._closed:
+                return False
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="evocache-semantic-links", daemon=True)
+                self._worker.start()
+            try:
+                self._later.put_nowait(work)
+            except queue.Full:
+                return False
+        return True
+
+    def _work(self) -> None:
+        while True:
+            work = self._later.get()
+            try:
+                if work is None:
+                    return
+                work()
+            except Exception as exc:  # noqa: BLE001 - one search's failure must not end the thread
+                log.warning("semantic background work failed: %s: %s", type(exc).__name__, exc)
+            finally:
+                self._later.task_done()
+
+    def drain(self) -> None:
+        """Wait until every queued background search has run."""
+        self._later.join()
+
     def close(self) -> None:
+        """Let the queued searches finish (they may read the tiers and the index), stop the thread, then close
+        the indexes."""
+        with self._lock:
+            self._closed = True
+            worker = self._worker
+        if worker is not None:
+            self._later.put(None)  # after the queued work; close() waits for a full queue to make room
+            worker.join(timeout=30)
+            with self._lock:
+                self._worker = None
         for index in (self._index, self._local):
             if index is not None:
                 index.close()

@@ -165,8 +165,10 @@ def test_judge_links_bounds_the_answer_clusters_judged_after_a_miss(srt, links, 
 
     for prompt in (ASK, "How do I change my password?", "How can I recover my password?"):
         answer(prompt)
+    srt.semantic.drain()
     calls.clear()
     answer(PARAPHRASE)  # untrained: a miss; its answer is judged against the candidate, then the other clusters
+    srt.semantic.drain()  # the other clusters are judged on the layer's background thread
     assert len(calls) == judged
     assert calls[0] == ("reset", "reset")  # the candidate (the nearest) first
     assert {cached for _, cached in calls} <= {"reset", "change", "recover"}
@@ -184,6 +186,7 @@ def test_an_answer_too_large_to_store_is_judged_but_never_linked(srt):
 
     for prompt in ("How do I change my password?", ASK, PARAPHRASE, PARAPHRASE):
         answer(prompt)
+    srt.semantic.drain()
     cache = next(iter(srt.semantic._caches.values()))
     ids = {entry.prompt: entry_id for entry_id, entry in cache._entries.items()}
     assert cache.stats().observations == 3  # ASK against the first entry, then both answers of the paraphrase
@@ -207,9 +210,66 @@ def test_a_lookup_error_in_the_users_judge_is_reported_not_taken_for_a_gone_answ
     answer("How do I change my password?")  # its own judging fails on the candidate: logged, call served
     with caplog.at_level("WARNING"):
         answer(PARAPHRASE)  # the candidate (ASK) judges fine; the link try on "unknown" raises KeyError
+        srt.semantic.drain()
     cache = next(iter(srt.semantic._caches.values()))
     assert cache.stats().link_errors == 1
     assert "JudgeError: the judge raised KeyError" in caplog.text
+
+
+def test_the_link_search_does_not_hold_up_the_missed_call(srt):
+    import threading
+
+    release = threading.Event()
+    calls = []
+
+    def slow_judge(new, cached):
+        calls.append(cached)
+        if len(calls) > 1:  # the link search (the candidate's verdict is the first call)
+            assert release.wait(timeout=30)
+        return new == cached
+
+    answers = {ASK: "reset", "How do I change my password?": "change", PARAPHRASE: "reset"}
+
+    @cache_if("true", semantic={"max_error": 0.05}, judge=slow_judge, store=srt)
+    def answer(prompt: str) -> str:
+        return answers[prompt]
+
+    answer(ASK)
+    answer("How do I change my password?")
+    srt.semantic.drain()
+    calls.clear()
+    assert answer(PARAPHRASE) == "reset"  # returns while the link search waits on the judge
+    cache = next(iter(srt.semantic._caches.values()))
+    try:
+        assert cache.stats().observations == 2  # the candidate's verdict was recorded in the call (and change's)
+        deadline = time.monotonic() + 30
+        while len(calls) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(calls) == 2  # the link search reached the judge, and waits there: the call did not wait for it
+    finally:
+        release.set()
+    srt.semantic.drain()
+    # Had the call waited for the search, the judge would have timed out before the release: a link error.
+    assert len(calls) == 2 and cache.stats().link_errors == 0
+
+
+def test_a_full_link_backlog_drops_searches_and_counts_them():
+    from evocache.controller._semantic import SemanticLayer
+
+    layer = SemanticLayer(StoreConfig(), link_backlog=1)
+    gate = __import__("threading").Event()
+    assert layer.later(gate.wait)  # the worker takes it and blocks
+    deadline = time.monotonic() + 10
+    while layer._later.unfinished_tasks and not layer._later.empty() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ran = []
+    assert layer.later(lambda: ran.append(1))  # waits in the backlog of 1
+    assert not layer.later(lambda: ran.append(2))  # the backlog is full: dropped
+    gate.set()
+    layer.drain()
+    assert ran == [1]
+    layer.close()
+    assert not layer.later(lambda: ran.append(3))  # closed: nothing runs
 
 
 def test_judge_links_is_checked_at_decoration():

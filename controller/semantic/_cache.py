@@ -18,6 +18,7 @@ An entry is only ever searched for, linked or served within its own ``Scope``.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import logging
@@ -67,6 +68,7 @@ class SemanticStats:
     cutoff: float
     calibration: float
     link_errors: int = 0  # judge calls for links (not the candidate's verdict) that raised: no link, logged
+    links_dropped: int = 0  # link judging a full background queue could not take (judge_miss's ``defer``)
 
     @property
     def realised_error(self) -> float:
@@ -245,6 +247,7 @@ class SemanticCache:
                 "feedback",
                 "feedback_wrong",
                 "link_errors",
+                "links_dropped",
             ),
             0,
         )
@@ -423,7 +426,14 @@ class SemanticCache:
         return True
 
     def judge_miss(
-        self, scope: Scope, prompt: str, new_answer_ref: Any, decision: SemanticDecision, *, link: bool = True
+        self,
+        scope: Scope,
+        prompt: str,
+        new_answer_ref: Any,
+        decision: SemanticDecision,
+        *,
+        link: bool = True,
+        defer: Callable[[Callable[[], None]], bool] | None = None,
     ) -> None:
         """After a miss (or an exploration) the model answered ``prompt``: the judge compares the answer with
         the candidate neighbour's. The verdict is an observation for the error model (and the exploration
@@ -441,6 +451,11 @@ class SemanticCache:
         mode nothing is learnt, so nothing is judged. A judge exception on the candidate propagates (nothing is
         recorded); one while judging for links ends the link search (logged, counted in ``link_errors``): the
         verdict stands.
+
+        ``defer``: the judging for links (every judge call after the candidate's) is handed to it as one
+        callable, to run later on another thread, so that the caller does not wait for it; it returns False
+        when it cannot take more (the links are then not judged: counted in ``links_dropped``). The candidate's
+        own link is made at once.
         """
         if decision.neighbour is None or self._policy.mode == "static":
             return
@@ -466,13 +481,37 @@ class SemanticCache:
         if not link:
             return
         links = [(decision.neighbour, neighbour_ref)] if same else []
-        if self._merge or not same:
-            try:
-                self._find_links(scope, pending.neighbours, new_answer_ref, decision, links)
-            except Exception as exc:  # noqa: BLE001 - the user's judge: the verdict above stands, links stop here
-                log.warning("semantic link judging failed: %s: %s", type(exc).__name__, exc)
-                with self._lock:
-                    self._counts["link_errors"] += 1
+        if not (self._merge or not same):
+            self._apply_links(scope, prompt, new_answer_ref, links)
+            return
+        search = functools.partial(self._link, scope, prompt, new_answer_ref, decision, pending.neighbours, links)
+        if defer is None:
+            search()
+            return
+        self._apply_links(scope, prompt, new_answer_ref, links)  # the candidate's now; the others later
+        if not defer(search):
+            with self._lock:
+                self._counts["links_dropped"] += 1
+
+    def _link(
+        self, scope: Scope, prompt: str, answer: Any, decision: SemanticDecision, neighbours: Sequence[Neighbour],
+        links: list[tuple[str, Any]],
+    ) -> None:
+        """Judge the neighbouring clusters for links (``_find_links``) and link the prompt's entry to them."""
+        links = list(links)
+        try:
+            self._find_links(scope, neighbours, answer, decision, links)
+        except Exception as exc:  # noqa: BLE001 - the user's judge: the verdict stands, links stop here
+            log.warning("semantic link judging failed: %s: %s", type(exc).__name__, exc)
+            with self._lock:
+                self._counts["link_errors"] += 1
+        self._apply_links(scope, prompt, answer, links)
+
+    def _apply_links(self, scope: Scope, prompt: str, answer: Any, links: list[tuple[str, Any]]) -> None:
+        """Union the prompt's entry with each linked entry still held in ``scope``; before its insert, keep
+        the links for an insert of this ``answer``."""
+        if not links:
+            return
         with self._lock:
             held = [entry_id for entry_id, _ in links if self._held(scope, entry_id)]
             if held:
@@ -481,7 +520,7 @@ class SemanticCache:
                     for entry_id in held:
                         self._clusters.union(new_id, entry_id)
                 else:
-                    _remember(self._links, (scope, prompt), (new_answer_ref, tuple(held)))
+                    _remember(self._links, (scope, prompt), (answer, tuple(held)))
 
     def _prepare(self) -> None:
         """Let the policy load what learning needs before the lock is taken (the first fit's imports take
