@@ -69,6 +69,23 @@ def run(factory, capacity: int = 20, trace: list[Access] = TRACE):
     return replay(trace, make, capacity_objects=capacity), built[0]
 
 
+def serve(policy: LearnedPolicy, key: str, info: EntryInfo, held: list[str], capacity: int = 20) -> None:
+    """One access through a small owner of ``capacity`` objects (``held``, its keys): a hit, or, if the policy
+    admits the miss, the least wanted key out and ``key`` in. The caller announces the access (``on_access``)
+    when it has context to give."""
+    if key in held:
+        policy.on_hit(key)
+        return
+    if not policy.admit(key, info):
+        return
+    if len(held) == capacity:
+        victim = policy.victim()
+        policy.on_remove(victim)
+        held.remove(victim)
+    policy.on_insert(key, info)
+    held.append(key)
+
+
 @functools.cache
 def trained_model() -> LearnedModel:
     _, policy = run(functools.partial(LearnedPolicy, capacity=20, retrain_every=300))
@@ -115,19 +132,11 @@ def test_untrained_policy_is_its_heuristic_exactly(fallback: str, heuristic: typ
 def test_retrains_every_n_accesses() -> None:
     policy = LearnedPolicy(capacity=20, retrain_every=250)
     trained = []
-    held: set[str] = set()
+    held: list[str] = []
     for i, a in enumerate(TRACE[:1000], start=1):
         info = EntryInfo(1, req=a.req, pos=a.pos, req_len=10)
         policy.on_access(a.key, info)
-        if a.key in held:
-            policy.on_hit(a.key)
-        elif policy.admit(a.key, info):
-            if len(held) == 20:
-                victim = policy.victim()
-                policy.on_remove(victim)
-                held.remove(victim)
-            policy.on_insert(a.key, info)
-            held.add(a.key)
+        serve(policy, a.key, info, held)
         if i % 250 == 0:
             trained.append((policy.stats.accesses, policy.stats.trained, policy.stats.model_tick))
     assert trained == [(250, 1, 250), (500, 2, 500), (750, 3, 750), (1000, 4, 1000)]
@@ -277,30 +286,18 @@ def test_background_training_does_not_block_and_swaps_the_model() -> None:
     try:
         keys = [a.key for a in TRACE]
         held: list[str] = []
-
-        def access(key: str) -> None:
-            if key in policy:
-                policy.on_hit(key)
-                return
-            if len(held) == 20:
-                victim = policy.victim()
-                policy.on_remove(victim)
-                held.remove(victim)
-            policy.on_insert(key, EntryInfo(1))
-            held.append(key)
-
         for key in keys[:300]:
-            access(key)
+            serve(policy, key, EntryInfo(1), held)
         assert policy.started.wait(30)  # the trainer took the job ...
         for key in keys[300:900]:  # ... and the request path goes on while it trains
-            access(key)
+            serve(policy, key, EntryInfo(1), held)
         assert policy.model is None and policy.stats.trained == 0
         assert policy.stats.skipped == 2  # retrainings at 600 and 900 found the trainer busy
         policy.release.set()
         assert policy.wait_trained(1, timeout=60)
         assert policy.model is not None and policy.model.window.tick == 300
         for key in keys[900:1200]:
-            access(key)
+            serve(policy, key, EntryInfo(1), held)
         assert policy.wait_trained(2, timeout=60)
         assert policy.stats.model_tick == 1200
     finally:
@@ -558,15 +555,7 @@ def test_a_failed_training_is_counted_and_the_trainer_goes_on() -> None:
         for i, a in enumerate(TRACE):
             info = EntryInfo(1, req=a.req, pos=a.pos, req_len=10)
             policy.on_access(a.key, info)
-            if a.key in policy:
-                policy.on_hit(a.key)
-            else:
-                if len(held) == 20:
-                    victim = policy.victim()
-                    policy.on_remove(victim)
-                    held.remove(victim)
-                policy.on_insert(a.key, info)
-                held.append(a.key)
+            serve(policy, a.key, info, held)
             if i % 300 == 299:
                 assert policy.wait_trained(0, timeout=1)
                 with policy._cond:  # let each job finish before the next retraining, so none is skipped

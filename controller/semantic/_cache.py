@@ -481,7 +481,7 @@ class SemanticCache:
         if not link:
             return
         links = [(decision.neighbour, neighbour_ref)] if same else []
-        if not (self._merge or not same):
+        if same and not self._merge:  # the candidate's link is the only one wanted: no more judging
             self._apply_links(scope, prompt, new_answer_ref, links)
             return
         search = functools.partial(self._link, scope, prompt, new_answer_ref, decision, pending.neighbours, links)
