@@ -14,6 +14,7 @@ from evocache.controller._types import Entry, Namespace
 from evocache.controller.errors import StoreConfigError
 from evocache.controller.eviction import (
     EVICTION_POLICIES,
+    ARCPolicy,
     EntryInfo,
     EvictionPolicy,
     LearnedPolicy,
@@ -227,6 +228,7 @@ MAX_ENTRY = 120
 
 POLICY_FACTORIES: dict[str, Callable[[], EvictionPolicy]] = {name: functools.partial(_build, name) for name in VARIANTS}
 POLICY_FACTORIES["s3fifo-bytes"] = functools.partial(make_eviction_policy, "s3fifo", capacity=CAPACITY)
+POLICY_FACTORIES["arc-bytes"] = functools.partial(make_eviction_policy, "arc", capacity=CAPACITY)
 
 _namespaces = st.sampled_from(sorted(QUOTAS))
 _keys = st.sampled_from([f"{i:016x}" for i in range(8)])
@@ -317,6 +319,7 @@ def test_registry_names_every_policy() -> None:
         "lfu": LFUPolicy,
         "lruk": LRUKPolicy,
         "s3fifo": S3FIFOPolicy,
+        "arc": ARCPolicy,
         "weighted": WeightedPolicy,
         "learned": LearnedPolicy,
         "lookahead": LookaheadPolicy,
@@ -329,7 +332,7 @@ def test_registry_names_every_policy() -> None:
 def test_unknown_policy_lists_the_known_ones() -> None:
     with pytest.raises(StoreConfigError) as info:
         make_eviction_policy("clock")
-    assert str(info.value) == "unknown eviction policy 'clock'; known: learned, lfu, lookahead, lru, lruk, s3fifo, weighted"
+    assert str(info.value) == "unknown eviction policy 'clock'; known: arc, learned, lfu, lookahead, lru, lruk, s3fifo, weighted"
 
 
 def test_factory_passes_options() -> None:

@@ -11,6 +11,7 @@ import inspect
 from typing import Any
 
 from ..errors import StoreConfigError
+from ._arc import ARCPolicy
 from ._base import Clock, EntryInfo, EvictionPolicy
 from ._learned import LearnedPolicy, LearnedStats
 from ._lfu import LFUPolicy
@@ -22,6 +23,7 @@ from ._s3fifo import S3FIFOPolicy
 from ._weighted import WeightedPolicy
 
 __all__ = [
+    "ARCPolicy",
     "EVICTION_POLICIES",
     "Clock",
     "EntryInfo",
@@ -42,8 +44,8 @@ __all__ = [
 ]
 
 EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
-    cls.name: cls for cls in (LRUPolicy, LFUPolicy, LRUKPolicy, S3FIFOPolicy, WeightedPolicy, LearnedPolicy,
-                             LookaheadPolicy)
+    cls.name: cls for cls in (LRUPolicy, LFUPolicy, LRUKPolicy, S3FIFOPolicy, ARCPolicy, WeightedPolicy,
+                             LearnedPolicy, LookaheadPolicy)
 }
 """Policy name -> class."""
 
@@ -55,9 +57,9 @@ def make_eviction_policy(
 
     ``capacity`` is the owner's capacity in bytes. An owner always knows it and may always pass it; it reaches
     only the classes whose constructor takes a ``capacity`` (those that size their structure in bytes, like
-    S3-FIFO's queues); the others have no use for it. ``background`` likewise reaches only the classes that
-    take it: an owner on a request path passes True so that a learned policy trains on its own thread, never
-    inside a request (replay leaves it False: inline training is deterministic).
+    S3-FIFO's queues and ARC's lists); the others have no use for it. ``background`` likewise reaches only the
+    classes that take it: an owner on a request path passes True so that a learned policy trains on its own
+    thread, never inside a request (replay leaves it False: inline training is deterministic).
 
     Raises ``StoreConfigError`` naming the known policies for an unknown name; an option the class does not
     take raises ``TypeError`` and a bad value ``ValueError``, from the class itself.
