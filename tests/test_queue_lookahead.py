@@ -283,8 +283,8 @@ def test_bench_reads_a_base_as_written_and_lookahead_over_lru_once(tmp_path: Pat
 
 
 @pytest.mark.parametrize(("name", "why"), [
-    ("lookahead:lookahead", "the base must be another registered policy, one of learned, lfu, lru, lruk, "
-                            "s3fifo, weighted"),
+    ("lookahead:lookahead", "the base must be another registered policy, one of arc, learned, lfu, lru, "
+                            "lruk, s3fifo, weighted"),
     ("lookahead:nope", "the base must be another registered policy"),
     ("lru:lfu", "only lookahead takes a base policy"),
 ])
