@@ -52,14 +52,16 @@ class ARCPolicy(EvictionPolicy):
     - the named victim enters the ghost list of its list when the owner removes it; other removals
       (deletions, expiry, replacement) leave no ghost;
     - ghosts are dropped oldest first so that ``|T1| + |B1| <= c`` (from B1) and
-      ``|T1| + |T2| + |B1| + |B2| <= 2c`` (from B2, then B1), checked after each insertion. That is the
-      paper's bound, enforced after the victim leaves rather than before: the same keys are dropped.
+      ``|T1| + |T2| + |B1| + |B2| <= 2c`` (from B2, then B1), checked after each insertion. The paper drops
+      them before choosing the victim; counted in keys, the same ghosts go.
 
     Capacity: the owner decides when to evict; ``c`` only bounds the ghosts and ``p``. With ``capacity`` every
     list is measured in the unit of ``EntryInfo.size`` (the owner's bytes, or 1 per object when it counts
     objects) against it, and a ghost hit moves ``p`` by the ghost's own size times the ratio above (the
     paper's unit is a page). With ``capacity=None`` every key weighs 1 and ``c`` is the most keys held at
-    once so far (the owner's capacity in keys, as far as the policy can see).
+    once so far (the owner's capacity in keys, as far as the policy can see). Counted in objects it hits
+    exactly what libCacheSim's ARC hits; in bytes the two generalise the paper differently and differ
+    (docs/notes/arc-session5-2026-11-29.md).
 
     The paper adapts ``p``, and reads "the missed key is in B2", before choosing the victim of a miss. The
     owner names the missed key in ``on_access`` (``uses_context``), before it asks for victims; an owner that
