@@ -235,7 +235,8 @@ def test_plot_without_matplotlib_fails_before_replaying(tmp_path: Path, monkeypa
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     out = tmp_path / "out.json"
     result = bench("--trace", str(canonical(tmp_path)), "--json", str(out), "--plot", str(tmp_path / "p.png"))
-    assert (result.exit_code, result.stderr) == (1, "error: --plot needs matplotlib: pip install 'evocache[bench]'\n")
+    assert (result.exit_code, result.stderr) == (1, "error: --plot needs matplotlib: pip install 'evocache[bench]' "
+                                                    "(in a source checkout: .venv/bin/pip install -e '.[bench]')\n")
     assert not out.exists()
 
 
@@ -298,3 +299,54 @@ def test_bench_script_refuses_unknown_parts(tmp_path: Path) -> None:
     done = run_bench_script(tmp_path, "--parts", "ax")
     assert done.returncode == 2
     assert done.stderr.splitlines()[-1] == "eviction.py: error: --parts: expected letters of abcd, got 'ax'"
+
+
+# -- outputs and trace-bound options are refused before any replay -------------------------------------------
+
+
+@pytest.mark.parametrize("option", ["--json", "--plot"])
+def test_an_output_in_a_missing_directory_fails_before_reading_the_trace(tmp_path: Path, option: str) -> None:
+    bad = tmp_path / "nonexistent" / "out"
+    paths = {"--json": str(tmp_path / "o.json"), "--plot": str(tmp_path / "p.png"), option: str(bad)}
+    result = bench("--trace", str(tmp_path / "never-read.jsonl"), "--json", paths["--json"], "--plot", paths["--plot"])
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == f"error: {option}: {bad}: the directory {bad.parent} does not exist\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_that_is_a_directory_fails_before_reading_the_trace(tmp_path: Path) -> None:
+    result = bench("--trace", str(tmp_path / "never-read.jsonl"), "--json", str(tmp_path))
+    assert (result.exit_code, result.stderr) == (2, f"error: --json: {tmp_path}: is a directory\n")
+
+
+def test_output_lengths_on_a_trace_without_them_is_a_usage_error(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    result = bench("--trace", str(canonical(tmp_path)), "--output-lengths", "--json", str(out))
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == ("error: --output-lengths: output lengths come with a KV-block (Mooncake) trace; "
+                             "this one has none\n")
+    assert not out.exists()
+
+
+def test_a_csv_without_sizes_is_told_the_option_spelling(tmp_path: Path) -> None:
+    path = tmp_path / "nosize.csv"
+    path.write_text("ts,obj\n1,a\n2,b\n")
+    result = bench("--trace", str(path), "--csv-columns", "time=ts,id=obj", "--json", str(tmp_path / "o.json"))
+    assert result.exit_code == 1
+    assert result.stderr == (f"{path}:1: header ['ts', 'obj'] lacks the mapped column(s) size='size' "
+                             "(--csv-columns size= for a trace without sizes)\n")
+    out = tmp_path / "o.json"
+    told = bench("--trace", str(path), "--csv-columns", "time=ts,id=obj,size=", "--sizes", "1", "--json", str(out))
+    assert told.exit_code == 0, told.stderr
+    assert json.loads(out.read_text())["requests"] == 2
+
+
+def help_text() -> str:
+    """``eviction --help`` as one line of words: rich wraps the options' help inside a box."""
+    result = runner.invoke(app, ["eviction", "--help"])
+    assert result.exit_code == 0
+    return " ".join(result.stdout.replace("│", " ").split())
+
+
+def test_csv_columns_help_spells_the_no_size_mapping() -> None:
+    assert "size= (empty) for a trace without sizes" in help_text()

@@ -126,7 +126,7 @@ def test_lrb_equal_to_lru_is_explained(lcs, tmp_path: Path) -> None:  # noqa: AN
                                  "--peers", "--json", str(out)])
     assert result.exit_code == 0, result.stderr
     assert ("lcs:LRB equals lcs:LRU here: libCacheSim's LRB trains only after 131,072 labelled samples, and "
-            "this trace has 3,000 requests") in result.stdout.splitlines()
+            "this trace has 3,000 accesses") in result.stdout.splitlines()
 
 
 # -- without libcachesim -----------------------------------------------------------------------------------
@@ -139,7 +139,8 @@ def test_missing_libcachesim_says_how_to_install_it_before_reading_anything(
                                  "--json", str(out)])
     assert (result.exit_code, result.stdout) == (1, "")
     assert result.stderr == ("error: --peers needs libCacheSim's Python package (GPL-3.0, a benchmark extra): "
-                             "pip install 'evocache[peers]'\n")
+                             "pip install 'evocache[peers]' "
+                             "(in a source checkout: .venv/bin/pip install -e '.[peers]')\n")
     assert not out.exists()
 
 

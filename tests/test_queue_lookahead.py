@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from evocache.controller.eviction import EntryInfo, LookaheadPolicy, QueuedRequest, make_eviction_policy
 from evocache.controller.replay import Access, replay
-from evocache.controller.replay._queue import Load, QueueModel, arrivals, serve
+from evocache.controller.replay._queue import Backlog, Load, QueueModel, arrivals, serve
 from evocache.controller.replay.commands import app
 from typer.testing import CliRunner
 
@@ -38,6 +38,14 @@ def test_waiting_sets_at_each_service_start_one_second_per_block() -> None:
     # 10, when r3 and r4 arrive together: r4 has arrived when r3 starts, and waits for it.
     assert starts(TINY, QueueModel(per_block=1.0)) == [
         (0.0, 0, []), (2.0, 1, [2]), (3.0, 2, []), (10.0, 3, [4]), (11.0, 4, [])]
+
+
+def test_backlog_is_the_mean_and_most_waiting_at_a_service_start() -> None:
+    # Waiting at the five starts above: 0, 1, 0, 1, 0.
+    assert Backlog.of(TINY, QueueModel(per_block=1.0)) == (2 / 5, 1)
+    # 4 s per block: r0 runs 0-8; r1 8-12 while r2 waits; r2 starts at 12, when r3 and r4 (arrived at 10) wait.
+    assert [len(s.waiting) for s in serve(TINY, QueueModel(per_block=4.0))] == [0, 1, 2, 1, 0]
+    assert Backlog.of(TINY, QueueModel(per_block=4.0)) == (4 / 5, 2)
 
 
 def test_waiting_sets_with_a_fixed_time_per_request() -> None:
@@ -231,8 +239,13 @@ def test_bench_utilisation_rows_are_what_replay_with_the_queue_gives(tmp_path: P
     report = json.loads(out.read_text())
     trace = list(read_trace(path))
     model = QueueModel.for_utilisation(trace, 0.9)
+    backlog = Backlog.of(trace, model)
     assert report["queue"] == {"utilisation": 0.9, "per_block_s": model.per_block, "requests": 200,
-                               "blocks": len(trace), "span_s": Load.of(trace).span}
+                               "blocks": len(trace), "span_s": Load.of(trace).span,
+                               "mean_waiting": backlog.mean, "max_waiting": backlog.most}
+    assert backlog.most > 0
+    assert (f"at a service start {backlog.mean:.1f} requests wait on average, {backlog.most} at most"
+            in " ".join(result.output.split()))
     row = next(r for r in report["rows"] if r["policy"] == "lookahead")
     expected = replay(trace, "lookahead", capacity_objects=row["capacity"], queue=model)
     assert row["hit_ratio"] == expected.hit_ratio
@@ -245,6 +258,23 @@ def test_bench_utilisation_needs_a_kv_trace(tmp_path: Path) -> None:
                                       "--utilisation", "0.9", "--json", str(tmp_path / "o.json")])
     assert result.exit_code == 2
     assert "error: --utilisation: the queue model needs a KV-block (Mooncake) trace" in result.output
+
+
+@pytest.mark.parametrize("value", ["1", "1.5", "0", "-0.5", "nan", "inf"])
+def test_bench_utilisation_outside_0_1_is_refused_before_reading(tmp_path: Path, value: str) -> None:
+    out = tmp_path / "o.json"
+    result = CliRunner().invoke(app, ["eviction", "--trace", str(tmp_path / "never-read.jsonl"), "--policies",
+                                      "lru,lookahead", "--utilisation", value, "--json", str(out)])
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == (f"error: --utilisation: expected a number in (0, 1), got {float(value):g}: "
+                             "at U >= 1 the queue grows without bound\n")
+    assert not out.exists()
+
+
+def test_bench_help_gives_the_utilisation_range() -> None:
+    result = CliRunner().invoke(app, ["eviction", "--help"])
+    text = " ".join(result.stdout.replace("│", " ").split())
+    assert "U, in (0, 1) (at U >= 1 the queue grows without bound)" in text
 
 
 def test_victim_in_a_namespace_of_protected_keys_only_takes_the_furthest_needed() -> None:

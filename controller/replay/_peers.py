@@ -65,7 +65,7 @@ rows vary from run to run (about +-0.005 hit ratio seen on the Mooncake trace at
 LRB_MIN_SAMPLES = 131_072
 """libCacheSim's LRB trains only after this many labelled samples; until then it evicts like LRU."""
 
-INSTALL_HINT = "pip install 'evocache[peers]'"
+INSTALL_HINT = "pip install 'evocache[peers]' (in a source checkout: .venv/bin/pip install -e '.[peers]')"
 
 
 class PeerTrace(NamedTuple):

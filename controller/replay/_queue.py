@@ -79,6 +79,25 @@ class Load(NamedTuple):
         return cls(requests, blocks, last - first)
 
 
+class Backlog(NamedTuple):
+    """The queue a look-ahead policy is shown: the requests waiting at a service start (arrived, not started),
+    their mean over every request's service start and the most at one. It does not depend on the cache, only on
+    the trace and the model. Raises what ``serve`` raises."""
+
+    mean: float
+    most: int
+
+    @classmethod
+    def of(cls, trace: Iterable[Access], model: QueueModel) -> Backlog:
+        starts = total = most = 0
+        for service in serve(trace, model):
+            waiting = len(service.waiting)
+            starts += 1
+            total += waiting
+            most = max(most, waiting)
+        return cls(total / starts if starts else 0.0, most)
+
+
 class Arrival(NamedTuple):
     """One request of the trace: when it arrives, its accesses (its blocks, in prefix order), and what a
     look-ahead policy is told of it while it waits."""

@@ -319,6 +319,10 @@ def read_mooncake(lines: Iterable[str], name: str, options: ReadOptions, stats: 
         req += 1
 
 
+NO_SIZES_HINT = " (CsvColumns(size=None) for a trace without sizes)"
+"""Ends the error of a CSV header without a mapped column; a command replaces it with its own spelling."""
+
+
 def read_csv(lines: Iterable[str], name: str, options: ReadOptions, stats: ReadStats) -> Iterator[Access]:
     """libCacheSim-style CSV: a header line, then one access per row, columns chosen by ``csv_columns``.
 
@@ -345,7 +349,7 @@ def read_csv(lines: Iterable[str], name: str, options: ReadOptions, stats: ReadS
     missing = [f"{role}={column!r}" for role, column in wanted.items() if column is not None and column not in header]
     if missing:
         raise TraceError(name, rows.line_num, f"header {header} lacks the mapped column(s) {', '.join(missing)}"
-                                              " (CsvColumns(size=None) for a trace without sizes)")
+                                              + NO_SIZES_HINT)
     width = len(header)
     ti = header.index(columns.time)
     ii = header.index(columns.id)

@@ -1,8 +1,9 @@
 """`evocache bench eviction`: replay one trace against eviction policies at several cache sizes, with Belady.
 
 Exit codes: 0 success; 1 a malformed trace (``file:line: message``), an empty one, ``--plot`` without
-matplotlib, or ``--peers`` without libcachesim; 2 a bad option (an unknown policy lists the known ones) or a
-file that cannot be read or written.
+matplotlib, or ``--peers`` without libcachesim; 2 a bad option (an unknown policy lists the known ones), an
+option the trace cannot take (``--utilisation`` or ``--output-lengths`` on a trace that is not Mooncake) or a
+file that cannot be read or written (outputs are checked before the replays).
 Errors go to stderr as one line each; stdout holds only the table.
 Nothing heavy is imported at module level: `evocache` starts fast whatever command it runs.
 """
@@ -23,6 +24,7 @@ from .._commands import EXIT_FAILED
 from .._commands import Failed as _Failed
 from .._commands import error as _error
 from .._commands import usage as _usage
+from .._commands import writable as _writable
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -110,12 +112,20 @@ def _parse_columns(text: str) -> CsvColumns:
     return columns
 
 
+def _parse_utilisation(utilisation: float) -> float:
+    if not (math.isfinite(utilisation) and 0 < utilisation < 1):
+        raise _usage("--utilisation", f"expected a number in (0, 1), got {utilisation:g}: at U >= 1 the queue grows "
+                                      "without bound")
+    return utilisation
+
+
 def _figure_class() -> Callable[..., Any]:
     """matplotlib's ``Figure``, imported only for ``--plot``: matplotlib is an optional extra."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise _error("error: --plot needs matplotlib: pip install 'evocache[bench]'", EXIT_FAILED) from None
+        raise _error("error: --plot needs matplotlib: pip install 'evocache[bench]' (in a source checkout: "
+                     ".venv/bin/pip install -e '.[bench]')", EXIT_FAILED) from None
     return Figure
 
 
@@ -156,7 +166,10 @@ def eviction(
     ] = None,
     csv_columns: Annotated[
         str | None,
-        typer.Option("--csv-columns", metavar="ROLE=COLUMN,...", help="CSV traces: e.g. time=time,id=lbn,size=size."),
+        typer.Option("--csv-columns", metavar="ROLE=COLUMN,...",
+                     help="CSV traces: which header column holds each of time, id, size and ns (default: "
+                          "time=time,id=id,size=size, no ns), e.g. id=lbn; size= (empty) for a trace without "
+                          "sizes, every object counting 1."),
     ] = None,
     block_tokens: Annotated[
         int, typer.Option("--block-tokens", min=1, help="Mooncake traces: tokens per KV block (a block's size).")
@@ -187,8 +200,8 @@ def eviction(
             "--utilisation",
             metavar="U",
             help="Mooncake traces: requests wait for one FIFO server whose service time per block makes its "
-            "utilisation (arrival rate x mean service time) U; the lookahead policy is told the waiting requests. "
-            "Other policies replay unchanged.",
+            "utilisation (arrival rate x mean service time) U, in (0, 1) (at U >= 1 the queue grows without "
+            "bound); the lookahead policy is told the waiting requests. Other policies replay unchanged.",
         ),
     ] = None,
 ) -> None:
@@ -205,7 +218,9 @@ def eviction(
     With --utilisation U (Mooncake traces), each request's blocks are accessed when its service starts at one
     FIFO server taking a fixed time per block, chosen so that arrival rate x mean service time = U; at that
     moment the lookahead policy is told the requests that have arrived and not started (nothing later). The
-    JSON then holds "queue": the utilisation, the seconds per block, the requests and the arrival span.
+    JSON then holds "queue": the utilisation, the seconds per block, the (LLM) requests, their blocks, the
+    arrival span, and the requests waiting at a service start, on average and at most. The JSON's own
+    "requests" counts cache requests: block accesses, one per block of each LLM request on a Mooncake trace.
     """
     try:
         _bench(trace_path, json_out, trace_format, sizes_text, policies_text, plot, unit, csv_columns,
@@ -226,7 +241,7 @@ def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str,
            plot: Path | None, unit: str | None, csv_columns: str | None, block_tokens: int,
            skip_bad: bool, peers: bool, utilisation: float | None = None, output_lengths: bool = False) -> None:
     from ..eviction import EVICTION_POLICIES
-    from ._queue import Load, QueueModel
+    from ._queue import Backlog, Load, QueueModel
     from ._sim import working_set
 
     sizes = _parse_sizes(sizes_text)
@@ -234,7 +249,12 @@ def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str,
     if unit is not None and unit not in _UNITS:
         raise _usage("--unit", f"expected one of {', '.join(_UNITS)}, got {unit!r}")
     columns = _parse_columns(csv_columns) if csv_columns is not None else None
-    figure = _figure_class() if plot is not None else None  # before the replays: fail in a second, not a minute
+    if utilisation is not None:
+        utilisation = _parse_utilisation(utilisation)
+    # Before the replays: fail in a second, not at the end of a run of minutes.
+    _writable("--json", json_out)
+    _writable("--plot", plot)
+    figure = _figure_class() if plot is not None else None
     lcs = _libcachesim() if peers else None
 
     trace, skipped = _read(trace_path, trace_format, columns, block_tokens, skip_bad, output_lengths)
@@ -242,6 +262,8 @@ def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str,
         typer.echo(f"skipped {skipped} malformed line(s) of {trace_path}", err=True)
     # Mooncake accesses carry their request number; unit-size blocks are how the data README's points are taken.
     mooncake = trace[0].req >= 0
+    if output_lengths and not mooncake:
+        raise _usage("--output-lengths", "output lengths come with a KV-block (Mooncake) trace; this one has none")
     unit = unit or ("objects" if mooncake else "bytes")
     queue, queue_report, queue_notes = None, None, []
     if utilisation is not None:
@@ -250,13 +272,16 @@ def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str,
         try:
             queue = QueueModel.for_utilisation(trace, utilisation)
             load = Load.of(trace)
+            backlog = Backlog.of(trace, queue)
         except ValueError as exc:
             raise _usage("--utilisation", str(exc)) from None
         queue_report = {"utilisation": utilisation, "per_block_s": queue.per_block, "requests": load.requests,
-                        "blocks": load.blocks, "span_s": load.span}
+                        "blocks": load.blocks, "span_s": load.span, "mean_waiting": backlog.mean,
+                        "max_waiting": backlog.most}
         queue_notes.append(
             f"queue: one FIFO server, {queue.per_block * 1000:.3f} ms per block: utilisation {utilisation:g} "
-            f"({load.requests} requests over {load.span:g} s, {load.blocks} blocks); lookahead is told the "
+            f"({load.requests} requests over {load.span:g} s, {load.blocks} blocks); at a service start "
+            f"{backlog.mean:.1f} requests wait on average, {backlog.most} at most; lookahead is told the "
             "waiting requests at each service start, the other policies replay unchanged")
     elif any(name.partition(":")[0] == "lookahead" for name in policies):
         queue_notes.append("lookahead ran without a queue (no --utilisation): it decides as its base policy")
@@ -287,7 +312,7 @@ def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str,
     try:
         json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     except OSError as exc:
-        raise _error(f"error: {json_out}: {exc.strerror or exc}", EXIT_UNREADABLE) from None
+        raise _error(f"error: --json: {json_out}: {exc.strerror or exc}", EXIT_UNREADABLE) from None
 
     notes = queue_notes + peer_notes + (_peer_result_notes(results, sizes, len(trace)) if peer_names else [])
     if output_lengths:
@@ -303,7 +328,7 @@ def _read(path: Path, fmt: str, columns: CsvColumns | None, block_tokens: int,
           skip_bad: bool, output_lengths: bool = False) -> tuple[list[Access], int]:
     """The whole trace and the number of lines skipped; prints and raises ``_Failed`` when it cannot be read."""
     from ..errors import TraceError
-    from ._readers import ReadStats, read_trace
+    from ._readers import NO_SIZES_HINT, ReadStats, read_trace
 
     stats = ReadStats()
     try:  # read_trace checks its options at once, and reads nothing until iterated
@@ -314,7 +339,10 @@ def _read(path: Path, fmt: str, columns: CsvColumns | None, block_tokens: int,
     try:
         trace = list(accesses)
     except TraceError as exc:
-        raise _error(str(exc), EXIT_FAILED) from None
+        message = exc.message
+        if message.endswith(NO_SIZES_HINT):  # the reader's hint spells the Python API; say it as an option
+            message = message.removesuffix(NO_SIZES_HINT) + " (--csv-columns size= for a trace without sizes)"
+        raise _error(f"{exc.file}:{exc.line}: {message}", EXIT_FAILED) from None
     except UnicodeDecodeError:
         raise _error(f"error: {path}: not UTF-8 text", EXIT_FAILED) from None
     except OSError as exc:
@@ -334,7 +362,7 @@ def _peer_names(lcs: ModuleType, smallest_capacity: int) -> tuple[tuple[str, ...
 
 
 def _peer_result_notes(results: dict[float, list[ReplayResult]], sizes: tuple[float, ...],
-                       requests: int) -> list[str]:
+                       accesses: int) -> list[str]:
     """What a reader must know to read the lcs: rows right (see ``_peers``)."""
     from importlib.metadata import version
 
@@ -351,7 +379,7 @@ def _peer_result_notes(results: dict[float, list[ReplayResult]], sizes: tuple[fl
     if lrb in by_name[sizes[0]] and lcs_lru in by_name[sizes[0]] and all(
             by_name[s][lrb].hits == by_name[s][lcs_lru].hits for s in sizes):
         notes.append(f"{lrb} equals {lcs_lru} here: libCacheSim's LRB trains only after {LRB_MIN_SAMPLES:,} "
-                     f"labelled samples, and this trace has {requests:,} requests")
+                     f"labelled samples, and this trace has {accesses:,} accesses")
     return notes
 
 
@@ -489,4 +517,4 @@ def _plot(figure_class: Callable[..., Any], path: Path, results: dict[float, lis
     try:
         fig.savefig(path, dpi=120, format="png")
     except OSError as exc:
-        raise _error(f"error: {path}: {exc.strerror or exc}", EXIT_UNREADABLE) from None
+        raise _error(f"error: --plot: {path}: {exc.strerror or exc}", EXIT_UNREADABLE) from None
