@@ -1,8 +1,10 @@
 """The semantic-caching figures of issue 4 (error bound, hit rate against the best static threshold, fow traps).
 
     .venv/bin/python bench/semantic.py [--streams banking77,clinc150] [--deltas 0.01,0.02,0.05]
-                                       [--seeds 0,1,2] [--shuffled 1] [--pairs-seeds 0] [--out DIR]
-                                       [--embed-cache DIR]
+                                       [--seeds 0,1,2] [--shuffled 1] [--pairs-delta 0.02] [--pairs-seeds 0]
+                                       [--no-pairs] [--out DIR] [--embed-cache DIR]
+
+Every option is checked before any work; a bad one fails in one line (exit 2).
 
 (a) For each stream (examples/data/banking77_train.jsonl, bench/data/clinc150_train.jsonl), each delta and each
     seed: evocache's hit rate, error rate, exploration and judge calls, against the best static threshold
@@ -22,10 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple, NoReturn, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 STREAMS = {
@@ -34,21 +39,113 @@ STREAMS = {
 }
 PAIRS = ROOT / "bench" / "data" / "fow_traps.jsonl"
 TARGET_RATIO = 1.25
+T = TypeVar("T")
+
+
+class Options(NamedTuple):
+    """The command line, checked (``options``). A NamedTuple, not a dataclass: bench/semantic_ceiling.py loads
+    this script by path, outside ``sys.modules``, where a dataclass cannot resolve its annotations."""
+
+    streams: tuple[str, ...]
+    deltas: tuple[float, ...]
+    seeds: tuple[int, ...]
+    shuffled: int
+    pairs_delta: float
+    pairs_seeds: tuple[int, ...]
+    pairs: bool
+    out: Path
+    embed_cache: Path
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, as evocache's commands fail: the usage block would bury the reason.
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _value(parser: _Parser, option: str, text: str, parse: Callable[[str], T], what: str) -> T:
+    """``parse(text)``; a ``ValueError`` fails the command, naming ``option`` and what it takes."""
+    try:
+        return parse(text.strip())
+    except ValueError:
+        parser.error(f"{option}: {text.strip()!r} is not {what}")
+
+
+def _values(parser: _Parser, option: str, text: str, parse: Callable[[str], T], what: str) -> tuple[T, ...]:
+    return tuple(_value(parser, option, part, parse, what) for part in text.split(","))
+
+
+def _delta(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and 0 < value <= 0.5):
+        raise ValueError(text)
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
+def _stream(text: str) -> str:
+    if text not in STREAMS:
+        raise ValueError(text)
+    return text
+
+
+DELTA = "a number in (0, 0.5]"
+
+
+def options(argv: Sequence[str] | None = None) -> Options:
+    """The command line, every option checked before any work (a bad one fails in a second, not after minutes
+    of streams): one line to stderr and exit 2."""
+    parser = _Parser(prog=Path(__file__).name, description=__doc__.partition("\n")[0])
+    parser.add_argument("--streams", default=",".join(STREAMS), metavar="NAME,...",
+                        help=f"streams to replay, of {', '.join(STREAMS)} (default: %(default)s)")
+    parser.add_argument("--deltas", default="0.01,0.02,0.05", metavar="D,...",
+                        help=f"error bounds, each {DELTA} (default: %(default)s)")
+    parser.add_argument("--seeds", default="0,1,2", metavar="S,...",
+                        help="exploration seeds of the as-is order, integers (default: %(default)s)")
+    parser.add_argument("--shuffled", default="1", metavar="N",
+                        help="extra runs per (stream, delta) on orders shuffled by seeds 100, 101, ... "
+                             "(default: %(default)s)")
+    parser.add_argument("--pairs-delta", default="0.02", metavar="D",
+                        help=f"the fow traps' error bound, {DELTA} (default: %(default)s)")
+    parser.add_argument("--pairs-seeds", default="0", metavar="S,...",
+                        help="pair orders to replay, integers; the first one's table is printed in full, each "
+                             "seed gets a line of traps served, cold and warm (default: %(default)s)")
+    parser.add_argument("--no-pairs", action="store_true", help="skip the fow traps (default: run them)")
+    parser.add_argument("--out", type=Path, default=ROOT / ".evocache" / "bench-semantic", metavar="DIR",
+                        help="where the JSON and semantic.md go (default: %(default)s)")
+    parser.add_argument("--embed-cache", type=Path, default=ROOT / ".evocache" / "embeddings", metavar="DIR",
+                        help="embeddings kept between runs, keyed by model and texts (default: %(default)s)")
+    args = parser.parse_args(argv)
+
+    known = f"a known stream ({', '.join(STREAMS)})"
+    checked = Options(
+        streams=tuple(dict.fromkeys(_values(parser, "--streams", args.streams, _stream, known))),
+        deltas=_values(parser, "--deltas", args.deltas, _delta, DELTA),
+        seeds=_values(parser, "--seeds", args.seeds, int, "an integer"),
+        shuffled=_value(parser, "--shuffled", args.shuffled, _count, "an integer >= 0"),
+        pairs_delta=_value(parser, "--pairs-delta", args.pairs_delta, _delta, DELTA),
+        pairs_seeds=_values(parser, "--pairs-seeds", args.pairs_seeds, int, "an integer"),
+        pairs=not args.no_pairs,
+        out=args.out,
+        embed_cache=args.embed_cache,
+    )
+    from evocache.controller._commands import unwritable
+
+    for option, path in (("--out", checked.out), ("--embed-cache", checked.embed_cache)):
+        why = unwritable(path, directory=True)
+        if why is not None:
+            parser.error(f"{option}: {why}")
+    return checked
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
-    parser.add_argument("--streams", default="banking77,clinc150")
-    parser.add_argument("--deltas", default="0.01,0.02,0.05")
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--shuffled", type=int, default=1, help="extra runs per (stream, delta) on shuffled orders")
-    parser.add_argument("--pairs-delta", type=float, default=0.02)
-    parser.add_argument("--pairs-seeds", default="0",
-                        help="pair orders to replay (the first one's table is printed in full; each seed gets a line)")
-    parser.add_argument("--no-pairs", action="store_true")
-    parser.add_argument("--out", type=Path, default=ROOT / ".evocache" / "bench-semantic")
-    parser.add_argument("--embed-cache", type=Path, default=ROOT / ".evocache" / "embeddings")
-    args = parser.parse_args()
+    args = options()
 
     from evocache.controller.semantic import SentenceTransformerEmbedder
     from evocache.controller.semantic._bench import (
@@ -61,12 +158,10 @@ def main() -> int:
         replay_stream,
     )
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    deltas = [float(d) for d in args.deltas.split(",")]
-    seeds = [int(s) for s in args.seeds.split(",")]
+    deltas, seeds = args.deltas, args.seeds
     embedder = SentenceTransformerEmbedder()
     rows_out = []
-    for name in args.streams.split(","):
+    for name in args.streams:
         rows = read_rows(STREAMS[name])
         texts = list(dict.fromkeys(r.prompt for r in rows))
         vecs = embed_cached(texts, embedder, args.embed_cache)
@@ -92,19 +187,20 @@ def main() -> int:
                        "ratio": ratio,
                        "meets": evo["error_rate"] <= delta and ratio is not None and ratio >= TARGET_RATIO}
                 rows_out.append(row)
+                shown = "n/a" if ratio is None else f"{ratio:.2f}"
                 print(f"[{name} {order} seed {seed} delta {delta}] hit {evo['hit_rate']:.4f} err "
                       f"{evo['error_rate']:.4f} | static {static['threshold']} hit {static['hit_rate']:.4f} err "
-                      f"{static['error_rate']:.4f} | ratio {ratio:.2f} | {time.perf_counter() - t0:.0f}s",
+                      f"{static['error_rate']:.4f} | ratio {shown} | {time.perf_counter() - t0:.0f}s",
                       file=sys.stderr, flush=True)
                 (args.out / "streams.json").write_text(json.dumps(rows_out, indent=2) + "\n")
 
     pairs_report = None
-    if not args.no_pairs:
+    if args.pairs:
         pairs = read_rows(PAIRS)
         warm = read_rows(STREAMS["banking77"])
         texts = list(dict.fromkeys([t for p in pairs for t in (p.a, p.b)] + [r.prompt for r in warm]))
         table = VectorTable(texts, embed_cached(texts, embedder, args.embed_cache), embedder.name)
-        pair_seeds = [int(s) for s in args.pairs_seeds.split(",")]
+        pair_seeds = args.pairs_seeds
         by_seed = {seed: {"warm": replay_pairs(pairs, table, args.pairs_delta, seed=seed, warmup=warm),
                           "cold": replay_pairs(pairs, table, args.pairs_delta, seed=seed)} for seed in pair_seeds}
         pairs_report = {

@@ -91,10 +91,7 @@ def test_malformed_lines_are_named_by_file_and_line(tmp_path: Path) -> None:
     bad.write_text('{"prompt": "a", "group": "g"}\n\n{"prompt": 3, "group": "g"}\n')
     with pytest.raises(TraceError) as caught:
         read_rows(bad)
-    assert str(caught.value) == f'{bad}:3: expected {{"prompt": str, "group": str}}'
-    bad.write_text('{"a": "x", "b": "y", "same_answer": "yes", "category": "c"}\n')
-    with pytest.raises(TraceError, match=":1: expected"):
-        read_rows(bad)
+    assert str(caught.value) == f"{bad}:3: field 'prompt' must be a string, got 3"
     bad.write_text("not json\n")
     with pytest.raises(TraceError, match=r":1: not JSON"):
         read_rows(bad)
@@ -198,7 +195,78 @@ def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "a"}\n')
     result = CliRunner().invoke(evocache, ["bench", "semantic", "--data", str(bad)])
-    assert (result.exit_code, result.output.strip()) == (1, f'{bad}:1: expected {{"prompt": str, "group": str}}')
+    assert (result.exit_code, result.output.strip()) == (1, f"{bad}:1: missing field 'group'")
+
+
+PAIR = {"a": "x", "b": "y", "same_answer": True, "category": "c"}
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ({k: v for k, v in PAIR.items() if k != "category"}, "missing field 'category'"),
+    ({**PAIR, "same_answer": "yes"}, 'field \'same_answer\' must be a boolean, got "yes"'),
+    ({**PAIR, "same_answer": 1}, "field 'same_answer' must be a boolean, got 1"),
+    ({**PAIR, "b": None}, "field 'b' must be a string, got null"),
+    ({**PAIR, "category": ["x" * 50]}, 'field \'category\' must be a string, got ["' + "x" * 35 + "..."),
+    ({"prompt": "hi"}, "missing field 'group'"),
+    ({"prompt": "hi", "group": True}, "field 'group' must be a string or an int, got true"),
+    ({"group": "g"}, "missing field 'prompt'"),
+])
+def test_a_malformed_line_names_its_field(tmp_path: Path, line: dict, message: str) -> None:
+    first = PAIR if "a" in line or "b" in line or "category" in line else {"prompt": "ok", "group": "g"}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(first) + "\n\n" + json.dumps(line) + "\n")
+    with pytest.raises(TraceError) as caught:
+        read_rows(bad)
+    assert str(caught.value) == f"{bad}:3: {message}"
+
+
+def test_outputs_are_checked_before_anything_is_read(tmp_path: Path) -> None:
+    never = str(tmp_path / "never-read.jsonl")
+    out = tmp_path / "nonexistent" / "o.json"
+    result = CliRunner().invoke(evocache, ["bench", "semantic", "--data", never, "--json", str(out)])
+    assert (result.exit_code, result.output) == (
+        2, f"error: --json: {out}: the directory {out.parent} does not exist\n")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cache = blocker / "embeddings"
+    result = CliRunner().invoke(evocache, ["bench", "semantic", "--data", never, "--embed-cache", str(cache)])
+    assert (result.exit_code, result.output) == (
+        2, f"error: --embed-cache: {cache}: cannot make the directory: Not a directory\n")
+
+
+def test_a_missing_warmup_is_named_as_such(tmp_path: Path) -> None:
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps(PAIR) + "\n")
+    missing = tmp_path / "nonexist.jsonl"
+    result = CliRunner().invoke(evocache, ["bench", "semantic", "--data", str(pairs), "--warmup", str(missing)])
+    assert (result.exit_code, result.output) == (2, f"error: --warmup: {missing}: No such file or directory\n")
+
+
+class _HashEmbedder:
+    """Unit vectors drawn from each text's digest: no model, the same vector for the same text."""
+
+    name = "hash"
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        import hashlib
+
+        vecs = np.stack([np.random.default_rng(int(hashlib.sha256(t.encode()).hexdigest()[:8], 16)).normal(size=8)
+                         for t in texts]).astype(np.float32)
+        return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize(("args", "cell"), [([], "learnt"), (["--mode", "static", "--threshold", "0.875"], "0.875")])
+def test_the_threshold_column_says_what_evocache_served_at(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           args: list[str], cell: str) -> None:
+    from evocache.controller.semantic import commands
+
+    monkeypatch.setattr(commands, "_make_embedder", lambda spec: _HashEmbedder())
+    data = tmp_path / "s.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"q{i % 7}", "group": f"g{i % 3}"}) + "\n" for i in range(30)))
+    result = CliRunner().invoke(evocache, ["bench", "semantic", "--data", str(data), *args])
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if line.startswith("evocache"))
+    assert row.split()[3] == cell
 
 
 def _bench_module(name: str = "semantic_ceiling"):  # bench/*.py are scripts, not package modules
@@ -251,3 +319,63 @@ def test_the_bench_table_has_a_line_of_traps_per_pair_seed() -> None:
     assert "fow traps at δ = 0.02, pair seed 0" in text
     assert "Traps served per pair seed (entity_swap / negation):" in text
     assert "- seed 1: cold 4 / 6 (error per lookup 0.0133); warm 3 / 0 (error per lookup 0.0058)" in text
+
+
+# -- bench/semantic.py: every option checked before any work ---------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--streams", "banking77,foo"], "--streams: 'foo' is not a known stream (banking77, clinc150)"),
+    (["--deltas", "abc"], "--deltas: 'abc' is not a number in (0, 0.5]"),
+    (["--deltas", "0.02,0.9"], "--deltas: '0.9' is not a number in (0, 0.5]"),
+    (["--deltas", "0.02,nan"], "--deltas: 'nan' is not a number in (0, 0.5]"),
+    (["--pairs-delta", "0"], "--pairs-delta: '0' is not a number in (0, 0.5]"),
+    (["--seeds", "0,1.5"], "--seeds: '1.5' is not an integer"),
+    (["--pairs-seeds", "x"], "--pairs-seeds: 'x' is not an integer"),
+    (["--shuffled", "-1"], "--shuffled: '-1' is not an integer >= 0"),
+])
+def test_the_bench_script_refuses_a_bad_option_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as exited:
+        _bench_module("semantic").options([*args, "--out", str(tmp_path / "out")])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == f"semantic.py: error: {message}\n"
+
+
+@pytest.mark.parametrize("option", ["--out", "--embed-cache"])
+def test_the_bench_script_refuses_an_unwritable_directory(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    paths = {"--out": str(tmp_path / "out"), "--embed-cache": str(tmp_path / "emb"), option: str(blocker / "d")}
+    with pytest.raises(SystemExit) as exited:
+        _bench_module("semantic").options([f"{k}={v}" for k, v in paths.items()])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == (f"semantic.py: error: {option}: {blocker / 'd'}: cannot make the directory: "
+                                       "Not a directory\n")
+
+
+def test_the_bench_script_reads_its_options_into_values(tmp_path: Path) -> None:
+    got = _bench_module("semantic").options(["--streams", "clinc150,clinc150", "--deltas", "0.01, 0.5",
+                                             "--seeds", "3", "--shuffled", "0", "--pairs-seeds", "0,4",
+                                             "--no-pairs", "--out", str(tmp_path / "o"),
+                                             "--embed-cache", str(tmp_path / "e")])
+    assert (got.streams, got.deltas, got.seeds, got.shuffled, got.pairs_delta, got.pairs_seeds, got.pairs) == (
+        ("clinc150",), (0.01, 0.5), (3,), 0, 0.02, (0, 4), False)
+
+
+def test_the_bench_script_fails_without_a_traceback_and_gives_defaults_in_help() -> None:
+    import subprocess
+    import sys
+
+    script = str(ROOT / "bench" / "semantic.py")
+    done = subprocess.run([sys.executable, script, "--streams", "foo", "--no-pairs"], capture_output=True,
+                          text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == "semantic.py: error: --streams: 'foo' is not a known stream (banking77, clinc150)\n"
+    usage = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=120)
+    text = " ".join(usage.stdout.split())
+    for option in ("--streams", "--deltas", "--seeds", "--shuffled", "--pairs-delta", "--pairs-seeds", "--no-pairs",
+                   "--out", "--embed-cache"):
+        assert option in text
+    assert text.count("(default: ") == 9

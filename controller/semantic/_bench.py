@@ -73,7 +73,9 @@ class PairRow:
 
 def read_rows(path: str | Path) -> list[StreamRow] | list[PairRow]:
     """The stream or pair set in ``path`` (told apart by the first line's keys). ``TraceError`` names the file
-    and line of the first malformed line; an empty file is a ``TraceError`` too. ``OSError`` if unreadable."""
+    and line of the first malformed line, and the field at fault (``missing field 'category'``, ``field
+    'same_answer' must be a boolean, got "yes"``); an empty file is a ``TraceError`` too. ``OSError`` if
+    unreadable."""
     rows: list[Any] = []
     kind = None
     with open(path, encoding="utf-8") as f:
@@ -95,17 +97,24 @@ def read_rows(path: str | Path) -> list[StreamRow] | list[PairRow]:
 
 
 def _row(kind: type, obj: dict[str, Any], path: str, number: int) -> StreamRow | PairRow:
+    def field(name: str, types: tuple[type, ...], what: str) -> Any:
+        if name not in obj:
+            raise TraceError(path, number, f"missing field {name!r}")
+        value = obj[name]
+        if type(value) not in types:  # exact types: JSON's true is no group and no text
+            raise TraceError(path, number, f"field {name!r} must be {what}, got {_show(value)}")
+        return value
+
     if kind is StreamRow:
-        prompt, group = obj.get("prompt"), obj.get("group")
-        if not isinstance(prompt, str) or not isinstance(group, str | int):
-            raise TraceError(path, number, 'expected {"prompt": str, "group": str}')
-        return StreamRow(prompt, str(group))
-    a, b, same, category = obj.get("a"), obj.get("b"), obj.get("same_answer"), obj.get("category")
-    if not (
-        isinstance(a, str) and isinstance(b, str) and isinstance(same, bool) and isinstance(category, str)
-    ):
-        raise TraceError(path, number, 'expected {"a": str, "b": str, "same_answer": bool, "category": str}')
-    return PairRow(a, b, same, category)
+        return StreamRow(field("prompt", (str,), "a string"), str(field("group", (str, int), "a string or an int")))
+    return PairRow(field("a", (str,), "a string"), field("b", (str,), "a string"),
+                   field("same_answer", (bool,), "a boolean"), field("category", (str,), "a string"))
+
+
+def _show(value: Any) -> str:
+    """A value as the file spells it (JSON), cut to 40 characters."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 # --- embeddings --------------------------------------------------------------------------------------------

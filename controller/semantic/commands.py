@@ -1,7 +1,7 @@
 """`evocache bench semantic`: replay a labelled prompt stream (or a pair set) through the semantic cache.
 
 Exit codes: 0 success; 1 a malformed data file (``file:line: message``) or an embedder that fails; 2 a bad
-option or a file that cannot be read or written. Errors go to stderr as one line each; stdout holds the table.
+option or a file that cannot be read or written (outputs are checked before the work). Errors go to stderr as one line each; stdout holds the table.
 Nothing heavy is imported at module level: `evocache` starts fast whatever command it runs.
 """
 
@@ -19,6 +19,7 @@ from .._commands import EXIT_FAILED, EXIT_USAGE
 from .._commands import Failed as _Failed
 from .._commands import error as _error
 from .._commands import usage as _usage
+from .._commands import writable as _writable
 
 if TYPE_CHECKING:
     from ._bench import VectorTable
@@ -101,12 +102,15 @@ def _bench(data: Path, delta: float, json_out: Path | None, embedder_spec: str, 
         raise _usage("--mode", f"expected bounded or static, got {mode!r}")
     if mode == "static" and (threshold is None or not 0 < threshold <= 1):
         raise _usage("--threshold", "--mode static needs a threshold in (0, 1]")
+    # Before the replay: a run of minutes must not end on an output it cannot write.
+    _writable("--json", json_out)
+    _writable("--embed-cache", embed_cache, directory=True)
     from ._bench import PairRow, StreamRow
 
     rows = _read(data)
     warm: list[StreamRow] = []
     if warmup is not None:
-        warm_rows = _read(warmup)
+        warm_rows = _read(warmup, "--warmup")
         if not isinstance(warm_rows[0], StreamRow):
             raise _usage("--warmup", f"{warmup} is a pair set; --warmup takes a stream")
         warm = warm_rows  # type: ignore[assignment]
@@ -124,21 +128,24 @@ def _bench(data: Path, delta: float, json_out: Path | None, embedder_spec: str, 
         try:
             json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         except OSError as exc:
-            raise _error(f"error: {json_out}: {exc.strerror or exc}", EXIT_USAGE) from None
+            raise _error(f"error: --json: {json_out}: {exc.strerror or exc}", EXIT_USAGE) from None
 
 
-def _read(path: Path) -> list[Any]:
+def _read(path: Path, option: str | None = None) -> list[Any]:
+    """The rows of ``path``; a file that cannot be read is named with ``option`` when given (``--warmup``:
+    beside ``--data``, a bare path would leave the reader guessing which file it was)."""
     from ..errors import TraceError
     from ._bench import read_rows
 
+    named = f"{option}: {path}" if option else str(path)
     try:
         return read_rows(path)
     except TraceError as exc:
         raise _error(str(exc), EXIT_FAILED) from None
     except UnicodeDecodeError:
-        raise _error(f"error: {path}: not UTF-8 text", EXIT_FAILED) from None
+        raise _error(f"error: {named}: not UTF-8 text", EXIT_FAILED) from None
     except OSError as exc:
-        raise _error(f"error: {path}: {exc.strerror or exc}", EXIT_USAGE) from None
+        raise _error(f"error: {named}: {exc.strerror or exc}", EXIT_USAGE) from None
 
 
 def _table(texts: list[str], embedder: Embedder, embed_cache: Path | None) -> VectorTable:
@@ -151,7 +158,7 @@ def _table(texts: list[str], embedder: Embedder, embed_cache: Path | None) -> Ve
     except EmbeddingError as exc:
         raise _error(f"error: --embedder: {exc}", EXIT_FAILED) from None
     except OSError as exc:
-        raise _error(f"error: --embed-cache: {exc.strerror or exc}", EXIT_USAGE) from None
+        raise _error(f"error: --embed-cache: {embed_cache}: {exc.strerror or exc}", EXIT_USAGE) from None
     return VectorTable(unique, vecs, embedder.name)
 
 
@@ -173,7 +180,9 @@ def _stream(rows: list[Any], embedder: Embedder, embed_cache: Path | None, delta
     ratio = f"{report['ratio']:.2f}x" if report["ratio"] is not None else "n/a"
     typer.echo(f"{n} queries, delta {delta:g}, oracle hit rate {report['oracle_hit_rate']:.4f}")
     typer.echo(f"{'':<12} {'hit rate':>9} {'error rate':>11} {'threshold':>10} {'explore':>8} {'judge':>7}")
-    typer.echo(f"{'evocache':<12} {evocache['hit_rate']:>9.4f} {evocache['error_rate']:>11.4f} {'learnt':>10} "
+    # bounded mode learns its cut-off as it goes; static mode serves at the threshold it was given
+    cutoff = f"{threshold:.3f}" if mode == "static" and threshold is not None else "learnt"
+    typer.echo(f"{'evocache':<12} {evocache['hit_rate']:>9.4f} {evocache['error_rate']:>11.4f} {cutoff:>10} "
                f"{evocache['exploration_calls']:>8} {evocache['judge_calls']:>7}")
     static_t = "none" if static["threshold"] is None else f"{static['threshold']:.3f}"
     typer.echo(f"{'best static':<12} {static['hit_rate']:>9.4f} {static['error_rate']:>11.4f} {static_t:>10}")
