@@ -55,6 +55,7 @@ class Options(NamedTuple):
     pairs: bool
     out: Path
     embed_cache: Path
+    classify: bool = False
 
 
 class _Parser(argparse.ArgumentParser):
@@ -117,6 +118,8 @@ def options(argv: Sequence[str] | None = None) -> Options:
                         help="pair orders to replay, integers; the first one's table is printed in full, each "
                              "seed gets a line of traps served, cold and warm (default: %(default)s)")
     parser.add_argument("--no-pairs", action="store_true", help="skip the fow traps (default: run them)")
+    parser.add_argument("--classify", action="store_true",
+                        help="the cache's answer classifier on (SemanticCache(classify=True); default: off)")
     parser.add_argument("--out", type=Path, default=ROOT / ".evocache" / "bench-semantic", metavar="DIR",
                         help="where the JSON and semantic.md go (default: %(default)s)")
     parser.add_argument("--embed-cache", type=Path, default=ROOT / ".evocache" / "embeddings", metavar="DIR",
@@ -134,6 +137,7 @@ def options(argv: Sequence[str] | None = None) -> Options:
         pairs=not args.no_pairs,
         out=args.out,
         embed_cache=args.embed_cache,
+        classify=args.classify,
     )
     from evocache.controller._commands import unwritable
 
@@ -179,7 +183,7 @@ def main() -> int:
                 print(f"[{name} {order}] static sweep {time.perf_counter() - t0:.0f}s", file=sys.stderr)
             for delta in deltas:
                 t0 = time.perf_counter()
-                evo = replay_stream(stream, table, delta, seed=seed)
+                evo = replay_stream(stream, table, delta, seed=seed, classify=args.classify)
                 static = statics[order][delta]
                 ratio = evo["hit_rate"] / static["hit_rate"] if static["hit_rate"] else None
                 row = {"stream": name, "order": order, "seed": seed, "delta": delta, "n": len(stream),
@@ -201,8 +205,10 @@ def main() -> int:
         texts = list(dict.fromkeys([t for p in pairs for t in (p.a, p.b)] + [r.prompt for r in warm]))
         table = VectorTable(texts, embed_cached(texts, embedder, args.embed_cache), embedder.name)
         pair_seeds = args.pairs_seeds
-        by_seed = {seed: {"warm": replay_pairs(pairs, table, args.pairs_delta, seed=seed, warmup=warm),
-                          "cold": replay_pairs(pairs, table, args.pairs_delta, seed=seed)} for seed in pair_seeds}
+        by_seed = {seed: {"warm": replay_pairs(pairs, table, args.pairs_delta, seed=seed, warmup=warm,
+                                               classify=args.classify),
+                          "cold": replay_pairs(pairs, table, args.pairs_delta, seed=seed, classify=args.classify)}
+                   for seed in pair_seeds}
         pairs_report = {
             "delta": args.pairs_delta,
             "seed": pair_seeds[0],

@@ -189,6 +189,8 @@ class SemanticLayer:
                         answer_ref_of=lambda scope, entry_id: _Stored(
                             scope.namespace, CacheKey(entry_id), plan.tiers
                         ),
+                        # The answer classifier's refits take seconds: never in a caller's request.
+                        fit_later=self.later,
                     )
                     self._caches[key] = cache
         return cache

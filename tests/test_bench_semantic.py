@@ -379,3 +379,23 @@ def test_the_bench_script_fails_without_a_traceback_and_gives_defaults_in_help()
                    "--out", "--embed-cache"):
         assert option in text
     assert text.count("(default: ") == 9
+
+
+def test_classify_reaches_the_cache_and_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from evocache.controller.semantic import _bench
+
+    seen: list[bool] = []
+    real = _bench.SemanticCache
+
+    def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(kwargs.get("classify", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_bench, "SemanticCache", recording)
+    data = _head(BANKING, 60, tmp_path / "stream.jsonl")
+    out = tmp_path / "out.json"
+    result = CliRunner().invoke(
+        evocache, ["bench", "semantic", "--data", str(data), "--delta", "0.05", "--classify", "--json", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert seen == [True] and json.loads(out.read_text())["classify"] is True

@@ -165,9 +165,13 @@ def replay_stream(
     mode: str = "bounded",
     explore: float = 0.05,
     threshold: float | None = None,
+    classify: bool = False,
 ) -> dict[str, Any]:
-    """Replay ``rows`` through a fresh ``SemanticCache`` bounded by ``delta``; the evocache part of the report."""
-    cache = SemanticCache(table, mode=mode, explore=explore, threshold=threshold, rng=random.Random(seed))
+    """Replay ``rows`` through a fresh ``SemanticCache`` bounded by ``delta``; the evocache part of the report.
+    ``classify``: the cache's answer classifier on (``SemanticCache(classify=)``)."""
+    cache = SemanticCache(
+        table, mode=mode, explore=explore, threshold=threshold, rng=random.Random(seed), classify=classify
+    )
     hits = wrong = 0
     for i, row in enumerate(rows):
         decision, entry = cache.lookup(_SCOPE, row.prompt, max_error=delta)
@@ -351,13 +355,16 @@ def replay_pairs(
     mode: str = "bounded",
     explore: float = 0.05,
     threshold: float | None = None,
+    classify: bool = False,
 ) -> dict[str, Any]:
     """Per category of ``b``: pairs, hits (``exact_hits`` of them: the same text stored before, from another
     pair), wrong answers served, and for trap categories ``traps_served``: b lookups served an answer that is
     not b's (an exact hit is b's own answer, see ``pair_answers``). ``warmup`` rows (a labelled stream) are
     replayed first in their own scope, so the error model starts from what it learnt there (entries never
     cross)."""
-    cache = SemanticCache(table, mode=mode, explore=explore, threshold=threshold, rng=random.Random(seed))
+    cache = SemanticCache(
+        table, mode=mode, explore=explore, threshold=threshold, rng=random.Random(seed), classify=classify
+    )
     warm = Scope("bench", "warmup")
     for i, row in enumerate(warmup):
         decision, entry = cache.lookup(warm, row.prompt, max_error=delta)

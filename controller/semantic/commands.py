@@ -76,6 +76,10 @@ def semantic(
         Path | None, typer.Option("--embed-cache", metavar="DIR", help="Keep embeddings here between runs "
                                   "(keyed by embedder and texts), e.g. .evocache/embeddings.")
     ] = None,
+    classify: Annotated[
+        bool, typer.Option("--classify", help="Also learn an answer classifier per scope from the judge's "
+                           "clusters, read by the error model (off by default: see the README).")
+    ] = False,
 ) -> None:
     """Replay a labelled stream through the semantic cache and report hit and error rates against the best
     static threshold chosen in hindsight.
@@ -87,13 +91,15 @@ def semantic(
     category, for evocache and for static thresholds.
     """
     try:
-        _bench(data, delta, json_out, embedder_spec, seed, shuffle, explore, mode, threshold, warmup, embed_cache)
+        _bench(data, delta, json_out, embedder_spec, seed, shuffle, explore, mode, threshold, warmup, embed_cache,
+               classify)
     except _Failed as failed:
         raise typer.Exit(failed.code) from None
 
 
 def _bench(data: Path, delta: float, json_out: Path | None, embedder_spec: str, seed: int, shuffle: bool,
-           explore: float, mode: str, threshold: float | None, warmup: Path | None, embed_cache: Path | None) -> None:
+           explore: float, mode: str, threshold: float | None, warmup: Path | None, embed_cache: Path | None,
+           classify: bool = False) -> None:
     if not (math.isfinite(delta) and 0 < delta <= 0.5):
         raise _usage("--delta", f"expected a number in (0, 0.5], got {delta}")
     if not 0 <= explore < 1:
@@ -116,14 +122,16 @@ def _bench(data: Path, delta: float, json_out: Path | None, embedder_spec: str, 
         warm = warm_rows  # type: ignore[assignment]
     embedder = _make_embedder(embedder_spec)
     if isinstance(rows[0], PairRow):
-        report = _pairs(rows, warm, embedder, embed_cache, delta, seed, explore, mode, threshold)  # type: ignore[arg-type]
+        report = _pairs(rows, warm, embedder, embed_cache, delta, seed, explore, mode, threshold,  # type: ignore[arg-type]
+                        classify)
     else:
         if shuffle:
             rows = list(rows)
             random.Random(seed).shuffle(rows)
-        report = _stream(rows, embedder, embed_cache, delta, seed, explore, mode, threshold)  # type: ignore[arg-type]
+        report = _stream(rows, embedder, embed_cache, delta, seed, explore, mode, threshold,  # type: ignore[arg-type]
+                         classify)
     report = {"data": str(data), "delta": delta, "seed": seed, "shuffled": shuffle, "embedder": embedder.name,
-              "mode": mode, **report}
+              "mode": mode, "classify": classify, **report}
     if json_out is not None:
         try:
             json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -163,11 +171,12 @@ def _table(texts: list[str], embedder: Embedder, embed_cache: Path | None) -> Ve
 
 
 def _stream(rows: list[Any], embedder: Embedder, embed_cache: Path | None, delta: float, seed: int,
-            explore: float, mode: str, threshold: float | None) -> dict[str, Any]:
+            explore: float, mode: str, threshold: float | None, classify: bool = False) -> dict[str, Any]:
     from ._bench import best_static, oracle_hit_rate, replay_stream
 
     table = _table([r.prompt for r in rows], embedder, embed_cache)
-    evocache = replay_stream(rows, table, delta, seed=seed, mode=mode, explore=explore, threshold=threshold)
+    evocache = replay_stream(rows, table, delta, seed=seed, mode=mode, explore=explore, threshold=threshold,
+                             classify=classify)
     static = best_static(rows, table.embed([r.prompt for r in rows]), [delta])[delta]
     n = len(rows)
     report = {
@@ -191,13 +200,13 @@ def _stream(rows: list[Any], embedder: Embedder, embed_cache: Path | None, delta
 
 
 def _pairs(pairs: list[Any], warm: list[Any], embedder: Embedder, embed_cache: Path | None, delta: float,
-           seed: int, explore: float, mode: str, threshold: float | None) -> dict[str, Any]:
+           seed: int, explore: float, mode: str, threshold: float | None, classify: bool = False) -> dict[str, Any]:
     from ._bench import replay_pairs
 
     texts = [t for p in pairs for t in (p.a, p.b)] + [r.prompt for r in warm]
     table = _table(texts, embedder, embed_cache)
     evocache = replay_pairs(pairs, table, delta, seed=seed, warmup=warm, mode=mode, explore=explore,
-                            threshold=threshold)
+                            threshold=threshold, classify=classify)
     static = {
         f"{t:g}": replay_pairs(pairs, table, delta, seed=seed, mode="static", threshold=t)["categories"]
         for t in PAIR_THRESHOLDS

@@ -1,0 +1,198 @@
+"""The answer classifier: a softmax regression from a scope's entries to the judge's answer clusters, read by
+the error model as a feature (controller/semantic/_classify.py)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+from sklearn.linear_model import LogisticRegression
+from test_semantic_decide import SCOPE, TableEmbedder, _unit
+
+from evocache.controller.semantic import SemanticCache
+from evocache.controller.semantic._classify import AnswerClassifier, fit_clusters
+from evocache.controller.semantic._decide import CLASSIFIED, FEATURES, BoundedPolicy, neighbourhood
+from evocache.controller.semantic._index import Neighbour, Scope
+
+
+def _blobs(centres: dict[str, np.ndarray], per: int, seed: int = 0) -> tuple[np.ndarray, list[str]]:
+    rng = np.random.default_rng(seed)
+    rows, labels = [], []
+    for label, centre in centres.items():
+        for _ in range(per):
+            rows.append(_unit(centre + rng.normal(0, 0.15, centre.shape)))
+            labels.append(label)
+    return np.asarray(rows), labels
+
+
+def _held_all(_entry: str) -> bool:
+    return True
+
+
+def test_shares_follow_the_cluster_a_prompt_belongs_to() -> None:
+    centres = {"c1": np.array([1.0, 0, 0, 0]), "c2": np.array([0, 1.0, 0, 0]), "c3": np.array([0, 0, 1.0, 0])}
+    x, y = _blobs(centres, 20)
+    classifier = AnswerClassifier(every=1)
+    classifier.fit(SCOPE, x, y, {"c1": "a", "c2": "b", "c3": "c"})
+    shares = classifier.shares(SCOPE, _unit(np.array([0.9, 0.1, 0, 0.1])), lambda e: {"a": "c1", "b": "c2", "c": "c3"}[e], _held_all)
+    assert shares is not None and set(shares) == {"c1", "c2", "c3"}
+    assert math.isclose(sum(shares.values()), 1.0)
+    assert shares["c1"] > 0.8 > shares["c2"]
+    # Clusters merged since the fit: the shares of their classes add up under the cluster they are in now.
+    merged = classifier.shares(SCOPE, _unit(np.array([0, 0.7, 0.7, 0])), lambda e: {"a": "c1", "b": "m", "c": "m"}[e], _held_all)
+    assert merged is not None and set(merged) == {"c1", "m"} and merged["m"] > 0.9
+    # A class whose member has left is dropped.
+    gone = classifier.shares(SCOPE, _unit(np.array([1.0, 0, 0, 0])), lambda e: e, lambda e: e != "a")
+    assert gone is not None and set(gone) == {"b", "c"}
+    # Another scope has no model: no shares.
+    assert classifier.shares(Scope("tenant-b", SCOPE.boundary), x[0], lambda e: e, _held_all) is None
+
+
+def test_two_clusters_give_the_probabilities_scikit_learn_gives() -> None:
+    x, y = _blobs({"p": np.array([1.0, 0.2, 0]), "q": np.array([0.2, 1.0, 0])}, 15, seed=1)
+    model = fit_clusters(x, y, {"p": "e1", "q": "e2"})
+    assert model is not None and model.coef.shape == (3, 2) and model.members == ("e1", "e2")
+    reference = LogisticRegression(C=10.0, max_iter=200).fit(x, y).predict_proba(x[:5])
+    z = x[:5] @ model.coef + model.intercept
+    ours = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(ours, reference, atol=1e-6)
+    assert fit_clusters(x[:3], ["p"] * 3, {"p": "e1"}) is None  # one cluster: nothing to tell apart
+
+
+def test_a_fit_is_due_every_n_inserts_of_a_scope_and_one_at_a_time() -> None:
+    classifier = AnswerClassifier(every=3)
+    other = Scope("tenant-b", SCOPE.boundary)
+    assert [classifier.inserted(SCOPE) for _ in range(3)] == [False, False, True]
+    assert classifier.inserted(other) is False  # counted per scope
+    assert [classifier.inserted(SCOPE) for _ in range(4)] == [False, False, False, False]  # one is running
+    classifier.abandon(SCOPE, soon=True)  # it could not start: the next insert asks again
+    assert classifier.inserted(SCOPE) is True
+    classifier.abandon(SCOPE, soon=False)  # it failed: asked again after `every` more
+    assert [classifier.inserted(SCOPE) for _ in range(3)] == [False, False, True]
+
+
+def test_the_training_set_keeps_the_latest_entries_of_clusters_large_enough() -> None:
+    classifier = AnswerClassifier(min_cluster=2, max_entries=5)
+    pairs = [("e0", "x"), ("e1", "x"), ("e2", "y"), ("e3", "x"), ("e4", "z"), ("e5", "y"), ("e6", "x")]
+    ids, labels, members = classifier.training_set(pairs)
+    # The latest 5 (e2..e6): y twice, x twice, z once (left out).
+    assert ids == ["e2", "e3", "e5", "e6"] and labels == ["y", "x", "y", "x"]
+    assert members == {"y": "e2", "x": "e3"}
+
+
+def test_neighbourhood_reads_the_candidate_clusters_share() -> None:
+    neighbours = [Neighbour("a1", 0.9), Neighbour("b1", 0.85)]
+    cluster = {"a1": "A", "b1": "B"}.__getitem__
+    with_model = neighbourhood(neighbours, cluster, lambda root: 1, shares={"A": 0.7, "B": 0.2, "C": 0.1})
+    without = neighbourhood(neighbours, cluster, lambda root: 1)
+    assert with_model is not None and without is not None
+    at = {name: FEATURES.index(name) for name in CLASSIFIED}
+    assert with_model.features[at["classified"]] == 1.0
+    assert math.isclose(with_model.features[at["answer_share"]], 0.7)
+    assert math.isclose(with_model.features[at["answer_log_share"]], math.log(0.7))
+    assert math.isclose(with_model.features[at["rival_share"]], 0.2)
+    assert [without.features[at[n]] for n in CLASSIFIED] == [0.0, 0.0, math.log(1e-4), 0.0]
+
+
+class _Recording(BoundedPolicy):
+    """A bounded policy that remembers the shares each lookup was decided with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[dict[str, float] | None] = []
+
+    def decide(self, neighbours, max_error, explore_draw, clusters, scope=None, prompt=None, shares=None):  # type: ignore[no-untyped-def]
+        self.seen.append(None if shares is None else dict(shares))
+        return super().decide(neighbours, max_error, explore_draw, clusters, scope=scope, prompt=prompt, shares=shares)
+
+
+def _two_groups(n: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    table = {}
+    for i in range(n):
+        centre = np.array([1.0, 0, 0, 0]) if i % 2 else np.array([0, 1.0, 0, 0])
+        table[f"q{i}"] = _unit(centre + rng.normal(0, 0.2, 4))
+    return table
+
+
+def test_the_cache_fits_each_scopes_classifier_on_its_own_entries_only() -> None:
+    table = _two_groups(40)
+    policy = _Recording()
+    other = Scope("tenant-b", SCOPE.boundary)
+    cache = SemanticCache(
+        TableEmbedder(table), policy=policy, classify=True, classifier=AnswerClassifier(every=10), rng=random.Random(0)
+    )
+    for i in range(12):  # scope A: 12 inserts, linked into two answers by the judge
+        prompt = f"q{i}"
+        decision, _ = cache.lookup(SCOPE, prompt, max_error=0.05)
+        cache.insert(SCOPE, f"a{i}", prompt, i % 2)
+        cache.judge_miss(SCOPE, prompt, i % 2, decision)
+    classifier = cache._classifier
+    assert classifier is not None and classifier.fits == 1
+    model = classifier._models[SCOPE]
+    assert set(model.members) <= {f"a{i}" for i in range(12)}
+    policy.seen.clear()
+    cache.lookup(SCOPE, "q13", max_error=0.05)
+    assert policy.seen[-1] is not None and math.isclose(sum(policy.seen[-1].values()), 1.0)
+    # Tenant B's lookups never read A's model, even for the same prompts.
+    cache.insert(other, "b0", "q0", 0)
+    cache.lookup(other, "q13", max_error=0.05)
+    assert policy.seen[-1] is None
+
+
+def test_a_deferred_fit_runs_where_it_is_handed_and_a_refused_one_is_asked_again() -> None:
+    table = _two_groups(20)
+    handed: list = []
+    accept = {"now": False}
+
+    def later(work) -> bool:  # type: ignore[no-untyped-def]
+        if accept["now"]:
+            handed.append(work)
+        return accept["now"]
+
+    cache = SemanticCache(
+        TableEmbedder(table), classify=True, classifier=AnswerClassifier(every=4), fit_later=later, rng=random.Random(0)
+    )
+    for i in range(4):
+        decision, _ = cache.lookup(SCOPE, f"q{i}", max_error=0.05)
+        cache.insert(SCOPE, f"a{i}", f"q{i}", i % 2)
+        cache.judge_miss(SCOPE, f"q{i}", i % 2, decision)
+    assert handed == []  # refused: nothing runs in the caller ...
+    accept["now"] = True
+    cache.insert(SCOPE, "a4", "q4", 0)  # ... and the next insert asks again
+    assert len(handed) == 1
+    classifier = cache._classifier
+    assert classifier is not None and classifier.fits == 0
+    handed[0]()
+    assert classifier.fits == 1 and SCOPE in classifier._models
+
+
+def test_the_classifier_is_off_unless_asked_for() -> None:
+    assert SemanticCache(TableEmbedder(_two_groups(4)))._classifier is None
+    assert SemanticCache(TableEmbedder(_two_groups(4)), classify=True)._classifier is not None
+
+
+def test_the_error_model_also_learns_without_the_classifiers_features() -> None:
+    """Observations the classifier spoke for also train the model as if it had not: a lookup it cannot speak
+    for is estimated from weights learnt for that case, not next to a share it does not have."""
+    from evocache.controller.semantic._decide import _with_classifier_blanked
+
+    at = FEATURES.index("classified")
+    x = np.zeros((3, len(FEATURES)))
+    x[1, at] = 1.0
+    x[1, FEATURES.index("answer_share")] = 0.9
+    y, w = np.array([0, 1, 0]), np.array([1.0, 4.0, 2.0])
+    x2, y2, w2 = _with_classifier_blanked(x, y, w)
+    assert x2.shape == (4, len(FEATURES)) and list(y2) == [0, 1, 0, 1]
+    assert list(w2) == [1.0, 2.0, 2.0, 2.0]  # the classified one twice at half its weight
+    assert [x2[3, FEATURES.index(n)] for n in CLASSIFIED] == [0.0, 0.0, math.log(1e-4), 0.0]
+    x3, _, _ = _with_classifier_blanked(x[[0, 2]], y[[0, 2]], w[[0, 2]])
+    assert x3.shape == (2, len(FEATURES))  # nothing classified: nothing added
+
+
+@pytest.mark.parametrize("bad", [{"every": 0}, {"c": 0.0}, {"max_entries": 1}])
+def test_bad_classifier_options_are_refused(bad: dict) -> None:
+    with pytest.raises(ValueError):
+        AnswerClassifier(**bad)
