@@ -196,3 +196,34 @@ def test_the_error_model_also_learns_without_the_classifiers_features() -> None:
 def test_bad_classifier_options_are_refused(bad: dict) -> None:
     with pytest.raises(ValueError):
         AnswerClassifier(**bad)
+
+
+def test_differences_that_can_only_raise_the_error_never_lower_it() -> None:
+    """A negation, a number, a name, word order or a minimal edit between the prompts never makes the stored
+    answer more likely right: their weights stay >= 0 even when the verdicts seen so far say otherwise."""
+    from evocache.controller.semantic._decide import _RAISING_FEATURES, ErrorModel
+
+    rng = np.random.default_rng(0)
+    model = ErrorModel(min_each=5, refit_every=10_000)
+    at = {name: FEATURES.index(name) for name in (*_RAISING_FEATURES, "similarity")}
+    for i in range(400):
+        x = np.zeros(len(FEATURES))
+        x[at["similarity"]] = rng.uniform(0.6, 1.0)
+        wrong = bool(rng.random() < 1.2 - x[at["similarity"]])
+        # By chance, every reordered prompt seen so far had the same answer.
+        x[at["reordered"]] = float(not wrong and i % 3 == 0)
+        x[at["negation_differs"]] = float(wrong and i % 4 == 0)  # and negations went with wrong answers
+        model.observe(x, wrong)
+    model._fit()
+    assert model.ready
+    coef = model._coef
+    assert coef is not None
+    assert coef[at["reordered"]] >= 0.0  # a free fit puts it well below 0
+    assert coef[at["negation_differs"]] > 0.0
+    assert coef[at["similarity"]] < 0.0
+    from sklearn.linear_model import LogisticRegression
+
+    x = np.asarray(model._x)
+    xs = (x - model._mean) / model._scale
+    free = LogisticRegression(C=1.0, solver="newton-cholesky").fit(xs, np.asarray(model._y)).coef_[0]
+    assert free[at["reordered"]] < -0.1
