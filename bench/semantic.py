@@ -55,7 +55,7 @@ class Options(NamedTuple):
     pairs: bool
     out: Path
     embed_cache: Path
-    classify: bool = False
+    classify: bool = True
 
 
 class _Parser(argparse.ArgumentParser):
@@ -118,8 +118,8 @@ def options(argv: Sequence[str] | None = None) -> Options:
                         help="pair orders to replay, integers; the first one's table is printed in full, each "
                              "seed gets a line of traps served, cold and warm (default: %(default)s)")
     parser.add_argument("--no-pairs", action="store_true", help="skip the fow traps (default: run them)")
-    parser.add_argument("--classify", action="store_true",
-                        help="the cache's answer classifier on (SemanticCache(classify=True); default: off)")
+    parser.add_argument("--no-classify", action="store_true",
+                        help="the cache's answer classifier off (SemanticCache(classify=False); default: on)")
     parser.add_argument("--out", type=Path, default=ROOT / ".evocache" / "bench-semantic", metavar="DIR",
                         help="where the JSON and semantic.md go (default: %(default)s)")
     parser.add_argument("--embed-cache", type=Path, default=ROOT / ".evocache" / "embeddings", metavar="DIR",
@@ -137,7 +137,7 @@ def options(argv: Sequence[str] | None = None) -> Options:
         pairs=not args.no_pairs,
         out=args.out,
         embed_cache=args.embed_cache,
-        classify=args.classify,
+        classify=not args.no_classify,
     )
     from evocache.controller._commands import unwritable
 

@@ -388,14 +388,15 @@ def test_classify_reaches_the_cache_and_the_report(tmp_path: Path, monkeypatch: 
     real = _bench.SemanticCache
 
     def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
-        seen.append(kwargs.get("classify", False))
+        seen.append(kwargs["classify"])
         return real(*args, **kwargs)
 
     monkeypatch.setattr(_bench, "SemanticCache", recording)
     data = _head(BANKING, 60, tmp_path / "stream.jsonl")
-    out = tmp_path / "out.json"
-    result = CliRunner().invoke(
-        evocache, ["bench", "semantic", "--data", str(data), "--delta", "0.05", "--classify", "--json", str(out)]
-    )
-    assert result.exit_code == 0, result.output
-    assert seen == [True] and json.loads(out.read_text())["classify"] is True
+    for flag, on in (([], True), (["--no-classify"], False)):
+        out = tmp_path / "out.json"
+        result = CliRunner().invoke(
+            evocache, ["bench", "semantic", "--data", str(data), "--delta", "0.05", *flag, "--json", str(out)]
+        )
+        assert result.exit_code == 0, result.output
+        assert seen[-1] is on and json.loads(out.read_text())["classify"] is on

@@ -169,9 +169,9 @@ def test_a_deferred_fit_runs_where_it_is_handed_and_a_refused_one_is_asked_again
     assert classifier.fits == 1 and SCOPE in classifier._models
 
 
-def test_the_classifier_is_off_unless_asked_for() -> None:
-    assert SemanticCache(TableEmbedder(_two_groups(4)))._classifier is None
-    assert SemanticCache(TableEmbedder(_two_groups(4)), classify=True)._classifier is not None
+def test_the_classifier_is_on_unless_turned_off() -> None:
+    assert SemanticCache(TableEmbedder(_two_groups(4)))._classifier is not None
+    assert SemanticCache(TableEmbedder(_two_groups(4)), classify=False)._classifier is None
 
 
 def test_the_error_model_also_learns_without_the_classifiers_features() -> None:

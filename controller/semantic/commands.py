@@ -77,9 +77,9 @@ def semantic(
                                   "(keyed by embedder and texts), e.g. .evocache/embeddings.")
     ] = None,
     classify: Annotated[
-        bool, typer.Option("--classify", help="Also learn an answer classifier per scope from the judge's "
-                           "clusters, read by the error model (off by default: see the README).")
-    ] = False,
+        bool, typer.Option("--classify/--no-classify", help="Learn an answer classifier per scope from the "
+                           "judge's clusters, read by the error model (SemanticCache(classify=)).")
+    ] = True,
 ) -> None:
     """Replay a labelled stream through the semantic cache and report hit and error rates against the best
     static threshold chosen in hindsight.
@@ -99,7 +99,7 @@ def semantic(
 
 def _bench(data: Path, delta: float, json_out: Path | None, embedder_spec: str, seed: int, shuffle: bool,
            explore: float, mode: str, threshold: float | None, warmup: Path | None, embed_cache: Path | None,
-           classify: bool = False) -> None:
+           classify: bool = True) -> None:
     if not (math.isfinite(delta) and 0 < delta <= 0.5):
         raise _usage("--delta", f"expected a number in (0, 0.5], got {delta}")
     if not 0 <= explore < 1:
@@ -171,7 +171,7 @@ def _table(texts: list[str], embedder: Embedder, embed_cache: Path | None) -> Ve
 
 
 def _stream(rows: list[Any], embedder: Embedder, embed_cache: Path | None, delta: float, seed: int,
-            explore: float, mode: str, threshold: float | None, classify: bool = False) -> dict[str, Any]:
+            explore: float, mode: str, threshold: float | None, classify: bool = True) -> dict[str, Any]:
     from ._bench import best_static, oracle_hit_rate, replay_stream
 
     table = _table([r.prompt for r in rows], embedder, embed_cache)
@@ -200,7 +200,7 @@ def _stream(rows: list[Any], embedder: Embedder, embed_cache: Path | None, delta
 
 
 def _pairs(pairs: list[Any], warm: list[Any], embedder: Embedder, embed_cache: Path | None, delta: float,
-           seed: int, explore: float, mode: str, threshold: float | None, classify: bool = False) -> dict[str, Any]:
+           seed: int, explore: float, mode: str, threshold: float | None, classify: bool = True) -> dict[str, Any]:
     from ._bench import replay_pairs
 
     texts = [t for p in pairs for t in (p.a, p.b)] + [r.prompt for r in warm]
