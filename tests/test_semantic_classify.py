@@ -192,7 +192,19 @@ def test_the_error_model_also_learns_without_the_classifiers_features() -> None:
     assert x3.shape == (2, len(FEATURES))  # nothing classified: nothing added
 
 
-@pytest.mark.parametrize("bad", [{"every": 0}, {"c": 0.0}, {"max_entries": 1}])
+def test_a_fit_tells_apart_at_most_the_largest_clusters() -> None:
+    classifier = AnswerClassifier(max_classes=2)
+    pairs = [("e0", "x"), ("e1", "x"), ("e2", "y"), ("e3", "y"), ("e4", "x"), ("e5", "z"), ("e6", "z"), ("e7", "y")]
+    ids, labels, members = classifier.training_set(pairs)
+    # x and y (3 each) are kept; z (2) is not.
+    assert set(labels) == {"x", "y"} and "e5" not in ids and set(members) == {"x", "y"}
+    # Of equal sizes, the most recently seen clusters win.
+    pairs = [("a", "p"), ("b", "p"), ("c", "q"), ("d", "q"), ("e", "r"), ("f", "r")]
+    ids, labels, _ = classifier.training_set(pairs)
+    assert set(labels) == {"q", "r"}
+
+
+@pytest.mark.parametrize("bad", [{"every": 0}, {"c": 0.0}, {"max_entries": 1}, {"max_classes": 1}])
 def test_bad_classifier_options_are_refused(bad: dict) -> None:
     with pytest.raises(ValueError):
         AnswerClassifier(**bad)

@@ -67,7 +67,9 @@ class AnswerClassifier:
 
     ``every``: a scope's model is refitted after this many inserts in it (the first fit too). ``min_cluster``:
     clusters with fewer entries are left out of the training set (a lone entry the judge never linked is a
-    class of one example). ``max_entries``: the most recent entries of a scope a fit reads. ``c``: the inverse
+    class of one example). ``max_entries``: the most recent entries of a scope a fit reads; ``max_classes``: the
+    largest clusters among them a fit tells apart (a fit's memory and time grow with entries x classes: 20,000 x
+    512 probabilities is 80 MB; the others are left out, and their lookups read the neighbours alone). ``c``: the inverse
     L2 penalty. ``max_scopes``: the models kept, least recently used dropped (a dropped scope starts again from
     no model: its lookups then read the neighbours alone). Thread-safe.
     """
@@ -78,17 +80,19 @@ class AnswerClassifier:
         every: int = 1000,
         min_cluster: int = 2,
         max_entries: int = 20_000,
+        max_classes: int = 512,
         c: float = 10.0,
         max_iter: int = 200,
         max_scopes: int = 256,
     ) -> None:
-        if every < 1 or min_cluster < 1 or max_entries < 2 or max_scopes < 1 or max_iter < 1:
-            raise ValueError("every, min_cluster, max_iter and max_scopes must be >= 1, max_entries >= 2")
+        if every < 1 or min_cluster < 1 or max_entries < 2 or max_classes < 2 or max_scopes < 1 or max_iter < 1:
+            raise ValueError("every, min_cluster, max_iter and max_scopes must be >= 1, max_entries and max_classes >= 2")
         if not c > 0:
             raise ValueError(f"c must be > 0, got {c!r}")
         self.every = every
         self.min_cluster = min_cluster
         self.max_entries = max_entries
+        self.max_classes = max_classes
         self.c = c
         self.max_iter = max_iter
         self.max_scopes = max_scopes
@@ -112,12 +116,18 @@ class AnswerClassifier:
 
     def training_set(self, entries: Sequence[tuple[str, str]]) -> tuple[list[str], list[str], dict[str, str]]:
         """From a scope's ``(entry id, cluster)`` pairs, oldest first: the ids and clusters to train on (the
-        latest ``max_entries``, in clusters of at least ``min_cluster`` of them), and a member per cluster."""
+        latest ``max_entries``, in the ``max_classes`` largest clusters of at least ``min_cluster`` of them; of
+        equal sizes, the most recently seen), and a member per cluster."""
         entries = list(entries)[-self.max_entries :]
         sizes: dict[str, int] = {}
         for _, cluster in entries:
             sizes[cluster] = sizes.get(cluster, 0) + 1
-        kept = [(e, cl) for e, cl in entries if sizes[cl] >= self.min_cluster]
+        large = [cl for cl, n in sizes.items() if n >= self.min_cluster]
+        if len(large) > self.max_classes:
+            last = {cl: i for i, (_, cl) in enumerate(entries)}
+            large = sorted(large, key=lambda cl: (sizes[cl], last[cl]), reverse=True)[: self.max_classes]
+        chosen = set(large)
+        kept = [(e, cl) for e, cl in entries if cl in chosen]
         members: dict[str, str] = {}
         for entry_id, cluster in kept:
             members.setdefault(cluster, entry_id)
