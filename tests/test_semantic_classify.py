@@ -239,3 +239,25 @@ def test_differences_that_can_only_raise_the_error_never_lower_it() -> None:
     xs = (x - model._mean) / model._scale
     free = LogisticRegression(C=1.0, solver="newton-cholesky").fit(xs, np.asarray(model._y)).coef_[0]
     assert free[at["reordered"]] < -0.1
+
+
+def test_a_failing_refit_is_logged_and_never_fails_the_insert(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from evocache.controller.semantic import _classify
+
+    def broken(*_args, **_kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("solver blew up")
+
+    monkeypatch.setattr(_classify, "fit_clusters", broken)
+    table = _two_groups(12)
+    cache = SemanticCache(TableEmbedder(table), classifier=AnswerClassifier(every=4), rng=random.Random(0))
+    for i in range(4):
+        decision, _ = cache.lookup(SCOPE, f"q{i}", max_error=0.05)
+        cache.insert(SCOPE, f"a{i}", f"q{i}", i % 2)  # the 4th insert refits, and the fit fails
+        cache.judge_miss(SCOPE, f"q{i}", i % 2, decision)
+    assert "refitting the answer classifier" in caplog.text and "solver blew up" in caplog.text
+    classifier = cache._classifier
+    assert classifier is not None and classifier.fits == 0 and SCOPE not in classifier._models
+    # It is asked again after `every` more inserts, not at every insert.
+    assert [classifier.inserted(SCOPE) for _ in range(4)] == [False, False, False, True]
