@@ -20,6 +20,7 @@ Nothing here imports torch, faiss or sentence-transformers until the first seman
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import hashlib
 import logging
@@ -122,6 +123,10 @@ class SemanticLayer:
         self._lock = threading.Lock()
         self._later: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=link_backlog)
         self._worker: threading.Thread | None = None
+        # The answer classifiers' refits (seconds each) run on a thread of their own, never ahead of the link
+        # searches in the backlog above: a tenant's refit must not make other tenants' links drop. At most one
+        # refit per scope waits (the classifier asks for the next only when the last one ended).
+        self._fits: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
 
     @property
@@ -190,7 +195,7 @@ class SemanticLayer:
                             scope.namespace, CacheKey(entry_id), plan.tiers
                         ),
                         # The answer classifier's refits take seconds: never in a caller's request.
-                        fit_later=self.later,
+                        fit_later=self.fit_later,
                     )
                     self._caches[key] = cache
         return cache
@@ -235,6 +240,17 @@ class SemanticLayer:
             finally:
                 self._later.task_done()
 
+    def fit_later(self, work: Callable[[], None]) -> bool:
+        """Run an answer classifier's refit on the layer's refit thread (started on first use). False when the
+        layer is closed: ``work`` will not run."""
+        with self._lock:
+            if self._closed:
+                return False
+            if self._fits is None:
+                self._fits = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="evocache-semantic-fits")
+            self._fits.submit(work)
+            return True
+
     def drain(self) -> None:
         """Wait until every queued background search has run."""
         self._later.join()
@@ -245,6 +261,9 @@ class SemanticLayer:
         with self._lock:
             self._closed = True
             worker = self._worker
+            fits, self._fits = self._fits, None
+        if fits is not None:
+            fits.shutdown(wait=True, cancel_futures=True)  # a refit under way ends (it reads the index)
         if worker is not None:
             self._later.put(None)  # after the queued work; close() waits for a full queue to make room
             worker.join(timeout=30)

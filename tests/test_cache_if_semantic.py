@@ -272,6 +272,27 @@ def test_a_full_link_backlog_drops_searches_and_counts_them():
     assert not layer.later(lambda: ran.append(3))  # closed: nothing runs
 
 
+def test_refits_run_on_their_own_thread_and_never_hold_up_the_link_backlog():
+    """Review 5: refits queued behind the link searches' single thread made other tenants' links drop."""
+    import threading
+
+    from evocache.controller._semantic import SemanticLayer
+
+    layer = SemanticLayer(StoreConfig(), link_backlog=1)
+    gate, where = threading.Event(), []
+    assert layer.fit_later(lambda: (where.append(threading.current_thread().name), gate.wait(10)))
+    ran = []
+    assert layer.later(lambda: ran.append(1))  # the link thread is free while the refit runs
+    layer.drain()
+    deadline = time.monotonic() + 10
+    while not where and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ran == [1] and where and where[0].startswith("evocache-semantic-fits")
+    gate.set()
+    layer.close()  # waits for the refit under way
+    assert not layer.fit_later(lambda: ran.append(2))  # closed: nothing runs
+
+
 def test_judge_links_is_checked_at_decoration():
     for bad in (-1, 1.5, True):
         with pytest.raises(ContractError, match="judge_links must be an int >= 0 or None"):

@@ -218,8 +218,12 @@ class SemanticCache:
         # ... and may not read the prompt (the lexical features of the error model compare it with the entry's).
         self._prompted = "prompt" in decide
         # ... and may read what the scope's answer classifier says of the prompt.
-        self._classifier = (classifier if classifier is not None else AnswerClassifier()) if classify else None
-        self._shares = self._classifier is not None and "shares" in decide
+        if classifier is not None and not classify:
+            raise ValueError("a classifier was given with classify=False")
+        # A policy that cannot read the shares (static mode, a caller's own) gets no classifier: nothing to fit.
+        self._classifier = (
+            (classifier if classifier is not None else AnswerClassifier()) if classify and "shares" in decide else None
+        )
         self._fit_later = fit_later
         # An index that keeps metadata with each entry (``SharedIndex``) stores the prompt there, so another
         # replica's entries have their prompt too.
@@ -233,6 +237,7 @@ class SemanticCache:
         self._rng = rng if rng is not None else random.Random()
         self._lock = threading.RLock()
         self._entries: dict[str, _Entry] = {}
+        self._scope_ids: dict[Scope, dict[str, None]] = {}  # each scope's entry ids, oldest insert first
         self._exact: dict[tuple[Scope, str], str] = {}
         self._clusters = _Clusters()
         self._evidence: dict[
@@ -326,15 +331,16 @@ class SemanticCache:
                 return SemanticDecision(True, False, exact, 1.0, threshold, 0.0), exact
         vec = self.embedder.embed([prompt])  # outside the lock: concurrent lookups batch their embeddings
         neighbours = self._index.search(scope, vec, self._k)[0]
+        classifier = self._classifier
+        classes = classifier.probabilities(scope, vec[0]) if classifier is not None and neighbours else None
         with self._lock:
             _remember(self._vectors, (scope, prompt), vec[0])
             scoped: dict[str, Any] = {"scope": scope} if self._scoped else {}
             if self._prompted:
                 scoped["prompt"] = prompt
-            if self._shares and neighbours:
-                assert self._classifier is not None
-                scoped["shares"] = self._classifier.shares(
-                    scope, vec[0], self.cluster_of, lambda entry_id: self._held(scope, entry_id)
+            if classifier is not None:
+                scoped["shares"] = None if classes is None else classifier.by_cluster(
+                    scope, *classes, self.cluster_of, lambda entry_id: self._held(scope, entry_id)
                 )
             decision, candidate = self._policy.decide(neighbours, max_error, self._rng.random(), self, **scoped)
             # Each lookup's own token: concurrent lookups of one prompt keep apart what each is judged on.
@@ -382,6 +388,9 @@ class SemanticCache:
             if not self._holds(scope, entry_id):
                 return
             self._entries[entry_id] = _Entry(scope, prompt, answer_ref)
+            ids = self._scope_ids.setdefault(scope, {})
+            ids.pop(entry_id, None)
+            ids[entry_id] = None
             self._exact[(scope, prompt)] = entry_id
             # Links judged before this insert belong to the answer that was judged: another answer to the same
             # prompt (a model that is not deterministic) has not been compared with anything.
@@ -406,7 +415,8 @@ class SemanticCache:
 
             try:
                 with self._lock:
-                    pairs = [(i, self._clusters.find(i)) for i, e in self._entries.items() if e.scope == scope]
+                    latest = list(self._scope_ids.get(scope, ()))[-classifier.max_entries :]
+                    pairs = [(i, self._clusters.find(i)) for i in latest]
                 ids, labels, members = classifier.training_set(pairs)
                 rows, kept = [], []
                 for entry_id, label in zip(ids, labels, strict=True):
@@ -415,6 +425,9 @@ class SemanticCache:
                     except KeyError:
                         continue  # left the index since
                     kept.append(label)
+                if not rows:  # nothing to learn from yet (no cluster of two, or all gone): not a failure
+                    classifier.abandon(scope, soon=False)
+                    return
                 held = set(kept)
                 classifier.fit(
                     scope, np.asarray(rows).reshape(len(rows), -1), kept,
@@ -426,7 +439,15 @@ class SemanticCache:
 
         if self._fit_later is None:
             fit()
-        elif not self._fit_later(fit):
+            return
+        try:
+            taken = self._fit_later(fit)
+        except Exception:
+            log.warning("semantic: could not hand the answer classifier's refit of %s to its thread", scope,
+                        exc_info=True)
+            classifier.abandon(scope, soon=False)
+            return
+        if not taken:
             classifier.abandon(scope, soon=True)
 
     def remove(self, scope: Scope, entry_ids: Sequence[str]) -> None:
@@ -453,8 +474,15 @@ class SemanticCache:
                 del self._entries[entry_id]
                 if self._exact.get((scope, entry.prompt)) == entry_id:
                     del self._exact[(scope, entry.prompt)]
+                scope_ids = self._scope_ids.get(scope)
+                if scope_ids is not None:
+                    scope_ids.pop(entry_id, None)
+                    if not scope_ids:
+                        del self._scope_ids[scope]
             self._evidence.pop(entry_id, None)
             self._clusters.discard(entry_id)
+        if self._classifier is not None:
+            self._classifier.forget(scope, ids)
 
     def _changed(self, change: Any) -> None:
         """A change the index made without this cache (an expiry, another replica's removal, a rebuild)."""

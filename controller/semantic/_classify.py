@@ -28,20 +28,27 @@ if TYPE_CHECKING:
     import numpy as np
 
 
+_MEMBERS = 4  # the newest entries of a class through which its share finds the cluster they are in now
+# threadpoolctl's limit is process-wide, and two overlapping limits restore each other's saved value: fits run
+# one at a time (and BLAS is single-threaded in the process while one runs).
+_FIT_LOCK = threading.Lock()
+
+
 class ClusterModel(NamedTuple):
-    """A fitted softmax regression: ``coef`` (dim, classes), ``intercept`` (classes,), and for each class one
-    entry id that was in its cluster when fitted."""
+    """A fitted softmax regression: ``coef`` (dim, classes), ``intercept`` (classes,), float32, and for each
+    class the ids of its newest entries when fitted (``_MEMBERS`` at most)."""
 
     coef: np.ndarray
     intercept: np.ndarray
-    members: tuple[str, ...]
+    members: tuple[tuple[str, ...], ...]
 
 
 def fit_clusters(
-    vectors: np.ndarray, labels: Sequence[str], members: dict[str, str], *, c: float = 10.0, max_iter: int = 200
+    vectors: np.ndarray, labels: Sequence[str], members: dict[str, tuple[str, ...]], *, c: float = 10.0,
+    max_iter: int = 200,
 ) -> ClusterModel | None:
     """Fit the softmax regression of ``labels`` (a cluster per row of ``vectors``) on ``vectors``; None when
-    there are fewer than two clusters. ``members``: cluster -> one entry id in it. One BLAS thread: a replay's
+    there are fewer than two clusters. ``members``: cluster -> entry ids in it. One BLAS thread: a replay's
     decisions must not depend on the order in which threads add up a dot product."""
     import numpy as np
     from sklearn.linear_model import LogisticRegression
@@ -50,15 +57,15 @@ def fit_clusters(
     classes = sorted(set(labels))
     if len(classes) < 2:
         return None
-    with threadpool_limits(1):
+    with _FIT_LOCK, threadpool_limits(1):
         fit = LogisticRegression(C=c, max_iter=max_iter).fit(np.asarray(vectors, dtype=np.float64), list(labels))
     coef, intercept = fit.coef_.T, fit.intercept_
     if len(fit.classes_) == 2:  # scikit-learn keeps one row for two classes: P(second) = sigmoid(x w + b)
         coef = np.hstack([-coef, coef]) / 2.0
         intercept = np.array([-intercept[0], intercept[0]]) / 2.0
     return ClusterModel(
-        np.ascontiguousarray(coef, dtype=np.float64), np.asarray(intercept, dtype=np.float64),
-        tuple(members[str(label)] for label in fit.classes_),
+        np.ascontiguousarray(coef, dtype=np.float32), np.asarray(intercept, dtype=np.float32),
+        tuple(tuple(members[str(label)]) for label in fit.classes_),
     )
 
 
@@ -69,9 +76,13 @@ class AnswerClassifier:
     clusters with fewer entries are left out of the training set (a lone entry the judge never linked is a
     class of one example). ``max_entries``: the most recent entries of a scope a fit reads; ``max_classes``: the
     largest clusters among them a fit tells apart (a fit's memory and time grow with entries x classes: 20,000 x
-    512 probabilities is 80 MB; the others are left out, and their lookups read the neighbours alone). ``c``: the inverse
-    L2 penalty. ``max_scopes``: the models kept, least recently used dropped (a dropped scope starts again from
-    no model: its lookups then read the neighbours alone). Thread-safe.
+    512 probabilities is 80 MB; the others are left out, and their lookups read the neighbours alone). ``c``:
+    the inverse L2 penalty. ``max_scopes``: the models kept, least recently used dropped (a dropped scope refits
+    at its next insert; meanwhile its lookups read the neighbours alone). Thread-safe.
+
+    A class finds its cluster through its newest entries at the fit (``_MEMBERS``); entries the cache forgets
+    (``forget``: evicted, expired, removed) no longer count for the model they were fitted in, even if their id
+    comes back with another answer.
     """
 
     def __init__(
@@ -99,25 +110,31 @@ class AnswerClassifier:
         self.fits = 0
         self._lock = threading.Lock()
         self._models: OrderedDict[Hashable, ClusterModel] = OrderedDict()
-        self._since: dict[Hashable, int] = {}
+        self._gone: dict[Hashable, set[str]] = {}  # per model: its members forgotten since the fit
+        # Inserts since the last fit, per scope; the least recently inserted-into scopes are forgotten beyond a
+        # bound (a scope forgotten here just waits ``every`` inserts again).
+        self._since: OrderedDict[Hashable, int] = OrderedDict()
         self._fitting: set[Hashable] = set()
 
     def inserted(self, scope: Hashable) -> bool:
         """Count an insert in ``scope``; True when a fit is due there (and none is running): the caller then
         calls ``fit`` (now, or on another thread) and this scope's count starts again."""
         with self._lock:
-            since = self._since.get(scope, 0) + 1
-            if since < self.every or scope in self._fitting:
-                self._since[scope] = since
-                return False
-            self._since[scope] = 0
-            self._fitting.add(scope)
-            return True
+            since = self._since.pop(scope, 0) + 1
+            due = since >= self.every and scope not in self._fitting
+            self._since[scope] = 0 if due else since
+            while len(self._since) > 16 * self.max_scopes:
+                self._since.popitem(last=False)
+            if due:
+                self._fitting.add(scope)
+            return due
 
-    def training_set(self, entries: Sequence[tuple[str, str]]) -> tuple[list[str], list[str], dict[str, str]]:
+    def training_set(
+        self, entries: Sequence[tuple[str, str]]
+    ) -> tuple[list[str], list[str], dict[str, tuple[str, ...]]]:
         """From a scope's ``(entry id, cluster)`` pairs, oldest first: the ids and clusters to train on (the
         latest ``max_entries``, in the ``max_classes`` largest clusters of at least ``min_cluster`` of them; of
-        equal sizes, the most recently seen), and a member per cluster."""
+        equal sizes, the most recently seen), and each cluster's newest entries (``_MEMBERS``)."""
         entries = list(entries)[-self.max_entries :]
         sizes: dict[str, int] = {}
         for _, cluster in entries:
@@ -128,12 +145,16 @@ class AnswerClassifier:
             large = sorted(large, key=lambda cl: (sizes[cl], last[cl]), reverse=True)[: self.max_classes]
         chosen = set(large)
         kept = [(e, cl) for e, cl in entries if cl in chosen]
-        members: dict[str, str] = {}
-        for entry_id, cluster in kept:
-            members.setdefault(cluster, entry_id)
-        return [e for e, _ in kept], [cl for _, cl in kept], members
+        members: dict[str, list[str]] = {}
+        for entry_id, cluster in reversed(kept):
+            newest = members.setdefault(cluster, [])
+            if len(newest) < _MEMBERS:
+                newest.append(entry_id)
+        return [e for e, _ in kept], [cl for _, cl in kept], {cl: tuple(ids) for cl, ids in members.items()}
 
-    def fit(self, scope: Hashable, vectors: np.ndarray, labels: Sequence[str], members: dict[str, str]) -> None:
+    def fit(
+        self, scope: Hashable, vectors: np.ndarray, labels: Sequence[str], members: dict[str, tuple[str, ...]]
+    ) -> None:
         """Fit ``scope``'s model (see ``fit_clusters``) and install it; ends the fit ``inserted`` started, also
         when fitting fails (the exception propagates, the old model stays)."""
         try:
@@ -146,9 +167,11 @@ class AnswerClassifier:
         with self._lock:
             self._models[scope] = model
             self._models.move_to_end(scope)
+            self._gone[scope] = set()
             while len(self._models) > self.max_scopes:
                 dropped, _ = self._models.popitem(last=False)
-                self._since.pop(dropped, None)
+                self._gone.pop(dropped, None)
+                self._since[dropped] = self.every - 1  # its next insert refits it
             self.fits += 1
 
     def abandon(self, scope: Hashable, *, soon: bool) -> None:
@@ -159,12 +182,16 @@ class AnswerClassifier:
             if soon:
                 self._since[scope] = self.every - 1
 
-    def shares(
-        self, scope: Hashable, vec: np.ndarray, cluster_of: Callable[[str], str], held: Callable[[str], bool]
-    ) -> dict[str, float] | None:
-        """P(each cluster | the prompt's embedding ``vec``) by ``scope``'s model, by the clusters the classes'
-        members are in now (``cluster_of``), classes whose member is no longer ``held`` left out; None when the
-        scope has no model."""
+    def forget(self, scope: Hashable, entry_ids: Sequence[str]) -> None:
+        """Entries of ``scope`` left the cache: they no longer lead a class to a cluster."""
+        with self._lock:
+            gone = self._gone.get(scope)
+            if gone is not None:
+                gone.update(entry_ids)
+
+    def probabilities(self, scope: Hashable, vec: np.ndarray) -> tuple[ClusterModel, np.ndarray] | None:
+        """P(each class | the prompt's embedding ``vec``) by ``scope``'s model, with the model; None when the
+        scope has none. Reads no cache state: callers compute it outside their lock."""
         import numpy as np
 
         with self._lock:
@@ -172,13 +199,35 @@ class AnswerClassifier:
             if model is None:
                 return None
             self._models.move_to_end(scope)
-        z = np.asarray(vec, dtype=np.float64) @ model.coef + model.intercept
+        z = np.asarray(vec, dtype=np.float32) @ model.coef + model.intercept
+        z = z.astype(np.float64)
         z -= z.max()
         p = np.exp(z)
-        p /= p.sum()
+        return model, p / p.sum()
+
+    def by_cluster(
+        self, scope: Hashable, model: ClusterModel, p: np.ndarray, cluster_of: Callable[[str], str],
+        held: Callable[[str], bool],
+    ) -> dict[str, float]:
+        """``probabilities`` by the cluster each class's newest remaining member is in now (``cluster_of``);
+        classes with no member left (forgotten, or no longer ``held``) are left out."""
+        with self._lock:
+            # The set itself, not a copy: ``forget`` only adds to it, and a membership test needs no lock. A
+            # model replaced meanwhile: its members are checked against the live entries only.
+            gone = self._gone.get(scope, set()) if self._models.get(scope) is model else set()
         out: dict[str, float] = {}
-        for member, share in zip(model.members, p.tolist(), strict=True):
-            if held(member):
-                cluster = cluster_of(member)
-                out[cluster] = out.get(cluster, 0.0) + share
+        for members, share in zip(model.members, p.tolist(), strict=True):
+            for member in members:
+                if member not in gone and held(member):
+                    cluster = cluster_of(member)
+                    out[cluster] = out.get(cluster, 0.0) + share
+                    break
         return out
+
+    def shares(
+        self, scope: Hashable, vec: np.ndarray, cluster_of: Callable[[str], str], held: Callable[[str], bool]
+    ) -> dict[str, float] | None:
+        """P(each cluster | the prompt's embedding ``vec``): ``probabilities`` then ``by_cluster``; None when the
+        scope has no model."""
+        found = self.probabilities(scope, vec)
+        return None if found is None else self.by_cluster(scope, found[0], found[1], cluster_of, held)
