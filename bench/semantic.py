@@ -186,7 +186,8 @@ def main() -> int:
                 evo = replay_stream(stream, table, delta, seed=seed, classify=args.classify)
                 static = statics[order][delta]
                 ratio = evo["hit_rate"] / static["hit_rate"] if static["hit_rate"] else None
-                row = {"stream": name, "order": order, "seed": seed, "delta": delta, "n": len(stream),
+                row = {"stream": name, "order": order, "seed": seed, "delta": delta, "classify": args.classify,
+                       "n": len(stream),
                        "oracle_hit_rate": oracle_hit_rate(stream), "evocache": evo, "best_static": static,
                        "ratio": ratio,
                        "meets": evo["error_rate"] <= delta and ratio is not None and ratio >= TARGET_RATIO}
@@ -211,6 +212,7 @@ def main() -> int:
                    for seed in pair_seeds}
         pairs_report = {
             "delta": args.pairs_delta,
+            "classify": args.classify,
             "seed": pair_seeds[0],
             "warm": by_seed[pair_seeds[0]]["warm"],
             "cold": by_seed[pair_seeds[0]]["cold"],
@@ -220,7 +222,10 @@ def main() -> int:
         }
         (args.out / "pairs.json").write_text(json.dumps(pairs_report, indent=2) + "\n")
 
-    (args.out / "semantic.md").write_text(_markdown(rows_out, pairs_report))
+    (args.out / "semantic.md").write_text(
+        _markdown(rows_out, pairs_report)
+        + f"\nAnswer classifier: {'on' if args.classify else 'off (--no-classify)'}.\n"
+    )
     print((args.out / "semantic.md").read_text())
     return 0
 
