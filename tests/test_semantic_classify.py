@@ -330,3 +330,16 @@ def test_a_scope_whose_model_was_dropped_refits_at_its_next_insert() -> None:
     classifier.fit(other, x, y, {"c1": ("a",), "c2": ("b",)})  # drops SCOPE's model
     assert classifier.shares(SCOPE, x[0], lambda e: e, _held_all) is None
     assert classifier.inserted(SCOPE) is True
+
+
+def test_an_entry_replaced_in_place_no_longer_speaks_for_its_class() -> None:
+    table = _two_groups(12)
+    cache = SemanticCache(TableEmbedder(table), classifier=AnswerClassifier(every=8), rng=random.Random(0))
+    for i in range(8):
+        decision, _ = cache.lookup(SCOPE, f"q{i}", max_error=0.05)
+        cache.insert(SCOPE, f"a{i}", f"q{i}", i % 2)
+        cache.judge_miss(SCOPE, f"q{i}", i % 2, decision)
+    classifier = cache._classifier
+    assert classifier is not None and classifier.fits == 1
+    cache.insert(SCOPE, "a7", "q7", "another answer")  # the same id, replaced without a removal
+    assert "a7" in classifier._gone[SCOPE]

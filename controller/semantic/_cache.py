@@ -388,6 +388,8 @@ class SemanticCache:
             if not self._holds(scope, entry_id):
                 return
             self._entries[entry_id] = _Entry(scope, prompt, answer_ref)
+            if held is not None and self._classifier is not None:
+                self._classifier.forget(scope, [entry_id])  # replaced: its answer may be another now
             ids = self._scope_ids.setdefault(scope, {})
             ids.pop(entry_id, None)
             ids[entry_id] = None
