@@ -158,7 +158,7 @@ class AnswerClassifier:
         """Fit ``scope``'s model (see ``fit_clusters``) and install it; ends the fit ``inserted`` started, also
         when fitting fails (the exception propagates, the old model stays)."""
         try:
-            model = fit_clusters(vectors, labels, members, c=self.c, max_iter=self.max_iter) if len(labels) else None
+            model = fit_clusters(vectors, labels, members, c=self.c, max_iter=self.max_iter)
         finally:
             with self._lock:
                 self._fitting.discard(scope)
