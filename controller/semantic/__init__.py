@@ -22,17 +22,20 @@ from ._decide import (
     StaticPolicy,
     neighbourhood,
 )
+from ._config import EMBEDDERS, EmbedderConfig, SemanticConfig
 from ._embed import BatchingEmbedder, Embedder, OpenAIEmbedder, SentenceTransformerEmbedder, default_embedder
 from ._index import Neighbour, Scope, SemanticIndex, VectorIndex
 from ._shared import Change, SharedEntry, SharedIndex, SharedStats
 
 __all__ = [
+    "EMBEDDERS",
     "AnswerClusters",
     "BatchingEmbedder",
     "BoundedPolicy",
     "Candidate",
     "Change",
     "Embedder",
+    "EmbedderConfig",
     "EmbeddingError",
     "ErrorModel",
     "Judge",
@@ -41,6 +44,7 @@ __all__ = [
     "Pacer",
     "Scope",
     "SemanticCache",
+    "SemanticConfig",
     "SemanticDecision",
     "SemanticError",
     "SemanticIndex",
