@@ -5,41 +5,39 @@ inserts runtime checks only for arguments whose kind it does not know (``any`` f
 ``result`` hook computes the static result type and enforces rules that a per-argument kind cannot say
 (``min`` takes one list or several numbers; ``contains`` on a string needs a string).
 
-``matches(text, pattern)`` takes its pattern as a string literal, compiled once at compile time. Python's
-``re`` backtracks and has no time limit, so patterns that could backtrack catastrophically are rejected and
-the rest run under a size bound:
+``matches(text, pattern)`` takes its pattern as a string literal, compiled once at compile time by RE2
+(google-re2), which matches in time linear in the text whatever the pattern: there is no backtracking to
+bound. The pattern syntax is RE2's (no backreferences, no lookaround, no possessive or atomic groups, no
+comments or verbose mode); a pattern RE2 cannot compile is an ``ExpressionCompileError`` at the literal.
+Two bounds remain, both in docs/policy-language.md, "Patterns":
 
-- at most 200 characters;
-- no repeated group (``*``, ``+``, ``{n,}``, ``{m,n}`` with n > 1) that contains a variable quantifier or an
-  alternation, at any depth: ``(a+)+``, ``(a?){20}``, ``(a|aa)+``, ``((ab)*c)+`` are rejected (exponential);
-  write ``[ab]*`` for ``(a|b)*``; ``(ab){3}`` and ``(?:a{2})+`` are fine;
-- no backreferences (``\\1``, ``(?P=name)``), conditional groups, or the verbose flag ``(?x)``;
-- a size bound for what remains polynomial (``.*a.*b`` is cubic on an adversarial text): without nested
-  repetition a search tries, at each start position, at most every combination of quantifier counts, so its
-  work is at most ``starts * (L + 1) ** unbounded * choices`` for a text of L characters (``starts`` is 1 when
-  the pattern is anchored with ``^``/``\\A``, else L + 1; ``choices`` multiplies the ranges of bounded
-  quantifiers and the alternatives). Compilation finds the longest L whose bound stays under
-  ``MATCH_WORK_BUDGET`` steps; ``matches`` on a longer text is an ``ExpressionEvalError``. A pattern without
-  unbounded quantifiers may search millions of characters; an unanchored ``\\w+x`` about 4,400; a pattern
-  that could not search 256 characters is rejected at compile time.
+- the compiled program has at most ``MAX_PROGRAM_SIZE`` instructions (``a{1000}`` is 1,000 of them, a
+  Unicode class such as ``\\pL`` about 1,200), and RE2 compiles within ``PATTERN_MAX_MEM`` bytes;
+- a search costs at most about one step per program instruction per byte of text (RE2's automaton falls
+  back to simulating every instruction on texts that defeat its cache), so a pattern may search at most
+  ``MATCH_WORK_BUDGET // program size`` bytes of UTF-8, and never more than ``MAX_MATCH_BYTES``. A longer
+  text is an ``ExpressionEvalError``, which ``Policy.decide`` treats as the rule not holding.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+import re2
+
 from ._schema import BOOL, FLOAT, INT, STR, FieldType, Kind
 from ._values import MAX_INT, NUMBER, Fault, check_number, describe_type, describe_value, kind_of, member
 
-MAX_PATTERN_CHARS = 200
-# Work bound of one matches() call, in backtracking steps (about 2 ns each in `re`: some 40 ms at worst).
-MATCH_WORK_BUDGET = 20_000_000
-# A pattern that could not search even this many characters within the budget is rejected at compile time.
-MIN_SEARCHABLE_TEXT = 256
+# Work bound of one matches() call, in program instructions times bytes of text: RE2 simulating its whole
+# program on every byte costs some 9 ns per unit, so about 0.3 s at worst; its cached automaton, the usual
+# case, reads a byte in about 1 ns whatever the program.
+MATCH_WORK_BUDGET = 2**25
+MAX_MATCH_BYTES = 2**22  # 4 MiB of UTF-8: the longest text any pattern may search
+MAX_PROGRAM_SIZE = 2**13  # so that every accepted pattern may search at least 4 KiB
+PATTERN_MAX_MEM = 8 << 20  # RE2's memory for one compiled pattern and its automaton cache (its default)
 
 _NUM = NUMBER
 _STR = frozenset({Kind.STR})
@@ -194,13 +192,7 @@ def _contains(container: Any, item: Any) -> bool:
 
 
 def _matches(text: str, pattern: SafePattern) -> bool:
-    if len(text) > pattern.max_text:
-        raise Fault(
-            f"matches() text of {len(text)} characters is longer than this pattern may search "
-            f"({pattern.max_text}); "
-            "anchor the pattern with '^' or use fewer unbounded quantifiers"
-        )
-    return pattern.regex.search(text) is not None
+    return pattern.search(text)
 
 
 FUNCTIONS: Mapping[str, FunctionSpec] = MappingProxyType(
@@ -258,179 +250,66 @@ FUNCTIONS: Mapping[str, FunctionSpec] = MappingProxyType(
 )
 
 
-# -- regex safety -------------------------------------------------------------------------------------------
+# -- patterns -----------------------------------------------------------------------------------------------
 
-_BRACE = re.compile(r"\{([0-9]*)(,?)([0-9]*)\}")
-_GROUP_OPENERS = ("(?:", "(?=", "(?!", "(?<=", "(?<!", "(?>")
+
+def _pattern_options() -> re2.Options:
+    options = re2.Options()
+    options.max_mem = PATTERN_MAX_MEM
+    options.never_capture = True  # only whether it matches counts: no submatch bookkeeping
+    options.log_errors = False  # a rejected pattern is reported as a compile error, not logged to stderr
+    return options
 
 
 @dataclass(frozen=True, slots=True)
 class SafePattern:
-    """A compiled ``matches`` pattern and the longest text it may search (its work bound: see the module)."""
+    """A compiled ``matches`` pattern: its RE2 program size and the longest text, in UTF-8 bytes, it may search
+    (``MATCH_WORK_BUDGET // program_size``, at most ``MAX_MATCH_BYTES``)."""
 
-    regex: re.Pattern[str]
-    max_text: int
+    regex: re2._Regexp
+    program_size: int
+    max_bytes: int
 
+    def search(self, text: str) -> bool:
+        """Whether the pattern matches anywhere in ``text``. Raises ``Fault`` for a text longer than
+        ``max_bytes``. A lone surrogate in ``text`` is searched as an invalid UTF-8 sequence (``.`` and
+        negated classes match it, nothing else does) rather than failing the call."""
+        if len(text) > self.max_bytes:  # a character is at least one byte: too long without encoding it
+            raise self._too_long(len(text), "characters")
+        data = text.encode("utf-8", "surrogatepass")
+        if len(data) > self.max_bytes:
+            raise self._too_long(len(data), "bytes of UTF-8")
+        return self.regex.search(data) is not None
 
-@dataclass(slots=True)
-class _Group:
-    variable: bool = False  # contains a quantifier with a variable count, at any depth
-    alternation: bool = False  # contains '|', at any depth
-
-
-@dataclass(slots=True)
-class _Shape:
-    """What the scan learns about a pattern: the inputs of its work bound."""
-
-    unbounded: int = 0  # quantifiers without an upper bound: * + {n,}
-    choices: int = 1  # product of (range + 1) over bounded variable quantifiers, times the alternatives
-    multiline: bool = False
-    top_alternation: bool = False
+    def _too_long(self, size: int, unit: str) -> Fault:
+        return Fault(
+            f"matches() text of {size} {unit} is longer than this pattern may search ({self.max_bytes} bytes; "
+            f"its program has {self.program_size} instructions)"
+        )
 
 
 def compile_pattern(pattern: str) -> SafePattern:
-    """Compile a ``matches`` pattern, or raise ``PatternError`` if it is invalid or could backtrack
-    catastrophically (see the module docstring for the rules and the work bound)."""
-    if len(pattern) > MAX_PATTERN_CHARS:
-        raise PatternError(f"pattern of {len(pattern)} characters is longer than {MAX_PATTERN_CHARS}")
+    """Compile a ``matches`` pattern with RE2, or raise ``PatternError`` if RE2 rejects it (its syntax, its
+    memory) or its program is larger than ``MAX_PROGRAM_SIZE``."""
     try:
-        compiled = re.compile(pattern)
-    except re.error as exc:
-        raise PatternError(f"invalid pattern: {exc.msg}") from None
-    shape = _scan(pattern)
-    anchored = pattern.startswith(("^", "\\A")) and not shape.top_alternation and not shape.multiline
-    max_text = _max_text(anchored, shape)
-    if max_text < MIN_SEARCHABLE_TEXT:
+        regex = re2.compile(pattern, _pattern_options())
+    except re2.error as exc:
+        message = _re2_message(exc)
+        if message.startswith("pattern too large"):
+            raise PatternError(
+                f"pattern is too large: RE2 cannot compile it within {PATTERN_MAX_MEM} bytes"
+            ) from None
         raise PatternError(
-            f"pattern is too costly to run: it could only search texts of {max_text} characters "
-            f"(use fewer unbounded quantifiers or anchor it with '^')"
+            f"invalid pattern: {message} (patterns use RE2 syntax: no backreferences, lookaround or comments)"
+        ) from None
+    size = regex.programsize
+    if size > MAX_PROGRAM_SIZE:
+        raise PatternError(
+            f"pattern is too large: it compiles to {size} instructions; the limit is {MAX_PROGRAM_SIZE}"
         )
-    return SafePattern(compiled, max_text)
+    return SafePattern(regex, size, min(MAX_MATCH_BYTES, MATCH_WORK_BUDGET // size))
 
 
-def _work(length: int, anchored: bool, shape: _Shape) -> int:
-    """Upper bound of the backtracking steps of a search over ``length`` characters: each start position tries
-    at most every combination of quantifier counts and alternatives (no group repeats, so none multiplies)."""
-    starts = 1 if anchored else length + 1
-    return starts * shape.choices * (length + 1) ** shape.unbounded
-
-
-def _max_text(anchored: bool, shape: _Shape) -> int:
-    """The longest text whose work bound stays within ``MATCH_WORK_BUDGET`` (binary search)."""
-    low, high = 0, MATCH_WORK_BUDGET
-    while low < high:
-        mid = (low + high + 1) // 2
-        if _work(mid, anchored, shape) <= MATCH_WORK_BUDGET:
-            low = mid
-        else:
-            high = mid - 1
-    return low
-
-
-def _scan(p: str) -> _Shape:
-    """Scan a pattern that ``re`` accepted: track groups, reject a repeated group that holds a variable
-    quantifier or an alternation and the constructs listed in the module docstring, and measure its shape."""
-    stack = [_Group()]
-    shape = _Shape()
-    last_group: _Group | None = None  # the group that ended right before the current character, if any
-    i = 0
-    while i < len(p):
-        ch = p[i]
-        closed = None
-        if ch == "\\":
-            if p[i + 1 : i + 2] in tuple("123456789"):
-                raise PatternError("backreferences are not allowed in patterns")
-            i += 2
-        elif ch == "[":
-            i = _skip_class(p, i)
-        elif ch == "(":
-            i = _open_group(p, i, stack, shape)
-        elif ch == ")":
-            closed = stack.pop()
-            stack[-1].variable |= closed.variable
-            stack[-1].alternation |= closed.alternation
-            i += 1
-        elif ch == "|":
-            stack[-1].alternation = True
-            shape.top_alternation |= len(stack) == 1
-            shape.choices *= 2  # at most doubles the paths, wherever it sits
-            i += 1
-        elif ch in "*+?" or (ch == "{" and _BRACE.match(p, i)):
-            end, low, high = _quantifier(p, i)
-            repeats = high is None or high > 1
-            if repeats and last_group is not None and (last_group.variable or last_group.alternation):
-                raise PatternError(
-                    "nested quantifier: a repeated group may contain neither a variable quantifier nor '|' "
-                    "(it could backtrack catastrophically)"
-                )
-            if high is None:
-                shape.unbounded += 1
-            elif high > low:
-                shape.choices *= high - low + 1
-            if high is None or high > low:
-                stack[-1].variable = True
-            shape.choices = min(shape.choices, MATCH_WORK_BUDGET + 1)
-            i = end
-        else:
-            i += 1
-        last_group = closed
-    return shape
-
-
-def _skip_class(p: str, i: int) -> int:
-    """Index just after the character class that starts at ``p[i] == '['``."""
-    i += 1
-    if p[i : i + 1] == "^":
-        i += 1
-    if p[i : i + 1] == "]":  # a ']' first in a class is literal
-        i += 1
-    while p[i] != "]":
-        i += 2 if p[i] == "\\" else 1
-    return i + 1
-
-
-def _open_group(p: str, i: int, stack: list[_Group], shape: _Shape) -> int:
-    if p.startswith("(?P=", i) or p.startswith("(?(", i):
-        raise PatternError("backreferences and conditional groups are not allowed in patterns")
-    if p.startswith("(?#", i):
-        return p.index(")", i) + 1  # a comment: nothing inside counts
-    if p.startswith("(?P<", i):
-        stack.append(_Group())
-        return p.index(">", i) + 1
-    for opener in _GROUP_OPENERS:
-        if p.startswith(opener, i):
-            stack.append(_Group())
-            return i + len(opener)
-    if p.startswith("(?", i):
-        # Inline flags: '(?i)' applies to the whole pattern, '(?i:...)' opens a group.
-        j = i + 2
-        while p[j] not in ":)":
-            j += 1
-        flags = p[i + 2 : j]
-        if "x" in flags:
-            raise PatternError("the verbose flag (?x) is not allowed in patterns")
-        shape.multiline |= "m" in flags.split("-")[0]
-        if p[j] == ")":
-            return j + 1
-        stack.append(_Group())
-        return j + 1
-    stack.append(_Group())
-    return i + 1
-
-
-def _quantifier(p: str, i: int) -> tuple[int, int, int | None]:
-    """End of the quantifier at ``p[i]`` (with its lazy '?' or possessive '+' suffix) and its count range
-    (``None`` as the upper end when it is unbounded)."""
-    if p[i] == "{":
-        match = _BRACE.match(p, i)
-        assert match is not None
-        low_text, comma, high_text = match.groups()
-        low = int(low_text or 0)
-        high = int(high_text) if high_text else (None if comma else low)
-        end = match.end()
-    else:
-        low, high = {"*": (0, None), "+": (1, None), "?": (0, 1)}[p[i]]
-        end = i + 1
-    if p[end : end + 1] in ("?", "+"):
-        end += 1
-    return end, low, high
+def _re2_message(exc: re2.error) -> str:
+    (detail,) = exc.args
+    return detail.decode("utf-8", "backslashreplace") if isinstance(detail, bytes) else str(detail)

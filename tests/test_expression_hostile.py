@@ -61,12 +61,14 @@ HOSTILE: list[tuple[str, type[ExpressionError], tuple[int, int] | None]] = [
     ("9" * 30, COMP, (1, 1)),
     ("18446744073709551616", COMP, (1, 1)),
     ("1e309", COMP, (1, 1)),
-    ("matches(prompt, '(a+)+$')", COMP, (1, 17)),
-    ("matches(prompt, '(a|a)*$')", COMP, (1, 17)),
-    ("matches(prompt, '(a?){25}a{25}')", COMP, (1, 17)),
-    ("matches(prompt, '" + "a?" * 40 + "')", COMP, (1, 17)),
-    ("matches(prompt, '.*a.*a.*a.*b')", COMP, (1, 17)),
-    ("matches(prompt, '" + "x" * 201 + "')", COMP, (1, 17)),
+    ("matches(prompt, '(a+)(?#)+$')", COMP, (1, 17)),  # a comment group that hid a quantifier
+    ("matches(prompt, '\\\\d{50000}x')", COMP, (1, 17)),  # a count RE2 does not compile
+    ("matches(prompt, '(?:abcdefghij){900}')", COMP, (1, 17)),  # a program over MAX_PROGRAM_SIZE
+    ("matches(prompt, '\\\\pL{1000}')", COMP, (1, 17)),  # a program over RE2's memory
+    ("matches(prompt, '(a)\\\\1')", COMP, (1, 17)),  # backreference
+    ("matches(prompt, '(?=a)a')", COMP, (1, 17)),  # lookaround
+    ("matches(prompt, '(?>a+)')", COMP, (1, 17)),  # atomic group
+    ("matches(prompt, 'a++')", COMP, (1, 17)),  # possessive quantifier
     ("matches(prompt, '(?x) (a+)+ # comment')", COMP, (1, 17)),
     ("matches(prompt, lower(prompt))", COMP, (1, 17)),
     # statements and other Python syntax

@@ -30,6 +30,14 @@ from evocache.dsl import (
     RequestSchema,
     compile_expression,
 )
+from evocache.dsl._functions import (
+    MATCH_WORK_BUDGET,
+    MAX_MATCH_BYTES,
+    MAX_PROGRAM_SIZE,
+    PATTERN_MAX_MEM,
+    PatternError,
+    compile_pattern,
+)
 
 CASES_FILE = Path(__file__).with_name("expression_cases.yaml")
 SUITE = yaml.safe_load(CASES_FILE.read_text())
@@ -260,12 +268,73 @@ def test_optional_field_is_none_or_its_type() -> None:
 
 def test_matches_bounds_the_text_it_searches() -> None:
     expr = compile_expression(r"matches(prompt, '\\w+!')")
+    limit = MATCH_WORK_BUDGET // 9  # '\w+!' compiles to 9 RE2 instructions
     assert expr.test({"prompt": "hello!"}) is True
+    assert expr.test({"prompt": "a" * limit}) is False
     with pytest.raises(ExpressionEvalError) as info:
-        expr.test({"prompt": "a" * 5000})
-    assert "longer than this pattern may search (4471)" in info.value.message
-    anchored = compile_expression(r"matches(prompt, '^\\w+!')")
-    assert anchored.test({"prompt": "a" * 100_000}) is False
+        expr.test({"prompt": "a" * (limit + 1)})
+    assert info.value.message == (
+        f"matches() text of {limit + 1} characters is longer than this pattern may search "
+        f"({limit} bytes; its program has 9 instructions)"
+    )
+    # The bound is on UTF-8 bytes: half as many two-byte characters reach it.
+    assert expr.test({"prompt": "é" * (limit // 2)}) is False
+    with pytest.raises(ExpressionEvalError) as info:
+        expr.test({"prompt": "é" * (limit // 2 + 1)})
+    assert info.value.message.startswith(f"matches() text of {limit + 2} bytes of UTF-8 is longer")
+    small = compile_expression(r"matches(prompt, '^\\w+!')")  # 7 instructions: the absolute cap applies
+    assert small.test({"prompt": "a" * MAX_MATCH_BYTES}) is False
+    with pytest.raises(ExpressionEvalError):
+        small.test({"prompt": "a" * (MAX_MATCH_BYTES + 1)})
+
+
+def test_a_policy_rule_whose_matches_text_is_too_long_does_not_hold() -> None:
+    policy = dsl.parse_policy(
+        "policy: p\nversion: 1\nrules:\n"
+        "  - {name: greeting, when: \"matches(prompt, '^hello')\", ttl: 60}\n"
+        "  - {name: rest, when: 'true', ttl: 30}\n"
+    )
+    assert policy.decide({"prompt": "hello world"}).rule == "greeting"
+    decision = policy.decide({"prompt": "hello" + "!" * MAX_MATCH_BYTES})
+    assert (decision.rule, decision.skipped) == ("rest", ("greeting",))
+
+
+@pytest.mark.parametrize(
+    ("pattern", "text"),
+    [
+        ("(a+)+$", "a" * 40 + "!"),
+        ("^(a|a)*$", "a" * 40 + "!"),
+        ("(a|aa)+b", "a" * 5000),
+        ("(a?){25}a{25}", "a" * 24),
+        ("a?" * 40 + "a" * 40, "a" * 39),
+        (".*a.*a.*a.*b", "a" * 20000),
+        ("\\\\d{1000}x", "1" * 30000),
+    ],
+)
+def test_patterns_that_backtrack_in_python_re_are_linear_and_do_not_match(pattern: str, text: str) -> None:
+    # Each of these takes a backtracking engine longer than any request may wait (2**40 steps for the first).
+    # RE2 runs them as automata: one pass over the text.
+    assert compile_expression(f"matches(prompt, '{pattern}')").test({"prompt": text}) is False
+
+
+def test_patterns_are_compiled_by_re2_with_a_bounded_program() -> None:
+    pattern = compile_pattern(r"\d{1000}x")
+    assert pattern.program_size == 1005
+    assert pattern.max_bytes == MATCH_WORK_BUDGET // 1005
+    assert pattern.regex.options.max_mem == PATTERN_MAX_MEM
+    with pytest.raises(PatternError) as info:
+        compile_pattern("(?:abcdefghij){900}")
+    assert info.value.message == (
+        f"pattern is too large: it compiles to 9004 instructions; the limit is {MAX_PROGRAM_SIZE}"
+    )
+    with pytest.raises(PatternError) as info:
+        compile_pattern(r"\pL{1000}")
+    assert info.value.message == f"pattern is too large: RE2 cannot compile it within {PATTERN_MAX_MEM} bytes"
+
+
+def test_a_lone_surrogate_in_the_text_is_searched_not_an_error() -> None:
+    assert compile_expression("matches(prompt, '^a.b$')").test({"prompt": "a\ud800b"}) is True
+    assert compile_expression("matches(prompt, 'x')").test({"prompt": "a\ud800b"}) is False
 
 
 def test_string_building_is_bounded() -> None:

@@ -160,3 +160,17 @@ def test_check_refuses_what_the_controller_cannot_enforce(tmp_path):
         f"{path}: policy x@1: eviction.l1: unknown eviction policy 'clairvoyant'; "
         f"known: {', '.join(sorted(EVICTION_POLICIES))}\n"
     )
+
+
+def test_check_rejects_a_pattern_re2_cannot_compile_with_its_position(tmp_path: Path) -> None:
+    # '(?#)' once hid the '+' after it from the pattern checker: '(a+)(?#)+$' backtracked for minutes.
+    doc = tmp_path / "pattern.yaml"
+    doc.write_text("policy: p\nversion: 1\nrules:\n  - name: r\n    when: \"matches(prompt, '(a+)(?#)+$')\"\n")
+    result = runner.invoke(app, ["check", str(doc)])
+    assert result.exit_code == 1
+    assert result.stdout.splitlines() == [
+        f"{doc}:5:28: rules[0].when: invalid pattern: invalid perl operator: (?# "
+        "(patterns use RE2 syntax: no backreferences, lookaround or comments)",
+        "  matches(prompt, '(a+)(?#)+$')",
+        "                  ^",
+    ]
