@@ -366,7 +366,7 @@ class CachedFunction:
                 return False, None, None
             cache = layer.cache_for(self.identity, sp, self._semantic_judge(rt), link_tries=self.judge_links)
             scope = layer.scope(plan.ns, sp)
-            decision, entry_id = cache.lookup(scope, sp.text, max_error=sp.max_error)
+            decision, entry_id = cache.lookup(scope, sp.text, max_error=sp.spec.max_error)
         except Exception as exc:  # noqa: BLE001 - the embedder or index failing is a miss, never a failed call
             log.warning("%s: semantic lookup failed, treated as a miss: %s: %s", self.identity,
                         type(exc).__name__, exc)

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from evocache.dsl import (
-    SEMANTIC_EXPLORE,
     STANDARD_FIELDS,
     DslError,
     ExpressionEvalError,
@@ -231,7 +230,7 @@ class Options:
     max_entry_bytes: int | None
     allow_sampling: bool
     stream: bool
-    semantic: SemanticSpec | None = None  # off unless given (or a policy rule turns it on)
+    semantic: SemanticSpec | None = None  # resolved (SemanticSpec.resolved); off unless given or a rule says so
 
     @classmethod
     def validated(
@@ -268,7 +267,7 @@ class Options:
             max_entry_bytes=max_entry_bytes,
             allow_sampling=bool(allow_sampling),
             stream=bool(stream),
-            semantic=spec if spec is not None and spec.max_error > 0 else None,
+            semantic=None if spec is None else spec.resolved(),
         )
 
 
@@ -513,11 +512,7 @@ class Contract:
         ttl, sliding, max_bytes, allow_sampling, stream_ok = (
             opts.ttl, opts.sliding, opts.max_entry_bytes, opts.allow_sampling, opts.stream,
         )
-        sem = opts.semantic
-        semantic_setting = (
-            None if sem is None else (sem.max_error, sem.mode or "bounded",
-                                      SEMANTIC_EXPLORE if sem.explore is None else sem.explore, sem.threshold)
-        )
+        semantic_spec = opts.semantic
         if rt.policy is not None:
             decision = rt.policy.decide(view)
             rule = decision.rule
@@ -530,10 +525,7 @@ class Contract:
             ttl, sliding, max_bytes = decision.ttl, decision.sliding, decision.max_entry_bytes
             allow_sampling, stream_ok = decision.allow_sampling, decision.stream
             tiers = tuple(TierName(t) for t in decision.tiers)
-            semantic_setting = None if decision.semantic_max_error is None else (
-                decision.semantic_max_error, decision.semantic_mode, decision.semantic_explore,
-                decision.semantic_threshold,
-            )
+            semantic_spec = decision.semantic
 
         temperature = arguments.get("temperature")
         if (
@@ -561,18 +553,18 @@ class Contract:
             log.debug("%s: %s", self.identity, exc)
             return Plan(None, ns, rule, "uncacheable-args")
         semantic = None
-        if semantic_setting is not None:
+        if semantic_spec is not None:
             parts = dict(
                 function=self.identity, model=model, revision=self.model_revision, template=self.template,
                 params=normalised, ns=ns,
             )
-            semantic = self._semantic_plan(rt, rule, parts, rest, semantic_setting, chosen)
+            semantic = self._semantic_plan(rt, rule, parts, rest, semantic_spec, chosen)
         # The L1 hit path needs a MemoryTier as L1 (its lock-free peek); any other "l1" takes the full path.
         hit_cells = rt.metrics.cells((rule, L1, "hit")) if chosen[0] == L1 and rt.l1 is not None else None
         return Plan(key, ns, rule, "", ttl, sliding, chosen, max_bytes, stream_ok, hit_cells, semantic)
 
     def _semantic_plan(
-        self, rt: CacheRuntime, rule: str, parts: dict[str, Any], rest: dict[str, Any], setting: tuple,
+        self, rt: CacheRuntime, rule: str, parts: dict[str, Any], rest: dict[str, Any], spec: SemanticSpec,
         tiers: tuple[TierName, ...],
     ) -> SemanticPlan | None:
         """The semantic lookup of a call whose rule allows one: the prompt, and the boundary = the key of every
@@ -589,8 +581,7 @@ class Contract:
             return None
         others = {k: v for k, v in rest.items() if k != name}
         boundary = derive_key(**parts, args=others)  # cannot raise: a subset of what just hashed
-        max_error, mode, explore, threshold = setting
-        return SemanticPlan(text, boundary, max_error, mode, explore, threshold, tuple(tiers))
+        return SemanticPlan(text, boundary, spec, tuple(tiers))
 
     def _warn_once(self, rt: CacheRuntime, rules: tuple[str, ...]) -> None:
         for rule in rules:

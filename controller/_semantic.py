@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from ._types import CacheKey, Namespace
 
 if TYPE_CHECKING:
+    from evocache.dsl import SemanticSpec
+
     from ._runtime import StoreConfig
     from .semantic import Embedder, Scope
     from .semantic._cache import SemanticCache
@@ -47,14 +49,12 @@ Judge = Callable[[Any, Any], bool]
 
 
 class SemanticPlan(NamedTuple):
-    """The semantic part of a call's plan: the prompt, the scope boundary and the rule's resolved setting."""
+    """The semantic part of a call's plan: the prompt, the scope boundary and the rule's resolved ``semantic``
+    (``SemanticSpec.resolved``: mode and explore filled in)."""
 
     text: str
     boundary: str  # digest of the exact key's material without the prompt (see module docstring)
-    max_error: float
-    mode: str
-    explore: float
-    threshold: float | None
+    spec: SemanticSpec
     tiers: tuple[str, ...] = ()  # the rule's tiers: where its answers live (and are read back for the judge)
 
     @property
@@ -177,7 +177,7 @@ class SemanticLayer:
         bounds the answer clusters judged for links after a miss (``SemanticCache``)."""
         # max_error too: the pacer spends one bound's budget (a strict and a lenient rule must not share one).
         # tiers: where the answers live decides which index (shared or local) and where the judge reads them.
-        key = (identity, plan.max_error, plan.mode, plan.explore, plan.threshold, plan.tiers, link_tries)
+        key = (identity, plan.spec, plan.tiers, link_tries)
         cache = self._caches.get(key)
         if cache is None:
             from .semantic._cache import SemanticCache
@@ -187,9 +187,9 @@ class SemanticLayer:
                 cache = self._caches.get(key)
                 if cache is None:
                     cache = SemanticCache(
-                        embedder, index=index, judge=judge, link_tries=link_tries, mode=plan.mode,
-                        explore=plan.explore,
-                        threshold=plan.threshold,
+                        embedder, index=index, judge=judge, link_tries=link_tries, mode=plan.spec.mode,
+                        explore=plan.spec.explore,
+                        threshold=plan.spec.threshold,
                         # An entry id is an exact key, so any replica's neighbour can be judged from the tiers.
                         answer_ref_of=lambda scope, entry_id: _Stored(
                             scope.namespace, CacheKey(entry_id), plan.tiers

@@ -164,7 +164,7 @@ class SemanticSpec(_Model):
     similarity >= ``threshold`` (for comparison; ``max_error`` is then only the bound it is measured against).
     ``max_error: 0`` switches semantic matching off (so a rule can override defaults that switch it on).
     ``mode`` and ``explore`` stay None when not written, so the normalised document shows only what was
-    written; ``Decision`` carries the resolved values.
+    written; ``Decision`` carries the resolved spec (``resolved()``).
     """
 
     max_error: Annotated[Number, Field(ge=0, le=MAX_SEMANTIC_ERROR)]
@@ -184,6 +184,18 @@ class SemanticSpec(_Model):
         if self.mode == "static" and self.threshold is None:
             raise ValueError("mode: static needs a threshold (a cosine similarity in (0, 1])")
         return self
+
+    def resolved(self) -> SemanticSpec | None:
+        """This spec as a request runs it: None when it switches matching off (``max_error: 0``), else with
+        ``mode`` and ``explore`` filled in (``bounded``, ``SEMANTIC_EXPLORE``) where not written."""
+        if self.max_error == 0:
+            return None
+        if self.mode is not None and self.explore is not None:
+            return self
+        return self.model_copy(update={
+            "mode": self.mode or "bounded",
+            "explore": SEMANTIC_EXPLORE if self.explore is None else self.explore,
+        })
 
 
 class KvSpec(_Model):
@@ -412,8 +424,8 @@ class Policy(_Model):
 class Decision:
     """What the policy decides for one request, with every value resolved (the rule's over the defaults).
 
-    ``cache`` is False for ``cache: bypass``. ``semantic_max_error`` is None when semantic matching is off;
-    ``semantic_mode``, ``semantic_explore`` and ``semantic_threshold`` are the rest of the rule's ``semantic``;
+    ``cache`` is False for ``cache: bypass``. ``semantic`` is None when semantic matching is off, else the
+    rule's ``semantic`` resolved (``SemanticSpec.resolved``: ``mode`` and ``explore`` filled in);
     ``kv_reuse`` is None when KV reuse is off. ``skipped`` names the rules before this one whose ``when``
     could not be evaluated on the view (see ``Policy.decide``).
     """
@@ -426,14 +438,10 @@ class Decision:
     max_entry_bytes: int | None
     allow_sampling: bool
     stream: bool
-    semantic_max_error: float | None
+    semantic: SemanticSpec | None
     kv_reuse: str | None
     kv_rope_shift: bool = False
     skipped: tuple[str, ...] = ()
-    # Meaningful only when semantic_max_error is not None; the defaults are what a bare `{max_error: x}` means.
-    semantic_mode: Literal["bounded", "static"] = "bounded"
-    semantic_explore: float = SEMANTIC_EXPLORE
-    semantic_threshold: float | None = None
 
 
 def _resolve(defaults: Defaults, rule: Rule | None) -> Decision:
@@ -453,21 +461,10 @@ def _resolve(defaults: Defaults, rule: Rule | None) -> Decision:
         max_entry_bytes=pick("max_entry_bytes"),
         allow_sampling=pick("allow_sampling"),
         stream=pick("stream"),
-        semantic_max_error=semantic.max_error if semantic is not None and semantic.max_error > 0 else None,
+        semantic=None if semantic is None else semantic.resolved(),
         kv_reuse=kv.reuse if kv_on else None,
         kv_rope_shift=kv_on and kv.rope_shift,
-        **_semantic_settings(semantic),
     )
-
-
-def _semantic_settings(spec: SemanticSpec | None) -> dict[str, Any]:
-    if spec is None or spec.max_error == 0:
-        return {}
-    return {
-        "semantic_mode": spec.mode or "bounded",
-        "semantic_explore": SEMANTIC_EXPLORE if spec.explore is None else spec.explore,
-        "semantic_threshold": spec.threshold,
-    }
 
 
 def _schema_for(fields: Mapping[str, str]) -> RequestSchema:

@@ -471,7 +471,7 @@ def test_rules_with_different_bounds_never_share_an_error_budget(srt):
     with tenant_scope("acme", tier="pro"):
         answer(ASK)
     answer(ASK)
-    bounds = sorted(key[1] for key in runtime.semantic._caches)
+    bounds = sorted(key[1].max_error for key in runtime.semantic._caches)
     assert bounds == [0.01, 0.2]  # one SemanticCache (error model and pacer) per bound
 
 

@@ -14,6 +14,7 @@ from evocache.dsl import (
     Policy,
     PolicyError,
     PolicyIssue,
+    SemanticSpec,
     format_duration,
     load_policy,
     parse_duration,
@@ -146,7 +147,7 @@ def test_minimal_document_gets_every_default() -> None:
         max_entry_bytes=None,
         allow_sampling=False,
         stream=True,
-        semantic_max_error=None,
+        semantic=None,
         kv_reuse=None,
     )
 
@@ -299,7 +300,7 @@ def test_first_matching_rule_decides_with_rule_values_over_defaults(chat_prod: P
         max_entry_bytes=1048576,
         allow_sampling=False,
         stream=True,
-        semantic_max_error=0.02,
+        semantic=SemanticSpec(max_error=0.02, mode="bounded", explore=0.05),
         kv_reuse="prefix",
         kv_rope_shift=False,
     )
@@ -316,7 +317,7 @@ def test_first_matching_rule_decides_with_rule_values_over_defaults(chat_prod: P
         max_entry_bytes=None,
         allow_sampling=False,
         stream=True,
-        semantic_max_error=None,
+        semantic=None,
         kv_reuse=None,
     )
     sampled = chat_prod.decide(view(temperature=0.7))
@@ -330,7 +331,7 @@ def test_first_matching_rule_decides_with_rule_values_over_defaults(chat_prod: P
         max_entry_bytes=None,
         allow_sampling=False,
         stream=True,
-        semantic_max_error=None,
+        semantic=None,
         kv_reuse=None,
     )
 
@@ -363,7 +364,7 @@ def test_overrides_switch_semantic_and_kv_off() -> None:
         )
     )
     exact = p.decide(view(top_k=1))
-    assert (exact.semantic_max_error, exact.kv_reuse, exact.kv_rope_shift, exact.sliding) == (
+    assert (exact.semantic, exact.kv_reuse, exact.kv_rope_shift, exact.sliding) == (
         None,
         None,
         False,
@@ -371,8 +372,8 @@ def test_overrides_switch_semantic_and_kv_off() -> None:
     )
     assert exact.max_entry_bytes == 100
     other = p.decide(view(top_k=3))
-    assert (other.semantic_max_error, other.kv_reuse, other.kv_rope_shift, other.sliding) == (
-        0.05,
+    assert (other.semantic, other.kv_reuse, other.kv_rope_shift, other.sliding) == (
+        SemanticSpec(max_error=0.05, mode="bounded", explore=0.05),
         "prefix",
         True,
         False,

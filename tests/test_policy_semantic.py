@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from evocache.dsl import Change, PolicyError, diff_policies, parse_policy, policy_to_yaml
+from evocache.dsl import Change, PolicyError, SemanticSpec, diff_policies, parse_policy, policy_to_yaml
 
 VIEW = {"tenant": {"id": "t"}}
 
@@ -31,25 +31,20 @@ def _issues(text: str) -> list[tuple[int | None, int | None, str, str]]:
 
 def test_bare_max_error_resolves_to_bounded_with_default_exploration() -> None:
     decision = parse_policy(_policy("{max_error: 0.02}")).decide({"top_k": 1, **VIEW})
-    assert (
-        decision.semantic_max_error,
-        decision.semantic_mode,
-        decision.semantic_explore,
-        decision.semantic_threshold,
-    ) == (0.02, "bounded", 0.05, None)
+    assert decision.semantic == SemanticSpec(max_error=0.02, mode="bounded", explore=0.05, threshold=None)
 
 
 def test_static_mode_and_explicit_exploration_resolve() -> None:
     policy = parse_policy(_policy("{max_error: 0.05, mode: static, threshold: 0.88}"))
     static = policy.decide({"top_k": 1, **VIEW})
-    assert (static.semantic_max_error, static.semantic_mode, static.semantic_threshold) == (0.05, "static", 0.88)
+    assert static.semantic == SemanticSpec(max_error=0.05, mode="static", explore=0.05, threshold=0.88)
     explore = parse_policy(_policy("{max_error: 0.01, explore: 0.2}")).decide({"top_k": 1, **VIEW})
-    assert (explore.semantic_mode, explore.semantic_explore) == ("bounded", 0.2)
+    assert explore.semantic == SemanticSpec(max_error=0.01, mode="bounded", explore=0.2)
 
 
 def test_max_error_zero_switches_semantic_off() -> None:
     decision = parse_policy(_policy("{max_error: 0, mode: static, threshold: 0.9}")).decide({"top_k": 1, **VIEW})
-    assert decision.semantic_max_error is None
+    assert decision.semantic is None
 
 
 @pytest.mark.parametrize(
