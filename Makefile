@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip install -c constraints.txt
 export HF_HUB_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: demo test bench bench-eviction bench-semantic venv clean redis-server
+.PHONY: demo test bench bench-eviction bench-semantic bench-report venv clean redis-server
 
 $(VENV)/.stamp-base: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -38,16 +38,23 @@ redis-server:
 test: $(VENV)/.stamp-test redis-server
 	$(PY) -m pytest
 
-bench: $(VENV)/.stamp-test redis-server
-	$(PY) bench/overhead.py
+# The benchmarks write their result files into bench/results/ (bench/_results.py); `make bench-report` renders
+# them into docs/benchmarks.md and the README's headline table. Replays take tens of minutes on two cores; the
+# semantic bench embeds its streams once (kept under .evocache/embeddings), then replays.
+RESULTS := bench/results
 
-# Issue 3's figures (replays: tens of minutes on 2 cores) and issue 4's (embeds the streams once, then replays).
+bench: $(VENV)/.stamp-test redis-server
+	$(PY) bench/overhead.py --results $(RESULTS)
+
 bench-eviction: $(VENV)/.stamp-test
-	$(PY) bench/eviction.py
+	$(PY) bench/eviction.py --results $(RESULTS)
 
 bench-semantic: $(VENV)/.stamp-test
-	$(PY) bench/semantic.py
+	$(PY) bench/semantic.py --seeds 0,1,2 --shuffled 1 --pairs-seeds 0,1,2,3,4 --results $(RESULTS)
 	$(PY) bench/semantic_search.py --e2e
+
+bench-report: $(VENV)/.stamp-base
+	$(PY) bench/report.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .evocache

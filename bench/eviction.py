@@ -1,7 +1,7 @@
-"""The eviction figures of issue 3, each printed with the command that reproduces it.
+"""The eviction figures, each printed with the command that reproduces it.
 
     .venv/bin/python bench/eviction.py [--trace FILE] [--cloudphysics FILE] [--sizes 0.01,0.05,0.1]
-                                       [--rounds 5] [--parts abcd] [--out DIR]
+                                       [--rounds 5] [--parts abcde] [--out DIR] [--results DIR]
 
 (a) Policy x size table on the Mooncake trace: every registered eviction policy, Belady, and libCacheSim's
     online algorithms when ``libcachesim`` is installed (``evocache bench eviction --peers``); then the learned
@@ -15,11 +15,16 @@
     ``MemoryTier`` makes them on the request path (``peek``, then ``get_many``, then ``set_many`` on a miss),
     timed inside the calls, and the process CPU time of the whole run (background training threads
     included), each next to LRU's as a ratio.
+(e) Queue look-ahead on the Mooncake trace: ``lookahead`` (over LRU) and ``lookahead:learned`` told the
+    requests waiting in an honest FIFO queue at utilisation 0.5, 0.8 and 0.95, the learned base with and
+    without each request's output length.
 
-Rows that need the ``learned`` policy are skipped with a message while it is not registered. (a) and (b) run
-the `evocache` command itself, so the README's figures are exactly what a user gets. ``--parts`` runs some of
-the figures only (``--parts cd``: the two timings). Everything written (JSON of each part, the plot) goes to
-``--out``.
+Rows that need the ``learned`` policy are skipped with a message while it is not registered. (a), (b) and (e)
+run the `evocache` command itself, so the published figures are exactly what a user gets. ``--parts`` runs some
+of the figures only (``--parts cd``: the two timings). Everything written (JSON of each part, the plot) goes to
+``--out``; with ``--results DIR`` also one result file per part for bench/report.py (bench/_results.py; ``make
+bench-eviction`` passes ``bench/results``): eviction-mooncake, eviction-mooncake-output-lengths,
+eviction-cloudphysics, eviction-throughput, eviction-cost and eviction-lookahead.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import sys
 import time
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from evocache.controller import Entry, MemoryTier
@@ -52,7 +58,8 @@ ROOT = Path(__file__).resolve().parent.parent
 MOONCAKE = ROOT / "bench" / "data" / "mooncake_synthetic_trace.jsonl"
 CLOUDPHYSICS = ROOT.parent / "shared" / "data" / "traces" / "cloudPhysicsIO.csv"
 LEARNED = "learned"
-COST_SIZE = 0.05  # (d) runs at one size: the middle of the issue's three
+COST_SIZE = 0.05  # (d) runs at one size: the middle of the three published
+UTILISATIONS = (0.5, 0.8, 0.95)  # (e): a mostly empty queue, a busy server, one near saturation
 VALUE = b"v" * 224  # (d): every entry weighs 256 bytes with its 32-character key
 
 
@@ -62,13 +69,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cloudphysics", type=Path, default=CLOUDPHYSICS, help="CSV trace for (b).")
     parser.add_argument("--sizes", default="0.01,0.05,0.1", help="Cache sizes of (a) and (b).")
     parser.add_argument("--rounds", type=int, default=5, help="Interleaved rounds of (c).")
-    parser.add_argument("--parts", default="abcd", help="Which figures to run, e.g. 'cd' (default: all).")
+    parser.add_argument("--parts", default="".join(PARTS), help="Which figures to run, e.g. 'cd' (default: all).")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench-eviction")
+    parser.add_argument("--results", type=Path, metavar="DIR",
+                        help="Also write one result file per part here, for bench/report.py (make bench-eviction "
+                             "passes bench/results).")
     args = parser.parse_args(argv)
     unknown = set(args.parts) - set(PARTS)
     if unknown or not args.parts:
         parser.error(f"--parts: expected letters of {''.join(PARTS)}, got {args.parts!r}")
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.results is not None:
+        args.results.mkdir(parents=True, exist_ok=True)
     for letter in PARTS:
         if letter in args.parts:
             PARTS[letter](args)
@@ -80,12 +92,16 @@ def table(args: argparse.Namespace) -> None:
     plot = ["--plot", str(args.out / "mooncake.png")] if _importable("matplotlib") else []
     if LEARNED not in EVICTION_POLICIES:
         print(f"the {LEARNED!r} policy is not registered yet: its row is missing")
-    bench_command(["--trace", str(args.trace), "--sizes", args.sizes, "--policies", ",".join(EVICTION_POLICIES),
-                   *_peers(), *plot, "--json", str(args.out / "mooncake.json")])
+    command = ["--trace", str(args.trace), "--sizes", args.sizes, "--policies", ",".join(EVICTION_POLICIES),
+               *_peers(), *plot, "--json", str(args.out / "mooncake.json")]
+    bench_command(command)
+    record(args, "eviction-mooncake", command)
     if LEARNED in EVICTION_POLICIES:
-        print("\nthe learned policy told each request's output length at its completion (the README's second learned row):")
-        bench_command(["--trace", str(args.trace), "--sizes", args.sizes, "--policies", f"lru,{LEARNED}",
-                       "--output-lengths", "--json", str(args.out / "mooncake_output_lengths.json")])
+        print("\nthe learned policy told each request's output length at its completion:")
+        command = ["--trace", str(args.trace), "--sizes", args.sizes, "--policies", f"lru,{LEARNED}",
+                   "--output-lengths", "--json", str(args.out / "mooncake_output_lengths.json")]
+        bench_command(command)
+        record(args, "eviction-mooncake-output-lengths", command)
 
 
 def cloudphysics(args: argparse.Namespace) -> None:
@@ -95,8 +111,10 @@ def cloudphysics(args: argparse.Namespace) -> None:
     elif LEARNED not in EVICTION_POLICIES:
         print(f"skipped: the {LEARNED!r} policy is not registered yet")
     else:
-        bench_command(["--trace", str(args.cloudphysics), "--csv-columns", "id=lbn", "--sizes", args.sizes,
-                       "--policies", f"lru,{LEARNED}", *_peers(), "--json", str(args.out / "cloudphysics.json")])
+        command = ["--trace", str(args.cloudphysics), "--csv-columns", "id=lbn", "--sizes", args.sizes,
+                   "--policies", f"lru,{LEARNED}", *_peers(), "--json", str(args.out / "cloudphysics.json")]
+        bench_command(command)
+        record(args, "eviction-cloudphysics", command)
 
 
 def replay_speed(args: argparse.Namespace) -> None:
@@ -109,6 +127,9 @@ def replay_speed(args: argparse.Namespace) -> None:
           f"({speed['baseline_s']:.3f} s a pass)")
     print(f"ratio: replay takes {speed['ratio']:.2f}x the plain loop's time (target: >= 1 M accesses/min)")
     write(args.out / "throughput.json", speed)
+    if args.results is not None:
+        _result(args.results, "eviction-throughput", [speed], command=_script_command(args, "c"),
+                context={"trace": _results_module().shown(str(args.trace))})
 
 
 def policy_cost(args: argparse.Namespace) -> None:
@@ -119,10 +140,77 @@ def policy_cost(args: argparse.Namespace) -> None:
     costs = production_costs(trace, capacity)
     print_costs(costs)
     write(args.out / "cost.json", costs)
+    if args.results is not None:
+        rows = [{"policy": name, **row} for name, row in costs["policies"].items()]
+        context = {k: v for k, v in costs.items() if k != "policies"}
+        _result(args.results, "eviction-cost", rows, command=_script_command(args, "d"),
+                context={"trace": _results_module().shown(str(args.trace)), **context})
+
+
+def lookahead(args: argparse.Namespace) -> None:
+    heading("(e) queue look-ahead on " + args.trace.name)
+    if LEARNED not in EVICTION_POLICIES:
+        print(f"skipped: the {LEARNED!r} policy is not registered yet")
+        return
+    runs = []
+    for utilisation in UTILISATIONS:
+        for told in (False, True):
+            name = f"lookahead_u{utilisation:g}" + ("_output_lengths" if told else "")
+            policies = f"lru,lookahead:{LEARNED}" if told else f"lru,lookahead,lookahead:{LEARNED}"
+            command = ["--trace", str(args.trace), "--sizes", args.sizes, "--policies", policies,
+                       "--utilisation", f"{utilisation:g}", *(["--output-lengths"] if told else []),
+                       "--json", str(args.out / f"{name}.json")]
+            print()
+            bench_command(command)
+            runs.append((command, json.loads((args.out / f"{name}.json").read_text(encoding="utf-8"))))
+    if args.results is not None:
+        results = _results_module()
+        rows = [{**row, "utilisation": report["queue"]["utilisation"],
+                 "output_lengths": report.get("output_lengths", False)}
+                for _, report in runs for row in report["rows"]]
+        first = runs[0][1]
+        context = {"trace": results.shown(first["trace"]), "requests": first["requests"],
+                   "objects": first["objects"], "unit": first["unit"],
+                   "queues": [report["queue"] for _, report in runs[::2]],
+                   "commands": [results.command_line(command, program=["evocache", "bench", "eviction"])
+                                for command, _ in runs]}
+        _result(args.results, "eviction-lookahead", rows, command=_script_command(args, "e"), context=context)
 
 
 PARTS: dict[str, Callable[[argparse.Namespace], None]] = {
-    "a": table, "b": cloudphysics, "c": replay_speed, "d": policy_cost}
+    "a": table, "b": cloudphysics, "c": replay_speed, "d": policy_cost, "e": lookahead}
+
+
+def _results_module() -> ModuleType:
+    import _results  # bench/_results.py: this script's directory is on sys.path
+
+    return _results
+
+
+def record(args: argparse.Namespace, part: str, command: list[str]) -> None:
+    """With ``--results``: the JSON that `evocache bench eviction` wrote (its ``--json``) as the result file
+    ``part``, under the command that reproduces it."""
+    if args.results is None:
+        return
+    report = json.loads(Path(command[command.index("--json") + 1]).read_text(encoding="utf-8"))
+    results = _results_module()
+    context = {k: v for k, v in report.items() if k != "rows"}
+    context["trace"] = results.shown(context["trace"])
+    _result(args.results, part, report["rows"], context=context,
+            command=results.command_line(command, program=["evocache", "bench", "eviction"]))
+
+
+def _script_command(args: argparse.Namespace, part: str) -> str:
+    """This script's command line for one part: its options as given, ``--parts`` narrowed to ``part``."""
+    argv = sys.argv[1:]
+    kept = [a for i, a in enumerate(argv) if not (a == "--parts" or a.startswith("--parts=")
+                                                   or (i > 0 and argv[i - 1] == "--parts"))]
+    return _results_module().command_line([*kept, "--parts", part])
+
+
+def _result(results: Path, part: str, rows: list[dict[str, Any]], *, command: str,
+            context: dict[str, Any]) -> None:
+    print(f"(result file {_results_module().write(results, part, rows, command=command, context=context)})")
 
 
 def _peers() -> list[str]:

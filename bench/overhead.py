@@ -1,6 +1,7 @@
 """Per-call cost of evocache's cache paths against the plain alternatives, run side by side.
 
-    make bench            (or: .venv/bin/python bench/overhead.py [--rounds 21] [--json out.json])
+    make bench            (or: .venv/bin/python bench/overhead.py [--rounds 21] [--json out.json]
+                                                              [--results DIR])
 
 Three ratios, each the median over interleaved rounds (this machine is shared and noisy; the two sides of a ratio
 always run back to back in the same process):
@@ -10,7 +11,7 @@ always run back to back in the same process):
 3. The miss path of ``@cache_if`` (every call new arguments: plan, lookup, call, store, events) against calling
    the same 1 ms function bare.
 
-Targets (issue 2): ratio 1 <= 3.0, ratio 2 <= 1.2, ratio 3 <= 1.05.
+Targets: ratio 1 <= 3.0, ratio 2 <= 1.2, ratio 3 <= 1.05.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import cachetools
 import redis
@@ -151,6 +153,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--results", type=Path, metavar="DIR",
+                        help="write the result file overhead.json here, for bench/report.py (make bench passes "
+                             "bench/results)")
     args = parser.parse_args()
 
     results = {"l1_hit_vs_cachetools": l1_hit(args.rounds)}
@@ -173,6 +178,12 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"results": results, "targets": targets}, fh, indent=2)
+    if args.results is not None:
+        from _results import command_line, write  # bench/_results.py: this script's directory is on sys.path
+
+        rows = [{"comparison": name, **r, "target": targets[name]} for name, r in results.items()]
+        path = write(args.results, "overhead", rows, command=command_line(), context={"rounds": args.rounds})
+        print(f"(written to {path})")
 
 
 if __name__ == "__main__":

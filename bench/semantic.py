@@ -1,8 +1,9 @@
-"""The semantic-caching figures of issue 4 (error bound, hit rate against the best static threshold, fow traps).
+"""The semantic-caching figures (error bound, hit rate against the best static threshold, fow traps).
 
     .venv/bin/python bench/semantic.py [--streams banking77,clinc150] [--deltas 0.01,0.02,0.05]
                                        [--seeds 0,1,2] [--shuffled 1] [--pairs-delta 0.02] [--pairs-seeds 0]
-                                       [--no-pairs] [--out DIR] [--embed-cache DIR]
+                                       [--no-pairs] [--no-classify] [--out DIR] [--embed-cache DIR]
+                                       [--results DIR]
 
 Every option is checked before any work; a bad one fails in one line (exit 2).
 
@@ -17,7 +18,8 @@ Every option is checked before any work; a bad one fails in one line (exit 2).
 
 Every row is computed by the same code `evocache bench semantic` runs (``controller/semantic/_bench.py``); the
 embeddings are computed once per text set and kept under ``--embed-cache`` (default ``.evocache/embeddings``).
-Results go to ``--out`` (JSON per part, and ``semantic.md``, the table for the README).
+Results go to ``--out`` (JSON per part, and ``semantic.md``, the tables); with ``--results DIR`` also the result
+files that bench/report.py renders into docs/benchmarks.md (``make bench-semantic`` passes ``bench/results``).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class Options(NamedTuple):
     out: Path
     embed_cache: Path
     classify: bool = True
+    results: Path | None = None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -124,6 +127,9 @@ def options(argv: Sequence[str] | None = None) -> Options:
                         help="where the JSON and semantic.md go (default: %(default)s)")
     parser.add_argument("--embed-cache", type=Path, default=ROOT / ".evocache" / "embeddings", metavar="DIR",
                         help="embeddings kept between runs, keyed by model and texts (default: %(default)s)")
+    parser.add_argument("--results", type=Path, metavar="DIR",
+                        help="also write the result files semantic-streams.json and semantic-pairs.json here, for "
+                             "bench/report.py (make bench-semantic passes bench/results; default: none)")
     args = parser.parse_args(argv)
 
     known = f"a known stream ({', '.join(STREAMS)})"
@@ -138,10 +144,14 @@ def options(argv: Sequence[str] | None = None) -> Options:
         out=args.out,
         embed_cache=args.embed_cache,
         classify=not args.no_classify,
+        results=args.results,
     )
     from evocache.controller._commands import unwritable
 
-    for option, path in (("--out", checked.out), ("--embed-cache", checked.embed_cache)):
+    dirs = [("--out", checked.out), ("--embed-cache", checked.embed_cache)]
+    if checked.results is not None:
+        dirs.append(("--results", checked.results))
+    for option, path in dirs:
         why = unwritable(path, directory=True)
         if why is not None:
             parser.error(f"{option}: {why}")
@@ -227,7 +237,29 @@ def main() -> int:
         + f"\nAnswer classifier: {'on' if args.classify else 'off (--no-classify)'}.\n"
     )
     print((args.out / "semantic.md").read_text())
+    if args.results is not None:
+        for path in write_results(args, rows_out, pairs_report):
+            print(f"(written to {path})")
     return 0
+
+
+def write_results(args: Options, rows: list[dict], pairs: dict | None) -> list[Path]:
+    """The result files of this run (bench/_results.py), rows as streams.json and pairs.json hold them:
+    semantic-streams (one row per stream, order, seed and delta) and, unless ``--no-pairs``, semantic-pairs (one
+    row per pair seed and run, cold and warm, then one per static threshold, at the first pair seed)."""
+    from _results import command_line, write  # bench/_results.py: this script's directory is on sys.path
+
+    assert args.results is not None
+    command = command_line()
+    written = [write(args.results, "semantic-streams", rows, command=command, context={"classify": args.classify})]
+    if pairs is not None:
+        runs = [{"seed": int(seed), "run": kind, **by_kind[kind]}
+                for seed, by_kind in pairs["seeds"].items() for kind in ("cold", "warm")]
+        statics = [{"seed": pairs["seed"], "run": "static", "threshold": float(t), "categories": categories}
+                   for t, categories in pairs["static"].items()]
+        written.append(write(args.results, "semantic-pairs", runs + statics, command=command,
+                             context={"delta": pairs["delta"], "classify": pairs["classify"]}))
+    return written
 
 
 def _markdown(rows: list[dict], pairs: dict | None) -> str:

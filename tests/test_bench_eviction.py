@@ -267,6 +267,7 @@ def test_bench_script_prints_every_figure_and_writes_its_json(tmp_path: Path) ->
         "== (b) learned against LRU on blocks.csv",
         "== (c) LRU replay throughput (6 accesses, capacity 1 objects)",
         "== (d) per-request cost through the L1 MemoryTier (5% of the objects)",
+        "== (e) queue look-ahead on mooncake.jsonl",
     ]
     table = json.loads((tmp_path / "mooncake.json").read_text())
     names = [r["policy"] for r in table["rows"] if r["size"] == 1]
@@ -298,7 +299,7 @@ def test_bench_script_skips_cloudphysics_when_absent(tmp_path: Path) -> None:
 def test_bench_script_refuses_unknown_parts(tmp_path: Path) -> None:
     done = run_bench_script(tmp_path, "--parts", "ax")
     assert done.returncode == 2
-    assert done.stderr.splitlines()[-1] == "eviction.py: error: --parts: expected letters of abcd, got 'ax'"
+    assert done.stderr.splitlines()[-1] == "eviction.py: error: --parts: expected letters of abcde, got 'ax'"
 
 
 # -- outputs and trace-bound options are refused before any replay -------------------------------------------

@@ -1,0 +1,653 @@
+"""Render the committed benchmark results into docs/benchmarks.md and the README's headline table.
+
+    make bench-report     (or: .venv/bin/python bench/report.py [--results DIR] [--doc FILE] [--readme FILE]
+                                                                [--check])
+
+Reads every result file of bench/results/ (one per benchmark part, see bench/_results.py), writes
+docs/benchmarks.md (a section per mechanism: its tables, and under each the command that produced it, when, on
+how many cores at what load, with which versions) and rewrites the README's block between ``<!-- bench:begin
+-->`` and ``<!-- bench:end -->`` with the headline figures, each linking to its section. Nothing is typed by
+hand: a figure that is not in a result file is not published.
+
+A missing result file (each is named with the command that makes it), one this script has no section for, or
+one that is malformed fails the whole report, one line to stderr naming the file and the field, exit 1; nothing
+is written then. ``--check`` writes nothing and exits 1 when either output differs from what the results give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from _results import RESULTS, ROOT, Result, ResultError, load
+
+DOC = ROOT / "docs" / "benchmarks.md"
+README = ROOT / "README.md"
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+HEADLINE_DELTA = 0.02  # the semantic bound the README quotes (the middle of the three measured)
+HEADLINE_SIZES = (0.05, 0.1)  # the eviction cache sizes it quotes
+HEADLINE_UTILISATION = 0.8  # the queue look-ahead's load it quotes
+
+# Part -> the command that writes its result file.
+PARTS: dict[str, str] = {
+    "semantic-streams": "make bench-semantic",
+    "semantic-pairs": "make bench-semantic",
+    "eviction-mooncake": "make bench-eviction",
+    "eviction-mooncake-output-lengths": "make bench-eviction",
+    "eviction-lookahead": "make bench-eviction",
+    "eviction-cloudphysics": "make bench-eviction",
+    "eviction-throughput": "make bench-eviction",
+    "eviction-cost": "make bench-eviction",
+    "overhead": "make bench",
+}
+
+
+# -- reading rows, every field checked ---------------------------------------------------------------------
+
+_NUMBER = (int, float)
+
+
+def field(result: Result, where: str, obj: Any, name: str, kind: type | tuple[type, ...] = _NUMBER, *,
+          optional: bool = False) -> Any:
+    """``obj[name]``, of ``kind`` (None too if ``optional``); else ``ResultError`` naming file, place and field."""
+    if not isinstance(obj, Mapping):
+        raise ResultError(f"{result.path}: {where} must be an object")
+    if name not in obj:
+        raise ResultError(f"{result.path}: {where}: missing field {name!r}")
+    value = obj[name]
+    if value is None and optional:
+        return None
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _kinds(kind)):
+        raise ResultError(f"{result.path}: {where}: field {name!r} must be {_described(kind)}, got {value!r}")
+    return value
+
+
+def _kinds(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _described(kind: type | tuple[type, ...]) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", bool: "a boolean", dict: "an object",
+             list: "a list"}
+    return "a number" if kind == _NUMBER else " or ".join(names[k] for k in _kinds(kind))
+
+
+def rows_of(result: Result) -> Iterable[tuple[str, Mapping[str, Any]]]:
+    """``(where, row)`` for each row: ``where`` names it in an error message."""
+    if not result.rows:
+        raise ResultError(f"{result.path}: field 'rows' is empty")
+    return ((f"rows[{i}]", row) for i, row in enumerate(result.rows))
+
+
+# -- formatting --------------------------------------------------------------------------------------------
+
+
+def span(values: Sequence[float], fmt: str) -> str:
+    """``low-high`` of ``values`` in ``fmt``, or one value when they format alike."""
+    low, high = format(min(values), fmt), format(max(values), fmt)
+    return low if low == high else f"{low}-{high}"
+
+
+def percent(share: float) -> str:
+    return f"{share * 100:.1f} %"
+
+
+def size_label(size: float) -> str:
+    return f"{size * 100:g} %"
+
+
+def table(header: Sequence[str], body: Iterable[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    return lines
+
+
+def anchor(title: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^a-z0-9 -]", "", title.lower()).replace(" ", "-")
+
+
+def provenance(result: Result) -> list[str]:
+    """What the reader needs to run it again and to judge the figures: command, date, machine, versions."""
+    machine, load = result.machine, result.machine["load_average"]  # both checked by ``load``
+    versions = ", ".join(f"{name} {version}" for name, version in result.versions.items() if version is not None)
+    return [f"Command: `{result.command}`", "",
+            f"Ran {result.date} on {machine['cores']} cores ({machine['platform']}), load average {load[0]:.2f} / "
+            f"{load[1]:.2f} / {load[2]:.2f} (1 / 5 / 15 min); {versions}."]
+
+
+# -- eviction tables ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, eq=False)  # eq=False: rows are told apart by identity (``gaps``' keys)
+class Replayed:
+    """One row of `evocache bench eviction --json`, with what groups it (utilisation, output lengths)."""
+
+    policy: str
+    size: float
+    hit_ratio: float
+    utilisation: float | None = None
+    output_lengths: bool = False
+
+
+def replayed(result: Result, *, queued: bool = False) -> list[Replayed]:
+    rows = []
+    for where, row in rows_of(result):
+        rows.append(Replayed(field(result, where, row, "policy", str), field(result, where, row, "size"),
+                             field(result, where, row, "hit_ratio"),
+                             field(result, where, row, "utilisation") if queued else None,
+                             field(result, where, row, "output_lengths", bool) if queued else False))
+    return rows
+
+
+def sizes_of(rows: Sequence[Replayed]) -> list[float]:
+    return list(dict.fromkeys(r.size for r in rows))
+
+
+def gaps(result: Result, rows: Sequence[Replayed]) -> dict[Replayed, float | None]:
+    """Each row's share of LRU's distance to Belady at its size (and queue): None for LRU, Belady, or no gap."""
+    groups: dict[tuple, list[Replayed]] = {}
+    for r in rows:
+        groups.setdefault((r.size, r.utilisation, r.output_lengths), []).append(r)
+    shares: dict[Replayed, float | None] = {}
+    for key, group in groups.items():
+        lru = [r for r in group if r.policy == "lru"]
+        best = [r for r in group if r.policy.startswith("belady")]
+        if len(lru) != 1 or len(best) != 1:
+            raise ResultError(f"{result.path}: at size {key[0]:g} expected one 'lru' row and one 'belady' row, "
+                              f"got {len(lru)} and {len(best)}")
+        width = best[0].hit_ratio - lru[0].hit_ratio
+        for r in group:
+            special = r.policy == "lru" or r is best[0] or width == 0
+            shares[r] = None if special else (r.hit_ratio - lru[0].hit_ratio) / width
+    return shares
+
+
+def cell(row: Replayed, gap: float | None) -> str:
+    return f"{row.hit_ratio:.3f}" if gap is None else f"{row.hit_ratio:.3f} ({percent(gap)})"
+
+
+def policy_table(sources: Sequence[tuple[Result, str]]) -> list[str]:
+    """One table of hit ratios (gap closed) by policy and size; ``sources``: results and a label suffix for
+    their rows. Later sources add their rows but LRU's and Belady's, which are the first's baseline and bound."""
+    first, _ = sources[0]
+    sizes = sizes_of(replayed(first))
+    body: list[list[str]] = []
+    for n, (result, suffix) in enumerate(sources):
+        rows = replayed(result)
+        shares = gaps(result, rows)
+        if sizes_of(rows) != sizes:
+            raise ResultError(f"{result.path}: sizes {sizes_of(rows)} differ from {first.path.name}'s {sizes}")
+        for policy in dict.fromkeys(r.policy for r in rows):
+            if n > 0 and (policy == "lru" or policy.startswith("belady")):
+                continue
+            label = policy + suffix
+            by_size = {r.size: r for r in rows if r.policy == policy}
+            body.append([label, *(cell(by_size[s], shares[by_size[s]]) if s in by_size else "" for s in sizes)])
+    # Belady, the bound, last.
+    body.sort(key=lambda cells: cells[0].startswith("belady"))
+    return table(["policy", *(size_label(s) for s in sizes)], body)
+
+
+def context_field(result: Result, name: str, kind: type | tuple[type, ...] = _NUMBER) -> Any:
+    return field(result, "context", result.context, name, kind)
+
+
+def eviction_mooncake(results: Mapping[str, Result]) -> list[str]:
+    main, told = results["eviction-mooncake"], results["eviction-mooncake-output-lengths"]
+    lines = [f"Hit ratio per block access on {context_field(main, 'trace', str)} "
+             f"({context_field(main, 'requests', int):,} accesses to {context_field(main, 'objects', int):,} "
+             f"distinct blocks, capacity in {context_field(main, 'unit', str)}) at a share of its blocks, and in "
+             "brackets the share of the LRU → Belady gap closed. `lcs:` rows are libCacheSim's algorithms with "
+             "their default parameters, fed the same accesses and counted by the same code; LeCaR and Cacheus "
+             "draw from a generator libCacheSim's Python binding cannot seed, so their rows move between runs. "
+             "The `--output-lengths` row is the learned policy told each request's output length when the "
+             "request completes.", ""]
+    lines += policy_table([(main, ""), (told, ", `--output-lengths`")])
+    return [*lines, "", *provenance(main), "", *provenance(told)]
+
+
+def eviction_lookahead(results: Mapping[str, Result]) -> list[str]:
+    result = results["eviction-lookahead"]
+    rows = replayed(result, queued=True)
+    shares = gaps(result, rows)
+    sizes = sizes_of(rows)
+    queues = context_field(result, "queues", list)
+    waiting = {field(result, "context.queues", q, "utilisation"): field(result, "context.queues", q, "mean_waiting")
+               for q in queues}
+    body = []
+    for utilisation in dict.fromkeys(r.utilisation for r in rows):
+        if utilisation not in waiting:
+            raise ResultError(f"{result.path}: context.queues has no queue at utilisation {utilisation:g}")
+        first = True
+        for told in (False, True):
+            group = [r for r in rows if r.utilisation == utilisation and r.output_lengths == told]
+            for policy in dict.fromkeys(r.policy for r in group):
+                if policy == "lru" or policy.startswith("belady") or (told and policy == "lookahead"):
+                    continue
+                by_size = {r.size: r for r in group if r.policy == policy}
+                label = f"{policy}, U = {utilisation:g}" + (", `--output-lengths`" if told else "")
+                body.append([label, f"{waiting[utilisation]:.1f}" if first else "",
+                             *(cell(by_size[s], shares[by_size[s]]) if s in by_size else "" for s in sizes)])
+                first = False
+    lines = ["The replay serves the Mooncake trace's requests from one FIFO queue at utilisation U (arrival rate × "
+             "mean service time), and tells `lookahead` policies the requests waiting at each service start: a "
+             "signal a serving system has, so these rows are reported apart from the online policies. "
+             "`lookahead` keeps the waiting requests' blocks over LRU, `lookahead:learned` over the learned "
+             "policy. \"Waiting\" is the mean number of requests waiting at a service start. In brackets the "
+             "share of the LRU → Belady gap closed (LRU and Belady do not read the queue: their rows are those "
+             "of the table above).", ""]
+    lines += table(["policy", "waiting", *(size_label(s) for s in sizes)], body)
+    commands = context_field(result, "commands", list)
+    lines += ["", "The `evocache` commands it ran:", "", *(f"    {c}" for c in commands)]
+    return [*lines, "", *provenance(result)]
+
+
+def eviction_cloudphysics(results: Mapping[str, Result]) -> list[str]:
+    result = results["eviction-cloudphysics"]
+    lines = [f"Hit ratio per access on {context_field(result, 'trace', str)} ({context_field(result, 'requests', int):,} "
+             f"accesses, capacity in {context_field(result, 'unit', str)}). With sizes, Belady is a heuristic "
+             "(`belady-size`), not a bound; in brackets the share of the gap from LRU to it.", ""]
+    return [*lines, *policy_table([(result, "")]), "", *provenance(result)]
+
+
+def eviction_throughput(results: Mapping[str, Result]) -> list[str]:
+    result = results["eviction-throughput"]
+    where, row = next(iter(rows_of(result)))
+    accesses = field(result, where, row, "accesses", int)
+    lines = [f"LRU replayed over {context_field(result, 'trace', str)} ({accesses:,} accesses, "
+             f"{field(result, where, row, 'capacity_objects', int):,} objects), median of "
+             f"{field(result, where, row, 'rounds', int)} interleaved rounds, against a plain `OrderedDict` LRU "
+             "loop over the same accesses in the same process (both must hit alike).", ""]
+    lines += table(["replay, M accesses/min", "plain loop, M accesses/min", "replay time / loop time"], [[
+        f"{field(result, where, row, 'replay_per_min') / 1e6:.1f}",
+        f"{field(result, where, row, 'baseline_per_min') / 1e6:.1f}", f"{field(result, where, row, 'ratio'):.1f}"]])
+    return [*lines, "", *provenance(result)]
+
+
+def eviction_cost(results: Mapping[str, Result]) -> list[str]:
+    result = results["eviction-cost"]
+    body = []
+    for where, row in rows_of(result):
+        body.append([field(result, where, row, "policy", str), f"{field(result, where, row, 'policy_us'):.2f}",
+                     f"{field(result, where, row, 'policy_ratio'):.2f}", f"{field(result, where, row, 'cpu_us'):.2f}",
+                     f"{field(result, where, row, 'cpu_ratio'):.2f}", f"{field(result, where, row, 'hit_ratio'):.3f}"])
+    lines = [f"Each policy driven by the real L1 `MemoryTier` over {context_field(result, 'trace', str)} on the "
+             "request path's calls (`peek`, then `get_many`, then `set_many` on a miss) at 5 % of its objects. "
+             "\"In policy\" is the time inside the policy's methods (less "
+             f"{context_field(result, 'timer_ns_subtracted'):.0f} ns a call, the timer's own cost); \"CPU\" is the "
+             "process CPU time of the whole pass per request, every thread (a background trainer) included. The "
+             "L1 tier gives no request context, so the hit ratios here are not the replay's.", ""]
+    lines += table(["policy", "in policy, µs/request", "× LRU", "CPU, µs/request", "× LRU", "hit ratio"], body)
+    return [*lines, "", *provenance(result)]
+
+
+# -- semantic tables ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRun:
+    stream: str
+    order: str
+    seed: int
+    delta: float
+    hit_rate: float
+    error_rate: float
+    exploration_calls: int
+    judge_calls: int
+    static_threshold: float | None
+    static_hit_rate: float
+    static_error_rate: float
+    ratio: float | None
+
+
+def stream_runs(result: Result) -> list[StreamRun]:
+    runs = []
+    for where, row in rows_of(result):
+        evo = field(result, where, row, "evocache", dict)
+        static = field(result, where, row, "best_static", dict)
+        runs.append(StreamRun(
+            field(result, where, row, "stream", str), field(result, where, row, "order", str),
+            field(result, where, row, "seed", int), field(result, where, row, "delta"),
+            field(result, f"{where}.evocache", evo, "hit_rate"), field(result, f"{where}.evocache", evo, "error_rate"),
+            field(result, f"{where}.evocache", evo, "exploration_calls", int),
+            field(result, f"{where}.evocache", evo, "judge_calls", int),
+            field(result, f"{where}.best_static", static, "threshold", optional=True),
+            field(result, f"{where}.best_static", static, "hit_rate"),
+            field(result, f"{where}.best_static", static, "error_rate"),
+            field(result, where, row, "ratio", optional=True)))
+    return runs
+
+
+TARGET_RATIO = 1.25  # bench/semantic.py's: hit rate against the best static threshold in hindsight
+
+
+def semantic_streams(results: Mapping[str, Result]) -> list[str]:
+    result = results["semantic-streams"]
+    runs = stream_runs(result)
+    summary = []
+    for stream, delta in dict.fromkeys((r.stream, r.delta) for r in runs):
+        group = [r for r in runs if r.stream == stream and r.delta == delta]
+        as_is = next((r for r in group if r.order == "as-is"), group[0])
+        ratios = [r.ratio for r in group if r.ratio is not None]
+        summary.append([
+            stream, f"{delta:g}", str(len(group)), span([r.hit_rate for r in group], ".3f"),
+            span([r.error_rate for r in group], ".4f"),
+            f"{as_is.static_hit_rate:.3f} / {as_is.static_error_rate:.4f}",
+            span(ratios, ".2f") if ratios else "n/a",
+            f"{sum(r.ratio is not None and r.ratio >= TARGET_RATIO for r in group)} of {len(group)}",
+            f"{sum(r.error_rate <= r.delta for r in group)} of {len(group)}",
+        ])
+    classify = "on" if context_field(result, "classify", bool) else "off (`--no-classify`)"
+    lines = ["Each stream is replayed in order through a fresh cache bounded by δ, storing on a miss; answers "
+             "reach the cache only through the judge. Hit rate = served hits / queries, error = wrong served hits "
+             "/ queries, an exploration counts as a miss. \"Static\" is the best fixed cosine threshold meeting "
+             "the same δ on the same stream, chosen in hindsight (each order has its own); the ratio is evocache's "
+             f"hit rate over it. Answer classifier {classify}.", ""]
+    lines += table(["stream", "δ", "runs", "evocache hit rate", "evocache error", "static hit / error (as-is order)",
+                    "ratio", f"runs ≥ {TARGET_RATIO:g}×", "error ≤ δ"], summary)
+    lines += ["", "Every run:", ""]
+    lines += table(["stream", "order", "seed", "δ", "hit rate", "error", "exploration calls", "judge calls",
+                    "static threshold", "static hit", "static error", "ratio"],
+                   [[r.stream, r.order, str(r.seed), f"{r.delta:g}", f"{r.hit_rate:.3f}", f"{r.error_rate:.4f}",
+                     str(r.exploration_calls), str(r.judge_calls),
+                     "none" if r.static_threshold is None else f"{r.static_threshold:g}", f"{r.static_hit_rate:.3f}",
+                     f"{r.static_error_rate:.4f}", "n/a" if r.ratio is None else f"{r.ratio:.2f}"] for r in runs])
+    return [*lines, "", *provenance(result)]
+
+
+@dataclass(frozen=True, slots=True)
+class Category:
+    pairs: int
+    hits: int
+    traps_served: int
+    trap: bool  # a trap category (b's answer differs from a's), not a paraphrase or near-repeat
+
+
+@dataclass(frozen=True, slots=True)
+class PairRun:
+    seed: int
+    run: str  # cold, warm, static
+    threshold: float | None
+    error_rate: float | None
+    categories: dict[str, Category]
+
+
+def pair_runs(result: Result) -> list[PairRun]:
+    runs = []
+    for where, row in rows_of(result):
+        run = field(result, where, row, "run", str)
+        if run not in ("cold", "warm", "static"):
+            raise ResultError(f"{result.path}: {where}: field 'run' must be cold, warm or static, got {run!r}")
+        cats = {}
+        for name, c in field(result, where, row, "categories", dict).items():
+            at = f"{where}.categories.{name}"
+            cats[name] = Category(field(result, at, c, "pairs", int), field(result, at, c, "hits", int),
+                                  field(result, at, c, "traps_served", int),
+                                  field(result, at, c, "trap_rate", optional=True) is not None)
+        runs.append(PairRun(field(result, where, row, "seed", int), run,
+                            field(result, where, row, "threshold") if run == "static" else None,
+                            None if run == "static" else field(result, where, row, "error_rate"), cats))
+    return runs
+
+
+def semantic_pairs(results: Mapping[str, Result]) -> list[str]:
+    result = results["semantic-pairs"]
+    runs = pair_runs(result)
+    first = runs[0].seed
+    at_first = {(r.run, r.threshold): r for r in runs if r.seed == first}
+    if ("cold", None) not in at_first or ("warm", None) not in at_first:
+        raise ResultError(f"{result.path}: no cold and warm run at pair seed {first}")
+    warm, cold = at_first[("warm", None)], at_first[("cold", None)]
+    statics = [r for r in runs if r.run == "static"]
+    body = []
+    for name, c in warm.categories.items():
+        cells = [name, str(c.pairs)]
+        for run in (warm, cold, *statics):
+            if name not in run.categories:
+                raise ResultError(f"{result.path}: pair seed {run.seed} {run.run}: no category {name!r}")
+            cells.append(f"{run.categories[name].hits} / {run.categories[name].traps_served}")
+        body.append(cells)
+    delta = context_field(result, "delta")
+    lines = [f"The fow pairs at δ = {delta:g}: each pair's `a` is stored, then its `b` looked up, in one scope. "
+             "\"Cold\": the pairs alone; \"warm\": after the error model learnt the Banking77 stream in a scope of "
+             "its own, so the pairs are a new tenant. Cells are b served / traps served (a wrong answer served for "
+             f"a trap's b), of the pairs in the category, at pair seed {first}; static rows serve the nearest "
+             "entry at a fixed cosine threshold.", ""]
+    lines += table(["category", "pairs", "evocache warm", "evocache cold",
+                    *(f"static {r.threshold:g}" for r in statics)], body)
+    traps = [name for name, c in warm.categories.items() if c.trap]
+    lines += ["", f"Traps served per pair seed ({' / '.join(traps)}) and the pairs' scope's error per lookup:", ""]
+    per_seed = []
+    for seed in dict.fromkeys(r.seed for r in runs if r.run != "static"):
+        cells = [str(seed)]
+        for kind in ("cold", "warm"):
+            run = next((r for r in runs if r.seed == seed and r.run == kind), None)
+            if run is None:
+                raise ResultError(f"{result.path}: pair seed {seed} has no {kind} run")
+            assert run.error_rate is not None
+            cells += [" / ".join(str(run.categories[name].traps_served) for name in traps), f"{run.error_rate:.4f}"]
+        per_seed.append(cells)
+    lines += table(["pair seed", "cold traps", "cold error", "warm traps", "warm error"], per_seed)
+    return [*lines, "", *provenance(result)]
+
+
+# -- overhead ----------------------------------------------------------------------------------------------
+
+OVERHEAD = {
+    "l1_hit_vs_cachetools": "L1 hit through `@cache_if` against a `cachetools.cached` hit",
+    "l2_hit_vs_redis_get": "L2 hit (Redis only) against a raw redis-py GET of the same payload",
+    "miss_path_vs_bare_1ms": "miss path against calling the same 1 ms function bare",
+}
+
+
+def overhead_rows(result: Result) -> dict[str, tuple[float, float, float, float]]:
+    rows = {}
+    for where, row in rows_of(result):
+        name = field(result, where, row, "comparison", str)
+        if name not in OVERHEAD:
+            raise ResultError(f"{result.path}: {where}: unknown comparison {name!r}; known: {', '.join(OVERHEAD)}")
+        rows[name] = (field(result, where, row, "candidate_us"), field(result, where, row, "baseline_us"),
+                      field(result, where, row, "ratio"), field(result, where, row, "target"))
+    missing = [name for name in OVERHEAD if name not in rows]
+    if missing:
+        raise ResultError(f"{result.path}: no row for {', '.join(missing)}")
+    return rows
+
+
+def overhead(results: Mapping[str, Result]) -> list[str]:
+    result = results["overhead"]
+    body = [[OVERHEAD[name], f"{c:.2f}", f"{b:.2f}", f"{r:.3f}", f"≤ {t:g}", "met" if r <= t else "not met"]
+            for name, (c, b, r, t) in overhead_rows(result).items()]
+    lines = ["Per-call cost of evocache's paths against the plain alternative, the two sides run back to back in "
+             f"one process; each ratio is the median of {context_field(result, 'rounds', int)} interleaved rounds "
+             "(the miss path: a third of them, at least 5). Events go to the in-memory ring, Prometheus metrics "
+             "are on.", ""]
+    lines += table(["comparison", "evocache, µs", "baseline, µs", "ratio", "target", ""], body)
+    return [*lines, "", *provenance(result)]
+
+
+# -- the page and the headline -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    title: str
+    render: Callable[[Mapping[str, Result]], list[str]]
+
+
+SECTIONS = (
+    Section("Semantic caching: streams", semantic_streams),
+    Section("Semantic caching: fow traps", semantic_pairs),
+    Section("Eviction: the Mooncake trace", eviction_mooncake),
+    Section("Eviction: queue look-ahead", eviction_lookahead),
+    Section("Eviction: cloudPhysicsIO", eviction_cloudphysics),
+    Section("Eviction policy cost on the request path", eviction_cost),
+    Section("Replay throughput", eviction_throughput),
+    Section("Per-call overhead", overhead),
+)
+
+INTRO = """\
+# Benchmark results
+
+<!-- Generated by `make bench-report` (bench/report.py) from bench/results/*.json: do not edit by hand. -->
+
+Every figure here is read from a result file under bench/results/ and printed with the command that produced it,
+when it ran, on how many cores at what load average, and with which versions. What each benchmark measures and
+why the mechanisms are built as they are is on the design pages: [semantic caching](semantic.md),
+[eviction](eviction.md), [replay](replay.md). To measure again (tens of minutes on two cores) and regenerate
+this page and the README's headline table:
+
+    make bench bench-eviction bench-semantic
+    make bench-report
+"""
+
+
+def page(results: Mapping[str, Result]) -> str:
+    lines = [INTRO.rstrip("\n")]
+    for section in SECTIONS:
+        lines += ["", f"## {section.title}", "", *section.render(results)]
+    return "\n".join(lines) + "\n"
+
+
+def link(title: str) -> str:
+    return f"[details](docs/benchmarks.md#{anchor(title)})"
+
+
+def headline(results: Mapping[str, Result]) -> str:
+    """The README's block: a few figures, each linking to its section of docs/benchmarks.md."""
+    body = []
+
+    streams = results["semantic-streams"]
+    runs = [r for r in stream_runs(streams) if r.delta == HEADLINE_DELTA]
+    if not runs:
+        raise ResultError(f"{streams.path}: no run at δ = {HEADLINE_DELTA:g}, which the headline quotes")
+    per_stream = []
+    for stream in dict.fromkeys(r.stream for r in runs):
+        ratios = [r.ratio for r in runs if r.stream == stream and r.ratio is not None]
+        per_stream.append(f"{stream} {span(ratios, '.2f') if ratios else 'n/a'}×")
+    within = sum(r.error_rate <= r.delta for r in runs)
+    body.append([f"Semantic hit rate against the best fixed similarity threshold chosen in hindsight, error bound "
+                 f"δ = {HEADLINE_DELTA:g}", f"{', '.join(per_stream)}; error within δ in {within} of {len(runs)} runs",
+                 link("Semantic caching: streams")])
+
+    pairs = results["semantic-pairs"]
+    pair = [r for r in pair_runs(pairs) if r.run != "static"]
+    worst = {kind: max(c.traps_served for r in pair if r.run == kind for c in r.categories.values() if c.trap)
+             for kind in ("cold", "warm")}
+    total = max(c.pairs for r in pair for c in r.categories.values() if c.trap)
+    seeds = list(dict.fromkeys(r.seed for r in pair))
+    body.append([f"Trap prompts (negation, entity swap, number, scope) served a wrong answer at δ = "
+                 f"{context_field(pairs, 'delta'):g}, worst category", f"{worst['cold']} of {total} alone, "
+                 f"{worst['warm']} as a new tenant ({len(seeds)} pair orders)", link("Semantic caching: fow traps")])
+
+    mooncake, told = results["eviction-mooncake"], results["eviction-mooncake-output-lengths"]
+
+    def at(result: Result, policy: str, rows: Sequence[Replayed] | None = None) -> list[Replayed]:
+        chosen = []
+        for size in HEADLINE_SIZES:
+            found = [r for r in (rows if rows is not None else replayed(result)) if r.policy == policy and r.size == size]
+            if not found:
+                raise ResultError(f"{result.path}: no {policy!r} row at size {size:g}, which the headline quotes")
+            chosen.append(found[0])
+        return chosen
+
+    def ratios(rows: Sequence[Replayed]) -> str:
+        return " / ".join(f"{r.hit_ratio:.3f}" for r in rows)
+
+    sizes = " / ".join(size_label(s) for s in HEADLINE_SIZES)
+    body.append([f"Learned eviction on the Mooncake KV-block trace, hit ratio at {sizes} of its blocks",
+                 f"{ratios(at(mooncake, 'learned'))}, {ratios(at(told, 'learned'))} told output lengths (LRU "
+                 f"{ratios(at(mooncake, 'lru'))}, ARC {ratios(at(mooncake, 'arc'))}, Belady "
+                 f"{ratios(at(mooncake, 'belady'))})", link("Eviction: the Mooncake trace")])
+
+    queue = results["eviction-lookahead"]
+    rows = [r for r in replayed(queue, queued=True) if r.utilisation == HEADLINE_UTILISATION and r.output_lengths]
+    shares = gaps(queue, rows) if rows else {}
+    chosen = at(queue, "lookahead:learned", rows)
+    body.append([f"Learned eviction told the server's queue (utilisation {HEADLINE_UTILISATION:g}) and output "
+                 f"lengths, share of the LRU → Belady gap closed at {sizes}",
+                 " / ".join(percent(shares[r] or 0.0) for r in chosen), link("Eviction: queue look-ahead")])
+
+    costs = overhead_rows(results["overhead"])
+    for name, label in (("l1_hit_vs_cachetools", "L1 hit through `@cache_if`, against a `cachetools.cached` hit"),
+                        ("l2_hit_vs_redis_get", "L2 hit, against a raw redis-py GET of the same payload"),
+                        ("miss_path_vs_bare_1ms", "Miss path, against calling the same 1 ms function bare")):
+        candidate, baseline, ratio, _ = costs[name]
+        body.append([label, f"{ratio:.2f}× ({candidate:.2f} µs against {baseline:.2f} µs)", link("Per-call overhead")])
+
+    speed = results["eviction-throughput"]
+    where, row = next(iter(rows_of(speed)))
+    body.append(["Replay of the production LRU class over the Mooncake trace",
+                 f"{field(speed, where, row, 'replay_per_min') / 1e6:.1f} M accesses per minute",
+                 link("Replay throughput")])
+
+    lines = [BEGIN, "",
+             "Generated by `make bench-report` from the result files in bench/results/; "
+             "[docs/benchmarks.md](docs/benchmarks.md) has every table, the commands and the machines.", ""]
+    lines += table(["figure", "measured", ""], body)
+    return "\n".join([*lines, "", END])
+
+
+# -- files -------------------------------------------------------------------------------------------------
+
+
+def load_all(directory: Path) -> dict[str, Result]:
+    """Every part's result file in ``directory``; raises ``ResultError`` for missing, unknown or malformed ones."""
+    missing = [f"{directory / part}.json (made by {command})" for part, command in PARTS.items()
+               if not (directory / f"{part}.json").is_file()]
+    if missing:
+        raise ResultError("missing result file(s): " + "; ".join(missing))
+    unknown = sorted(p.name for p in directory.glob("*.json") if p.stem not in PARTS)
+    if unknown:
+        raise ResultError(f"{directory}: no section for {', '.join(unknown)}; known parts: {', '.join(PARTS)}")
+    return {part: load(directory / f"{part}.json") for part in PARTS}
+
+
+def with_headline(readme: str, block: str, path: Path) -> str:
+    """``readme`` with the text from BEGIN to END replaced by ``block``; each marker must occur exactly once."""
+    for marker in (BEGIN, END):
+        if readme.count(marker) != 1:
+            raise ResultError(f"{path}: expected the line {marker} once, found it {readme.count(marker)} times")
+    start, end = readme.index(BEGIN), readme.index(END) + len(END)
+    if end < start:
+        raise ResultError(f"{path}: {END} comes before {BEGIN}")
+    return readme[:start] + block + readme[end:]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="report.py", description=__doc__.partition("\n")[0])
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the result files (default: bench/results)")
+    parser.add_argument("--doc", type=Path, default=DOC, help="the page written (default: docs/benchmarks.md)")
+    parser.add_argument("--readme", type=Path, default=README, help="the README whose block is rewritten "
+                                                                       "(default: README.md)")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if either output is stale")
+    args = parser.parse_args(argv)
+    try:
+        results = load_all(args.results)
+        doc = page(results)
+        readme_text = args.readme.read_text(encoding="utf-8")
+        readme = with_headline(readme_text, headline(results), args.readme)
+    except (ResultError, OSError) as exc:
+        print(f"report.py: error: {exc}", file=sys.stderr)
+        return 1
+    if args.check:
+        stale = [str(p) for p, text in ((args.doc, doc), (args.readme, readme))
+                 if not p.is_file() or p.read_text(encoding="utf-8") != text]
+        if stale:
+            print(f"report.py: stale: {', '.join(stale)} (run make bench-report)", file=sys.stderr)
+            return 1
+        return 0
+    args.doc.write_text(doc, encoding="utf-8")
+    args.readme.write_text(readme, encoding="utf-8")
+    print(f"wrote {args.doc} and the headline block of {args.readme}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,350 @@
+"""bench/report.py renders result files into docs/benchmarks.md and the README's headline block; bench/_results.py
+writes and checks them. Fixture results (small, hand-made numbers) are rendered and compared exactly."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+EXPECTED = Path(__file__).resolve().parent / "data" / "bench_report"
+
+
+def _module(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """A bench script (not a package module), loaded as its own directory on sys.path would find it."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses resolve their annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def report(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    return _module("report", monkeypatch)
+
+
+MACHINE = {"cores": 2, "load_average": [0.5, 0.75, 1.0], "platform": "Linux-test-x86_64"}
+VERSIONS = {"python": "3.11.7", "evocache": "0.1.0", "numpy": "2.0.0", "torch": None, "redis-py": "5.3.0"}
+
+
+def _replayed(policy: str, size: float, hit: float, **extra: Any) -> dict[str, Any]:
+    return {"policy": policy, "size": size, "capacity": round(size * 1000), "hit_ratio": hit,
+            "byte_hit_ratio": hit, "prefix_hit_ratio": hit, **extra}
+
+
+def _category(pairs: int, hits: int, traps: int | None) -> dict[str, Any]:
+    return {"pairs": pairs, "hits": hits, "hit_rate": hits / pairs, "exact_hits": 0,
+            "traps_served": traps or 0, "trap_rate": None if traps is None else traps / pairs, "wrong": traps or 0}
+
+
+def _pairs_run(seed: int, run: str, entity: int, negation: int, error: float) -> dict[str, Any]:
+    return {"seed": seed, "run": run, "exploration_calls": 7, "judge_calls": 40, "lookups": 400,
+            "error_rate": error, "categories": {"entity_swap": _category(75, 5, entity),
+                                                "negation": _category(75, 4, negation),
+                                                "paraphrase": _category(200, 30, None)}}
+
+
+def _stream(stream: str, order: str, seed: int, delta: float, hit: float, error: float, static_hit: float,
+            static_error: float) -> dict[str, Any]:
+    return {"stream": stream, "order": order, "seed": seed, "delta": delta, "classify": True, "n": 1000,
+            "oracle_hit_rate": 0.99,
+            "evocache": {"hit_rate": hit, "error_rate": error, "exploration_calls": 30, "judge_calls": 900,
+                         "hits": round(hit * 1000), "wrong": round(error * 1000), "exact_hits": 0,
+                         "explored_wrong": 1, "final_cutoff": 0.1, "calibration": 1.5},
+            "best_static": {"threshold": 0.875, "hit_rate": static_hit, "error_rate": static_error},
+            "ratio": hit / static_hit, "meets": False}
+
+
+def _doc(part: str, rows: list[dict[str, Any]], context: dict[str, Any], command: str) -> dict[str, Any]:
+    return {"format": "evocache-bench-result", "version": 1, "part": part, "command": command,
+            "date": "2030-01-02T03:04:05Z", "machine": copy.deepcopy(MACHINE), "versions": dict(VERSIONS),
+            "context": context,
+            "rows": rows}
+
+
+def _eviction_context(trace: str, unit: str = "objects") -> dict[str, Any]:
+    return {"trace": trace, "requests": 1200, "objects": 400, "unit": unit, "skipped": 0}
+
+
+def fixtures() -> dict[str, dict[str, Any]]:
+    semantic = ".venv/bin/python bench/semantic.py --pairs-seeds 0,1 --results bench/results"
+    mooncake = "bench/data/mooncake_synthetic_trace.jsonl"
+    sizes = (0.05, 0.1)
+    lookahead_rows = []
+    for u, told, policies in ((0.5, False, {"lookahead": (0.11, 0.22), "lookahead:learned": (0.12, 0.24)}),
+                              (0.5, True, {"lookahead:learned": (0.13, 0.25)}),
+                              (0.8, False, {"lookahead": (0.15, 0.26), "lookahead:learned": (0.16, 0.27)}),
+                              (0.8, True, {"lookahead:learned": (0.18, 0.29)})):
+        for i, size in enumerate(sizes):
+            lookahead_rows.append(_replayed("lru", size, (0.1, 0.2)[i], utilisation=u, output_lengths=told))
+            lookahead_rows += [_replayed(p, size, hits[i], utilisation=u, output_lengths=told)
+                               for p, hits in policies.items()]
+            lookahead_rows.append(_replayed("belady", size, (0.3, 0.4)[i], utilisation=u, output_lengths=told))
+    queue = {"per_block_s": 0.004, "requests": 40, "blocks": 1200, "span_s": 10.0}
+    return {
+        "semantic-streams": _doc("semantic-streams", [
+            _stream("banking77", "as-is", 0, 0.02, 0.6, 0.012, 0.45, 0.019),
+            _stream("banking77", "as-is", 1, 0.02, 0.63, 0.021, 0.45, 0.019),
+            _stream("banking77", "shuffled-100", 100, 0.02, 0.62, 0.01, 0.5, 0.0195),
+            _stream("banking77", "as-is", 0, 0.05, 0.7, 0.03, 0.68, 0.047),
+        ], {"classify": True}, semantic),
+        "semantic-pairs": _doc("semantic-pairs", [
+            _pairs_run(0, "cold", 1, 2, 0.005), _pairs_run(0, "warm", 0, 1, 0.001),
+            _pairs_run(1, "cold", 3, 0, 0.0075), _pairs_run(1, "warm", 2, 2, 0.004),
+            {"seed": 0, "run": "static", "threshold": 0.8,
+             "categories": _pairs_run(0, "static", 20, 40, 0.0)["categories"]},
+        ], {"delta": 0.02, "classify": True}, semantic),
+        "eviction-mooncake": _doc("eviction-mooncake", [
+            _replayed(p, size, hits[i]) for i, size in enumerate(sizes)
+            for p, hits in {"lru": (0.1, 0.2), "arc": (0.12, 0.21), "learned": (0.11, 0.23),
+                            "lcs:LRU": (0.1, 0.2), "belady": (0.3, 0.4)}.items()
+        ], _eviction_context(mooncake), f"evocache bench eviction --trace {mooncake} --sizes 0.05,0.1 --policies "
+                                        "lru,arc,learned --peers --json build/bench-eviction/mooncake.json"),
+        "eviction-mooncake-output-lengths": _doc("eviction-mooncake-output-lengths", [
+            _replayed(p, size, hits[i]) for i, size in enumerate(sizes)
+            for p, hits in {"lru": (0.1, 0.2), "learned": (0.14, 0.25), "belady": (0.3, 0.4)}.items()
+        ], {**_eviction_context(mooncake), "output_lengths": True},
+            f"evocache bench eviction --trace {mooncake} --sizes 0.05,0.1 --policies lru,learned --output-lengths "
+            "--json build/bench-eviction/mooncake_output_lengths.json"),
+        "eviction-lookahead": _doc("eviction-lookahead", lookahead_rows, {
+            **_eviction_context(mooncake),
+            "queues": [{"utilisation": 0.5, "mean_waiting": 0.7, "max_waiting": 11, **queue},
+                       {"utilisation": 0.8, "mean_waiting": 12.14, "max_waiting": 98, **queue}],
+            "commands": ["evocache bench eviction --utilisation 0.5 ...", "evocache bench eviction --utilisation 0.8"]},
+            ".venv/bin/python bench/eviction.py --results bench/results --parts e"),
+        "eviction-cloudphysics": _doc("eviction-cloudphysics", [
+            _replayed(p, size, hits[i]) for i, size in enumerate(sizes)
+            for p, hits in {"lru": (0.17, 0.2), "learned": (0.2, 0.25), "belady-size (heuristic)": (0.28, 0.35)}.items()
+        ], _eviction_context("../shared/data/traces/cloudPhysicsIO.csv", "bytes"),
+            "evocache bench eviction --trace ../shared/data/traces/cloudPhysicsIO.csv --csv-columns id=lbn"),
+        "eviction-throughput": _doc("eviction-throughput", [{
+            "accesses": 121877, "capacity_objects": 2196, "rounds": 5, "replay_s": 0.5, "baseline_s": 0.05,
+            "replay_per_min": 14625240.0, "baseline_per_min": 146252400.0, "ratio": 10.0}],
+            {"trace": mooncake}, ".venv/bin/python bench/eviction.py --parts c"),
+        "eviction-cost": _doc("eviction-cost", [
+            {"policy": "lru", "hit_ratio": 0.155, "policy_calls": 400000, "policy_us": 1.2, "cpu_us": 7.0,
+             "wall_us": 7.5, "policy_ratio": 1.0, "cpu_ratio": 1.0},
+            {"policy": "learned", "hit_ratio": 0.156, "policy_calls": 400000, "policy_us": 56.4, "cpu_us": 77.0,
+             "wall_us": 80.0, "policy_ratio": 47.0, "cpu_ratio": 11.0},
+        ], {"trace": mooncake, "accesses": 121877, "capacity_bytes": 562176, "timer_ns_subtracted": 93.4},
+            ".venv/bin/python bench/eviction.py --parts d"),
+        "overhead": _doc("overhead", [
+            {"comparison": "l1_hit_vs_cachetools", "candidate_us": 1.4, "baseline_us": 0.5, "ratio": 2.8,
+             "target": 3.0},
+            {"comparison": "l2_hit_vs_redis_get", "candidate_us": 130.0, "baseline_us": 100.0, "ratio": 1.3,
+             "target": 1.2},
+            {"comparison": "miss_path_vs_bare_1ms", "candidate_us": 1050.0, "baseline_us": 1000.0, "ratio": 1.05,
+             "target": 1.05},
+        ], {"rounds": 21}, ".venv/bin/python bench/overhead.py --results bench/results"),
+    }
+
+
+def write_fixtures(directory: Path, documents: dict[str, dict[str, Any]] | None = None) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for part, document in (documents or fixtures()).items():
+        (directory / f"{part}.json").write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    return directory
+
+
+README = "# evocache\n\nIntro.\n\n<!-- bench:begin -->\nold figures\n<!-- bench:end -->\n\nMore.\n"
+
+
+def test_the_page_and_the_headline_are_rendered_exactly(tmp_path: Path, report: ModuleType) -> None:
+    results = report.load_all(write_fixtures(tmp_path / "results"))
+    assert report.page(results) == (EXPECTED / "benchmarks.md").read_text(encoding="utf-8")
+    assert report.headline(results) == (EXPECTED / "headline.md").read_text(encoding="utf-8").rstrip("\n")
+
+
+def test_the_headline_quotes_the_figures_of_the_result_files(tmp_path: Path, report: ModuleType) -> None:
+    block = report.headline(report.load_all(write_fixtures(tmp_path / "results")))
+    rows = [line for line in block.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    measured = [row.split(" | ")[1] for row in rows]
+    assert measured == [
+        "banking77 1.24-1.40×; error within δ in 2 of 3 runs",  # 0.6 / 0.45, 0.63 / 0.45, 0.62 / 0.5; 0.021 > δ
+        "3 of 75 alone, 2 as a new tenant (2 pair orders)",
+        "0.110 / 0.230, 0.140 / 0.250 told output lengths (LRU 0.100 / 0.200, ARC 0.120 / 0.210, Belady "
+        "0.300 / 0.400)",
+        "40.0 % / 45.0 %",  # (0.18 - 0.1) / (0.3 - 0.1), (0.29 - 0.2) / (0.4 - 0.2)
+        "2.80× (1.40 µs against 0.50 µs)",
+        "1.30× (130.00 µs against 100.00 µs)",
+        "1.05× (1050.00 µs against 1000.00 µs)",
+        "14.6 M accesses per minute",
+    ]
+    assert rows[0].endswith("[details](docs/benchmarks.md#semantic-caching-streams) |")
+
+
+def test_the_command_writes_the_page_and_replaces_only_the_readme_block(tmp_path: Path, report: ModuleType,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    results = write_fixtures(tmp_path / "results")
+    doc, readme = tmp_path / "benchmarks.md", tmp_path / "README.md"
+    readme.write_text(README, encoding="utf-8")
+    argv = ["--results", str(results), "--doc", str(doc), "--readme", str(readme)]
+    assert report.main([*argv, "--check"]) == 1  # nothing generated yet
+    assert report.main(argv) == 0
+    assert doc.read_text(encoding="utf-8") == (EXPECTED / "benchmarks.md").read_text(encoding="utf-8")
+    headline = (EXPECTED / "headline.md").read_text(encoding="utf-8").rstrip("\n")
+    assert readme.read_text(encoding="utf-8") == f"# evocache\n\nIntro.\n\n{headline}\n\nMore.\n"
+    assert report.main([*argv, "--check"]) == 0
+    assert report.main(argv) == 0  # idempotent: the block is found again between its markers
+    assert readme.read_text(encoding="utf-8") == f"# evocache\n\nIntro.\n\n{headline}\n\nMore.\n"
+    capsys.readouterr()
+
+
+def _fails(report: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+           documents: dict[str, dict[str, Any]], readme: str = README) -> str:
+    results = write_fixtures(tmp_path / "results", documents)
+    doc, readme_path = tmp_path / "benchmarks.md", tmp_path / "README.md"
+    readme_path.write_text(readme, encoding="utf-8")
+    code = report.main(["--results", str(results), "--doc", str(doc), "--readme", str(readme_path)])
+    out, err = capsys.readouterr()
+    assert (code, out, doc.exists(), readme_path.read_text(encoding="utf-8")) == (1, "", False, readme)
+    assert err.startswith("report.py: error: ") and err.count("\n") == 1
+    return err.removeprefix("report.py: error: ").rstrip("\n").replace(str(results), "RESULTS")
+
+
+def test_a_missing_result_file_is_named_with_the_command_that_makes_it(
+        tmp_path: Path, report: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    documents = fixtures()
+    del documents["overhead"], documents["semantic-pairs"]
+    assert _fails(report, tmp_path, capsys, documents) == (
+        "missing result file(s): RESULTS/semantic-pairs.json (made by make bench-semantic); "
+        "RESULTS/overhead.json (made by make bench)")
+
+
+def test_an_unknown_result_file_is_refused(tmp_path: Path, report: ModuleType,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    documents = fixtures()
+    documents["semantic-extra"] = {**documents["overhead"], "part": "semantic-extra"}
+    assert _fails(report, tmp_path, capsys, documents).startswith(
+        "RESULTS: no section for semantic-extra.json; known parts: semantic-streams, semantic-pairs, ")
+
+
+def _broken(part: str, change: Any) -> dict[str, dict[str, Any]]:
+    documents = copy.deepcopy(fixtures())
+    change(documents[part])
+    return documents
+
+
+@pytest.mark.parametrize(("part", "change", "message"), [
+    ("overhead", lambda d: d.pop("machine"), "RESULTS/overhead.json: missing field 'machine'"),
+    ("overhead", lambda d: d.update(format="other"),
+     "RESULTS/overhead.json: field 'format' must be 'evocache-bench-result', got 'other'"),
+    ("overhead", lambda d: d.update(version=2),
+     "RESULTS/overhead.json: version 2 is not the one this reader knows (1)"),
+    ("overhead", lambda d: d.update(part="semantic-streams"),
+     "RESULTS/overhead.json: field 'part' is 'semantic-streams', but the file is named 'overhead.json'"),
+    ("overhead", lambda d: d.update(rows={}), "RESULTS/overhead.json: field 'rows' must be a list, got an object"),
+    ("overhead", lambda d: d.update(rows=[]), "RESULTS/overhead.json: field 'rows' is empty"),
+    ("overhead", lambda d: d["rows"].__setitem__(1, 3), "RESULTS/overhead.json: rows[1] must be an object, got an integer"),
+    ("overhead", lambda d: d["rows"][0].pop("ratio"), "RESULTS/overhead.json: rows[0]: missing field 'ratio'"),
+    ("overhead", lambda d: d["rows"][2].update(ratio="fast"),
+     "RESULTS/overhead.json: rows[2]: field 'ratio' must be a number, got 'fast'"),
+    ("overhead", lambda d: d["rows"][2].update(ratio=True),
+     "RESULTS/overhead.json: rows[2]: field 'ratio' must be a number, got True"),
+    ("overhead", lambda d: d["machine"].update(load_average=[1.0]),
+     "RESULTS/overhead.json: machine: field 'load_average' must be three numbers, got [1.0]"),
+    ("overhead", lambda d: d["machine"].pop("cores"), "RESULTS/overhead.json: machine: missing field 'cores'"),
+    ("overhead", lambda d: d["versions"].update(numpy=2),
+     "RESULTS/overhead.json: versions: 'numpy' must be a string or null, got 2"),
+    ("semantic-streams", lambda d: d["rows"][3]["evocache"].pop("hit_rate"),
+     "RESULTS/semantic-streams.json: rows[3].evocache: missing field 'hit_rate'"),
+    ("semantic-pairs", lambda d: d["rows"][0].update(run="hot"),
+     "RESULTS/semantic-pairs.json: rows[0]: field 'run' must be cold, warm or static, got 'hot'"),
+    ("eviction-mooncake", lambda d: d["rows"].pop(4),  # Belady at 5 %
+     "RESULTS/eviction-mooncake.json: at size 0.05 expected one 'lru' row and one 'belady' row, got 1 and 0"),
+])
+def test_a_malformed_result_file_is_a_clear_error_and_nothing_is_written(
+        tmp_path: Path, report: ModuleType, capsys: pytest.CaptureFixture[str], part: str, change: Any,
+        message: str) -> None:
+    assert _fails(report, tmp_path, capsys, _broken(part, change)) == message
+
+
+def test_a_file_that_is_not_json_is_named_with_its_line_and_column(
+        tmp_path: Path, report: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    results = write_fixtures(tmp_path / "results")
+    (results / "overhead.json").write_text('{"format": "evocache-bench-result",\n  "version": }\n')
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    assert report.main(["--results", str(results), "--doc", str(tmp_path / "d.md"), "--readme", str(readme)]) == 1
+    assert capsys.readouterr().err == f"report.py: error: {results}/overhead.json:2:14: not JSON: Expecting value\n"
+
+
+@pytest.mark.parametrize(("readme", "message"), [
+    ("# no block\n", "README.md: expected the line <!-- bench:begin --> once, found it 0 times"),
+    (README + README, "README.md: expected the line <!-- bench:begin --> once, found it 2 times"),
+    ("<!-- bench:end -->\n<!-- bench:begin -->\n", "README.md: <!-- bench:end --> comes before <!-- bench:begin -->"),
+])
+def test_a_readme_without_one_block_is_refused(tmp_path: Path, report: ModuleType,
+                                               capsys: pytest.CaptureFixture[str], readme: str, message: str) -> None:
+    err = _fails(report, tmp_path, capsys, fixtures(), readme=readme)
+    assert err == f"{tmp_path}/{message}"
+
+
+def test_the_writer_records_command_machine_and_versions_and_reads_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    results = _module("_results", monkeypatch)
+    rows = [{"x": 1.5, "nan": float("nan"), "nested": {"inf": float("inf")}}]
+    command = results.command_line([str(ROOT / "bench" / "data" / "t.jsonl"), f"--out={ROOT / 'build'}",
+                                    str(ROOT.parent / "shared" / "x.csv"), "a b"],
+                                   program=[str(ROOT / ".venv" / "bin" / "python"), str(ROOT / "bench" / "x.py")])
+    assert command == ".venv/bin/python bench/x.py bench/data/t.jsonl --out=build ../shared/x.csv 'a b'"
+    path = results.write(tmp_path / "new", "overhead", rows, command=command, context={"rounds": 3})
+    assert path == tmp_path / "new" / "overhead.json"
+    loaded = results.load(path)
+    assert (loaded.part, loaded.command, loaded.context) == ("overhead", command, {"rounds": 3})
+    assert loaded.rows == [{"x": 1.5, "nan": None, "nested": {"inf": None}}]  # JSON has no NaN or infinity
+    assert loaded.machine["cores"] == os.cpu_count() and len(loaded.machine["load_average"]) == 3
+    assert set(loaded.versions) == {"python", *results.DEPENDENCIES}
+    assert loaded.versions["evocache"] is not None and loaded.versions["python"] == ".".join(
+        map(str, sys.version_info[:3]))
+
+
+def test_the_semantic_bench_writes_its_rows_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    semantic, results = _module("semantic", monkeypatch), _module("_results", monkeypatch)
+    args = semantic.options(["--out", str(tmp_path / "out"), "--embed-cache", str(tmp_path / "emb"),
+                             "--results", str(tmp_path / "results")])
+    documents = fixtures()
+    rows = documents["semantic-streams"]["rows"]
+    run = {k: v for k, v in documents["semantic-pairs"]["rows"][0].items() if k not in ("seed", "run")}
+    pairs = {"delta": 0.02, "classify": True, "seed": 3, "warm": run, "cold": run,
+             "seeds": {"3": {"cold": run, "warm": run}}, "static": {"0.8": run["categories"]}}
+    written = semantic.write_results(args, rows, pairs)
+    assert written == [tmp_path / "results" / "semantic-streams.json", tmp_path / "results" / "semantic-pairs.json"]
+    assert results.load(written[0]).rows == rows
+    assert results.load(written[1]).rows == [{"seed": 3, "run": "cold", **run}, {"seed": 3, "run": "warm", **run},
+                                             {"seed": 3, "run": "static", "threshold": 0.8,
+                                              "categories": run["categories"]}]
+    assert results.load(written[1]).context == {"delta": 0.02, "classify": True}
+
+
+def test_the_eviction_bench_writes_a_result_file_per_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    results = _module("_results", monkeypatch)
+    traces = Path(__file__).resolve().parent / "data" / "traces"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "eviction.py"), "--trace", str(traces / "mooncake.jsonl"), "--sizes", "0.4,1",
+         "--rounds", "1", "--parts", "ac", "--out", str(tmp_path / "out"), "--results", str(tmp_path / "results")],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr
+    table = results.load(tmp_path / "results" / "eviction-mooncake.json")
+    cli = json.loads((tmp_path / "out" / "mooncake.json").read_text())
+    assert table.rows == cli["rows"]
+    assert table.context["trace"] == "tests/data/traces/mooncake.jsonl"
+    assert table.command.startswith("evocache bench eviction --trace tests/data/traces/mooncake.jsonl --sizes 0.4,1 ")
+    speed = results.load(tmp_path / "results" / "eviction-throughput.json")
+    assert speed.rows == [json.loads((tmp_path / "out" / "throughput.json").read_text())]
+    assert speed.command.endswith(f"--results {tmp_path / 'results'} --parts c")
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == [
+        "eviction-mooncake-output-lengths.json", "eviction-mooncake.json", "eviction-throughput.json"]
