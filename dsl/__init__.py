@@ -10,6 +10,7 @@ from .errors import (
     ExpressionEvalError,
     ExpressionSyntaxError,
     PolicyError,
+    PolicyFileError,
     PolicyIssue,
 )
 from ._schema import STANDARD_FIELDS, STANDARD_SCHEMA, TYPE_NAMES, FieldType, Kind, RequestSchema
@@ -63,6 +64,7 @@ __all__ = [
     "Policy",
     "PolicyDiff",
     "PolicyError",
+    "PolicyFileError",
     "PolicyIssue",
     "PolicyRef",
     "RequestSchema",

@@ -42,6 +42,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from ._compiler import compile_expression
 from ._duration import format_duration, parse_duration
 from ._schema import ANY, STANDARD_FIELDS, STANDARD_SCHEMA, TYPE_NAMES, FieldType, RequestSchema
+from ._source import read_policy_text
 from ._yaml import LocatedDocument, Path, format_path, load_located
 from .errors import ExpressionError, ExpressionEvalError, PolicyError, PolicyIssue
 
@@ -543,19 +544,14 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
 
 
 def load_policy(path: str | PathLike[str]) -> Policy:
-    """Load and validate the policy document at ``path`` (UTF-8 YAML).
+    """Load and validate the policy document at ``path``: a regular file of UTF-8 YAML, at most
+    ``MAX_POLICY_BYTES`` long (see ``_source.read_policy_text``).
 
-    Raises ``PolicyError`` for an invalid document (including text that is not UTF-8) and ``OSError``
-    (``FileNotFoundError``, ...) when the file cannot be read.
+    Raises ``PolicyError`` for an invalid document (including a file too large or not UTF-8),
+    ``PolicyFileError`` for a path that is not a regular file (a FIFO, a device), and ``OSError``
+    (``FileNotFoundError``, ...) when the file cannot be opened; ``PolicyFileError`` is an ``OSError`` too.
     """
-    source = str(path)
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PolicyError([PolicyIssue(source, None, None, "", f"not UTF-8 text: {exc}")]) from None
-    return parse_policy(text, source)
+    return parse_policy(read_policy_text(path), str(path))
 
 
 # --- mapping pydantic errors back to the document -------------------------------------------------------
@@ -648,15 +644,10 @@ def _item_model(annotation: Any) -> Any:
 
 def _expression_issue(exc: ExpressionError, loc: Path, doc: LocatedDocument) -> PolicyIssue:
     """Shift the expression's line and column by where its scalar sits in the file."""
-    pos = None
-    positions = doc.scalar_positions(loc)
-    if positions is not None:
-        lines = exc.source.split("\n")
-        line = min(max(exc.line, 1), len(lines))
-        index = sum(len(text) + 1 for text in lines[: line - 1]) + max(exc.column, 1) - 1
-        pos = positions[min(index, len(positions) - 1)]
-    else:
-        pos = doc.locate(loc)
+    lines = exc.source.split("\n")
+    line = min(max(exc.line, 1), len(lines))
+    index = sum(len(text) + 1 for text in lines[: line - 1]) + max(exc.column, 1) - 1
+    pos = doc.scalar_position(loc, index) or doc.locate(loc)
     caret = str(exc).partition("\n")[
         2
     ]  # the expression line and its caret, as the expression error draws them

@@ -31,6 +31,9 @@ _MERGE = "tag:yaml.org,2002:merge"
 # A policy is a few hundred nodes; far larger means an alias bomb or something that is not a policy.
 MAX_NODES = 50_000
 MAX_DEPTH = 64
+# A policy is a few kilobytes; a longer text is refused before the YAML reader sees it (PyYAML reads about
+# a megabyte a second, so this bounds loading to about a second).
+MAX_DOCUMENT_CHARS = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,21 +84,28 @@ class LocatedDocument:
                 return _position(node.start_mark)
         return None
 
-    def scalar_positions(self, path: Path) -> list[Position] | None:
-        """For the scalar string at ``path``: the file position of each character of its value, plus one
-        entry for the position just past the end. ``None`` if ``path`` is not a scalar."""
+    def scalar_position(self, path: Path, index: int) -> Position | None:
+        """Where character ``index`` of the scalar string at ``path`` is written in the file (an index past
+        the end: just past the scalar's last character). ``None`` if ``path`` is not a scalar.
+
+        One pass over the scalar's text, whatever ``index``: an error at the end of a long expression costs
+        no more than reading it."""
         node = self.values.get(path)
         if not isinstance(node, yaml.ScalarNode):
             return None
-        return _char_positions(self.text, node)
+        offsets = _char_offsets(self.text, node)
+        return _index_position(self.text, offsets[min(max(index, 0), len(offsets) - 1)])
 
 
 def load_located(text: str, source: str = "<string>") -> LocatedDocument:
     """Load one YAML document safely, keeping positions. Raises ``PolicyError`` listing every problem:
-    YAML syntax, several documents, duplicate keys, non-string keys, disallowed tags, recursion or size bombs.
-    An empty document loads as ``None``."""
+    a text longer than ``MAX_DOCUMENT_CHARS``, YAML syntax, several documents, duplicate keys, non-string keys,
+    disallowed tags, recursion or size bombs. An empty document loads as ``None``."""
     if not isinstance(text, str):
         raise TypeError(f"policy text must be str, got {type(text).__name__}")
+    if len(text) > MAX_DOCUMENT_CHARS:
+        message = f"document is {len(text)} characters long; the limit is {MAX_DOCUMENT_CHARS}"
+        raise PolicyError([PolicyIssue(source, None, None, "", message)])
     try:
         loader = yaml.SafeLoader(text)  # the reader rejects control characters right here
         node = loader.get_single_node()
@@ -255,8 +265,9 @@ class _Builder:
         return key
 
 
-def _char_positions(text: str, node: yaml.ScalarNode) -> list[Position]:
-    """Align each character of a scalar's value with the text it was written as.
+def _char_offsets(text: str, node: yaml.ScalarNode) -> list[int]:
+    """Align each character of a scalar's value with the text it was written as: the offset in ``text`` of
+    each character, plus one for the offset just past the end.
 
     Exact for plain and quoted single-line scalars and for literal (``|``) blocks; for folded text (``>`` and
     multi-line flow scalars) a folded line break maps to the line break it came from. An escape in a
@@ -271,15 +282,15 @@ def _char_positions(text: str, node: yaml.ScalarNode) -> list[Position]:
         pos = _skip_indent(text, pos, end, indent)
     elif style in ("'", '"'):
         pos += 1
-    out: list[Position] = []
+    out: list[int] = []
     for ch in node.value:
         # Skip what the value does not keep: indentation, a fold's trailing spaces, quotes, a lone \r.
         while pos < end and not _aligns(text[pos], ch, style):
             pos += 1
-        out.append(_index_position(text, min(pos, end)))
+        out.append(min(pos, end))
         if pos < end:
             pos = _advance(text, pos, end, style, indent)
-    out.append(_index_position(text, min(pos, end)))
+    out.append(min(pos, end))
     return out
 
 

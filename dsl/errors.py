@@ -7,13 +7,15 @@
     │   │                          a bound exceeded by a literal (length, nesting, pattern size)
     │   └── ExpressionEvalError    at request time: a type mismatch or a bound exceeded by a value;
     │                              the only thing evaluation ever raises
-    └── PolicyError                a policy document is invalid; carries every PolicyIssue found
+    ├── PolicyError                a policy document is invalid; carries every PolicyIssue found
+    └── PolicyFileError            a policy path is not a regular file (a FIFO, a device); also an OSError
 
 Every error is raised before anything is applied: a policy that fails to load leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 
 
@@ -82,3 +84,12 @@ class PolicyError(DslError):
         assert issues, "PolicyError needs at least one issue"
         self.issues = list(issues)
         super().__init__("\n".join(str(i) for i in self.issues))
+
+
+class PolicyFileError(DslError, OSError):
+    """A policy path names something that is not a regular file (a FIFO, a device, a directory): it is refused
+    before anything is read from it. An ``OSError`` (``errno.EINVAL``), like the other ways a file cannot be
+    read; ``strerror`` says what the path is."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(errno.EINVAL, message, path)

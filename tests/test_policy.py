@@ -640,8 +640,14 @@ def test_load_policy_file_errors(tmp_path: Path) -> None:
     with pytest.raises(PolicyError) as info:
         load_policy(latin)
     [issue] = info.value.issues
-    assert (issue.file, issue.line, issue.field) == (str(latin), None, "")
-    assert issue.message.startswith("not UTF-8 text: 'utf-8' codec can't decode byte 0xe9 in position 11")
+    assert (issue.file, issue.line, issue.column, issue.field) == (str(latin), 1, 12, "")
+    assert issue.message == "not UTF-8 text: byte 0xe9 cannot be decoded (invalid continuation byte)"
+    # The column counts characters: the two-byte 'é' before the bad byte is one column.
+    later = tmp_path / "later.yaml"
+    later.write_bytes(b"policy: p\nversion: 1\n# caf\xc3\xa9 \xff\n")
+    with pytest.raises(PolicyError) as info:
+        load_policy(later)
+    assert str(info.value) == f"{later}:3:8: <document>: not UTF-8 text: byte 0xff cannot be decoded (invalid start byte)"
 
 
 def test_parse_policy_wants_text() -> None:

@@ -1,0 +1,150 @@
+"""Reading policy files and long documents: what is refused before parsing, and that loading stays linear."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from evocache.dsl import PolicyError, PolicyFileError, load_policy, parse_policy
+from evocache.dsl._lexer import MAX_SOURCE_CHARS
+from evocache.dsl._source import MAX_POLICY_BYTES
+from evocache.dsl._yaml import MAX_DOCUMENT_CHARS
+from evocache.dsl.commands import app
+from typer.testing import CliRunner
+
+runner = CliRunner()
+HEAD = "policy: p\nversion: 1\nrules:\n  - name: r\n    when: "
+
+
+def _only_issue(info: pytest.ExceptionInfo[PolicyError]) -> str:
+    (issue,) = info.value.issues
+    return str(issue)
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    fifo = tmp_path / "policy.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(PolicyFileError) as info:
+        load_policy(fifo)
+    assert isinstance(info.value, OSError)
+    assert (info.value.filename, info.value.strerror) == (
+        str(fifo),
+        "not a regular file (a FIFO); a policy is read from a file",
+    )
+
+
+@pytest.mark.parametrize(("path", "kind"), [("/dev/zero", "a character device"), ("/dev/null", "a character device")])
+def test_a_device_is_refused_before_reading(path: str, kind: str) -> None:
+    with pytest.raises(PolicyFileError) as info:
+        load_policy(path)
+    assert info.value.strerror == f"not a regular file ({kind}); a policy is read from a file"
+
+
+def test_a_directory_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(PolicyFileError) as info:
+        load_policy(tmp_path)
+    assert info.value.strerror == "not a regular file (a directory); a policy is read from a file"
+
+
+def test_check_exits_2_for_paths_that_are_not_files_and_checks_the_rest(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    good = tmp_path / "good.yaml"
+    good.write_text("policy: good\nversion: 1\n")
+    result = runner.invoke(app, ["check", "/dev/zero", str(fifo), str(good)])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        "error: /dev/zero: not a regular file (a character device); a policy is read from a file",
+        f"error: {fifo}: not a regular file (a FIFO); a policy is read from a file",
+    ]
+    assert result.stdout.startswith("ok good@1 ")
+
+
+def test_a_file_over_the_size_limit_is_refused(tmp_path: Path) -> None:
+    at_limit = tmp_path / "at-limit.yaml"
+    body = "policy: p\nversion: 1\n# "
+    at_limit.write_text(body + "x" * (MAX_POLICY_BYTES - len(body)))
+    assert at_limit.stat().st_size == MAX_POLICY_BYTES
+    assert load_policy(at_limit).ref == "p@1"
+    over = tmp_path / "over.yaml"
+    with over.open("wb") as f:  # 30 MB, sparse: only its first MAX_POLICY_BYTES + 1 bytes may be read
+        f.write(body.encode())
+        f.truncate(30 * 1024 * 1024)
+    with pytest.raises(PolicyError) as info:
+        load_policy(over)
+    assert _only_issue(info) == f"{over}: <document>: file is larger than the limit of {MAX_POLICY_BYTES} bytes"
+
+
+def test_a_text_over_the_size_limit_is_refused_before_yaml_reads_it() -> None:
+    text = "policy: p\nversion: 1\n" + "#" * MAX_DOCUMENT_CHARS
+    with pytest.raises(PolicyError) as info:
+        parse_policy(text, "big.yaml")
+    assert _only_issue(info) == (
+        f"big.yaml: <document>: document is {len(text)} characters long; the limit is {MAX_DOCUMENT_CHARS}"
+    )
+
+
+def test_an_expression_over_its_limit_names_the_file_and_the_limit() -> None:
+    with pytest.raises(PolicyError) as info:
+        parse_policy(HEAD + "a" * 500_000 + "\n", "long.yaml")
+    (issue,) = info.value.issues
+    assert (issue.file, issue.line, issue.column, issue.field) == ("long.yaml", 5, 11 + MAX_SOURCE_CHARS, "rules[0].when")
+    assert issue.message.startswith(f"expression is 500000 characters long; the limit is {MAX_SOURCE_CHARS}\n")
+
+
+class _CountingText(str):
+    """A document text that counts the characters its own searches and slices go over: the work that the
+    position mapping does on it (PyYAML reads a copy of its own)."""
+
+    scanned = 0
+
+    def _span(self, start: Any, end: Any) -> None:
+        lo = 0 if start is None else start
+        hi = len(self) if end is None else end
+        type(self).scanned += max(0, min(hi, len(self)) - max(lo, 0))
+
+    def count(self, sub: Any, start: Any = None, end: Any = None) -> int:  # type: ignore[override]
+        self._span(start, end)
+        return super().count(sub, start, end)
+
+    def find(self, sub: Any, start: Any = None, end: Any = None) -> int:  # type: ignore[override]
+        self._span(start, end)
+        return super().find(sub, start, end)
+
+    def rfind(self, sub: Any, start: Any = None, end: Any = None) -> int:  # type: ignore[override]
+        self._span(start, end)
+        return super().rfind(sub, start, end)
+
+    def __getitem__(self, key: Any) -> str:  # type: ignore[override]
+        if isinstance(key, slice):
+            self._span(key.start, key.stop)
+        else:
+            type(self).scanned += 1
+        return super().__getitem__(key)
+
+
+@pytest.mark.parametrize("style", ["plain", "double-quoted", "literal"])
+def test_an_error_at_the_end_of_a_long_expression_is_located_in_linear_work(style: str) -> None:
+    # The longest expression allowed, with its error (an unknown name) on the last token: finding the file
+    # position of that token must not rescan the document once per character of the expression.
+    expression = " and ".join(["stream"] * 400) + " and nope"
+    expression = expression[-(MAX_SOURCE_CHARS - 8) :].lstrip(" and")
+    body = {
+        "plain": expression,
+        "double-quoted": f'"{expression}"',
+        "literal": "|\n      " + expression,
+    }[style]
+    text = _CountingText(HEAD + body + "\n")
+    _CountingText.scanned = 0
+    with pytest.raises(PolicyError) as info:
+        parse_policy(text, "p.yaml")
+    scanned = _CountingText.scanned
+    (issue,) = info.value.issues
+    assert issue.message.startswith("unknown name 'nope'")
+    at = str(text).index("nope")
+    assert (issue.line, issue.column) == (str(text).count("\n", 0, at) + 1, at - str(text).rfind("\n", 0, at))
+    # Linear: a few passes over the text (about 8). Looking each character's line up from the start of the
+    # document, as a per-character position table would, costs len(text)**2 / 2: some 8.5 million here.
+    assert scanned < 10 * len(text)
