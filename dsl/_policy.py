@@ -52,6 +52,11 @@ if TYPE_CHECKING:
 PolicyRef = NewType("PolicyRef", str)  # "chat-prod@7": what replicas report and access events carry
 
 TIERS = ("l1", "l2", "l3")
+# Longest ttl: 10 years. Every tier stores it as an expiry (Redis as milliseconds from now, which overflows
+# near 2**63 ms and then fails every write), and no cached answer is meant to outlive this.
+MAX_TTL = 3650 * 86_400.0
+# Versions are counters; this keeps one a signed 32-bit integer in every store and wire format.
+MAX_VERSION = 2**31 - 1
 DEFAULT_RULE = "default"  # Decision.rule when no rule matched; so no rule may be called this
 
 
@@ -95,6 +100,8 @@ def _positive_duration(value: object) -> float:
     seconds = parse_duration(value)
     if seconds <= 0:
         raise ValueError(f"a ttl must be positive; got {value!r}")
+    if seconds > MAX_TTL:
+        raise ValueError(f"a ttl may be at most {format_duration(MAX_TTL)} (10 years); got {value!r}")
     return seconds
 
 
@@ -318,7 +325,7 @@ class Policy(_Model):
     """
 
     name: Name = Field(alias="policy")
-    version: Annotated[Int, Field(ge=1)]
+    version: Annotated[Int, Field(ge=1, le=MAX_VERSION)]
     fields: Annotated[dict[FieldName, TypeName], AfterValidator(_frozen_mapping), FrozenMapping] = Field(
         default_factory=lambda: MappingProxyType({})
     )

@@ -107,7 +107,7 @@ def load_located(text: str, source: str = "<string>") -> LocatedDocument:
         message = f"document is {len(text)} characters long; the limit is {MAX_DOCUMENT_CHARS}"
         raise PolicyError([PolicyIssue(source, None, None, "", message)])
     try:
-        loader = yaml.SafeLoader(text)  # the reader rejects control characters right here
+        loader = _Loader(text)  # the reader rejects control characters right here
         node = loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
         raise PolicyError([_yaml_issue(exc, source)]) from None
@@ -115,9 +115,11 @@ def load_located(text: str, source: str = "<string>") -> LocatedDocument:
         where = _index_position(text, exc.position)
         message = f"character {chr(exc.character)!r} is not allowed in a YAML document"
         raise PolicyError([PolicyIssue(source, where.line, where.column, "", message)]) from None
-    except RecursionError:
-        # PyYAML's composer recurses once per nesting level; a document this deep is not a policy.
-        raise PolicyError([PolicyIssue(source, None, None, "", "document is nested too deeply")]) from None
+    except _TooDeep as exc:
+        where = _position(exc.mark)
+        raise PolicyError(
+            [PolicyIssue(source, where and where.line, where and where.column, "", _TOO_DEEP)]
+        ) from None
     builder = _Builder(loader, source)
     try:
         data = None if node is None else builder.build(node, ())
@@ -126,6 +128,34 @@ def load_located(text: str, source: str = "<string>") -> LocatedDocument:
     if builder.issues:
         raise PolicyError(builder.issues)
     return LocatedDocument(text, source, data, builder.values, builder.keys)
+
+
+_TOO_DEEP = f"document is nested more than {MAX_DEPTH} levels deep"
+
+
+class _TooDeep(Exception):
+    def __init__(self, mark: yaml.Mark | None) -> None:
+        self.mark = mark
+
+
+class _Loader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that stops composing at the node that nests one level deeper than ``MAX_DEPTH``.
+
+    PyYAML composes recursively, one call per nesting level: without the check a deep document would end in
+    a ``RecursionError`` that says nowhere where it happened."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0  # nodes being composed; the root's values are at depth 1, as in a path of length 1
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
+        if self._depth > MAX_DEPTH:
+            raise _TooDeep(self.peek_event().start_mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def _yaml_issue(exc: yaml.MarkedYAMLError, source: str) -> PolicyIssue:
@@ -174,7 +204,7 @@ class _Builder:
             self._stopped = True
             return None
         if len(path) > MAX_DEPTH:
-            self._issue(node, path, f"document is nested more than {MAX_DEPTH} levels deep")
+            self._issue(node, path, _TOO_DEEP)
             self._stopped = True
             return None
         if id(node) in self._active:

@@ -1,7 +1,10 @@
 """`evocache policy ...`: check, compare and show policy documents.
 
-Exit codes: 0 success; 1 an invalid document (every issue printed), or, for ``diff --exit-code``, documents
-that differ; 2 a file that cannot be read. Nothing heavy is imported here: the commands start fast.
+Exit codes (also in each command's help and in docs/policy-language.md, "Commands and exit codes"): 0
+success; 1 an invalid document (every issue printed; a document the enforcing rooms cannot enforce counts as
+invalid), or, for ``diff --exit-code``, documents that differ; 2 a path that cannot be read (missing, not
+permitted, not a regular file), which wins over 1 when both occur. Nothing heavy is imported here: the
+commands start fast.
 """
 
 from __future__ import annotations
@@ -22,6 +25,11 @@ app = typer.Typer(
 
 EXIT_INVALID = 1
 EXIT_UNREADABLE = 2
+
+_EXIT_CODES = (
+    "Exit codes: 0 {ok}; 1 an invalid document (each issue is printed with file, line and column){more}; "
+    "2 a file that cannot be read (missing, not permitted, not a regular file), even if another is invalid."
+)
 
 ENFORCEMENT_CHECKS: list[Callable[[Policy], None]] = []
 """What the rooms that enforce a policy add to `check`: each raises ``ValueError`` with a message for a
@@ -50,7 +58,12 @@ def _load(path: Path) -> Policy:
         raise _Failed(EXIT_UNREADABLE) from None
 
 
-@app.command()
+@app.command(
+    epilog=_EXIT_CODES.format(
+        ok="every document is valid",
+        more=" or one the cache cannot enforce (an eviction policy it does not know)",
+    )
+)
 def check(files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="Policy documents.")]) -> None:
     """Validate policy documents: `ok NAME@VERSION HASH` for each valid one, every issue of the others."""
     code = 0
@@ -75,7 +88,12 @@ def check(files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="P
     raise typer.Exit(code)
 
 
-@app.command()
+@app.command(
+    epilog=_EXIT_CODES.format(
+        ok="both documents are valid (and, with --exit-code, equal)",
+        more=", or, with --exit-code, documents that differ",
+    )
+)
 def diff(
     old: Annotated[Path, typer.Argument(metavar="OLD")],
     new: Annotated[Path, typer.Argument(metavar="NEW")],
@@ -110,7 +128,7 @@ def diff(
     raise typer.Exit(1 if exit_code and not result.empty else 0)
 
 
-@app.command()
+@app.command(epilog=_EXIT_CODES.format(ok="the document is valid", more=""))
 def show(file: Annotated[Path, typer.Argument(metavar="FILE")]) -> None:
     """Print the normalised document: key order fixed, defaults filled in, durations spelled one way."""
     from ._policy import policy_to_yaml

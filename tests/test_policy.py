@@ -620,16 +620,42 @@ def test_merge_keys_fill_in_and_explicit_keys_win() -> None:
     ]
 
 
+def test_ttl_and_version_are_bounded_with_their_position() -> None:
+    ok = parse_policy("policy: p\nversion: 2147483647\ndefaults: {ttl: 3650d}\n")
+    assert (ok.version, ok.defaults.ttl) == (2**31 - 1, 3650 * 86_400.0)
+    # A ttl past Redis's range made every L2 write fail; 10 years is the documented maximum.
+    issues = issues_of(
+        """\
+        policy: p
+        version: 2147483648
+        defaults: {ttl: 3651d}
+        rules:
+          - {name: r, when: 'true', ttl: 1e300}
+        """
+    )
+    assert [str(i) for i in issues] == [
+        "p.yaml:2:10: version: must be less than or equal to 2147483647; got int 2147483648",
+        "p.yaml:3:17: defaults.ttl: a ttl may be at most 3650d (10 years); got '3651d'",
+        "p.yaml:5:34: rules[0].ttl: a ttl may be at most 3650d (10 years); got '1e300'",
+    ]
+
+
 def test_alias_bomb_and_deep_nesting_fail_cleanly() -> None:
     bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
         f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(6)
     )
     [issue] = issues_of(bomb)
     assert issue.message == "document has more than 50000 values (an alias bomb?)"
-    [deep] = issues_of("a: " + "[" * 5000 + "]" * 5000)
-    assert deep.message == "document is nested too deeply"
-    [nested] = issues_of("a: " + "[" * 70 + "]" * 70)
-    assert nested.message == "document is nested more than 64 levels deep"
+    # The issue points at the bracket that opens the 65th level, however deep the document goes on.
+    for depth in (65, 70, 5000):
+        [deep] = issues_of("a: " + "[" * depth + "]" * depth)
+        assert (deep.line, deep.column, deep.message) == (1, 68, "document is nested more than 64 levels deep")
+    [block] = issues_of("".join("  " * i + f"k{i}:\n" for i in range(100)))
+    assert (block.line, block.column, block.message) == (65, 129, "document is nested more than 64 levels deep")
+    # Through an alias the text is shallow: the builder finds the depth on the path it builds.
+    [alias] = issues_of("a: &x " + "[" * 60 + "]" * 60 + "\nb: " + "[" * 10 + "*x" + "]" * 10 + "\n")
+    assert (alias.line, alias.column, alias.field) == (1, 61, "b" + "[0]" * 64)  # x's 55th bracket
+    assert alias.message == "document is nested more than 64 levels deep"
 
 
 def test_load_policy_file_errors(tmp_path: Path) -> None:

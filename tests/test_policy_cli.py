@@ -174,3 +174,19 @@ def test_check_rejects_a_pattern_re2_cannot_compile_with_its_position(tmp_path: 
         "  matches(prompt, '(a+)(?#)+$')",
         "                  ^",
     ]
+
+
+@pytest.mark.parametrize(
+    ("command", "codes"),
+    [
+        ("check", "Exit codes: 0 every document is valid; 1 an invalid document"),
+        ("diff", "Exit codes: 0 both documents are valid (and, with --exit-code, equal); 1 an invalid document"),
+        ("show", "Exit codes: 0 the document is valid; 1 an invalid document"),
+    ],
+)
+def test_help_lists_the_exit_codes(command: str, codes: str) -> None:
+    result = runner.invoke(app, [command, "--help"])
+    text = " ".join(result.stdout.split())  # the help is wrapped to the terminal's width
+    assert result.exit_code == 0
+    assert codes in text
+    assert "2 a file that cannot be read (missing, not permitted, not a regular file), even if another is invalid." in text
