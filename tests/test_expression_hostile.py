@@ -61,7 +61,7 @@ HOSTILE: list[tuple[str, type[ExpressionError], tuple[int, int] | None]] = [
     ("9" * 30, COMP, (1, 1)),
     ("18446744073709551616", COMP, (1, 1)),
     ("1e309", COMP, (1, 1)),
-    ("matches(prompt, '(a+)(?#)+$')", COMP, (1, 17)),  # a comment group that hid a quantifier
+    ("matches(prompt, '(a+)(?#)+$')", COMP, (1, 17)),  # a comment group can hide a quantifier
     ("matches(prompt, '\\\\d{50000}x')", COMP, (1, 17)),  # a count RE2 does not compile
     ("matches(prompt, '(?:abcdefghij){900}')", COMP, (1, 17)),  # a program over MAX_PROGRAM_SIZE
     ("matches(prompt, '\\\\pL{1000}')", COMP, (1, 17)),  # a program over RE2's memory

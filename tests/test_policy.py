@@ -623,7 +623,7 @@ def test_merge_keys_fill_in_and_explicit_keys_win() -> None:
 def test_ttl_and_version_are_bounded_with_their_position() -> None:
     ok = parse_policy("policy: p\nversion: 2147483647\ndefaults: {ttl: 3650d}\n")
     assert (ok.version, ok.defaults.ttl) == (2**31 - 1, 3650 * 86_400.0)
-    # A ttl past Redis's range made every L2 write fail; 10 years is the documented maximum.
+    # Redis fails every write whose expiry is past its range; 10 years is the documented maximum.
     issues = issues_of(
         """\
         policy: p

@@ -163,7 +163,7 @@ def test_check_refuses_what_the_controller_cannot_enforce(tmp_path):
 
 
 def test_check_rejects_a_pattern_re2_cannot_compile_with_its_position(tmp_path: Path) -> None:
-    # '(?#)' once hid the '+' after it from the pattern checker: '(a+)(?#)+$' backtracked for minutes.
+    # RE2 has no comment groups: '(?#)' cannot hide the '+' after it, the pattern is refused where it is written.
     doc = tmp_path / "pattern.yaml"
     doc.write_text("policy: p\nversion: 1\nrules:\n  - name: r\n    when: \"matches(prompt, '(a+)(?#)+$')\"\n")
     result = runner.invoke(app, ["check", str(doc)])
