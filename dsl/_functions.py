@@ -272,8 +272,8 @@ class SafePattern:
 
     def search(self, text: str) -> bool:
         """Whether the pattern matches anywhere in ``text``. Raises ``Fault`` for a text longer than
-        ``max_bytes``. A lone surrogate in ``text`` is searched as an invalid UTF-8 sequence (``.`` and
-        negated classes match it, nothing else does) rather than failing the call."""
+        ``max_bytes``. A lone surrogate in ``text`` does not fail the call: it is searched as an invalid UTF-8
+        sequence, which ``.`` and negated classes match."""
         if len(text) > self.max_bytes:  # a character is at least one byte: too long without encoding it
             raise self._too_long(len(text), "characters")
         data = text.encode("utf-8", "surrogatepass")
@@ -311,5 +311,5 @@ def compile_pattern(pattern: str) -> SafePattern:
 
 
 def _re2_message(exc: re2.error) -> str:
-    (detail,) = exc.args
+    detail = exc.args[0] if exc.args else ""  # RE2's own message, as bytes
     return detail.decode("utf-8", "backslashreplace") if isinstance(detail, bytes) else str(detail)
