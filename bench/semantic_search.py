@@ -25,7 +25,6 @@ Latencies are wall-clock on this machine, whatever else runs on it: the load ave
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -45,9 +44,10 @@ from evocache.controller.semantic import (
     SharedIndex,
     VectorIndex,
 )
+from evocache.controller.semantic._bench import embed_cached
 
 DIM = 384
-CACHE = Path(".evocache/bench-embeddings")
+CACHE = Path(".evocache/embeddings")  # the same cache bench/semantic.py reads and writes
 SCOPE = Scope("bench", "fn=bench|model=m|rev=1|params=0|emb=st:all-MiniLM-L6-v2")
 
 
@@ -111,17 +111,6 @@ def prompts_of(paths: list[str]) -> list[str]:
                 if line.strip():
                     seen.setdefault(json.loads(line)["prompt"])
     return list(seen)
-
-
-def embed_cached(texts: list[str], embedder: SentenceTransformerEmbedder) -> np.ndarray:
-    digest = hashlib.sha256("\x1e".join([embedder.name, *texts]).encode()).hexdigest()[:24]
-    path = CACHE / f"{digest}.npy"
-    if path.is_file():
-        return np.load(path)
-    vecs = embedder.embed(texts)
-    CACHE.mkdir(parents=True, exist_ok=True)
-    np.save(path, vecs)
-    return vecs
 
 
 def shared(url: str, vecs: np.ndarray, adds: int) -> dict:
@@ -276,7 +265,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.real:
         prompts = prompts_of(args.real)
         t0 = time.perf_counter()
-        real_vecs = embed_cached(prompts, embedder)
+        real_vecs = embed_cached(prompts, embedder, CACHE)
         print(f"embedded {len(prompts)} prompts in {time.perf_counter() - t0:.1f}s (cached in {CACHE})")
         base, held_out = real_vecs[: -args.queries], real_vecs[-args.queries :]
         result["real"] = search_alone(base, {"held_out": held_out}, args.k, args.search_threads)
