@@ -358,8 +358,7 @@ class CachedFunction:
         sp = plan.semantic
         layer = rt.semantic
         try:
-            fits = getattr(layer.embedder, "fits", None)
-            if fits is not None and not fits(sp.text):
+            if not layer.embedder.fits(sp.text):
                 # Longer than the embedder reads: prompts that differ only past its window would look alike.
                 self.counters.misses += 1
                 self._emit(rt, plan, "miss", None, 0, time.perf_counter() - started, reason="semantic-too-long")

@@ -178,6 +178,8 @@ def test_pair_answers_follow_same_answer_links_and_identical_texts() -> None:
         (["--delta", "0.7"], 2, "error: --delta: expected a number in (0, 0.5], got 0.7"),
         (["--mode", "fuzzy"], 2, "error: --mode: expected bounded or static, got 'fuzzy'"),
         (["--mode", "static"], 2, "error: --threshold: --mode static needs a threshold in (0, 1]"),
+        (["--threshold", "0.9"], 2,
+         "error: --threshold: applies only to --mode static (bounded learns its own cut-off)"),
         (["--explore", "1.5"], 2, "error: --explore: expected a fraction in [0, 1), got 1.5"),
         (["--embedder", "word2vec"], 2, "error: --embedder: expected minilm or openai:MODEL@BASE_URL, got 'word2vec'"),
     ],
@@ -246,6 +248,9 @@ class _HashEmbedder:
     """Unit vectors drawn from each text's digest: no model, the same vector for the same text."""
 
     name = "hash"
+
+    def fits(self, text: str) -> bool:
+        return True
 
     def embed(self, texts: list[str]) -> np.ndarray:
         import hashlib

@@ -307,6 +307,9 @@ def test_a_failing_embedder_is_a_counted_miss_never_a_failed_call():
         name = "broken"
         dim = 384
 
+        def fits(self, text):
+            return True
+
         def embed(self, texts):
             raise RuntimeError("embedding service down")
 
@@ -522,6 +525,9 @@ def test_a_link_try_whose_answer_is_gone_loses_no_verdict():
 
     class Fixed:
         name, dim = "fixed", 2
+
+        def fits(self, text):
+            return True
 
         def embed(self, texts):
             table = {"a": [1.0, 0.0], "b": [0.9, 0.436], "q": [0.99, 0.141]}

@@ -14,6 +14,7 @@ from evocache.controller.semantic._decide import (
     FEATURES,
     LEXICAL,
     BoundedPolicy,
+    PacerOptions,
     ErrorModel,
     Pacer,
     SemanticDecision,
@@ -34,6 +35,9 @@ class TableEmbedder:
         self.table = table
         self.dim = len(next(iter(table.values())))
         self.calls = 0
+
+    def fits(self, text: str) -> bool:
+        return True
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         self.calls += 1
@@ -546,7 +550,7 @@ def test_no_answer_is_served_whose_own_estimate_passes_the_item_cap(
     table = {f"x{i}": e[0] for i in range(40)} | {"a": e[1], "p": _unit(e[1] + 0.3 * e[3]),
                                                    "q": _unit(e[1] + 0.2 * e[2])}
     policy = BoundedPolicy(model=_FixedModel(est), explore=0.0, explore_first=(0, 0.0), item_cap=cap,
-                           pacer_options={"every": 1})
+                           pacer=PacerOptions(every=1))
     cache = SemanticCache(TableEmbedder(table), policy=policy)
     for i in range(40):  # lookups with no candidate spend nothing: the pacer's budget is then ample
         cache.lookup(SCOPE, f"x{i}", max_error=0.02)
@@ -708,3 +712,34 @@ def test_a_newcomer_explores_its_first_would_be_hits_whatever_the_draw() -> None
     assert outcomes == [True] * policy.trust  # explored whatever the draw
     # Only the drawn ones joined the shared sample, which stays a uniform sample of would-be hits.
     assert policy.calibration.n - sampled_before == sampled < policy.trust
+
+
+def test_a_misspelt_or_misplaced_policy_option_is_refused() -> None:
+    from evocache.controller.semantic._decide import StaticPolicy
+
+    with pytest.raises(TypeError, match="explor"):
+        BoundedPolicy(explor=0.1)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="'k'"):
+        StaticPolicy(threshold=0.9, k=3)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="pacer must be a PacerOptions, got dict"):
+        BoundedPolicy(pacer={"every": 1})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="windw"):
+        PacerOptions(windw=10)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="threshold applies only to mode 'static', not 'bounded'"):
+        SemanticCache(TableEmbedder({"p": _unit(np.ones(2))}), mode="bounded", threshold=0.9)
+    with pytest.raises(ValueError, match="unknown semantic mode 'fuzzy'; known: bounded, static"):
+        SemanticCache(TableEmbedder({"p": _unit(np.ones(2))}), mode="fuzzy")
+    with pytest.raises(ValueError, match="mode 'static' needs a threshold"):
+        SemanticCache(TableEmbedder({"p": _unit(np.ones(2))}), mode="static")
+
+
+def test_each_policy_explains_an_exact_hit_and_its_readings() -> None:
+    from evocache.controller.semantic._decide import Readings, StaticPolicy
+
+    static, bounded = StaticPolicy(threshold=0.9), BoundedPolicy()
+    assert static.exact(SCOPE, "e1") == SemanticDecision(True, False, "e1", 1.0, 0.9, 0.0)
+    assert static.readings(SCOPE) == Readings(0.9, 1.0)
+    assert bounded.readings(SCOPE) == Readings(0.0, 1.0)  # no pacer for the scope yet
+    assert bounded.exact(SCOPE, "e1") == SemanticDecision(True, False, "e1", 1.0, 0.0, 0.0)
+    assert bounded.pacer_of(SCOPE).lookups == 1  # the exact hit counts in the scope's per-lookup rate
+    assert (static.reads_shares, static.learns, bounded.reads_shares, bounded.learns) == (False, False, True, True)

@@ -100,6 +100,9 @@ class Counting:
         self.calls: list[int] = []
         self.gate = gate
 
+    def fits(self, text: str) -> bool:
+        return True
+
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         self.calls.append(len(texts))
         if self.gate is not None and len(self.calls) == 1:
@@ -192,6 +195,9 @@ def test_inner_failure_reaches_every_caller_of_the_batch(model):
     class Failing:
         name, dim = "failing", 384
 
+        def fits(self, text):
+            return True
+
         def embed(self, texts):
             raise EmbeddingError("endpoint down")
 
@@ -210,6 +216,9 @@ def test_one_callers_bad_text_fails_only_that_caller(model):
 
         def __init__(self) -> None:
             self.calls: list[int] = []
+
+        def fits(self, text):
+            return True
 
         def embed(self, texts):
             self.calls.append(len(texts))

@@ -385,3 +385,18 @@ def test_importing_semantic_loads_no_heavy_library():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_semantic_index_keeps_metadata_but_refuses_an_expiry():
+    index, scope = SemanticIndex(), Scope("t", "fn")
+    index.add(scope, ["a", "b"], random_unit(2), metas=[{"prompt": "first"}, {}])
+    assert (index.get(scope, "a").meta, index.get(scope, "a").expires_at) == ({"prompt": "first"}, None)
+    assert index.get(scope, "b").meta == {} and index.get(scope, "c") is None
+    assert index.get(Scope("other", "fn"), "a") is None
+    with pytest.raises(ValueError, match="SemanticIndex keeps no expiry: use SharedIndex"):
+        index.add(scope, ["c"], random_unit(1, seed=3), expires_at=[5.0])
+    assert index.get(scope, "c") is None and len(index) == 2
+    index.remove(scope, ["a"])
+    assert index.get(scope, "a") is None
+    with pytest.raises(ValueError, match="1 metas for 2 vectors"):
+        index.add(scope, ["x", "y"], random_unit(2, seed=4), metas=[{}])

@@ -9,7 +9,7 @@ import random
 import numpy as np
 from evocache.controller.semantic import Scope
 from evocache.controller.semantic._cache import SemanticCache
-from evocache.controller.semantic._decide import BoundedPolicy
+from evocache.controller.semantic._decide import BoundedPolicy, PacerOptions
 from test_semantic_decide import TableEmbedder, synthetic_stream
 
 A, B = Scope("tenant-a", "fn"), Scope("tenant-b", "fn")
@@ -245,6 +245,9 @@ def test_redis_unregisters_a_scope_when_the_sweep_empties_it(redis_url, fake_clo
 class _Toy:
     name, dim = "toy", 2
 
+    def fits(self, text):  # type: ignore[no-untyped-def]
+        return True
+
     def embed(self, texts):  # type: ignore[no-untyped-def]
         return np.tile(np.array([[1.0, 0.0]], dtype=np.float32), (len(texts), 1))
 
@@ -253,13 +256,14 @@ class _Scripted:
     """A policy whose decisions are given: the first lookup explores, the others are plain misses."""
 
     mode = "bounded"
-    threshold = 0.0
+    reads_shares = False
+    learns = True
 
     def __init__(self) -> None:
         self.calls = 0
         self.observed: list[tuple[bool, bool, float]] = []
 
-    def decide(self, neighbours, max_error, draw, clusters, scope=None):  # type: ignore[no-untyped-def]
+    def decide(self, neighbours, max_error, draw, clusters, scope=None, prompt=None, shares=None):  # type: ignore[no-untyped-def]
         from evocache.controller.semantic._decide import Candidate, SemanticDecision
 
         self.calls += 1
@@ -271,6 +275,19 @@ class _Scripted:
 
     def observe(self, candidate, wrong, est_error, *, explored):  # type: ignore[no-untyped-def]
         self.observed.append((wrong, explored, est_error))
+
+    def exact(self, scope, entry_id):  # type: ignore[no-untyped-def]
+        from evocache.controller.semantic._decide import SemanticDecision
+
+        return SemanticDecision(True, False, entry_id, 1.0, 0.0, 0.0)
+
+    def prepare(self) -> None:
+        pass
+
+    def readings(self, scope=None):  # type: ignore[no-untyped-def]
+        from evocache.controller.semantic._decide import Readings
+
+        return Readings(0.0, 1.0)
 
 
 def test_concurrent_lookups_of_one_prompt_are_judged_each_on_its_own() -> None:
@@ -326,7 +343,7 @@ def test_a_scope_re_estimates_its_last_window_of_lookups_after_a_refit() -> None
     from evocache.controller.semantic._decide import ErrorModel
 
     model = ErrorModel(min_each=1)
-    policy = BoundedPolicy(model=model, pacer_options={"window": 4, "every": 1})
+    policy = BoundedPolicy(model=model, pacer=PacerOptions(window=4, every=1))
     pace = policy._pace(A)
     rng = np.random.default_rng(0)
     feats = [rng.normal(size=9) for _ in range(4)]

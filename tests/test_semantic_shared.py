@@ -199,6 +199,9 @@ def test_a_cache_stores_the_prompt_with_its_entry_so_other_replicas_read_it(repl
     class Table:
         name, dim = "test:table", DIM
 
+        def fits(self, text):
+            return True
+
         def embed(self, texts):
             return random_unit(1, seed=sum(map(ord, texts[0])))
 

@@ -152,6 +152,9 @@ class VectorTable:
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         return self._vecs[[self._row[t] for t in texts]]
 
+    def fits(self, text: str) -> bool:
+        return True  # the vectors were made from the whole texts
+
 
 # --- the stream --------------------------------------------------------------------------------------------
 

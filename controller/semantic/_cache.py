@@ -19,7 +19,6 @@ An entry is only ever searched for, linked or served within its own ``Scope``.
 from __future__ import annotations
 
 import functools
-import inspect
 import itertools
 import logging
 import operator
@@ -32,9 +31,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._classify import AnswerClassifier
-from ._decide import POLICIES, BoundedPolicy, Candidate, SemanticDecision, StaticPolicy
+from ._decide import Candidate, DecisionPolicy, PolicyOptions, SemanticDecision
 from ._embed import Embedder
-from ._index import Neighbour, Scope, SemanticIndex, check_scope
+from ._index import Neighbour, Scope, ScopedIndex, SemanticIndex, check_scope
 
 log = logging.getLogger("evocache.controller.semantic.cache")
 
@@ -184,7 +183,7 @@ class SemanticCache:
         self,
         embedder: Embedder | None = None,
         *,
-        index: SemanticIndex | None = None,
+        index: ScopedIndex | None = None,
         judge: Judge = operator.eq,
         mode: str = "bounded",
         explore: float = 0.05,
@@ -193,18 +192,14 @@ class SemanticCache:
         link_tries: int | None = None,
         merge: bool = True,
         rng: random.Random | None = None,
-        policy: BoundedPolicy | StaticPolicy | None = None,
+        policy: DecisionPolicy | None = None,
         answer_ref_of: Callable[[Scope, str], Any] | None = None,
         classifier: AnswerClassifier | None = None,
         classify: bool = True,
         fit_later: Callable[[Callable[[], None]], bool] | None = None,
     ) -> None:
         if policy is None:
-            if mode not in POLICIES:
-                raise ValueError(f"unknown semantic mode {mode!r}; known: {', '.join(POLICIES)}")
-            if mode == "static" and threshold is None:
-                raise ValueError("mode 'static' needs a threshold")
-            policy = POLICIES[mode](explore=explore, threshold=threshold, k=k)
+            policy = PolicyOptions(mode=mode, explore=explore, threshold=threshold, k=k).build()
         self._embedder = embedder
         self._index = index if index is not None else SemanticIndex()
         self._judge = judge
@@ -212,22 +207,14 @@ class SemanticCache:
         # answer ref of an entry id in a scope, or None when the caller cannot know it.
         self._answer_ref_of = answer_ref_of
         self._policy = policy
-        # A policy given by the caller may pace one budget for all scopes (its decide() takes no scope).
-        decide = inspect.signature(policy.decide).parameters
-        self._scoped = "scope" in decide
-        # ... and may not read the prompt (the lexical features of the error model compare it with the entry's).
-        self._prompted = "prompt" in decide
-        # ... and may read what the scope's answer classifier says of the prompt.
         if classifier is not None and not classify:
             raise ValueError("a classifier was given with classify=False")
-        # A policy that cannot read the shares (static mode, a caller's own) gets no classifier: nothing to fit.
+        # A policy that does not read the shares (static mode) gets no classifier: nothing to fit.
         self._classifier = (
-            (classifier if classifier is not None else AnswerClassifier()) if classify and "shares" in decide else None
+            (classifier if classifier is not None else AnswerClassifier()) if classify and policy.reads_shares
+            else None
         )
         self._fit_later = fit_later
-        # An index that keeps metadata with each entry (``SharedIndex``) stores the prompt there, so another
-        # replica's entries have their prompt too.
-        self._metas = "metas" in inspect.signature(self._index.add).parameters
         self._k = k
         if link_tries is not None and (isinstance(link_tries, bool) or not isinstance(link_tries, int)
                                        or link_tries < 0):
@@ -253,9 +240,8 @@ class SemanticCache:
         self._vectors: OrderedDict[tuple[Scope, str], np.ndarray] = (
             OrderedDict()
         )  # embedded, not yet inserted
-        listen = getattr(self._index, "listen", None)
-        if listen is not None:  # an index that forgets entries by itself (expiry, other replicas) says so
-            listen(_weak_listener(self))
+        # An index that forgets entries by itself (expiry, other replicas: ``SharedIndex``) says so.
+        self._index.listen(_weak_listener(self))
         self._counts = dict.fromkeys(
             (
                 "lookups",
@@ -287,10 +273,9 @@ class SemanticCache:
         entry = self._entries.get(entry_id)
         if entry is not None:
             return entry.prompt if scope is None or entry.scope == scope else None
-        get = getattr(self._index, "get", None)
-        if get is None or scope is None:
+        if scope is None:
             return None
-        held = get(scope, entry_id)
+        held = self._index.get(scope, entry_id)
         prompt = None if held is None else held.meta.get("prompt")
         return prompt if isinstance(prompt, str) else None
 
@@ -325,24 +310,19 @@ class SemanticCache:
             exact = self._exact.get((scope, prompt))
             if exact is not None:
                 self._counts["exact_hits"] += 1
-                if isinstance(self._policy, BoundedPolicy):
-                    self._policy.exact(scope)
-                threshold = getattr(self._policy, "threshold", 0.0)
-                return SemanticDecision(True, False, exact, 1.0, threshold, 0.0), exact
+                return self._policy.exact(scope, exact), exact
         vec = self.embedder.embed([prompt])  # outside the lock: concurrent lookups batch their embeddings
         neighbours = self._index.search(scope, vec, self._k)[0]
         classifier = self._classifier
         classes = classifier.probabilities(scope, vec[0]) if classifier is not None and neighbours else None
         with self._lock:
             _remember(self._vectors, (scope, prompt), vec[0])
-            scoped: dict[str, Any] = {"scope": scope} if self._scoped else {}
-            if self._prompted:
-                scoped["prompt"] = prompt
-            if classifier is not None:
-                scoped["shares"] = None if classes is None else classifier.by_cluster(
-                    scope, *classes, self.cluster_of, lambda entry_id: self._held(scope, entry_id)
-                )
-            decision, candidate = self._policy.decide(neighbours, max_error, self._rng.random(), self, **scoped)
+            shares = None if classifier is None or classes is None else classifier.by_cluster(
+                scope, *classes, self.cluster_of, lambda entry_id: self._held(scope, entry_id)
+            )
+            decision, candidate = self._policy.decide(
+                neighbours, max_error, self._rng.random(), self, scope=scope, prompt=prompt, shares=shares
+            )
             # Each lookup's own token: concurrent lookups of one prompt keep apart what each is judged on.
             token = next(self._tokens)
             decision = decision._replace(token=token)
@@ -378,10 +358,11 @@ class SemanticCache:
                 raise ValueError(f"entry {entry_id!r} already belongs to another scope")
             vec = self._vectors.pop((scope, prompt), None)
         vecs = self.embedder.embed([prompt]) if vec is None else vec[None, :]
-        extra: dict[str, Any] = {} if expires_at is None else {"expires_at": [expires_at]}
-        if self._metas:
-            extra["metas"] = [{"prompt": prompt}]
-        self._index.add(scope, [entry_id], vecs, **extra)
+        # The prompt goes with the entry, so another replica's cache (through a shared index) has it too.
+        self._index.add(
+            scope, [entry_id], vecs, metas=[{"prompt": prompt}],
+            expires_at=None if expires_at is None else [expires_at],
+        )
         with self._lock:
             # A remove() between the add and here took the entry out of the index (remove updates the index
             # before this cache): recording it now would leave an entry no index holds, served by exact match.
@@ -546,7 +527,7 @@ class SemanticCache:
         when it cannot take more (the links are then not judged: counted in ``links_dropped``). The candidate's
         own link is made at once.
         """
-        if decision.neighbour is None or self._policy.mode == "static":
+        if decision.neighbour is None or not self._policy.learns:
             return
         with self._lock:
             pending = self._pending.pop(decision.token, None) if decision.token is not None else None
@@ -614,9 +595,7 @@ class SemanticCache:
     def _prepare(self) -> None:
         """Let the policy load what learning needs before the lock is taken (the first fit's imports take
         about a second: under the lock they would stall every lookup)."""
-        prepare = getattr(self._policy, "prepare", None)
-        if prepare is not None:
-            prepare()
+        self._policy.prepare()
 
     def _ref_of(self, scope: Scope, entry_id: str) -> Any:
         entry = self._entries.get(entry_id)
@@ -688,13 +667,7 @@ class SemanticCache:
         """The counters (over all scopes); ``cutoff`` is ``scope``'s (each scope paces its own budget; by
         default the scope looked up last; 0.0 for a scope without a pacer), ``calibration`` the shared one."""
         with self._lock:
-            policy = self._policy
-            if isinstance(policy, BoundedPolicy):
-                pacer = policy.pacer if scope is None else policy.pacer_of(scope)
-                cutoff = 0.0 if pacer is None else pacer.current
-                calibration = policy.calibration.value
-            else:
-                cutoff, calibration = policy.threshold, 1.0
+            cutoff, calibration = self._policy.readings(scope)
             return SemanticStats(**self._counts, cutoff=cutoff, calibration=calibration)
 
     def answer_ref(self, entry_id: str) -> Any:

@@ -29,6 +29,7 @@ import math
 import re
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ._index import Neighbour
@@ -41,8 +42,12 @@ __all__ = [
     "BoundedPolicy",
     "Calibration",
     "Candidate",
+    "DecisionPolicy",
     "ErrorModel",
     "Pacer",
+    "PacerOptions",
+    "PolicyOptions",
+    "Readings",
     "SemanticDecision",
     "StaticPolicy",
     "lexical",
@@ -510,6 +515,17 @@ _REFUTED = 0.1
 _FLOORED = 0.01
 
 
+@dataclass(frozen=True, slots=True)
+class PacerOptions:
+    """The settings every ``Pacer`` of a ``BoundedPolicy`` is built with (``Pacer`` says what each does)."""
+
+    window: int = 1000
+    safety: float = 0.9
+    every: int = 25
+    prior: float = 2.0
+    confidence: float = CONFIDENCE
+
+
 class Pacer:
     """The cut-off on estimated error that keeps the expected error per lookup within ``max_error``.
 
@@ -706,8 +722,10 @@ class StaticPolicy:
     (GPTCache, RedisVL and LiteLLM decide this way). It learns nothing and explores nothing."""
 
     mode = "static"
+    reads_shares = False
+    learns = False
 
-    def __init__(self, *, threshold: float, **_ignored: object) -> None:
+    def __init__(self, *, threshold: float) -> None:
         if not 0 < threshold <= 1:
             raise ValueError(f"threshold must be in (0, 1], got {threshold!r}")
         self.threshold = threshold
@@ -720,6 +738,7 @@ class StaticPolicy:
         clusters: AnswerClusters,
         scope: Hashable = None,
         prompt: str | None = None,
+        shares: Mapping[str, float] | None = None,
     ) -> tuple[SemanticDecision, Candidate | None]:
         if not neighbours:
             return SemanticDecision(False, False, None, 0.0, self.threshold, math.nan), None
@@ -727,8 +746,59 @@ class StaticPolicy:
         serve = top.similarity >= self.threshold
         return SemanticDecision(serve, False, top.entry_id, top.similarity, self.threshold, math.nan), None
 
+    def exact(self, scope: Hashable, entry_id: str) -> SemanticDecision:
+        return SemanticDecision(True, False, entry_id, 1.0, self.threshold, 0.0)
+
+    def prepare(self) -> None:
+        """Static mode fits nothing."""
+
     def observe(self, candidate: Candidate, wrong: bool, est_error: float, *, explored: bool) -> None:
         """Static mode learns nothing."""
+
+    def readings(self, scope: Hashable | None = None) -> Readings:
+        return Readings(self.threshold, 1.0)
+
+
+class Readings(NamedTuple):
+    """What ``SemanticStats`` reports of a policy: the cut-off a scope decides against, and the calibration."""
+
+    cutoff: float
+    calibration: float
+
+
+class DecisionPolicy(Protocol):
+    """Decides each semantic lookup of one rule and learns from the verdicts on them.
+
+    ``mode`` names it (``bounded``, ``static``); ``reads_shares`` says whether ``decide`` reads the answer
+    classifier's ``shares`` (the cache keeps a classifier only then); ``learns`` whether verdicts teach it
+    anything (the cache judges no miss for a policy that does not learn). ``decide`` picks the candidate among
+    ``neighbours`` and says whether to serve or explore it; ``exact`` is told of an exact hit (which costs no
+    error) and returns its decision; ``prepare`` is called outside the cache's lock before ``observe``, which
+    records one verdict on a candidate; ``readings`` is what ``SemanticStats`` reports of ``scope``.
+    """
+
+    mode: str
+    reads_shares: bool
+    learns: bool
+
+    def decide(
+        self,
+        neighbours: Sequence[Neighbour],
+        max_error: float,
+        explore_draw: float,
+        clusters: AnswerClusters,
+        scope: Hashable = None,
+        prompt: str | None = None,
+        shares: Mapping[str, float] | None = None,
+    ) -> tuple[SemanticDecision, Candidate | None]: ...
+
+    def exact(self, scope: Hashable, entry_id: str) -> SemanticDecision: ...
+
+    def prepare(self) -> None: ...
+
+    def observe(self, candidate: Candidate, wrong: bool, est_error: float, *, explored: bool) -> None: ...
+
+    def readings(self, scope: Hashable | None = None) -> Readings: ...
 
 
 class AnswerClusters(Protocol):
@@ -795,8 +865,7 @@ class BoundedPolicy:
     lookups without a candidate never buy another tenant's risky hits, and each scope's own error per lookup is
     held within the bound. The ``max_scopes`` most recently used pacers are kept; a scope whose pacer was
     dropped starts again cold (it serves nothing until its first cut-off), which errs on the safe side.
-    ``pacer_options`` are passed to every ``Pacer`` (``window``, ``safety``, ``every``, ``prior``,
-    ``confidence``).
+    ``pacer`` (a ``PacerOptions``) configures every ``Pacer``.
 
     ``item_cap``: a would-be hit whose own estimate (the model's, before calibration) exceeds ``item_cap`` x
     the bound is never served, whatever the budget left (None: the pacer alone decides). The calibration is an
@@ -816,6 +885,8 @@ class BoundedPolicy:
     """
 
     mode = "bounded"
+    reads_shares = True
+    learns = True
 
     def __init__(
         self,
@@ -824,11 +895,10 @@ class BoundedPolicy:
         explore_first: tuple[int, float] = (100, 0.25),
         k: int = 10,
         model: ErrorModel | None = None,
-        pacer_options: Mapping[str, float] | None = None,
+        pacer: PacerOptions = PacerOptions(),
         max_scopes: int = _SCOPES,
         trust: int = 10,
         item_cap: float | None = 5.0,
-        **_ignored: object,
     ) -> None:
         if not 0 <= explore < 1:
             raise ValueError(f"explore must be in [0, 1), got {explore!r}")
@@ -850,10 +920,10 @@ class BoundedPolicy:
         self.explorations = 0  # would-be hits explored so far, all scopes (they check one model)
         self.k = k
         self.model = model if model is not None else ErrorModel()  # an empty one is falsy (len 0)
-        self._pacer_options = dict(pacer_options or {})
-        self.calibration = Calibration(
-            prior=self._pacer_options.get("prior", 2.0), confidence=self._pacer_options.get("confidence", CONFIDENCE)
-        )
+        if not isinstance(pacer, PacerOptions):
+            raise TypeError(f"pacer must be a PacerOptions, got {type(pacer).__name__}")
+        self._pacer_options = pacer
+        self.calibration = Calibration(prior=pacer.prior, confidence=pacer.confidence)
         self.max_scopes = max_scopes
         self._paces: OrderedDict[Hashable, _Pace] = OrderedDict()
         self._last: Pacer | None = None
@@ -878,8 +948,10 @@ class BoundedPolicy:
         # A scope first seen once the model was checked elsewhere (its early exploration schedule done) is a
         # newcomer: that check says nothing of its prompts.
         newcomer = self.explore > 0 and self.explorations >= self.explore_first[0]
-        return Pacer(  # type: ignore[arg-type]
-            **self._pacer_options, calibration=self.calibration, newcomer=newcomer, trust=self.trust
+        o = self._pacer_options
+        return Pacer(
+            window=o.window, safety=o.safety, confidence=o.confidence, prior=o.prior, every=o.every,
+            calibration=self.calibration, newcomer=newcomer, trust=self.trust,
         )
 
     def _pace(self, scope: Hashable) -> _Pace:
@@ -952,11 +1024,18 @@ class BoundedPolicy:
         count, chance = self.explore_first
         return max(self.explore, chance) if explored < count and self.explore > 0 else self.explore
 
-    def exact(self, scope: Hashable = None) -> None:
+    def exact(self, scope: Hashable, entry_id: str) -> SemanticDecision:
         """An exact hit in ``scope``: a lookup that costs no error (it still counts in the per-lookup rate)."""
         pace = self._pace(scope)
         pace.append(None, exact=True)
         pace.pacer.record(0.0, True)
+        return SemanticDecision(True, False, entry_id, 1.0, 0.0, 0.0)
+
+    def readings(self, scope: Hashable | None = None) -> Readings:
+        """``scope``'s cut-off (by default the scope looked up last; 0.0 for a scope without a pacer) and the
+        shared calibration."""
+        pacer = self.pacer if scope is None else self.pacer_of(scope)
+        return Readings(0.0 if pacer is None else pacer.current, self.calibration.value)
 
     def prepare(self) -> None:
         """Called before ``observe``, outside the caller's lock: loads what the model's fit needs."""
@@ -994,4 +1073,30 @@ class BoundedPolicy:
         pace.fit = self.model.fits
 
 
-POLICIES: dict[str, type[BoundedPolicy | StaticPolicy]] = {"bounded": BoundedPolicy, "static": StaticPolicy}
+@dataclass(frozen=True, slots=True)
+class PolicyOptions:
+    """What ``SemanticCache(mode=...)`` builds its policy from: ``explore`` and ``k`` for ``bounded``,
+    ``threshold`` for ``static`` (and only there)."""
+
+    mode: str = "bounded"
+    explore: float = 0.05
+    threshold: float | None = None
+    k: int = 10
+
+    def __post_init__(self) -> None:
+        if self.mode not in POLICIES:
+            raise ValueError(f"unknown semantic mode {self.mode!r}; known: {', '.join(POLICIES)}")
+        if self.mode == "static" and self.threshold is None:
+            raise ValueError("mode 'static' needs a threshold")
+        if self.mode != "static" and self.threshold is not None:
+            raise ValueError(f"threshold applies only to mode 'static', not {self.mode!r}")
+
+    def build(self) -> DecisionPolicy:
+        return POLICIES[self.mode](self)
+
+
+POLICIES: dict[str, Callable[[PolicyOptions], DecisionPolicy]] = {
+    "bounded": lambda o: BoundedPolicy(explore=o.explore, k=o.k),
+    "static": lambda o: StaticPolicy(threshold=o.threshold),  # type: ignore[arg-type]  # checked: not None
+}
+"""Semantic modes by name: each builds its ``DecisionPolicy`` from the ``PolicyOptions``."""

@@ -45,12 +45,16 @@ class Embedder(Protocol):
     ``embed(texts)`` returns an ``(len(texts), dim)`` float32 array whose rows have unit L2 norm, row i for
     text i; identical texts give identical rows. It raises ``EmbeddingError`` when the backend fails and
     ``TypeError`` when a text is not a ``str``. ``name`` is a stable identifier of the vector space.
+    ``fits(text)`` says whether ``text`` is embedded whole (a model that reads only its first tokens would
+    give prompts that differ past them one vector: they are then not matched semantically).
     """
 
     name: str
     dim: int
 
     def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+    def fits(self, text: str) -> bool: ...
 
 
 def check_texts(texts: Sequence[str]) -> list[str]:
@@ -200,6 +204,10 @@ class OpenAIEmbedder:
         assert self._dim is not None
         return self._dim
 
+    def fits(self, text: str) -> bool:
+        """True: the endpoint is sent the whole text (a server that truncates does not say so)."""
+        return True
+
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         import numpy as np
 
@@ -223,7 +231,7 @@ class OpenAIEmbedder:
         except urllib.error.HTTPError as exc:
             raise EmbeddingError(f"{self.url}: HTTP {exc.code}: {_error_message(exc)}") from exc
         except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
             raise EmbeddingError(f"{self.url}: cannot reach the endpoint: {reason}") from exc
         return self._parse(raw, len(texts))
 
@@ -297,9 +305,8 @@ class BatchingEmbedder:
         return self.inner.dim
 
     def fits(self, text: str) -> bool:
-        """The inner embedder's ``fits`` (True when it has none: it reads whole texts, as far as we know)."""
-        fits = getattr(self.inner, "fits", None)
-        return True if fits is None else bool(fits(text))
+        """The inner embedder's ``fits``."""
+        return self.inner.fits(text)
 
     def pending(self) -> int:
         """Requests waiting for the worker (not counting the batch being embedded)."""

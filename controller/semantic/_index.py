@@ -17,15 +17,16 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+import types
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from .._codec import check_ns
 
 if TYPE_CHECKING:
     import numpy as np  # numpy loads only when vectors are made: `evocache policy check` never needs it
 
-__all__ = ["Neighbour", "Scope", "SemanticIndex", "VectorIndex"]
+__all__ = ["Change", "Neighbour", "Scope", "ScopedIndex", "SemanticIndex", "SharedEntry", "VectorIndex"]
 
 log = logging.getLogger("evocache.controller.semantic.index")
 
@@ -37,6 +38,7 @@ NORM_TOLERANCE = 1e-3
 # Removed entries stay in the faiss index as tombstones (HNSW cannot delete); it is rebuilt from the live
 # vectors once tombstones outnumber live entries (and are at least this many), so removals cost O(1) amortised.
 _MIN_COMPACT = 64
+_NO_META: Mapping[str, Any] = types.MappingProxyType({})  # one shared, read-only: most entries have none
 
 
 class Scope(NamedTuple):
@@ -70,6 +72,61 @@ class Neighbour(NamedTuple):
     entry_id: str
     similarity: float
     """Cosine similarity: inner product of unit vectors, in [-1, 1]."""
+
+
+class SharedEntry(NamedTuple):
+    """What an index keeps of an entry besides its vector: the caller's metadata and its expiry."""
+
+    meta: Mapping[str, Any]
+    expires_at: float | None
+
+
+class Change(NamedTuple):
+    """A change that reached an index from elsewhere (another replica, an expiry, a rebuild).
+
+    ``kind`` is ``add`` or ``remove`` (``ids`` of ``scope``), or ``reset``: the whole local index was rebuilt
+    from Redis (``scope`` and ``ids`` empty); a listener that keeps per-entry state should re-read it.
+    """
+
+    kind: str
+    scope: Scope | None
+    ids: tuple[str, ...]
+
+
+class ScopedIndex(Protocol):
+    """The vectors of every scope, searched one scope at a time: what ``SemanticCache`` reads and writes.
+
+    ``add`` stores (or replaces) entries with their metadata and, where the index keeps expiries, when each
+    expires; ``get`` is what it keeps of an entry besides the vector (None when it does not hold it);
+    ``listen(fn)`` has ``fn(Change)`` called for changes made without the caller (expiries, other replicas).
+    ``SemanticIndex`` (this process) and ``SharedIndex`` (shared through Redis, with expiry) implement it.
+    """
+
+    def add(
+        self,
+        scope: Scope,
+        ids: Sequence[str],
+        vecs: Any,
+        *,
+        metas: Sequence[Mapping[str, Any]] | None = None,
+        expires_at: Sequence[float | None] | None = None,
+    ) -> None: ...
+
+    def remove(self, scope: Scope, ids: Sequence[str]) -> None: ...
+
+    def search(self, scope: Scope, vecs: Any, k: int) -> list[list[Neighbour]]: ...
+
+    def vector(self, scope: Scope, entry_id: str) -> np.ndarray: ...
+
+    def get(self, scope: Scope, entry_id: str) -> SharedEntry | None: ...
+
+    def scopes(self) -> list[Scope]: ...
+
+    def listen(self, fn: Callable[[Change], None]) -> None: ...
+
+    def close(self) -> None: ...
+
+    def __len__(self) -> int: ...
 
 
 def check_scope(scope: Scope) -> None:
@@ -374,17 +431,36 @@ class SemanticIndex:
 
     Searching a scope that holds nothing returns empty neighbour lists; removing from it is a no-op. The
     keyword arguments are passed to every ``VectorIndex``. Safe to share between threads.
+
+    Each entry's metadata (``add(metas=)``) is kept with it (``get``). Nothing changes it but its caller, so
+    ``listen`` has nothing to tell; it keeps no expiry (an ``expires_at`` is a ``ValueError``: ``SharedIndex``,
+    embedded with ``url=None``, keeps them).
     """
 
     def __init__(self, **index_options: Any) -> None:
         VectorIndex(1, **index_options)  # validate the options now, not on the first add
         self._options = index_options
         self._indexes: dict[Scope, VectorIndex] = {}
+        self._metas: dict[Scope, dict[str, Mapping[str, Any]]] = {}
         self._lock = threading.Lock()
 
-    def add(self, scope: Scope, ids: Sequence[str], vecs: Any) -> None:
+    def add(
+        self,
+        scope: Scope,
+        ids: Sequence[str],
+        vecs: Any,
+        *,
+        metas: Sequence[Mapping[str, Any]] | None = None,
+        expires_at: Sequence[float | None] | None = None,
+    ) -> None:
         check_scope(scope)
         arr = check_vectors(vecs, None)
+        if expires_at is not None and any(deadline is not None for deadline in expires_at):
+            raise ValueError("SemanticIndex keeps no expiry: use SharedIndex (url=None keeps it in this process)")
+        if metas is not None:
+            metas = [dict(meta) for meta in metas]
+            if len(metas) != arr.shape[0]:
+                raise ValueError(f"{len(metas)} metas for {arr.shape[0]} vectors")
         while True:
             index = self._indexes.get(scope)
             if index is None:
@@ -397,6 +473,9 @@ class SemanticIndex:
             # (Checked under the lock remove drops under, so a drop decided before this add is seen here.)
             with self._lock:
                 if self._indexes.get(scope) is index:
+                    held = self._metas.setdefault(scope, {})
+                    for i, entry_id in enumerate(ids):
+                        held[entry_id] = _NO_META if metas is None else metas[i]
                     return
 
     def remove(self, scope: Scope, ids: Sequence[str]) -> None:
@@ -406,10 +485,14 @@ class SemanticIndex:
         index = self._indexes.get(scope)
         if index is not None:
             index.remove(ids)
-            if not len(index):
-                with self._lock:
-                    if not len(index) and self._indexes.get(scope) is index:
-                        del self._indexes[scope]
+            with self._lock:
+                held = self._metas.get(scope)
+                if held is not None:
+                    for entry_id in ids:
+                        held.pop(entry_id, None)
+                if not len(index) and self._indexes.get(scope) is index:
+                    del self._indexes[scope]
+                    self._metas.pop(scope, None)
 
     def search(self, scope: Scope, vecs: Any, k: int) -> list[list[Neighbour]]:
         check_scope(scope)
@@ -427,6 +510,17 @@ class SemanticIndex:
             raise KeyError(entry_id)
         return index.vector(entry_id)
 
+    def get(self, scope: Scope, entry_id: str) -> SharedEntry | None:
+        """The entry's metadata (no expiry: this index keeps none), or None if ``scope`` does not hold it."""
+        meta = self._metas.get(scope, {}).get(entry_id)
+        return None if meta is None else SharedEntry(meta, None)
+
+    def listen(self, fn: Callable[[Change], None]) -> None:
+        """Nothing changes this index but its caller: ``fn`` is never called."""
+
+    def close(self) -> None:
+        """Nothing to release (no thread, no connection)."""
+
     def index(self, scope: Scope) -> VectorIndex | None:
         """The scope's ``VectorIndex``, or ``None`` before its first add (and after a remove emptied it)."""
         return self._indexes.get(scope)
@@ -439,6 +533,7 @@ class SemanticIndex:
         """Forget a scope's index entirely."""
         with self._lock:
             self._indexes.pop(scope, None)
+            self._metas.pop(scope, None)
 
     def __len__(self) -> int:
         return sum(len(index) for index in list(self._indexes.values()))

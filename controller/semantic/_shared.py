@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ._index import NORM_TOLERANCE, Neighbour, Scope, SemanticIndex, check_scope, check_vectors
+from ._index import NORM_TOLERANCE, Change, Neighbour, Scope, SemanticIndex, SharedEntry, check_scope, check_vectors
 
 if TYPE_CHECKING:
     import numpy as np
@@ -84,25 +84,6 @@ if redis.call('HLEN', KEYS[1]) == 0 then
 end
 return #due
 """
-
-
-class SharedEntry(NamedTuple):
-    """What a replica knows of an entry besides its vector: the caller's metadata and its expiry."""
-
-    meta: Mapping[str, Any]
-    expires_at: float | None
-
-
-class Change(NamedTuple):
-    """A change that reached this replica from elsewhere (another replica, an expiry, a rebuild).
-
-    ``kind`` is ``add`` or ``remove`` (``ids`` of ``scope``), or ``reset``: the whole local index was rebuilt
-    from Redis (``scope`` and ``ids`` empty); a listener that keeps per-entry state should re-read it.
-    """
-
-    kind: str
-    scope: Scope | None
-    ids: tuple[str, ...]
 
 
 class SharedStats(NamedTuple):

@@ -108,6 +108,8 @@ def _bench(data: Path, delta: float, json_out: Path | None, embedder_spec: str, 
         raise _usage("--mode", f"expected bounded or static, got {mode!r}")
     if mode == "static" and (threshold is None or not 0 < threshold <= 1):
         raise _usage("--threshold", "--mode static needs a threshold in (0, 1]")
+    if mode != "static" and threshold is not None:
+        raise _usage("--threshold", "applies only to --mode static (bounded learns its own cut-off)")
     # Before the replay: a run of minutes must not end on an output it cannot write.
     _writable("--json", json_out)
     _writable("--embed-cache", embed_cache, directory=True)
