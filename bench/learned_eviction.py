@@ -3,8 +3,10 @@
     .venv/bin/python bench/learned_eviction.py [--trace FILE] [--sizes 0.01,0.05,0.1] [--opt key=value ...]
 
 Prints, per size, hit ratios, the share of the LRU -> Belady gap closed, the policy's counters and the
-replay's wall time. ``--opt`` passes constructor options of ``LearnedPolicy`` (one configuration for all
-sizes). Trace format as `evocache bench eviction` reads it (``--format``, ``--csv-columns``).
+replay's wall time. ``--opt`` passes options of the learned policy (one configuration for all sizes): a field
+of ``LearnedTraining`` (``retrain_every=300``) goes into its ``training``, ``policy=learned-rank`` picks the
+ranking policy, any other is the policy's own keyword. Trace format as `evocache bench eviction` reads it
+(``--format``, ``--csv-columns``).
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from __future__ import annotations
 import argparse
 import functools
 import time
+from dataclasses import fields
 
-from evocache.controller.eviction import LearnedPolicy
+from evocache.controller.eviction import LearnedBase, LearnedTraining, make_eviction_policy
 from evocache.controller.replay import CsvColumns, belady_unit, read_trace, replay, working_set
 
 
@@ -25,7 +28,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="0.01,0.05,0.1")
     parser.add_argument("--unit", default="objects", choices=("objects", "bytes"))
     parser.add_argument("--seed", type=int, default=0, help="the replay's rng seed (the policy's sampling)")
-    parser.add_argument("--opt", action="append", default=[], help="LearnedPolicy option, key=value")
+    parser.add_argument("--opt", action="append", default=[], help="learned policy option, key=value")
     parser.add_argument("--train-speed", type=int, default=0, metavar="N",
                         help="instead: time one training on N samples collected by replaying the trace")
     args = parser.parse_args()
@@ -62,22 +65,28 @@ def _train_speed(trace: list, n: int, options: dict, objects: int) -> None:
     span = trace[-1].t - trace[0].t + 1
     rounds = -(-n // len(trace)) + 1
     long = [a._replace(t=a.t + r * span, req=a.req + r * 10**7) for r in range(rounds) for a in trace]
-    built: list[LearnedPolicy] = []
+    built: list[LearnedBase] = []
     replay(long, functools.partial(_build, built, objects // 20, {**options, "window": n, "retrain_every": 10**9}),
            capacity_objects=objects // 20)
     policy = built[0]
     rows, distances, horizons, first, last = policy._samples.training_set(policy._tick)
     labels = targets(distances, horizons, policy.target)
     start = time.perf_counter()
-    train(policy._select(rows), labels, features=policy.features, objective=policy._objective,
-          window=TrainingWindow(first, last, 0, len(labels), 0), rounds=policy.rounds, depth=policy.depth,
-          threads=policy.threads)
-    print(f"trained on {len(labels)} samples ({int((distances <= horizons).sum())} reused), {policy.rounds} rounds of depth "
-          f"{policy.depth}, {policy.threads} thread(s): {time.perf_counter() - start:.2f}s")
+    t = policy.training
+    objective = "reg:squarederror" if policy.target == "distance" else "binary:logistic"
+    train(policy._select(rows), labels, features=policy.features, objective=objective,
+          window=TrainingWindow(first, last, 0, len(labels), 0), rounds=t.rounds, depth=t.depth, threads=t.threads)
+    print(f"trained on {len(labels)} samples ({int((distances <= horizons).sum())} reused), {t.rounds} rounds of depth "
+          f"{t.depth}, {t.threads} thread(s): {time.perf_counter() - start:.2f}s")
 
 
-def _build(out: list, capacity: int, options: dict, **kw) -> LearnedPolicy:
-    policy = LearnedPolicy(capacity=capacity, **options, **kw)
+_TRAINING = {f.name for f in fields(LearnedTraining)}
+
+
+def _build(out: list, capacity: int, options: dict, **kw) -> LearnedBase:
+    rest = {k: v for k, v in options.items() if k not in _TRAINING}
+    training = LearnedTraining(**{k: v for k, v in options.items() if k in _TRAINING})
+    policy = make_eviction_policy(rest.pop("policy", "learned"), capacity=capacity, training=training, **rest, **kw)
     out.append(policy)
     return policy
 

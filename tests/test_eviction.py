@@ -18,6 +18,8 @@ from evocache.controller.eviction import (
     EntryInfo,
     EvictionPolicy,
     LearnedPolicy,
+    LearnedRankPolicy,
+    LearnedTraining,
     LookaheadPolicy,
     LFUPolicy,
     LRUKPolicy,
@@ -49,7 +51,7 @@ def _learned_model():
     built: list[LearnedPolicy] = []
 
     def make(**kw):
-        built.append(LearnedPolicy(capacity=15, retrain_every=400, **kw))
+        built.append(LearnedPolicy(capacity=15, training=LearnedTraining(retrain_every=400), **kw))
         return built[0]
 
     replay(trace, make, capacity_objects=15)
@@ -60,10 +62,12 @@ def _learned_model():
 def _build(name: str, **kwargs) -> EvictionPolicy:
     if name == "learned-trained":
         return LearnedPolicy(model=_learned_model(), **kwargs)
+    if name == "learned-rank-trained":
+        return LearnedRankPolicy(model=_learned_model(), **kwargs)
     return make_eviction_policy(name, **kwargs)
 
 
-VARIANTS = [*NAMES, "learned-trained"]
+VARIANTS = [*NAMES, "learned-trained", "learned-rank-trained"]
 
 
 def replay(
@@ -322,6 +326,7 @@ def test_registry_names_every_policy() -> None:
         "arc": ARCPolicy,
         "weighted": WeightedPolicy,
         "learned": LearnedPolicy,
+        "learned-rank": LearnedRankPolicy,
         "lookahead": LookaheadPolicy,
     }
     for name, cls in EVICTION_POLICIES.items():
@@ -332,7 +337,7 @@ def test_registry_names_every_policy() -> None:
 def test_unknown_policy_lists_the_known_ones() -> None:
     with pytest.raises(StoreConfigError) as info:
         make_eviction_policy("clock")
-    assert str(info.value) == "unknown eviction policy 'clock'; known: arc, learned, lfu, lookahead, lru, lruk, s3fifo, weighted"
+    assert str(info.value) == "unknown eviction policy 'clock'; known: arc, learned, learned-rank, lfu, lookahead, lru, lruk, s3fifo, weighted"
 
 
 def test_factory_passes_options() -> None:

@@ -15,10 +15,14 @@ import numpy as np
 import pytest
 
 from evocache.controller.eviction import (
+    EVICTION_POLICIES,
+    BuildContext,
     EntryInfo,
     LearnedModel,
     LearnedModelError,
     LearnedPolicy,
+    LearnedRankPolicy,
+    LearnedTraining,
     LFUPolicy,
     TrainingWindow,
     LRUPolicy,
@@ -88,7 +92,7 @@ def serve(policy: LearnedPolicy, key: str, info: EntryInfo, held: list[str], cap
 
 @functools.cache
 def trained_model() -> LearnedModel:
-    _, policy = run(functools.partial(LearnedPolicy, capacity=20, retrain_every=300))
+    _, policy = run(functools.partial(LearnedPolicy, capacity=20, training=LearnedTraining(retrain_every=300)))
     assert policy.model is not None
     return policy.model
 
@@ -97,7 +101,7 @@ def trained_model() -> LearnedModel:
 
 
 def test_replay_is_deterministic_and_the_model_decides() -> None:
-    factory = functools.partial(Recording, capacity=20, retrain_every=300)
+    factory = functools.partial(Recording, capacity=20, training=LearnedTraining(retrain_every=300))
     first, p1 = run(factory)
     second, p2 = run(factory)
     assert first == second
@@ -105,7 +109,7 @@ def test_replay_is_deterministic_and_the_model_decides() -> None:
     assert p1.stats == p2.stats
     assert p1.stats.trained == len(TRACE) // 300
     # the model changed decisions: the victims are not LRU's
-    lru_victims = run(functools.partial(Recording, capacity=20, retrain_every=10**9))[1].removed
+    lru_victims = run(functools.partial(Recording, capacity=20, training=LearnedTraining(retrain_every=10**9)))[1].removed
     assert p1.removed != lru_victims
 
 
@@ -121,7 +125,11 @@ def recording(cls: type) -> type:
 
 @pytest.mark.parametrize(("fallback", "heuristic"), [("lru", LRUPolicy), ("lfu", LFUPolicy)])
 def test_untrained_policy_is_its_heuristic_exactly(fallback: str, heuristic: type) -> None:
-    learned_result, learned = run(functools.partial(Recording, capacity=20, fallback=fallback, retrain_every=10**9))
+    def by_name(**owner):  # the fallback built by name, as the registry builds it
+        return Recording.build(BuildContext(EVICTION_POLICIES, capacity=20, **owner), fallback=fallback,
+                               training=LearnedTraining(retrain_every=10**9))
+
+    learned_result, learned = run(by_name)
     plain_result, plain = run(recording(heuristic))
     assert learned.model is None and learned.stats.trained == 0 and learned.stats.bypassed == 0
     assert learned.removed == plain.removed and len(plain.removed) > 500
@@ -130,7 +138,7 @@ def test_untrained_policy_is_its_heuristic_exactly(fallback: str, heuristic: typ
 
 
 def test_retrains_every_n_accesses() -> None:
-    policy = LearnedPolicy(capacity=20, retrain_every=250)
+    policy = LearnedPolicy(capacity=20, training=LearnedTraining(retrain_every=250))
     trained = []
     held: list[str] = []
     for i, a in enumerate(TRACE[:1000], start=1):
@@ -159,9 +167,9 @@ def test_bypassed_misses_count_as_misses() -> None:
 
 
 def test_learned_admission_bypasses_and_replay_counts_it() -> None:
-    result, policy = run(functools.partial(LearnedPolicy, capacity=20, retrain_every=300, admission=True))
+    result, policy = run(functools.partial(LearnedPolicy, capacity=20, training=LearnedTraining(retrain_every=300), admission=True))
     assert policy.stats.bypassed > 0
-    off, _ = run(functools.partial(LearnedPolicy, capacity=20, retrain_every=300))
+    off, _ = run(functools.partial(LearnedPolicy, capacity=20, training=LearnedTraining(retrain_every=300)))
     assert result.hits != off.hits and result.requests == off.requests == len(TRACE)
 
 
@@ -282,7 +290,7 @@ class Gated(LearnedPolicy):
 
 
 def test_background_training_does_not_block_and_swaps_the_model() -> None:
-    policy = Gated(background=True, retrain_every=300)
+    policy = Gated(background=True, training=LearnedTraining(retrain_every=300))
     try:
         keys = [a.key for a in TRACE]
         held: list[str] = []
@@ -331,7 +339,7 @@ def budget_model() -> LearnedModel:
 
 def test_model_decides_and_a_stale_one_falls_back() -> None:
     def policy(stale_after: int) -> LearnedPolicy:
-        p = LearnedPolicy(model=frequency_model(), retrain_every=10**6, stale_after=stale_after)
+        p = LearnedPolicy(model=frequency_model(), training=LearnedTraining(retrain_every=10**6, stale_after=stale_after))
         p.on_insert("a", EntryInfo(1))
         p.on_hit("a")
         for key in "bcd":
@@ -378,7 +386,7 @@ def test_classify_learns_which_requests_leave_chains_that_never_return() -> None
                 for key in finished:
                     classes["once" if str(key).startswith("once") else "doc"].append(self._class[key])
 
-    result, policy = run(functools.partial(Watching, capacity=30, retrain_every=300), capacity=30, trace=trace)
+    result, policy = run(functools.partial(Watching, capacity=30, training=LearnedTraining(retrain_every=300)), capacity=30, trace=trace)
     lru, _ = run(LRUPolicy, capacity=30, trace=trace)
     assert policy.stats.trained == len(trace) // 300 and policy.stats.averse > 0
     once_averse = 1 - sum(classes["once"]) / len(classes["once"])
@@ -392,7 +400,7 @@ def test_classify_learns_which_requests_leave_chains_that_never_return() -> None
 def test_a_request_is_classified_when_it_completes() -> None:
     """With an output length (known at completion) a request's blocks stay friendly while it is in flight and
     are classified together when the next request begins; the one-off request's blocks then go first."""
-    policy = LearnedPolicy(model=budget_model(), retrain_every=10**6)
+    policy = LearnedPolicy(model=budget_model(), training=LearnedTraining(retrain_every=10**6))
     for pos, key in enumerate(["long0", "long1"]):
         info = EntryInfo(1, req=0, pos=pos, req_len=2, req_out=400, parent="long0" if pos else None)
         policy.on_access(key, info)
@@ -412,7 +420,7 @@ def test_a_request_is_classified_when_it_completes() -> None:
 def test_classify_namespace_victims_and_admission() -> None:
     """Within a namespace the least recently used averse leaf goes first; with ``admission`` an averse miss is
     not stored when the cache is full (and counted), a friendly one is."""
-    policy = LearnedPolicy(model=frequency_model(), retrain_every=10**6, capacity=4, admission=True)
+    policy = LearnedPolicy(model=frequency_model(), training=LearnedTraining(retrain_every=10**6), capacity=4, admission=True)
     held = []
     for key, ns in (("a", "x"), ("b", "x"), ("c", "y"), ("d", "x")):
         info = EntryInfo(1, ns)
@@ -497,7 +505,7 @@ def test_head_counts_are_bounded() -> None:
 def test_classify_victim_passes_averse_parents_of_friendly_children() -> None:
     """An averse block whose child is friendly cannot go before the child; the least recently used averse
     *leaf* goes, however many such parents come first (found through a heap, not a scan)."""
-    policy = LearnedPolicy(model=frequency_model(), retrain_every=10**6)
+    policy = LearnedPolicy(model=frequency_model(), training=LearnedTraining(retrain_every=10**6))
     for i in range(300):  # each chain: an averse head (one access) under a friendly child (two accesses)
         policy.on_access(f"p{i}", EntryInfo(1, req=i, pos=0, req_len=2))
         policy.on_insert(f"p{i}", EntryInfo(1, req=i, pos=0, req_len=2))
@@ -514,7 +522,7 @@ def test_classify_victim_passes_averse_parents_of_friendly_children() -> None:
 
 
 def test_classify_without_leaves_first_takes_the_least_recently_used_averse_key() -> None:
-    policy = LearnedPolicy(model=frequency_model(), retrain_every=10**6, leaves_first=False)
+    policy = LearnedPolicy(model=frequency_model(), training=LearnedTraining(retrain_every=10**6), leaves_first=False)
     policy.on_insert("a", EntryInfo(1, req=0, pos=0, req_len=2))
     policy.on_insert("b", EntryInfo(1, req=0, pos=1, req_len=2, parent="a"))
     assert policy.victim() == "a"
@@ -522,21 +530,21 @@ def test_classify_without_leaves_first_takes_the_least_recently_used_averse_key(
 
 def test_admission_without_an_announced_access_admits() -> None:
     """The L1 tier asks ``admit`` without ``on_access``: nothing was classified for the key, so it is admitted
-    (classify), and ``rank`` finds no history instead of raising."""
-    for decide in ("classify", "rank"):
-        policy = LearnedPolicy(model=frequency_model(), retrain_every=10**6, capacity=1, admission=True,
-                               decide=decide)
+    (LearnedPolicy), and LearnedRankPolicy finds no history instead of raising."""
+    for cls in (LearnedPolicy, LearnedRankPolicy):
+        policy = cls(model=frequency_model(), training=LearnedTraining(retrain_every=10**6), capacity=1,
+                     admission=True)
         policy.on_insert("a", EntryInfo(1))
         assert policy.admit("new", EntryInfo(1)) and policy.stats.bypassed == 0
 
 
 def test_a_regression_model_cannot_classify(tmp_path) -> None:
-    _, ranked = run(functools.partial(LearnedPolicy, capacity=20, retrain_every=300, target="distance",
-                                      decide="rank"))
+    _, ranked = run(functools.partial(LearnedRankPolicy, capacity=20, training=LearnedTraining(retrain_every=300),
+                                      target="distance"))
     ranked.save_model(tmp_path / "m.json")
     with pytest.raises(LearnedModelError, match="regression"):
         LearnedPolicy().load_model(tmp_path / "m.json")
-    LearnedPolicy(target="distance", decide="rank").load_model(tmp_path / "m.json")
+    LearnedRankPolicy(target="distance").load_model(tmp_path / "m.json")
 
 
 def test_a_failed_training_is_counted_and_the_trainer_goes_on() -> None:
@@ -549,7 +557,7 @@ def test_a_failed_training_is_counted_and_the_trainer_goes_on() -> None:
                 raise RuntimeError("injected")
             return super()._fit(rows, labels, window)
 
-    policy = FailsOnce(background=True, retrain_every=300, capacity=20)
+    policy = FailsOnce(background=True, training=LearnedTraining(retrain_every=300), capacity=20)
     try:
         held: list[str] = []
         for i, a in enumerate(TRACE):
@@ -567,20 +575,20 @@ def test_a_failed_training_is_counted_and_the_trainer_goes_on() -> None:
 
 def test_a_feature_subset_trains_on_those_columns_only(tmp_path) -> None:
     chosen = ("age", "count", "edc16384", "head_requests")
-    _, policy = run(functools.partial(LearnedPolicy, capacity=20, retrain_every=300, features=chosen))
+    _, policy = run(functools.partial(LearnedPolicy, capacity=20, training=LearnedTraining(retrain_every=300, features=chosen)))
     assert policy.model is not None and policy.model.features == chosen
     assert policy.model.booster.num_features() == 4
     policy.save_model(tmp_path / "m.json")
     with pytest.raises(LearnedModelError, match="expected"):
         LearnedPolicy().load_model(tmp_path / "m.json")  # all features expected
-    LearnedPolicy(features=chosen).load_model(tmp_path / "m.json")
+    LearnedPolicy(training=LearnedTraining(features=chosen)).load_model(tmp_path / "m.json")
     with pytest.raises(ValueError, match=r"unknown features \['colour'\]; known: age, gap1"):
-        LearnedPolicy(features=("age", "colour"))
+        LearnedTraining(features=("age", "colour"))
 
 
 def test_distance_target_learns_a_regression_that_round_trips(tmp_path) -> None:
-    result, policy = run(functools.partial(LearnedPolicy, capacity=20, retrain_every=300, target="distance",
-                                              decide="rank"))
+    result, policy = run(functools.partial(LearnedRankPolicy, capacity=20, training=LearnedTraining(retrain_every=300),
+                                              target="distance"))
     model = policy.model
     assert model is not None and policy.stats.trained == len(TRACE) // 300
     rows = np.random.default_rng(1).random((100, len(FEATURES))) * 30
@@ -589,23 +597,45 @@ def test_distance_target_learns_a_regression_that_round_trips(tmp_path) -> None:
     np.testing.assert_allclose(scores, model.booster.inplace_predict(rows), atol=1e-5)
     model.save(tmp_path / "m.json")
     assert np.array_equal(LearnedModel.load(tmp_path / "m.json").predict(rows), scores)
-    assert result == run(functools.partial(LearnedPolicy, capacity=20, retrain_every=300, target="distance",
-                                              decide="rank"))[0]
+    assert result == run(functools.partial(LearnedRankPolicy, capacity=20, training=LearnedTraining(retrain_every=300),
+                                              target="distance"))[0]
 
 
 def test_options_are_checked() -> None:
     with pytest.raises(ValueError, match="retrain_every"):
-        LearnedPolicy(retrain_every=0)
+        LearnedTraining(retrain_every=0)
     with pytest.raises(ValueError, match="horizon"):
-        LearnedPolicy(horizon=float("inf"))
+        LearnedTraining(horizon=float("inf"))
     with pytest.raises(ValueError, match="target must be"):
-        LearnedPolicy(target="soon")
+        LearnedRankPolicy(target="soon")
     with pytest.raises(ValueError, match="fallback must be a heuristic"):
-        LearnedPolicy(fallback="learned")
-    with pytest.raises(ValueError, match="decide must be"):
-        LearnedPolicy(decide="guess")
-    with pytest.raises(ValueError, match="needs target='reuse'"):
-        LearnedPolicy(target="distance")
+        LearnedPolicy(fallback=LearnedRankPolicy())
+    with pytest.raises(ValueError, match="fallback must be a heuristic"):
+        make_eviction_policy("learned", fallback="learned-rank")
+    with pytest.raises(TypeError, match="fallback must be an EvictionPolicy"):
+        LearnedPolicy(fallback="lfu")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="averse_below"):
         LearnedPolicy(averse_below=-1)
+    with pytest.raises(TypeError, match="training must be a LearnedTraining"):
+        LearnedPolicy(training={"retrain_every": 10})  # type: ignore[arg-type]
     assert isinstance(make_eviction_policy("learned", capacity=10), LearnedPolicy)
+    assert isinstance(make_eviction_policy("learned-rank", capacity=10), LearnedRankPolicy)
+
+
+@pytest.mark.parametrize("option", ["decide", "target", "retrain_every", "horizon", "features", "retrain_evry"])
+def test_a_misspelt_or_misplaced_option_is_a_type_error(option: str) -> None:
+    """One decision per class (no ``decide``; ``target`` belongs to the ranking policy) and the training
+    options in ``LearnedTraining``: anything else given to the classifying policy is a TypeError."""
+    with pytest.raises(TypeError, match=option):
+        make_eviction_policy("learned", **{option: 1})
+    with pytest.raises(TypeError, match=option):
+        LearnedPolicy(**{option: 1})
+
+
+def test_training_options_keep_their_values() -> None:
+    training = LearnedTraining(horizon=3, retrain_every=50, features=["age", "count"])
+    assert training.horizon == 3.0 and isinstance(training.horizon, float)
+    assert training.features == ("age", "count") and training.staleness == 200
+    assert LearnedTraining(stale_after=7).staleness == 7
+    policy = make_eviction_policy("learned", training=training)
+    assert policy.training is training and policy.features == ("age", "count")

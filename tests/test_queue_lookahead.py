@@ -9,7 +9,14 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from evocache.controller.eviction import EntryInfo, LookaheadPolicy, QueuedRequest, make_eviction_policy
+from evocache.controller.eviction import (
+    EntryInfo,
+    LFUPolicy,
+    LookaheadPolicy,
+    LRUPolicy,
+    QueuedRequest,
+    make_eviction_policy,
+)
 from evocache.controller.replay import Access, replay
 from evocache.controller.replay._queue import Backlog, Load, QueueModel, arrivals, serve
 from evocache.controller.replay.commands import app
@@ -115,14 +122,14 @@ def test_with_an_empty_queue_it_is_its_base_policy(base: str) -> None:
     for accesses, queue in ((trace, None), (spaced, QueueModel())):
         expected = replay(accesses, partial(make_eviction_policy, base, capacity=12), capacity_objects=12,
                           window_s=2.0)
-        got = replay(accesses, partial(LookaheadPolicy, capacity=12, base=base), capacity_objects=12,
+        got = replay(accesses, partial(make_eviction_policy, "lookahead", capacity=12, base=base), capacity_objects=12,
                      window_s=2.0, queue=queue)
         assert expected.hits > 0
         assert replace(got, policy=expected.policy) == expected
 
 
 def test_protected_blocks_go_last_and_the_furthest_needed_first() -> None:
-    policy = LookaheadPolicy(base="lru")
+    policy = LookaheadPolicy()
     for key in "abcdef":
         policy.on_insert(key, EntryInfo(1))
     # r7 needs c then a; r8 needs e and a. LRU order of the rest: b, d, f.
@@ -137,7 +144,7 @@ def test_protected_blocks_go_last_and_the_furthest_needed_first() -> None:
 
 
 def test_a_key_leaves_protection_when_its_last_waiting_request_starts() -> None:
-    policy = LookaheadPolicy(base="lru")
+    policy = LookaheadPolicy()
     for key in "abc":
         policy.on_insert(key, EntryInfo(1))
     policy.on_queue([QueuedRequest(1, ("a",)), QueuedRequest(2, ("a", "b"))])
@@ -152,7 +159,7 @@ def test_a_key_leaves_protection_when_its_last_waiting_request_starts() -> None:
 
 
 def test_admission_skips_an_unneeded_block_when_only_protected_ones_are_held() -> None:
-    policy = LookaheadPolicy(capacity=2, base="lru")
+    policy = LookaheadPolicy(capacity=2)
     policy.on_insert("a", EntryInfo(1))
     policy.on_insert("b", EntryInfo(1))
     policy.on_queue([QueuedRequest(1, ("a", "b"))])
@@ -160,7 +167,7 @@ def test_admission_skips_an_unneeded_block_when_only_protected_ones_are_held() -
     assert policy.admit("a2", EntryInfo(1)) is False and policy.bypassed == 2
     policy.on_queue([QueuedRequest(1, ("a", "b")), QueuedRequest(2, ("q",))])
     assert policy.admit("q", EntryInfo(1)) is True  # needed by r2: admitted, it will evict b
-    assert LookaheadPolicy(capacity=2, base="lru", admission=False).admit("z", EntryInfo(1)) is True
+    assert LookaheadPolicy(capacity=2, admission=False).admit("z", EntryInfo(1)) is True
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -278,7 +285,7 @@ def test_bench_help_gives_the_utilisation_range() -> None:
 
 
 def test_victim_in_a_namespace_of_protected_keys_only_takes_the_furthest_needed() -> None:
-    policy = LookaheadPolicy(base="lru")
+    policy = LookaheadPolicy()
     for key, ns in (("a", "t1"), ("b", "t1"), ("c", "t2")):
         policy.on_insert(key, EntryInfo(1, ns))
     policy.on_queue([QueuedRequest(1, ("b", "a", "c"))])
@@ -298,7 +305,7 @@ def test_bench_runs_the_lookahead_over_a_named_base(tmp_path: Path) -> None:
     trace = list(read_trace(path))
     model = QueueModel.for_utilisation(trace, 0.9)
     cap = row["capacity"]
-    expected = replay(trace, partial(LookaheadPolicy, capacity=cap, base="lfu"), capacity_objects=cap, queue=model)
+    expected = replay(trace, partial(make_eviction_policy, "lookahead", capacity=cap, base="lfu"), capacity_objects=cap, queue=model)
     assert row["hit_ratio"] == expected.hit_ratio
     assert expected.hit_ratio != replay(trace, "lookahead", capacity_objects=cap, queue=model).hit_ratio
 
@@ -313,8 +320,8 @@ def test_bench_reads_a_base_as_written_and_lookahead_over_lru_once(tmp_path: Pat
 
 
 @pytest.mark.parametrize(("name", "why"), [
-    ("lookahead:lookahead", "the base must be another registered policy, one of arc, learned, lfu, lru, "
-                            "lruk, s3fifo, weighted"),
+    ("lookahead:lookahead", "the base must be another registered policy, one of arc, learned, learned-rank, lfu, "
+                            "lru, lruk, s3fifo, weighted"),
     ("lookahead:nope", "the base must be another registered policy"),
     ("lru:lfu", "only lookahead takes a base policy"),
 ])
@@ -327,9 +334,33 @@ def test_bench_rejects_a_bad_base(tmp_path: Path, name: str, why: str) -> None:
 
 
 def test_a_learned_base_trains_in_the_background_when_the_owner_asks() -> None:
-    policy = LookaheadPolicy(base="learned", background=True)
+    policy = make_eviction_policy("lookahead", base="learned", background=True)
     try:
         assert policy.base._background is True  # type: ignore[attr-defined]
     finally:
         policy.close()
-    assert LookaheadPolicy(base="learned").base._background is False  # type: ignore[attr-defined]
+    assert make_eviction_policy("lookahead", base="learned").base._background is False  # type: ignore[attr-defined]
+
+
+def test_a_base_built_by_name_shares_the_rng_and_a_given_one_is_used_as_is() -> None:
+    rng = random.Random(3)
+    policy = make_eviction_policy("lookahead", base="lfu", capacity=5, rng=rng)
+    assert isinstance(policy.base, LFUPolicy) and policy.base.rng is rng is policy.rng
+    assert isinstance(LookaheadPolicy().base, LRUPolicy)
+    given = LFUPolicy()
+    assert LookaheadPolicy(base=given).base is given
+
+
+def test_a_bad_base_is_refused() -> None:
+    with pytest.raises(ValueError, match="not 'lookahead' itself"):
+        make_eviction_policy("lookahead", base="lookahead")
+    with pytest.raises(ValueError, match="not a look-ahead itself"):
+        LookaheadPolicy(base=LookaheadPolicy())
+    with pytest.raises(TypeError, match="base must be an EvictionPolicy"):
+        LookaheadPolicy(base="lfu")  # type: ignore[arg-type]
+    held = LRUPolicy()
+    held.on_insert("a", EntryInfo(1))
+    with pytest.raises(ValueError, match="already tracks keys"):
+        LookaheadPolicy(base=held)
+    with pytest.raises(TypeError, match="background"):
+        LookaheadPolicy(background=True)  # type: ignore[call-arg]

@@ -2,18 +2,21 @@
 
 One policy = one small class making one decision (see ``_base.EvictionPolicy``). The registry maps the names a
 policy document uses (``eviction: {l1: s3fifo}``) to classes; ``make_eviction_policy`` is the one place a name
-becomes a policy.
+becomes a policy: it describes the owner in a ``BuildContext`` and the class builds itself from it
+(``EvictionPolicy.build``).
 """
 
 from __future__ import annotations
 
-import inspect
+import random
+import time
 from typing import Any
 
-from ..errors import StoreConfigError
 from ._arc import ARCPolicy
-from ._base import Clock, EntryInfo, EvictionPolicy
-from ._learned import LearnedPolicy, LearnedStats
+from ._base import BuildContext, Clock, EntryInfo, EvictionPolicy
+from ._learned import LearnedBase, LearnedStats, LearnedTraining
+from ._learned_classify import LearnedPolicy
+from ._learned_rank import LearnedRankPolicy
 from ._lfu import LFUPolicy
 from ._lookahead import LookaheadPolicy, QueuedRequest
 from ._lru import LRUPolicy
@@ -25,14 +28,18 @@ from ._weighted import WeightedPolicy
 __all__ = [
     "ARCPolicy",
     "EVICTION_POLICIES",
+    "BuildContext",
     "Clock",
     "EntryInfo",
     "EvictionPolicy",
     "LFUPolicy",
+    "LearnedBase",
     "LearnedModel",
     "LearnedModelError",
     "LearnedPolicy",
+    "LearnedRankPolicy",
     "LearnedStats",
+    "LearnedTraining",
     "LookaheadPolicy",
     "LRUKPolicy",
     "LRUPolicy",
@@ -45,32 +52,31 @@ __all__ = [
 
 EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
     cls.name: cls for cls in (LRUPolicy, LFUPolicy, LRUKPolicy, S3FIFOPolicy, ARCPolicy, WeightedPolicy,
-                             LearnedPolicy, LookaheadPolicy)
+                             LearnedPolicy, LearnedRankPolicy, LookaheadPolicy)
 }
 """Policy name -> class."""
 
 
 def make_eviction_policy(
-    name: str, *, capacity: int | None = None, background: bool = False, **kwargs: Any
+    name: str,
+    *,
+    capacity: int | None = None,
+    background: bool = False,
+    clock: Clock = time.monotonic,
+    rng: random.Random | None = None,
+    **options: Any,
 ) -> EvictionPolicy:
-    """A new policy of the registered ``name``, built with ``kwargs`` (``clock``, ``rng``, its own options).
+    """A new policy of the registered ``name`` for an owner of ``capacity`` (in the unit of ``EntryInfo.size``;
+    None: not told), with ``options``, the class's own keywords.
 
-    ``capacity`` is the owner's capacity in bytes. An owner always knows it and may always pass it; it reaches
-    only the classes whose constructor takes a ``capacity`` (those that size their structure in bytes, like
-    S3-FIFO's queues and ARC's lists); the others have no use for it. ``background`` likewise reaches only the
-    classes that take it: an owner on a request path passes True so that a learned policy trains on its own
-    thread, never inside a request (replay leaves it False: inline training is deterministic).
+    An owner always knows its capacity and may always pass it; it reaches the classes that size a structure by
+    it (S3-FIFO's queues, ARC's lists, a learned policy's admission). ``background``: True for an owner on a
+    request path, so that a learned policy trains on its own thread, never inside a request (replay leaves it
+    False: inline training is deterministic). ``rng`` defaults to ``random.Random(0)``.
 
     Raises ``StoreConfigError`` naming the known policies for an unknown name; an option the class does not
     take raises ``TypeError`` and a bad value ``ValueError``, from the class itself.
     """
-    try:
-        cls = EVICTION_POLICIES[name]
-    except KeyError:
-        known = ", ".join(sorted(EVICTION_POLICIES))
-        raise StoreConfigError(f"unknown eviction policy {name!r}; known: {known}") from None
-    if capacity is not None and "capacity" in inspect.signature(cls).parameters:
-        kwargs["capacity"] = capacity
-    if background and "background" in inspect.signature(cls).parameters:
-        kwargs["background"] = True
-    return cls(**kwargs)
+    context = BuildContext(EVICTION_POLICIES, capacity=capacity, background=background, clock=clock,
+                           rng=rng if rng is not None else random.Random(0))
+    return context.build(name, **options)

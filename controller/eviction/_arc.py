@@ -6,8 +6,9 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Hashable
+from typing import Any
 
-from ._base import Clock, EntryInfo, EvictionPolicy
+from ._base import BuildContext, Clock, EntryInfo, EvictionPolicy
 from ._index import NsQueue
 
 _NOBODY: Hashable = object()  # "no key": keys are arbitrary hashables, so None could be one
@@ -98,6 +99,11 @@ class ARCPolicy(EvictionPolicy):
         self._missed: Hashable = _NOBODY  # the key of the access announced by on_access
         self._adapted = False  # p already moved for that access (its key was a ghost)
         self._named: Hashable = _NOBODY
+
+    @classmethod
+    def build(cls, context: BuildContext, **options: Any) -> EvictionPolicy:
+        """Sized by the owner's capacity (see the class docstring)."""
+        return cls(capacity=context.capacity, clock=context.clock, rng=context.rng, **options)
 
     # -- notifications ------------------------------------------------------------------------------------
 

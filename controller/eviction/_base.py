@@ -12,8 +12,11 @@ from __future__ import annotations
 import abc
 import random
 import time
-from collections.abc import Callable, Hashable, Sequence
-from typing import ClassVar, NamedTuple
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, NamedTuple
+
+from ..errors import StoreConfigError
 
 Clock = Callable[[], float]
 
@@ -42,6 +45,37 @@ class EntryInfo(NamedTuple):
     req_out: int = -1
 
 
+@dataclass(frozen=True, slots=True)
+class BuildContext:
+    """What the owner of a policy knows when it builds one by name (``make_eviction_policy``).
+
+    ``policies`` maps the registered names to classes: a policy that composes another (a learned policy's
+    fallback, a look-ahead's base) builds it by name through ``build``. ``capacity`` is the owner's capacity in
+    the unit of ``EntryInfo.size`` (None: not told); it reaches the classes that size a structure by it.
+    ``background`` is True for an owner on a request path: a learned policy then trains on its own thread.
+    ``clock`` and ``rng`` are the time and randomness the policy is given.
+    """
+
+    policies: Mapping[str, type[EvictionPolicy]]
+    capacity: int | None = None
+    background: bool = False
+    clock: Clock = time.monotonic
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+
+    def build(self, name: str, **options: Any) -> EvictionPolicy:
+        """A new policy of the registered ``name``, with ``options`` (the class's own keywords).
+
+        Raises ``StoreConfigError`` naming the known policies for an unknown name; an option the class does
+        not take raises ``TypeError`` and a bad value ``ValueError``, from the class itself.
+        """
+        try:
+            cls = self.policies[name]
+        except KeyError:
+            known = ", ".join(sorted(self.policies))
+            raise StoreConfigError(f"unknown eviction policy {name!r}; known: {known}") from None
+        return cls.build(self, **options)
+
+
 class EvictionPolicy(abc.ABC):
     """Tracks the keys held by its owner and chooses victims.
 
@@ -63,6 +97,13 @@ class EvictionPolicy(abc.ABC):
     def __init__(self, *, clock: Clock = time.monotonic, rng: random.Random | None = None) -> None:
         self.clock = clock
         self.rng = rng if rng is not None else random.Random(0)
+
+    @classmethod
+    def build(cls, context: BuildContext, **options: Any) -> EvictionPolicy:
+        """A new policy for the owner ``context`` describes, with ``options``. This default gives it the
+        context's clock and rng; a class that reads the owner's capacity or background flag, or builds the
+        policies it composes by name, says so by overriding it."""
+        return cls(clock=context.clock, rng=context.rng, **options)
 
     @abc.abstractmethod
     def on_insert(self, key: Hashable, info: EntryInfo) -> None: ...

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ._model import LearnedModelError
+from ..errors import LearnedModelError
 
 
 class Forest:

@@ -37,6 +37,16 @@ class History:
         self.slot: dict[Hashable, int] = {}
         self._free: list[int] = []
         self._n = 0
+        # The per-slot columns, empty until _alloc sizes them. ctx: pos, req_len, head requests, head gap, ns,
+        # rule, req_out, req_new.
+        self.last = np.empty(0)
+        self.gaps = np.empty((0, 3))
+        self.edc = np.empty((0, len(HALF_LIVES)))
+        self.edc_t = np.empty(0)
+        self.count = np.empty(0)
+        self.size = np.empty(0)
+        self.ctx = np.empty((0, 8))
+        self.children = np.empty(0)
         self._alloc(capacity)
         self._codes: dict[str, float] = {}
         self._head_requests: dict[Hashable, int] = {}
@@ -48,21 +58,19 @@ class History:
     def _alloc(self, n: int) -> None:
         """Make room for ``n`` slots, keeping the rows there are."""
         grow = self._grow
-        self.last = grow(getattr(self, "last", None), n, 0.0)
-        self.gaps = grow(getattr(self, "gaps", None), n, _NAN, width=3)
-        self.edc = grow(getattr(self, "edc", None), n, 0.0, width=len(HALF_LIVES))
-        self.edc_t = grow(getattr(self, "edc_t", None), n, 0.0)
-        self.count = grow(getattr(self, "count", None), n, 0.0)
-        self.size = grow(getattr(self, "size", None), n, 1.0)
-        self.ctx = grow(getattr(self, "ctx", None), n, _NAN, width=8)  # pos, req_len, head requests/gap, ns, rule, req_out, req_new
-        self.children = grow(getattr(self, "children", None), n, 0.0)
+        self.last = grow(self.last, n, 0.0)
+        self.gaps = grow(self.gaps, n, _NAN)
+        self.edc = grow(self.edc, n, 0.0)
+        self.edc_t = grow(self.edc_t, n, 0.0)
+        self.count = grow(self.count, n, 0.0)
+        self.size = grow(self.size, n, 1.0)
+        self.ctx = grow(self.ctx, n, _NAN)
+        self.children = grow(self.children, n, 0.0)
 
     @staticmethod
-    def _grow(old: np.ndarray | None, n: int, fill: float, width: int = 0) -> np.ndarray:
-        shape = (n, width) if width else (n,)
-        new = np.full(shape, fill)
-        if old is not None:
-            new[: len(old)] = old
+    def _grow(old: np.ndarray, n: int, fill: float) -> np.ndarray:
+        new = np.full((n, *old.shape[1:]), fill)
+        new[: len(old)] = old
         return new
 
     def __len__(self) -> int:

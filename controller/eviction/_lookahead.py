@@ -5,8 +5,8 @@ soon, and the order of the queue says which first. The owner tells the policy wi
 every service start (the replay does it from an honest queue model, ``replay._queue``); nothing later than the
 moment of the call is ever told. Blocks a waiting request needs are *protected*: they are evicted only when no
 other block is held, and then the one needed furthest in the visible queue first (Belady within the window the
-queue shows). Every other block is ordered by the base policy. What it achieves on the Mooncake trace is in
-docs/notes/learned-eviction-policy-2026-11-29.md (section "Queue look-ahead").
+queue shows). Every other block is ordered by the base policy. What it achieves on the Mooncake trace, and how
+to reproduce it, is in docs/eviction.md, "Queue look-ahead".
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import heapq
 import random
 import time
 from collections.abc import Hashable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from ._base import Clock, EntryInfo, EvictionPolicy
+from ._base import BuildContext, Clock, EntryInfo, EvictionPolicy
+from ._lru import LRUPolicy
 
 
 class QueuedRequest(NamedTuple):
@@ -31,18 +32,19 @@ class QueuedRequest(NamedTuple):
 class LookaheadPolicy(EvictionPolicy):
     """Keeps the blocks of waiting requests; evicts the rest by the ``base`` policy.
 
-    Options: ``base``, any registered policy name except ``lookahead`` (LRU by default); ``background``, passed
-    to the base (a learned base then trains on its own thread, as an owner on a request path wants);
-    ``admission``: with a ``capacity`` (the owner's, in its size unit), a missed key that no waiting request
-    needs is not stored when every held key is protected (storing it would evict a block the queue shows is
-    needed, for one it does not).
+    ``base``: the policy that orders every unprotected block, new and not a look-ahead itself (default: an LRU
+    sharing this policy's clock and rng). Built by name, ``make_eviction_policy("lookahead", base="learned")``,
+    the base is any other registered policy, given the owner's capacity, background flag, clock and the same
+    rng. ``admission`` (default on): with a ``capacity`` (the owner's, in its size unit), a missed key that no
+    waiting request needs is not stored when every held key is protected (storing it would evict a block the
+    queue shows is needed, for one it does not).
 
     The base policy holds exactly the unprotected keys and sees every notification about them, so with an
     empty queue (an owner that never calls ``on_queue``, or a lightly loaded server) this policy decides
-    exactly as its base does, with the same rng. A key that becomes protected leaves the base; one that stops
-    being protected (the last request waiting for it has started) re-enters it as a new insertion: that request
-    accesses it at once, so for a recency base it lands where the access would put it anyway; a frequency
-    base forgets the key's count.
+    exactly as its base does (built by name, with the same rng). A key that becomes protected leaves the base;
+    one that stops being protected (the last request waiting for it has started) re-enters it as a new
+    insertion: that request accesses it at once, so for a recency base it lands where the access would put it
+    anyway; a frequency base forgets the key's count.
 
     Costs: per ``on_queue``, O(queue length) to find the requests that left or arrived, plus O(blocks) of
     those; per eviction of a protected key, O(log protected) amortised. ``victim(ns)`` with a namespace and
@@ -55,24 +57,26 @@ class LookaheadPolicy(EvictionPolicy):
     def __init__(
         self,
         *,
+        base: EvictionPolicy | None = None,
         capacity: int | None = None,
-        base: str = "lru",
         admission: bool = True,
-        background: bool = False,
         clock: Clock = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
-        from . import make_eviction_policy  # the registry imports this module
-
-        if base == self.name:
-            raise ValueError("base must be another policy, not 'lookahead' itself")
+        if base is not None and not isinstance(base, EvictionPolicy):
+            raise TypeError(f"base must be an EvictionPolicy, not {type(base).__name__} (by name: "
+                            "make_eviction_policy('lookahead', base=NAME))")
+        if isinstance(base, LookaheadPolicy):
+            raise ValueError("base must be another policy, not a look-ahead itself")
+        if base is not None and len(base):
+            raise ValueError("base must be a new policy: it already tracks keys")
         if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
             raise ValueError(f"capacity must be an int >= 1 or None, got {capacity!r}")
         super().__init__(clock=clock, rng=rng)
         self.capacity = capacity
         self.admission = admission
         # The same rng, not a child of it: with an empty queue the base then draws exactly what it would alone.
-        self.base = make_eviction_policy(base, capacity=capacity, background=background, clock=clock, rng=self.rng)
+        self.base = base if base is not None else LRUPolicy(clock=clock, rng=self.rng)
         self._held: dict[Hashable, EntryInfo] = {}
         self._used = 0
         # req -> (its rank in arrival order, its keys); needs: key -> {req: (rank, pos)} in arrival order, so
@@ -85,6 +89,14 @@ class LookaheadPolicy(EvictionPolicy):
         # ever compares two keys.
         self._heap: list[tuple[int, int, Hashable]] = []
         self._bypassed = 0
+
+    @classmethod
+    def build(cls, context: BuildContext, *, base: str = "lru", **options: Any) -> EvictionPolicy:
+        """``base`` by name: any other registered policy, built for the same owner with the same rng."""
+        if base == cls.name:
+            raise ValueError("base must be another policy, not 'lookahead' itself")
+        return cls(base=context.build(base), capacity=context.capacity, clock=context.clock, rng=context.rng,
+                   **options)
 
     @property
     def bypassed(self) -> int:

@@ -7,8 +7,9 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
+from typing import Any
 
-from ._base import Clock, EntryInfo, EvictionPolicy
+from ._base import BuildContext, Clock, EntryInfo, EvictionPolicy
 from ._index import NsQueue
 
 _NOBODY: Hashable = object()  # "no victim named": keys are arbitrary hashables, so None could be one
@@ -72,6 +73,11 @@ class S3FIFOPolicy(EvictionPolicy):
         self._freq: dict[Hashable, int] = {}
         self._named: Hashable = _NOBODY
         self._named_in: str | None = None  # the ns argument of the victim() call that named it
+
+    @classmethod
+    def build(cls, context: BuildContext, **options: Any) -> EvictionPolicy:
+        """Sized by the owner's capacity (see the class docstring)."""
+        return cls(capacity=context.capacity, clock=context.clock, rng=context.rng, **options)
 
     def on_insert(self, key: Hashable, info: EntryInfo) -> None:
         """Raises ``ValueError`` if ``key`` is held already (replacing is ``on_remove`` + ``on_insert``)."""

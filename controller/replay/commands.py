@@ -439,9 +439,9 @@ def _policy(name: str, capacity: int) -> str | PolicyFactory:
         return name
 
     def factory(**kwargs: Any) -> EvictionPolicy:
-        from ..eviction import LookaheadPolicy
+        from ..eviction import make_eviction_policy
 
-        policy = LookaheadPolicy(capacity=capacity, base=base, **kwargs)
+        policy = make_eviction_policy(head, capacity=capacity, base=base, **kwargs)
         policy.name = name  # the row's name in the table and the JSON
         return policy
 
