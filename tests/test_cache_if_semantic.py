@@ -273,7 +273,8 @@ def test_a_full_link_backlog_drops_searches_and_counts_them():
 
 
 def test_refits_run_on_their_own_thread_and_never_hold_up_the_link_backlog():
-    """Review 5: refits queued behind the link searches' single thread made other tenants' links drop."""
+    """Refits run on a thread of their own: queued behind the link searches, they would make other tenants'
+    links drop."""
     import threading
 
     from evocache.controller._semantic import SemanticLayer

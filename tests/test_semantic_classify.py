@@ -177,7 +177,7 @@ def test_the_classifier_is_on_unless_turned_off() -> None:
 def test_the_error_model_also_learns_without_the_classifiers_features() -> None:
     """Observations the classifier spoke for also train the model as if it had not: a lookup it cannot speak
     for is estimated from weights learnt for that case, not next to a share it does not have."""
-    from evocache.controller.semantic._decide import _with_classifier_blanked
+    from evocache.controller.semantic._error_model import _with_classifier_blanked
 
     at = FEATURES.index("classified")
     x = np.zeros((3, len(FEATURES)))
@@ -213,7 +213,7 @@ def test_bad_classifier_options_are_refused(bad: dict) -> None:
 def test_differences_that_can_only_raise_the_error_never_lower_it() -> None:
     """A negation, a number, a name, word order or a minimal edit between the prompts never makes the stored
     answer more likely right: their weights stay >= 0 even when the verdicts seen so far say otherwise."""
-    from evocache.controller.semantic._decide import _RAISING_FEATURES, ErrorModel
+    from evocache.controller.semantic._error_model import _RAISING_FEATURES, ErrorModel
 
     rng = np.random.default_rng(0)
     model = ErrorModel(min_each=5, refit_every=10_000)
@@ -264,8 +264,8 @@ def test_a_failing_refit_is_logged_and_never_fails_the_insert(
 
 
 def test_a_class_follows_its_newest_remaining_member_and_never_a_reused_id() -> None:
-    """Review 5: a class hung on its oldest entry, the first one evicted; and an id removed then inserted again
-    with another answer took the old class's share."""
+    """A class is found through its newest members, not its oldest (the first evicted); an id removed and
+    inserted again with another answer does not take the old class's share."""
     x, y = _blobs({"c1": np.array([1.0, 0, 0]), "c2": np.array([0, 1.0, 0])}, 10)
     classifier = AnswerClassifier(every=1)
     classifier.fit(SCOPE, x, y, {"c1": ("n1", "o1"), "c2": ("n2",)})
@@ -285,7 +285,7 @@ def test_a_class_follows_its_newest_remaining_member_and_never_a_reused_id() -> 
 
 
 def test_an_empty_training_set_is_not_an_error(caplog: pytest.LogCaptureFixture) -> None:
-    """Review 5: a scope with no cluster of two yet crashed the refit and logged a traceback every time."""
+    """A scope with no cluster of two yet has nothing to fit: the refit neither fails nor logs."""
     table = _two_groups(12)
     cache = SemanticCache(TableEmbedder(table), judge=lambda a, b: False, classifier=AnswerClassifier(every=3),
                           rng=random.Random(0))
@@ -304,8 +304,8 @@ def test_static_mode_keeps_no_classifier_and_a_classifier_needs_classify() -> No
 
 
 def test_a_fit_later_that_raises_leaves_nothing_stuck() -> None:
-    """Review 5: a thread pool shut down raised from fit_later: the insert failed after storing the entry, and
-    the scope stayed 'fitting' for good."""
+    """A fit_later that raises (a thread pool shut down) fails neither the insert that stored the entry nor
+    the scope's later refits (it is not left 'fitting')."""
     table = _two_groups(12)
 
     def shut(_work) -> bool:  # type: ignore[no-untyped-def]
@@ -322,7 +322,7 @@ def test_a_fit_later_that_raises_leaves_nothing_stuck() -> None:
 
 
 def test_a_scope_whose_model_was_dropped_refits_at_its_next_insert() -> None:
-    """Review 5: a dropped model's scope waited `every` more inserts for a new one."""
+    """A scope whose model was dropped refits at its next insert, not `every` inserts later."""
     x, y = _blobs({"c1": np.array([1.0, 0]), "c2": np.array([0, 1.0])}, 5)
     classifier = AnswerClassifier(every=100, max_scopes=1)
     other = Scope("tenant-b", SCOPE.boundary)

@@ -3,10 +3,9 @@
 The nearest neighbours of a prompt say which stored answers are *near* it; a classifier trained on all of a
 scope's entries says which answer cluster its embedding *belongs to*: a softmax (multinomial logistic)
 regression from an entry's embedding to its cluster, the clusters being what the judge linked (never labels).
-On the development streams, with MiniLM embeddings, such a classifier ranks "this stored answer is right" far
-better than the cosine of the nearest neighbour (the share of queries served at 98 % precision: 0.79 against
-0.46 on Banking77, 0.94 against 0.60 on CLINC150, trained on the true groups of the first half:
-docs/notes/semantic-session5-2026-11-29.md). The cache's error model reads the share the classifier gives
+With MiniLM embeddings, such a classifier ranks "this stored answer is right" far better than the cosine of
+the nearest neighbour (the ceiling analysis in docs/semantic.md, 'Ceiling', measures by how much on Banking77
+and CLINC150). The cache's error model reads the share the classifier gives
 the candidate's cluster as one more feature (``neighbourhood(..., shares=)``), and learns from the verdicts
 how far to trust it: clusters built by the judge are fragments of the true answers, and the classifier is
 refitted only every ``every`` inserts.
