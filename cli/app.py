@@ -1,44 +1,60 @@
-"""The `evocache` command. Each room's commands live beside the code they drive; this module only mounts them.
+"""The `evocache` command. Each room's commands live beside the code they drive; this module composes them into
+command groups of its own, and changes nothing in the rooms (importing it leaves every other module as it was).
 
 Heavy imports stay inside the commands that need them, so `evocache policy check` starts fast.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
-from evocache.controller.replay.commands import app as bench_app
+from evocache.controller.replay.commands import eviction as bench_eviction
 from evocache.controller.semantic.commands import semantic as bench_semantic
-from evocache.dsl.commands import ENFORCEMENT_CHECKS
-from evocache.dsl.commands import app as policy_app
+from evocache.dsl.commands import make_app as make_policy_app
 
-app = typer.Typer(
-    name="evocache",
-    help="evocache: a cache controller for LLM serving.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-app.add_typer(policy_app, name="policy", help="Check and compare policy documents.")
-app.add_typer(bench_app, name="bench", help="Replay traces against the cache's policies.")
-bench_app.command("semantic")(bench_semantic)
+if TYPE_CHECKING:
+    from evocache.dsl import Policy
 
 
-def _controller_can_enforce(policy) -> None:  # noqa: ANN001 - a dsl Policy; imported lazily
+def controller_can_enforce(policy: Policy) -> None:
+    """`policy check`'s question to the controller: raises ``ValueError`` (a ``StoreConfigError``) for a document
+    it cannot enforce, such as one naming an eviction policy it does not know."""
     from evocache.controller import check_policy
 
-    check_policy(policy)  # StoreConfigError is a ValueError
+    check_policy(policy)
 
 
-ENFORCEMENT_CHECKS.append(_controller_can_enforce)
+def make_app() -> typer.Typer:
+    """A new `evocache` command: `policy` (the dsl room's commands, its `check` asking the controller too),
+    `bench` (replay's `eviction` and the semantic layer's `semantic`) and `version`."""
+    root = typer.Typer(
+        name="evocache",
+        help="evocache: a cache controller for LLM serving.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    root.add_typer(make_policy_app(checks=(controller_can_enforce,)), name="policy",
+                   help="Check, compare and show policy documents.")
+    bench = typer.Typer(no_args_is_help=True, add_completion=False,
+                        help="Replay traces and prompt streams against the cache's policies.")
+    bench.command("eviction")(bench_eviction)
+    bench.command("semantic")(bench_semantic)
+    root.add_typer(bench, name="bench")
+    root.command()(version)
+    return root
 
 
-@app.command()
 def version() -> None:
     """Print the installed evocache version."""
     from importlib.metadata import version as dist_version
 
     typer.echo(dist_version("evocache"))
+
+
+app = make_app()
 
 
 def main() -> None:

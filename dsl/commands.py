@@ -10,18 +10,14 @@ commands start fast.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 if TYPE_CHECKING:
     from ._policy import Policy
-
-app = typer.Typer(
-    no_args_is_help=True, add_completion=False, help="Check, compare and show policy documents."
-)
 
 EXIT_INVALID = 1
 EXIT_UNREADABLE = 2
@@ -31,10 +27,9 @@ _EXIT_CODES = (
     "2 a file that cannot be read (missing, not permitted, not a regular file), even if another is invalid."
 )
 
-ENFORCEMENT_CHECKS: list[Callable[[Policy], None]] = []
-"""What the rooms that enforce a policy add to `check`: each raises ``ValueError`` with a message for a
-document they cannot enforce (the controller: unknown eviction policies). The `evocache` command registers
-them; the dsl room cannot import those rooms itself."""
+Check = Callable[["Policy"], None]
+"""What a room that enforces policies adds to `check`: raises ``ValueError`` with a message for a document it
+cannot enforce (the controller: an eviction policy it does not know)."""
 
 
 class _Failed(Exception):
@@ -58,14 +53,9 @@ def _load(path: Path) -> Policy:
         raise _Failed(EXIT_UNREADABLE) from None
 
 
-@app.command(
-    epilog=_EXIT_CODES.format(
-        ok="every document is valid",
-        more=" or one the cache cannot enforce (an eviction policy it does not know)",
-    )
-)
-def check(files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="Policy documents.")]) -> None:
-    """Validate policy documents: `ok NAME@VERSION HASH` for each valid one, every issue of the others."""
+def check(files: Sequence[Path], checks: Sequence[Check] = ()) -> None:
+    """`policy check`: each document of ``files`` loaded, then given to each of ``checks``; raises
+    ``typer.Exit`` with the exit code."""
     code = 0
     for path in files:
         try:
@@ -74,7 +64,7 @@ def check(files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="P
             code = max(code, failed.code)
             continue
         problems = []
-        for enforce in ENFORCEMENT_CHECKS:
+        for enforce in checks:
             try:
                 enforce(policy)
             except ValueError as exc:
@@ -88,12 +78,6 @@ def check(files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="P
     raise typer.Exit(code)
 
 
-@app.command(
-    epilog=_EXIT_CODES.format(
-        ok="both documents are valid (and, with --exit-code, equal)",
-        more=", or, with --exit-code, documents that differ",
-    )
-)
 def diff(
     old: Annotated[Path, typer.Argument(metavar="OLD")],
     new: Annotated[Path, typer.Argument(metavar="NEW")],
@@ -128,7 +112,6 @@ def diff(
     raise typer.Exit(1 if exit_code and not result.empty else 0)
 
 
-@app.command(epilog=_EXIT_CODES.format(ok="the document is valid", more=""))
 def show(file: Annotated[Path, typer.Argument(metavar="FILE")]) -> None:
     """Print the normalised document: key order fixed, defaults filled in, durations spelled one way."""
     from ._policy import policy_to_yaml
@@ -155,3 +138,29 @@ def _print_diff(text: str) -> None:
     for line in text.splitlines():
         style = next((s for prefix, s in _DIFF_STYLES if line.startswith(prefix)), "")
         console.print(Text(line, style=style))
+
+
+def make_app(checks: Sequence[Check] = ()) -> typer.Typer:
+    """A new `policy` command group whose `check` also runs ``checks``, the rooms that enforce policies (the
+    `evocache` command passes the controller's; the dsl room cannot import those rooms itself)."""
+    checks = tuple(checks)
+    group = typer.Typer(no_args_is_help=True, add_completion=False, help="Check, compare and show policy documents.")
+    more = " or one the cache cannot enforce (an eviction policy it does not know)" if checks else ""
+
+    @group.command("check", epilog=_EXIT_CODES.format(ok="every document is valid", more=more))
+    def check_command(
+        files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="Policy documents.")],
+    ) -> None:
+        """Validate policy documents: `ok NAME@VERSION HASH` for each valid one, every issue of the others."""
+        check(files, checks)
+
+    group.command(epilog=_EXIT_CODES.format(
+        ok="both documents are valid (and, with --exit-code, equal)",
+        more=", or, with --exit-code, documents that differ",
+    ))(diff)
+    group.command(epilog=_EXIT_CODES.format(ok="the document is valid", more=""))(show)
+    return group
+
+
+app = make_app()
+"""The `policy` commands of the dsl room alone: `check` validates the documents, and no room adds checks."""

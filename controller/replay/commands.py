@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="Replay traces against the cache's policies."
 )
+"""The replay room's commands alone (`eviction`); the `evocache` command mounts ``eviction`` in a group of its
+own beside the other rooms' bench commands."""
 
 EXIT_UNREADABLE = 2
 
@@ -234,7 +236,8 @@ def _reflow(doc: str) -> str:
     return "\n\n".join(" ".join(paragraph.split()) for paragraph in inspect.cleandoc(doc).split("\n\n"))
 
 
-app.command(help=_reflow(eviction.__doc__ or ""))(eviction)
+eviction.__doc__ = _reflow(eviction.__doc__ or "")
+app.command()(eviction)
 
 
 def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str, policies_text: str,
