@@ -168,15 +168,44 @@ def test_unknown_policy_fails_at_once_listing_the_known_ones(tmp_path: Path) -> 
 @pytest.mark.parametrize(("args", "message"), [
     (["--sizes", "0.1,0"], "error: --sizes: 0 is not a fraction in (0, 1]"),
     (["--sizes", "1%"], "error: --sizes: '1%' is not a number"),
-    (["--unit", "blocks"], "error: --unit: expected one of objects, bytes, got 'blocks'"),
-    (["--format", "parquet"], ("error: --format: unknown trace format 'parquet'; "
-                               "known: auto, canonical, csv, events, mooncake")),
     (["--csv-columns", "key=lbn"], ("error: --csv-columns: expected ROLE=COLUMN with ROLE one of "
                                     "time, id, size, ns, got 'key=lbn'")),
 ])
 def test_bad_options_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
     result = bench("--trace", str(canonical(tmp_path)), "--json", str(tmp_path / "out.json"), *args)
     assert (result.exit_code, result.stderr) == (2, message + "\n")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--unit", "blocks"], "Invalid value for '--unit': Value error, 'blocks' is not one of 'objects', 'bytes'."),
+    (["--format", "parquet"], "Invalid value for '--format': Value error, 'parquet' is not one of 'auto', "
+                              "'events', 'canonical', 'mooncake', 'csv'."),
+])
+def test_a_choice_outside_its_list_exits_2_naming_the_choices(tmp_path: Path, args: list[str], message: str) -> None:
+    result = bench("--trace", str(canonical(tmp_path)), *args)
+    assert result.exit_code == 2
+    assert message in " ".join(result.stderr.replace("│", " ").split())
+
+
+def test_the_choices_are_the_readers_and_the_registry() -> None:
+    from evocache.controller.replay import FORMATS
+    from evocache.controller.replay.commands import TraceFormat, Unit
+
+    assert [f.value for f in TraceFormat] == list(FORMATS)
+    assert [u.value for u in Unit] == ["objects", "bytes"]
+    result = runner.invoke(app, ["eviction", "--help"], env={"COLUMNS": "400"})
+    help_text = " ".join(result.stdout.replace("│", " ").split())
+    assert f"Eviction policies to replay, comma-separated: {KNOWN};" in help_text
+    assert "<auto|events|canonical|mooncake|csv>" in help_text and "<objects|bytes>" in help_text
+
+
+def test_without_json_it_prints_the_table_and_writes_nothing(tmp_path: Path) -> None:
+    trace = canonical(tmp_path)
+    result = bench("--trace", str(trace), "--sizes", "0.5", "--policies", "lru,lruk", "--unit", "objects")
+    assert (result.exit_code, result.stderr) == (0, "")
+    rows = table_rows(result.stdout)
+    assert rows["lru"] == ["0.250", ""] and rows["lruk"][0] == "0.333" and rows["belady"][0] == "0.500"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.jsonl"]
 
 
 def test_malformed_trace_exits_1_naming_file_and_line(tmp_path: Path) -> None:

@@ -176,7 +176,6 @@ def test_pair_answers_follow_same_answer_links_and_identical_texts() -> None:
     ("args", "code", "message"),
     [
         (["--delta", "0.7"], 2, "error: --delta: expected a number in (0, 0.5], got 0.7"),
-        (["--mode", "fuzzy"], 2, "error: --mode: expected bounded or static, got 'fuzzy'"),
         (["--mode", "static"], 2, "error: --threshold: --mode static needs a threshold in (0, 1]"),
         (["--threshold", "0.9"], 2,
          "error: --threshold: applies only to --mode static (bounded learns its own cut-off)"),

@@ -93,3 +93,16 @@ def test_the_command_mounts_every_room_command() -> None:
         result = runner.invoke(make_app(), args)
         assert result.exit_code == 0, result.output
         assert all(name in result.output for name in expected)
+
+
+def test_a_mode_outside_its_choices_exits_2_naming_them(tmp_path: Path) -> None:
+    from evocache.cli.app import app
+    from evocache.controller.semantic.commands import Mode
+
+    data = tmp_path / "s.jsonl"
+    data.write_text('{"prompt": "a", "group": 1}\n')
+    result = CliRunner().invoke(app, ["bench", "semantic", "--data", str(data), "--mode", "fuzzy"])
+    assert result.exit_code == 2
+    assert ("Invalid value for '--mode': Value error, 'fuzzy' is not one of 'bounded', 'static'."
+            in " ".join(result.stderr.replace("│", " ").split()))
+    assert [m.value for m in Mode] == ["bounded", "static"]

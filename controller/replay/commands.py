@@ -4,12 +4,13 @@ Exit codes: 0 success; 1 a malformed trace (``file:line: message``), an empty on
 matplotlib, or ``--peers`` without libcachesim; 2 a bad option (an unknown policy lists the known ones), an
 option the trace cannot take (``--utilisation`` or ``--output-lengths`` on a trace that is not Mooncake) or a
 file that cannot be read or written (outputs are checked before the replays).
-Errors go to stderr as one line each; stdout holds only the table.
+Errors go to stderr; stdout holds only the table.
 Nothing heavy is imported at module level: `evocache` starts fast whatever command it runs.
 """
 
 from __future__ import annotations
 
+import enum
 import inspect
 import json
 import math
@@ -43,7 +44,22 @@ own beside the other rooms' bench commands."""
 
 EXIT_UNREADABLE = 2
 
-_UNITS = ("objects", "bytes")
+
+class TraceFormat(enum.StrEnum):
+    """``--format``: the trace formats ``read_trace`` reads (``_readers.FORMATS``)."""
+
+    auto = "auto"
+    events = "events"
+    canonical = "canonical"
+    mooncake = "mooncake"
+    csv = "csv"
+
+
+class Unit(enum.StrEnum):
+    """``--unit``: what a cache size counts."""
+
+    objects = "objects"
+    bytes = "bytes"
 
 
 @app.callback()
@@ -145,25 +161,30 @@ def _libcachesim() -> ModuleType:
 
 def eviction(
     trace_path: Annotated[Path, typer.Option("--trace", metavar="FILE", help="The trace to replay.")],
-    json_out: Annotated[Path, typer.Option("--json", metavar="OUT", help="Write every result here, as JSON.")],
+    json_out: Annotated[
+        Path | None, typer.Option("--json", metavar="OUT", help="Also write every result here, as JSON.")
+    ] = None,
     trace_format: Annotated[
-        str, typer.Option("--format", help="auto, events, canonical, mooncake or csv.")
-    ] = "auto",
+        TraceFormat, typer.Option("--format", help="The trace's format; auto tells it by the file name (.csv) "
+                                  "or by the keys of its first line.")
+    ] = TraceFormat.auto,
     sizes_text: Annotated[
-        str, typer.Option("--sizes", help="Cache sizes, as fractions of the trace's working set.")
+        str, typer.Option("--sizes", help="Cache sizes, comma-separated, as fractions of the trace's working set.")
     ] = "0.01,0.05,0.1",
     policies_text: Annotated[
-        str, typer.Option("--policies", help="Registered eviction policies (lookahead:BASE: the look-ahead over "
-                                    "BASE); belady is always added.")
+        str, typer.Option("--policies", help="Eviction policies to replay, comma-separated: arc, learned, "
+                          "learned-rank, lfu, lookahead, lru, lruk, s3fifo, weighted; lookahead:BASE is the "
+                          "look-ahead over BASE. Belady always runs.")
     ] = "lru,lfu,lruk,s3fifo,weighted",
     plot: Annotated[
         Path | None, typer.Option("--plot", metavar="OUT.png", help="Plot hit ratio against size (matplotlib).")
     ] = None,
     unit: Annotated[
-        str | None,
+        Unit | None,
         typer.Option(
             "--unit",
-            help="objects (every object counts 1) or bytes. Default: objects for Mooncake traces, bytes otherwise.",
+            help="What a cache size counts: objects (each counts 1) or bytes. Default: objects for Mooncake "
+            "traces, bytes otherwise.",
         ),
     ] = None,
     csv_columns: Annotated[
@@ -191,9 +212,9 @@ def eviction(
         bool,
         typer.Option(
             "--output-lengths",
-            help="Mooncake traces: tell policies each request's output_length (req_out), the length it generated, "
-            "which a server knows when the request completes; the replay serves one request at a time, so that is "
-            "before the next request's blocks. The learned policy classifies a request's blocks at completion.",
+            help="Mooncake traces: tell policies each request's output length (the tokens it generated) when the "
+            "request completes, as a server knows it then; the replay serves one request at a time, so that is "
+            "before the next request's blocks.",
         ),
     ] = False,
     utilisation: Annotated[
@@ -225,8 +246,9 @@ def eviction(
     "requests" counts cache requests: block accesses, one per block of each LLM request on a Mooncake trace.
     """
     try:
-        _bench(trace_path, json_out, trace_format, sizes_text, policies_text, plot, unit, csv_columns,
-               block_tokens, skip_bad, peers, utilisation, output_lengths)
+        _bench(trace_path, json_out, trace_format.value, sizes_text, policies_text, plot,
+               unit.value if unit is not None else None, csv_columns, block_tokens, skip_bad, peers, utilisation,
+               output_lengths)
     except _Failed as failed:
         raise typer.Exit(failed.code) from None
 
@@ -240,7 +262,7 @@ eviction.__doc__ = _reflow(eviction.__doc__ or "")
 app.command()(eviction)
 
 
-def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str, policies_text: str,
+def _bench(trace_path: Path, json_out: Path | None, trace_format: str, sizes_text: str, policies_text: str,
            plot: Path | None, unit: str | None, csv_columns: str | None, block_tokens: int,
            skip_bad: bool, peers: bool, utilisation: float | None = None, output_lengths: bool = False) -> None:
     from ..eviction import EVICTION_POLICIES
@@ -249,8 +271,6 @@ def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str,
 
     sizes = _parse_sizes(sizes_text)
     policies = _parse_policies(policies_text, list(EVICTION_POLICIES))
-    if unit is not None and unit not in _UNITS:
-        raise _usage("--unit", f"expected one of {', '.join(_UNITS)}, got {unit!r}")
     columns = _parse_columns(csv_columns) if csv_columns is not None else None
     if utilisation is not None:
         utilisation = _parse_utilisation(utilisation)
@@ -312,10 +332,11 @@ def _bench(trace_path: Path, json_out: Path, trace_format: str, sizes_text: str,
         report["queue"] = queue_report
     if output_lengths:
         report["output_lengths"] = True
-    try:
-        json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise _error(f"error: --json: {json_out}: {exc.strerror or exc}", EXIT_UNREADABLE) from None
+    if json_out is not None:
+        try:
+            json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise _error(f"error: --json: {json_out}: {exc.strerror or exc}", EXIT_UNREADABLE) from None
 
     notes = queue_notes + peer_notes + (_peer_result_notes(results, sizes, len(trace)) if peer_names else [])
     if output_lengths:

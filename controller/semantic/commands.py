@@ -1,12 +1,14 @@
 """`evocache bench semantic`: replay a labelled prompt stream (or a pair set) through the semantic cache.
 
 Exit codes: 0 success; 1 a malformed data file (``file:line: message``) or an embedder that fails; 2 a bad
-option or a file that cannot be read or written (outputs are checked before the work). Errors go to stderr as one line each; stdout holds the table.
+option or a file that cannot be read or written (outputs are checked before the work). Errors go to stderr;
+stdout holds the table.
 Nothing heavy is imported at module level: `evocache` starts fast whatever command it runs.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import random
@@ -27,6 +29,13 @@ if TYPE_CHECKING:
 
 
 PAIR_THRESHOLDS = (0.8, 0.85, 0.9, 0.95)  # static thresholds the pair report compares against
+
+
+class Mode(enum.StrEnum):
+    """``--mode``: how the semantic cache decides a hit."""
+
+    bounded = "bounded"
+    static = "static"
 
 
 def _make_embedder(spec: str) -> Embedder:
@@ -54,7 +63,8 @@ def semantic(
         Path, typer.Option("--data", metavar="FILE.jsonl", help='A stream {"prompt", "group"} or pairs {"a", "b", '
                            '"same_answer", "category"}.')
     ],
-    delta: Annotated[float, typer.Option("--delta", help="The error bound max_error, in (0, 0.5].")] = 0.02,
+    delta: Annotated[float, typer.Option("--delta", help="The error bound (a rule's semantic max_error), in "
+                                         "(0, 0.5].")] = 0.02,
     json_out: Annotated[
         Path | None, typer.Option("--json", metavar="OUT", help="Write the report here, as JSON.")
     ] = None,
@@ -63,8 +73,11 @@ def semantic(
     ] = "minilm",
     seed: Annotated[int, typer.Option("--seed", help="Seeds the exploration draws (and --shuffle).")] = 0,
     shuffle: Annotated[bool, typer.Option("--shuffle", help="Replay the stream in an order shuffled by --seed.")] = False,
-    explore: Annotated[float, typer.Option("--explore", help="Fraction of would-be hits that call the model.")] = 0.05,
-    mode: Annotated[str, typer.Option("--mode", help="bounded, or static (with --threshold).")] = "bounded",
+    explore: Annotated[float, typer.Option("--explore", help="Fraction of would-be hits that call the model "
+                                           "anyway, to check the answer.")] = 0.05,
+    mode: Annotated[Mode, typer.Option("--mode", help="bounded: serve a neighbour while the estimated error stays "
+                                       "within --delta; static: serve any neighbour at least --threshold "
+                                       "similar.")] = Mode.bounded,
     threshold: Annotated[
         float | None, typer.Option("--threshold", help="The cosine threshold of --mode static.")
     ] = None,
@@ -77,8 +90,8 @@ def semantic(
                                   "(keyed by embedder and texts), e.g. .evocache/embeddings.")
     ] = None,
     classify: Annotated[
-        bool, typer.Option("--classify/--no-classify", help="Learn an answer classifier per scope from the "
-                           "judge's clusters, read by the error model (SemanticCache(classify=)).")
+        bool, typer.Option("--classify/--no-classify", help="Learn, per scope, which answer cluster a prompt "
+                           "belongs to from the answers the judge linked, and use it in the error estimate.")
     ] = True,
 ) -> None:
     """Replay a labelled stream through the semantic cache and report hit and error rates against the best
@@ -91,8 +104,8 @@ def semantic(
     category, for evocache and for static thresholds.
     """
     try:
-        _bench(data, delta, json_out, embedder_spec, seed, shuffle, explore, mode, threshold, warmup, embed_cache,
-               classify)
+        _bench(data, delta, json_out, embedder_spec, seed, shuffle, explore, mode.value, threshold, warmup,
+               embed_cache, classify)
     except _Failed as failed:
         raise typer.Exit(failed.code) from None
 
