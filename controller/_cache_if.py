@@ -49,7 +49,7 @@ from ._contract import (
 from ._keys import template_hash
 from ._metrics import LATENCY_BUCKETS
 from ._runtime import CacheRuntime, StoreConfig, build_runtime, current_runtime
-from ._semantic import Gone, explanation, fresh_ref, make_judge, stored_ref
+from ._semantic import Served
 from ._serialize import SERIALIZERS, Serializer, Unserializable, dump_chunks, load_chunks
 from ._types import L1, CacheKey, Entry, Namespace
 from .errors import ContractError
@@ -59,7 +59,6 @@ log = logging.getLogger("evocache.controller")
 
 _INVALIDATED_MAX = 65_536
 _SERVED_MAX = 4096  # semantic hits remembered for feedback(), per function
-_GONE = object()  # "no value": a semantic neighbour whose entry is not in any tier
 _IMMUTABLE_TAGS = frozenset(b"sb")  # payload tags of str and bytes values (controller._serialize)
 
 
@@ -351,90 +350,47 @@ class CachedFunction:
         return False, None, epoch
 
     def _semantic_lookup(self, rt: CacheRuntime, plan: Plan, started: float) -> tuple[bool, Any, Any]:
-        """After an exact miss: ``(hit, value, learn)``. A hit serves a neighbour's entry, read from the tiers
-        by its exact key like any hit; ``learn`` is what ``_semantic_learn`` needs after a miss (None when
-        the semantic side failed: logged, counted as a ``semantic`` tier error, and the call is a plain miss).
-        """
-        sp = plan.semantic
-        layer = rt.semantic
-        try:
-            if not layer.embedder.fits(sp.text):
-                # Longer than the embedder reads: prompts that differ only past its window would look alike.
-                self.counters.misses += 1
-                self._emit(rt, plan, "miss", None, 0, time.perf_counter() - started, reason="semantic-too-long")
-                return False, None, None
-            cache = layer.cache_for(self.identity, sp, self._semantic_judge(rt), link_tries=self.judge_links)
-            scope = layer.scope(plan.ns, sp)
-            decision, entry_id = cache.lookup(scope, sp.text, max_error=sp.spec.max_error)
-        except Exception as exc:  # noqa: BLE001 - the embedder or index failing is a miss, never a failed call
-            log.warning("%s: semantic lookup failed, treated as a miss: %s: %s", self.identity,
-                        type(exc).__name__, exc)
-            rt.metrics.tier_error("semantic", "lookup", exc)
-            self.counters.misses += 1
-            self._emit(rt, plan, "miss", None, 0, time.perf_counter() - started, reason="semantic-error")
-            return False, None, None
-        if entry_id is not None:
-            found = rt.store.get(plan.ns, CacheKey(entry_id), plan.tiers)
-            entry = found.entry
-            value = _GONE
-            if entry is not None:
-                try:
-                    value = self._decode(entry.value)
-                except ValueError as exc:
-                    log.warning("%s: undecodable payload in %s dropped: %s", self.identity, found.tier, exc)
-                    rt.metrics.tier_fault(found.tier or "", "undecodable")
-                    rt.store.delete(plan.ns, [CacheKey(entry_id)])
-            if value is not _GONE:
-                with self._served_lock:
-                    self._served[plan.slot] = (cache, entry_id, decision)
-                    self._served.move_to_end(plan.slot)
-                    if len(self._served) > _SERVED_MAX:
-                        self._served.popitem(last=False)
-                self.counters.hits += 1
-                self._emit(rt, plan, "hit", found.tier, len(entry.value), time.perf_counter() - started,
-                           entry.saved_ms, "semantic", explanation(decision))
-                return True, value, None
-            cache.remove(scope, [entry_id])  # its entry left every tier: never offer it again
-            decision = decision._replace(serve=False)
+        """After an exact miss: ``(hit, value, learning)`` from the semantic layer (``SemanticLayer.lookup``),
+        with the call's one event; ``learning`` is what ``_semantic_learn`` needs after a miss."""
+        outcome = rt.semantic.lookup(
+            self.identity, plan.ns, plan.semantic, judge=self.judge, link_tries=self.judge_links,
+            store=rt.store, decode=self._decode, read=functools.partial(self._read_neighbour, rt, plan),
+        )
+        served = outcome.served
+        if served is not None:
+            with self._served_lock:
+                self._served[plan.slot] = outcome.verdict
+                self._served.move_to_end(plan.slot)
+                if len(self._served) > _SERVED_MAX:
+                    self._served.popitem(last=False)
+            self.counters.hits += 1
+            self._emit(rt, plan, "hit", served.tier, served.size, time.perf_counter() - started, served.saved_ms,
+                       outcome.reason, outcome.explanation)
+            return True, served.value, None
         self.counters.misses += 1
-        self._emit(rt, plan, "miss", None, 0, time.perf_counter() - started,
-                   reason="semantic-explore" if decision.explore else "",
-                   semantic=explanation(decision) if decision.neighbour is not None else None)
-        return False, None, (cache, scope, decision)
+        self._emit(rt, plan, "miss", None, 0, time.perf_counter() - started, reason=outcome.reason,
+                   semantic=outcome.explanation)
+        return False, None, outcome.learning
 
-    def _semantic_learn(self, rt: CacheRuntime, plan: Plan, value: Any, stored: bool, learn: Any) -> None:
-        """After the model answered a semantic miss: index the new entry (when it was stored) and let the
-        judge compare its answer with the neighbour's. Failures are logged and counted, never raised."""
-        cache, scope, decision = learn
-        sp = plan.semantic
+    def _read_neighbour(self, rt: CacheRuntime, plan: Plan, key: CacheKey) -> Served | None:
+        """A semantic neighbour's entry, read and decoded like an exact hit; None if gone (an undecodable one
+        is dropped and counted)."""
+        found = rt.store.get(plan.ns, key, plan.tiers)
+        entry = found.entry
+        if entry is None:
+            return None
         try:
-            if stored:
-                # The semantic entry expires with its answer's exact entry (one with a sliding TTL may then
-                # live on, reachable by its exact key only).
-                expires_at = rt.clock() + plan.ttl
-                cache.insert(
-                    scope, plan.key, sp.text, stored_ref(plan.ns, plan.key, plan.tiers), expires_at=expires_at
-                )
-                rt.semantic.inserted(cache, scope, plan.key)
-            # An answer that was not stored (too large, unencodable, invalidated meanwhile) is still a verdict,
-            # but no entry carries it: its links would otherwise wait for the prompt's next stored answer.
-            cache.judge_miss(scope, sp.text, fresh_ref(value), decision, link=stored, defer=rt.semantic.later)
-        except Gone:
-            pass  # the neighbour's answer left the tiers before it could be judged: no observation
-        except Exception as exc:  # noqa: BLE001 - the embedder, index or the user's judge: never fail the call
-            log.warning("%s: semantic update failed: %s: %s", self.identity, type(exc).__name__, exc)
-            rt.metrics.tier_error("semantic", "learn", exc)
+            value = self._decode(entry.value)
+        except ValueError as exc:
+            log.warning("%s: undecodable payload in %s dropped: %s", self.identity, found.tier, exc)
+            rt.metrics.tier_fault(found.tier or "", "undecodable")
+            rt.store.delete(plan.ns, [key])
+            return None
+        return Served(value, found.tier, len(entry.value), entry.saved_ms)
 
-    def _semantic_judge(self, rt: CacheRuntime) -> Callable[[Any, Any], bool]:
-        store, decode = rt.store, self._decode
-
-        def resolve(ref: Any) -> Any:
-            entry = store.get(ref.ns, ref.key, ref.tiers or None).entry
-            if entry is None:
-                raise Gone(ref.key)
-            return decode(entry.value)
-
-        return make_judge(resolve, self.judge)
+    def _semantic_learn(self, rt: CacheRuntime, plan: Plan, value: Any, stored: bool, learning: Any) -> None:
+        """After the model answered a semantic miss (``SemanticLayer.learn``); never raises."""
+        rt.semantic.learn(self.identity, plan.ns, plan.key, plan.semantic, plan.ttl, value, stored, learning)
 
     def _admit(
         self, rt: CacheRuntime, plan: Plan, payload: bytes | None, saved_ms: float, reason: str, epoch: int

@@ -25,10 +25,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ._events import EventSink, JsonlSink, RedisStreamSink, RingSink
 from ._keys import namespace_for
 from ._metrics import CacheMetrics
-from ._semantic import SemanticLayer
+from ._semantic import SemanticLayer, SharedRedis
 from ._types import Namespace, TierName
 from .errors import StoreConfigError, TierUnavailable
 from .eviction import make_eviction_policy
+from .semantic._config import EmbedderConfig, SemanticConfig
 from .tiers import DiskTier, MemoryTier, RedisTier, Tier, TieredStore
 
 if TYPE_CHECKING:
@@ -331,8 +332,28 @@ def build_runtime(
     events = _SINKS[config.events](config)
     return CacheRuntime(
         store=store, events=events, metrics=metrics, policy=policy, clock=clock, tenants=holder, config=config,
-        semantic=SemanticLayer(config, embedder=embedder, clock=clock),
+        semantic=SemanticLayer(
+            _semantic_config(config), redis=_semantic_redis(config), embedder=embedder, clock=clock,
+            on_error=lambda op, exc: metrics.tier_error("semantic", op, exc),
+        ),
     )
+
+
+def _semantic_config(config: StoreConfig) -> SemanticConfig:
+    return SemanticConfig(
+        shared=config.semantic_shared,
+        embedder=EmbedderConfig(
+            kind=config.embedder, url=config.embedder_url, model=config.embedder_model,
+            api_key_env=config.embedder_api_key_env, threads=config.embedder_threads,
+        ),
+    )
+
+
+def _semantic_redis(config: StoreConfig) -> SharedRedis | None:
+    """The store's Redis, where a shared semantic index keeps its entries (under the L2 prefix + ``-sem``)."""
+    if not config.redis_url:
+        return None
+    return SharedRedis(config.redis_url, f"{config.l2_prefix}-sem", config.l2_timeout_s, config.l2_retry_after_s)
 
 
 # By StoreConfig.events; the config's validator has checked that each sink has what it needs.

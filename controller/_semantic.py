@@ -21,7 +21,6 @@ Nothing here imports torch, faiss or sentence-transformers until the first seman
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import hashlib
 import logging
 import queue
@@ -29,16 +28,19 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._types import CacheKey, Namespace
+from .semantic._config import SemanticConfig
 
 if TYPE_CHECKING:
     from evocache.dsl import SemanticSpec
 
-    from ._runtime import StoreConfig
     from .semantic import Embedder, Scope
     from .semantic._cache import SemanticCache
+    from .semantic._policies import SemanticDecision
+    from .tiers import TieredStore
 
 log = logging.getLogger("evocache.controller.semantic")
 
@@ -61,6 +63,50 @@ class SemanticPlan(NamedTuple):
     def shared(self) -> bool:
         """Whether other replicas can read these answers (they live in Redis), so the entries are shared."""
         return "l2" in self.tiers
+
+
+@dataclass(frozen=True, slots=True)
+class SharedRedis:
+    """The Redis a ``SharedIndex`` keeps the semantic entries in (the store's, under its own ``prefix``)."""
+
+    url: str
+    prefix: str
+    timeout_s: float = 0.05
+    retry_after_s: float = 1.0
+
+
+class Served(NamedTuple):
+    """A neighbour's answer, read back from the tiers for a semantic hit."""
+
+    value: Any
+    tier: str | None
+    size: int
+    saved_ms: float
+
+
+class Learning(NamedTuple):
+    """What ``SemanticLayer.learn`` needs after a semantic miss: the cache, scope and decision of the lookup."""
+
+    cache: SemanticCache
+    scope: Scope
+    decision: SemanticDecision
+
+
+class Outcome(NamedTuple):
+    """What one semantic lookup came to (``SemanticLayer.lookup``).
+
+    ``served``: the neighbour's answer on a hit (None: a miss). ``reason``: a miss's reason for its event
+    (``""``, ``semantic-explore``, ``semantic-too-long``, ``semantic-error``). ``explanation``: the event's
+    ``semantic`` field (None when no neighbour was considered). ``learning``: what ``learn`` needs after the
+    model answered a miss (None: nothing to learn). ``verdict``: ``(cache, entry id, decision)`` of a hit, for
+    feedback on it.
+    """
+
+    served: Served | None
+    reason: str = ""
+    explanation: dict[str, Any] | None = None
+    learning: Learning | None = None
+    verdict: tuple[SemanticCache, str, SemanticDecision] | None = None
 
 
 class Gone(LookupError):
@@ -92,10 +138,12 @@ def boundary_of(identity_material: bytes) -> str:
 class SemanticLayer:
     """The runtime's semantic side: the embedder, the index and the per-function ``SemanticCache`` objects.
 
-    Built empty with the runtime; the embedder and index are made on the first lookup (``embedder`` injects
-    one; otherwise ``StoreConfig.embedder`` says which). With a Redis store the index is a ``SharedIndex``
-    (entries and vectors in Redis, followed by every replica), else a local ``SemanticIndex``. ``max_entries``
-    bounds the entries this process has inserted: past it the oldest are removed from the index.
+    Built empty with the runtime from its ``SemanticConfig``; the embedder and index are made on the first
+    lookup (``embedder`` injects one; otherwise ``config.embedder`` says which). With ``redis`` (and
+    ``config.shared``) the index is a ``SharedIndex`` in that Redis (entries and vectors followed by every
+    replica), else one of this process. ``max_entries`` bounds the entries this process has inserted: past it
+    the oldest are removed from the index. ``on_error(op, exc)`` is told of every failure of the semantic side
+    (``op``: ``lookup`` or ``learn``), which is also logged; the call it happened in goes on as a plain miss.
 
     After a semantic miss the judge's link search (comparing the new answer with each neighbouring answer
     cluster) runs on one background thread (``later``), so the missed call returns without waiting for it; at
@@ -105,14 +153,20 @@ class SemanticLayer:
 
     def __init__(
         self,
-        config: StoreConfig,
+        config: SemanticConfig,
         *,
+        redis: SharedRedis | None = None,
         embedder: Embedder | None = None,
         clock: Callable[[], float] = time.time,
+        on_error: Callable[[str, BaseException], None] | None = None,
         max_entries: int = 1_000_000,
         link_backlog: int = 1024,
     ) -> None:
+        if not isinstance(config, SemanticConfig):
+            raise TypeError(f"config must be a SemanticConfig, got {type(config).__name__}")
         self._config = config
+        self._redis = redis
+        self._on_error = on_error
         self._embedder = embedder
         self._clock = clock
         self._max_entries = max_entries
@@ -134,7 +188,7 @@ class SemanticLayer:
         if self._embedder is None:
             with self._lock:
                 if self._embedder is None:
-                    self._embedder = _make_embedder(self._config)
+                    self._embedder = self._config.embedder.build()
         return self._embedder
 
     def _index_for(self, shared: bool) -> Any:
@@ -154,15 +208,18 @@ class SemanticLayer:
                 if self._index is None:
                     from .semantic import SharedIndex
 
-                    config = self._config
-                    self._index = SharedIndex(
-                        config.redis_url if config.semantic_shared else None,
-                        prefix=f"{config.l2_prefix}-sem",
-                        clock=self._clock,
-                        socket_timeout=config.l2_timeout_s,
-                        connect_timeout=config.l2_timeout_s,
-                        retry_after=config.l2_retry_after_s,
-                    )
+                    redis = self._redis
+                    if redis is None:
+                        self._index = SharedIndex(None, clock=self._clock)
+                    else:
+                        self._index = SharedIndex(
+                            redis.url if self._config.shared else None,
+                            prefix=redis.prefix,
+                            clock=self._clock,
+                            socket_timeout=redis.timeout_s,
+                            connect_timeout=redis.timeout_s,
+                            retry_after=redis.retry_after_s,
+                        )
         return self._index
 
     def scope(self, ns: Namespace, plan: SemanticPlan) -> Scope:
@@ -199,6 +256,77 @@ class SemanticLayer:
                     )
                     self._caches[key] = cache
         return cache
+
+    def lookup(
+        self,
+        identity: str,
+        ns: Namespace,
+        plan: SemanticPlan,
+        *,
+        judge: Judge,
+        link_tries: int | None,
+        store: TieredStore,
+        decode: Callable[[bytes], Any],
+        read: Callable[[CacheKey], Served | None],
+    ) -> Outcome:
+        """The semantic lookup of ``identity``'s call in ``ns`` after an exact miss.
+
+        A prompt longer than the embedder reads is a miss (``semantic-too-long``): prompts that differ only
+        past its window would look alike. A served neighbour's answer is read with ``read(its exact key)``
+        like any hit (checksums, expiry, tenant namespace all apply; None when it is gone or undecodable:
+        the neighbour is then forgotten and the call is a miss). ``judge`` compares decoded answers, read back
+        from ``store`` with ``decode`` (``make_judge``). A failure of the embedder or the index is logged,
+        told to ``on_error`` and a miss (``semantic-error``), never a failed call.
+        """
+        try:
+            if not self.embedder.fits(plan.text):
+                return Outcome(None, "semantic-too-long")
+            cache = self.cache_for(identity, plan, make_judge(_resolver(store, decode), judge), link_tries=link_tries)
+            scope = self.scope(ns, plan)
+            decision, entry_id = cache.lookup(scope, plan.text, max_error=plan.spec.max_error)
+        except Exception as exc:  # noqa: BLE001 - the embedder or index failing is a miss, never a failed call
+            log.warning("%s: semantic lookup failed, treated as a miss: %s: %s", identity, type(exc).__name__, exc)
+            self._failed("lookup", exc)
+            return Outcome(None, "semantic-error")
+        if entry_id is not None:
+            served = read(CacheKey(entry_id))
+            if served is not None:
+                return Outcome(served, "semantic", explanation(decision), verdict=(cache, entry_id, decision))
+            cache.remove(scope, [entry_id])  # its entry left every tier: never offer it again
+            decision = decision._replace(serve=False)
+        return Outcome(
+            None,
+            "semantic-explore" if decision.explore else "",
+            explanation(decision) if decision.neighbour is not None else None,
+            Learning(cache, scope, decision),
+        )
+
+    def learn(
+        self, identity: str, ns: Namespace, key: CacheKey, plan: SemanticPlan, ttl: float, value: Any,
+        stored: bool, learning: Learning,
+    ) -> None:
+        """After the model answered a semantic miss: index the new entry under its exact ``key`` (when it was
+        stored) and let the judge compare its answer with the neighbour's. Failures are logged and told to
+        ``on_error``, never raised."""
+        cache, scope, decision = learning
+        try:
+            if stored:
+                # The semantic entry expires with its answer's exact entry (one with a sliding TTL may then
+                # live on, reachable by its exact key only).
+                cache.insert(scope, key, plan.text, stored_ref(ns, key, plan.tiers), expires_at=self._clock() + ttl)
+                self.inserted(cache, scope, key)
+            # An answer that was not stored (too large, unencodable, invalidated meanwhile) is still a verdict,
+            # but no entry carries it: its links would otherwise wait for the prompt's next stored answer.
+            cache.judge_miss(scope, plan.text, fresh_ref(value), decision, link=stored, defer=self.later)
+        except Gone:
+            pass  # the neighbour's answer left the tiers before it could be judged: no observation
+        except Exception as exc:  # noqa: BLE001 - the embedder, index or the user's judge: never fail the call
+            log.warning("%s: semantic update failed: %s: %s", identity, type(exc).__name__, exc)
+            self._failed("learn", exc)
+
+    def _failed(self, op: str, exc: BaseException) -> None:
+        if self._on_error is not None:
+            self._on_error(op, exc)
 
     def inserted(self, cache: SemanticCache, scope: Scope, entry_id: str) -> None:
         """Note an insert; removes the oldest entries past ``max_entries``."""
@@ -274,34 +402,24 @@ class SemanticLayer:
                 index.close()
 
 
-def _make_embedder(config: StoreConfig) -> Embedder:
-    from .semantic import BatchingEmbedder, OpenAIEmbedder, default_embedder
-
-    if config.embedder == "minilm":
-        return default_embedder() if config.embedder_threads is None else _minilm(config.embedder_threads)
-    import os
-
-    return BatchingEmbedder(
-        OpenAIEmbedder(
-            config.embedder_url or "", config.embedder_model or "",
-            api_key=os.environ.get(config.embedder_api_key_env) or None,
-        )
-    )
-
-
-@functools.cache
-def _minilm(threads: int) -> Embedder:
-    from .semantic import BatchingEmbedder, SentenceTransformerEmbedder
-
-    return BatchingEmbedder(SentenceTransformerEmbedder(threads=threads))
-
-
 def stored_ref(ns: Namespace, key: CacheKey, tiers: tuple[str, ...]) -> _Stored:
     return _Stored(ns, key, tiers)
 
 
 def fresh_ref(value: Any) -> _Fresh:
     return _Fresh(value)
+
+
+def _resolver(store: TieredStore, decode: Callable[[bytes], Any]) -> Callable[[_Stored], Any]:
+    """Reads a stored answer ref back from ``store``'s tiers (only those its rule uses); ``Gone`` if absent."""
+
+    def resolve(ref: _Stored) -> Any:
+        entry = store.get(ref.ns, ref.key, ref.tiers or None).entry
+        if entry is None:
+            raise Gone(ref.key)
+        return decode(entry.value)
+
+    return resolve
 
 
 def make_judge(resolve: Callable[[_Stored], Any], judge: Judge) -> Judge:

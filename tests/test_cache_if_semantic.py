@@ -255,8 +255,9 @@ def test_the_link_search_does_not_hold_up_the_missed_call(srt):
 
 def test_a_full_link_backlog_drops_searches_and_counts_them():
     from evocache.controller._semantic import SemanticLayer
+    from evocache.controller.semantic import SemanticConfig
 
-    layer = SemanticLayer(StoreConfig(), link_backlog=1)
+    layer = SemanticLayer(SemanticConfig(), link_backlog=1)
     gate = __import__("threading").Event()
     assert layer.later(gate.wait)  # the worker takes it and blocks
     deadline = time.monotonic() + 10
@@ -278,8 +279,9 @@ def test_refits_run_on_their_own_thread_and_never_hold_up_the_link_backlog():
     import threading
 
     from evocache.controller._semantic import SemanticLayer
+    from evocache.controller.semantic import SemanticConfig
 
-    layer = SemanticLayer(StoreConfig(), link_backlog=1)
+    layer = SemanticLayer(SemanticConfig(), link_backlog=1)
     gate, where = threading.Event(), []
     assert layer.fit_later(lambda: (where.append(threading.current_thread().name), gate.wait(10)))
     ran = []
