@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -21,6 +22,58 @@ log = logging.getLogger("evocache.controller.tiers.disk")
 
 _BACKEND_ERRORS = (diskcache.Timeout, sqlite3.Error, OSError)
 
+# The value file names diskcache makes (Disk.filename): two hex directory levels, then 28 hex digits.
+_VALUE_FILE_RE = re.compile(r"[0-9a-f]{2}[/\\][0-9a-f]{2}[/\\][0-9a-f]{28}\.val")
+
+
+class MalformedRow(ValueError):
+    """A row of the disk index that this tier cannot have written: a mode other than raw bytes or a value file,
+    a value that is not bytes, a key stored pickled, or a file name outside the store."""
+
+
+class BytesDisk(diskcache.Disk):
+    """diskcache's serialisation restricted to bytes: keys are strings, values bytes (inline, or in a value
+    file past ``min_file_size``). Nothing is ever pickled or unpickled.
+
+    diskcache's own ``Disk`` unpickles any row whose mode column says pickle, so whoever can write the index
+    file could run code in every process that reads it. Here every row that does not look like one this class
+    wrote raises ``MalformedRow`` on read, before any decoding, and a file name is only opened or removed when
+    it has the form ``Disk.filename`` gives (no path leads out of the directory).
+    """
+
+    def put(self, key: object) -> tuple[object, bool]:
+        if type(key) is not str:
+            raise TypeError(f"disk keys are str, not {type(key).__name__}")
+        return key, True
+
+    def get(self, key: object, raw: bool) -> object:
+        if not raw or type(key) is not str:
+            raise MalformedRow(f"a key stored as {'pickle' if not raw else type(key).__name__}")
+        return key
+
+    def store(self, value: object, read: bool, key: object = diskcache.core.UNKNOWN) -> tuple:
+        if type(value) is not bytes or read:
+            raise TypeError(f"disk values are bytes, not {type(value).__name__}")
+        return super().store(value, False, key)
+
+    def fetch(self, mode: int, filename: str | None, value: object, read: bool) -> bytes:
+        if read:
+            raise TypeError("values are read whole")
+        if mode == diskcache.core.MODE_RAW:
+            if type(value) is not bytes:
+                raise MalformedRow(f"an inline value of type {type(value).__name__}")
+            return value
+        if mode == diskcache.core.MODE_BINARY:
+            if value is not None or not (isinstance(filename, str) and _VALUE_FILE_RE.fullmatch(filename)):
+                raise MalformedRow(f"a value file named {filename!r}")
+            return super().fetch(mode, filename, None, False)
+        raise MalformedRow(f"a row of mode {mode!r} (only raw bytes, 1, and value files, 2, are written)")
+
+    def remove(self, file_path: str) -> None:
+        # Called with the file name of every deleted or culled row, planted ones included.
+        if isinstance(file_path, str) and _VALUE_FILE_RE.fullmatch(file_path):
+            super().remove(file_path)
+
 # Bytes held, read from diskcache's index. Values under its min_file_size sit inline in the `value` column
 # (their `size` column is 0); larger ones live in files whose length is the `size` column.
 _USAGE_SQL = (
@@ -35,7 +88,8 @@ class DiskTier(BlobTier):
     diskcache provides the atomic writes (a value's file is written before the index row that points at it,
     inside one SQLite transaction) and the bound: past ``size_limit`` it culls entries in
     ``eviction_policy`` order (default least-recently-stored, which keeps reads free of index writes).
-    Entries are stored checksummed under ``"<ns>:<key>"`` and tagged with their namespace, which is what
+    Entries are stored as signed bytes (``BytesDisk``: never pickled; a row it cannot have written is a
+    deleted, reported miss) under ``"<ns>:<key>"`` and tagged with their namespace, which is what
     ``usage(ns)`` sums (stored bytes: entry plus the codec's header and checksum). ``timeout`` bounds how long
     a call waits for a SQLite lock held by another process.
 
@@ -69,6 +123,7 @@ class DiskTier(BlobTier):
                 timeout=timeout,
                 tag_index=True,
                 statistics=False,
+                disk=BytesDisk,
             )
         except _BACKEND_ERRORS as exc:
             raise StoreConfigError(f"cannot open the disk tier at {directory}: {exc}") from exc
@@ -88,7 +143,21 @@ class DiskTier(BlobTier):
 
     def _fetch(self, ns: Namespace, keys: Sequence[CacheKey]) -> list[bytes | None]:
         with self._backend("get"):
-            return [self._cache.get(f"{ns}:{key}") for key in keys]
+            return [self._fetch_row(ns, key) for key in keys]
+
+    def _fetch_one(self, ns: Namespace, key: CacheKey) -> bytes | None:
+        with self._backend("get"):
+            return self._fetch_row(ns, key)
+
+    def _fetch_row(self, ns: Namespace, key: CacheKey) -> bytes | None:
+        """The stored bytes of ``key``, or ``None``; a malformed row is deleted, reported and a miss."""
+        try:
+            return self._cache.get(f"{ns}:{key}")
+        except MalformedRow as exc:
+            log.warning("l3: entry %s/%s: %s; dropped", ns, key, exc)
+            self._cache.delete(f"{ns}:{key}")
+            self.on_fault(L3, "corrupt")
+            return None
 
     def delete(self, ns: Namespace, keys: Sequence[CacheKey]) -> int:
         check_ns(ns)

@@ -1,0 +1,118 @@
+"""Tiers against someone who can write their storage: rows planted in L3's SQLite index, entries copied or
+re-signed in Redis. Nothing planted is ever unpickled or served; each is a counted, deleted miss, and the next
+call of the key works."""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import sqlite3
+from pathlib import Path
+
+from evocache.controller._types import L3, CacheKey, Entry, Namespace
+from evocache.controller.tiers._disk import DiskTier
+
+NS = Namespace("tenant-a")
+KEY = CacheKey("a1" * 8)
+T0 = 1_700_000_000.0
+
+
+class _Marker:
+    """Unpickling this creates ``path``: the proof that a stored pickle ran."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.path),))
+
+
+def _disk(tmp_path: Path, faults: list) -> DiskTier:
+    return DiskTier(tmp_path / "l3", clock=lambda: T0, on_fault=lambda tier, kind: faults.append((tier, kind)))
+
+
+def _rows(directory: Path) -> list[tuple]:
+    with sqlite3.connect(directory / "cache.db") as db:
+        return db.execute("SELECT key, raw, mode, filename FROM Cache ORDER BY key").fetchall()
+
+
+def _plant(directory: Path, key: str, *, mode: int, value: object, filename: str | None = None) -> None:
+    """Write a row straight into diskcache's index, as someone with write access to the file could."""
+    with sqlite3.connect(directory / "cache.db") as db:
+        db.execute(
+            "INSERT OR REPLACE INTO Cache (key, raw, store_time, expire_time, access_time, access_count, tag,"
+            " size, mode, filename, value) VALUES (?, 1, ?, NULL, ?, 0, ?, 0, ?, ?, ?)",
+            (key, T0, T0, NS, mode, filename, value),
+        )
+
+
+def test_a_planted_pickle_row_is_never_unpickled(tmp_path: Path) -> None:
+    faults: list = []
+    tier = _disk(tmp_path, faults)
+    marker = tmp_path / "pickle-ran"
+    _plant(tier_dir := tmp_path / "l3", f"{NS}:{KEY}", mode=4, value=pickle.dumps(_Marker(str(marker))))
+
+    assert tier.get_many(NS, [KEY]) == [None]
+    assert not marker.exists()
+    assert faults == [(L3, "corrupt")]
+    assert _rows(tier_dir) == []  # deleted
+
+    assert tier.get_one(NS, KEY) is None and faults == [(L3, "corrupt")]  # a plain miss now, not a fault
+    tier.set_many(NS, [(KEY, Entry(b"fresh", None, T0))])
+    assert tier.get_one(NS, KEY) == Entry(b"fresh", None, T0)
+    assert not marker.exists()
+    tier.close()
+
+
+def test_a_flipped_mode_bit_is_one_counted_miss(tmp_path: Path) -> None:
+    # A stored entry whose mode column changes from raw (1) to pickle (4)... or any mode but raw and file.
+    for mode in (0, 3, 4, 5):
+        faults: list = []
+        tier = _disk(tmp_path, faults)
+        tier.set_many(NS, [(KEY, Entry(b"value", None, T0))])
+        with sqlite3.connect(tmp_path / "l3" / "cache.db") as db:
+            db.execute("UPDATE Cache SET mode = ?", (mode,))
+        assert tier.get_one(NS, KEY) is None, mode
+        assert faults == [(L3, "corrupt")], mode
+        assert tier.get_one(NS, KEY) is None and len(faults) == 1  # deleted: the next call is a plain miss
+        tier.set_many(NS, [(KEY, Entry(b"again", None, T0))])
+        assert tier.get_one(NS, KEY) == Entry(b"again", None, T0)
+        tier.close()
+
+
+def test_rows_of_the_wrong_type_are_counted_deleted_misses(tmp_path: Path) -> None:
+    faults: list = []
+    tier = _disk(tmp_path, faults)
+    directory = tmp_path / "l3"
+    keys = [CacheKey(f"{i:016x}") for i in range(4)]
+    _plant(directory, f"{NS}:{keys[0]}", mode=1, value="text, not bytes")
+    _plant(directory, f"{NS}:{keys[1]}", mode=1, value=12345)
+    _plant(directory, f"{NS}:{keys[2]}", mode=1, value=b"bytes without a valid signature")
+    _plant(directory, f"{NS}:{keys[3]}", mode=1, value=None)
+    assert tier.get_many(NS, keys) == [None] * 4
+    assert faults == [(L3, "corrupt")] * 4
+    assert _rows(directory) == []
+    tier.close()
+
+
+def test_a_planted_file_name_outside_the_store_is_neither_read_nor_removed(tmp_path: Path) -> None:
+    faults: list = []
+    tier = _disk(tmp_path, faults)
+    outside = tmp_path / "precious.txt"
+    outside.write_bytes(b"not the cache's")
+    _plant(tmp_path / "l3", f"{NS}:{KEY}", mode=2, value=None, filename="../precious.txt")
+    assert tier.get_one(NS, KEY) is None
+    assert faults == [(L3, "corrupt")]
+    assert outside.read_bytes() == b"not the cache's"
+    assert _rows(tmp_path / "l3") == []
+    tier.close()
+
+
+def test_the_disk_tier_stores_raw_bytes_only(tmp_path: Path) -> None:
+    tier = _disk(tmp_path, [])
+    small, large = CacheKey("b2" * 8), CacheKey("c3" * 8)
+    tier.set_many(NS, [(small, Entry(b"s", None, T0)), (large, Entry(b"L" * 100_000, None, T0))])
+    rows = _rows(tmp_path / "l3")
+    assert [(key, raw, mode) for key, raw, mode, _ in rows] == [(f"{NS}:{small}", 1, 1), (f"{NS}:{large}", 1, 2)]
+    assert hashlib.sha256(tier.get_one(NS, large).value).digest() == hashlib.sha256(b"L" * 100_000).digest()
+    tier.close()
