@@ -120,7 +120,7 @@ def load_located(text: str, source: str = "<string>") -> LocatedDocument:
         raise PolicyError(
             [PolicyIssue(source, where and where.line, where and where.column, "", _TOO_DEEP)]
         ) from None
-    builder = _Builder(loader, source)
+    builder = _Builder(loader, source, text)
     try:
         data = None if node is None else builder.build(node, ())
     finally:
@@ -179,9 +179,10 @@ def _index_position(text: str, index: int) -> Position:
 class _Builder:
     """Turns composed nodes into plain data, recording positions and every problem on the way."""
 
-    def __init__(self, loader: yaml.SafeLoader, source: str) -> None:
+    def __init__(self, loader: yaml.SafeLoader, source: str, text: str) -> None:
         self.loader = loader
         self.source = source
+        self.text = text
         self.values: dict[Path, yaml.Node] = {}
         self.keys: dict[Path, yaml.Node] = {}
         self.issues: list[PolicyIssue] = []
@@ -226,11 +227,34 @@ class _Builder:
             self._issue(node, path, f"tag {_short_tag(node.tag)} is not allowed: policies are plain YAML")
             return None
         try:
-            return self.loader.construct_object(node)
+            value = self.loader.construct_object(node)
         except (yaml.YAMLError, ValueError, OverflowError) as exc:
             # e.g. `!!int abc`, or a timestamp-shaped scalar that is no date (2001-13-45).
             self._issue(node, path, f"cannot read {node.value!r} as {_short_tag(node.tag)}: {exc}")
             return None
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                self._surrogate(node, path, exc.start)
+                return None
+        return value
+
+    def _surrogate(self, node: yaml.ScalarNode, path: Path, index: int) -> None:
+        # Only an escape (`"\ud800"`) can write one: the reader refuses a raw surrogate. A string holding one
+        # cannot be encoded, hashed or printed, so it is refused here, at the escape.
+        where = _index_position(self.text, _char_offsets(self.text, node)[index])
+        code = f"U+{ord(node.value[index]):04X}"
+        self.issues.append(
+            PolicyIssue(
+                self.source,
+                where.line,
+                where.column,
+                format_path(path),
+                f"a lone surrogate ({code}) is not text: escape the character itself (\\U0001F600), "
+                "not half of a UTF-16 pair",
+            )
+        )
 
     def _sequence(self, node: yaml.SequenceNode, path: Path) -> list[Any] | None:
         if node.tag != _SEQ:

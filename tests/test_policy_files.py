@@ -148,3 +148,31 @@ def test_an_error_at_the_end_of_a_long_expression_is_located_in_linear_work(styl
     # Linear: a few passes over the text (about 8). Looking each character's line up from the start of the
     # document, as a per-character position table would, costs len(text)**2 / 2: some 8.5 million here.
     assert scanned < 10 * len(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "field"),
+    [
+        ("policy: p\nversion: 1\nrules:\n  - name: r\n    when: \"prompt == '\\ud800'\"\n", (5, 23), "rules[0].when"),
+        ('policy: "p\\udfff"\nversion: 1\n', (1, 11), "policy"),
+        ('policy: p\nversion: 1\n"k\\ud83d\\ude00": 1\n', (3, 3), ""),  # a UTF-16 pair is two lone halves
+    ],
+)
+def test_a_lone_surrogate_written_as_an_escape_is_an_issue_at_the_escape(
+    text: str, where: tuple[int, int], field: str
+) -> None:
+    # A string holding one cannot be encoded: it would fail the content hash (and `policy check`) later.
+    with pytest.raises(PolicyError) as info:
+        parse_policy(text, "s.yaml")
+    (issue,) = info.value.issues
+    assert (issue.line, issue.column, issue.field) == (*where, field)
+    assert issue.message.startswith("a lone surrogate (U+D")
+
+
+def test_check_reports_a_lone_surrogate_with_exit_1(tmp_path: Path) -> None:
+    doc = tmp_path / "s.yaml"
+    doc.write_text("policy: p\nversion: 1\nrules:\n  - name: r\n    when: \"prompt == '\\ud800'\"\n")
+    result = runner.invoke(app, ["check", str(doc)])
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.exit_code == 1
+    assert result.stdout.startswith(f"{doc}:5:23: rules[0].when: a lone surrogate (U+D800) is not text")
