@@ -11,20 +11,22 @@ Layout (little endian)::
     sliding_ttl              f64      (0.0 when absent)
     rule length              u16
     rule                     UTF-8
-    payload                  the rest, up to the digest
-    digest                   16 bytes: SHA-256 over (namespace, key, everything above), truncated
+    payload                  the rest, up to the tag
+    tag                      16 bytes: keyed BLAKE2b over (namespace, key, everything above)
 
-The digest binds the blob to the namespace and key it was written under: a blob copied under another key or
-namespace fails its check exactly like a flipped bit or a truncated write, so a tier can never serve one
-tenant's value to another even when its own storage is tampered with. (SHA-256 rather than BLAKE2b: it is
-computed on every L2/L3 read and write, and this CPython's SHA-256 is hardware-assisted, BLAKE2b is not.
-Format 1 used BLAKE2b; its entries now read as an unsupported version, so they are dropped and recomputed.)
+The tag is a MAC under the deployment's secret (``EntryCodec(secret)``) and binds the blob to the namespace
+and key it was written under and to its expiry (part of the header). A blob copied under another key or
+namespace fails its check exactly like a flipped bit or a truncated write, and without the secret nobody who
+can write to Redis or the disk can make a blob that passes: a tier never serves one tenant's value to another,
+nor a value it did not write itself. (Keyed BLAKE2b rather than HMAC-SHA256: one hash call instead of two, on
+every L2/L3 read and write.) Blobs of an older format read as an unsupported version: dropped and recomputed.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 import re
 import struct
 from collections.abc import Sequence
@@ -32,12 +34,14 @@ from collections.abc import Sequence
 from ._types import CacheKey, Entry, Namespace, TierName
 from .errors import CorruptEntry
 
-_sha256 = hashlib.sha256
+_blake2b = hashlib.blake2b
 _new_tuple = tuple.__new__
 
 MAGIC = b"EVC"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 DIGEST_SIZE = 16
+MIN_SECRET_BYTES = 16
+"""The shortest deployment secret accepted: 128 bits."""
 
 # Fixed part of the header; the rule and the payload follow it, the digest closes the blob.
 _HEAD = struct.Struct("<3sBBddddH")
@@ -92,7 +96,7 @@ def check_slot(ns: Namespace, key: CacheKey) -> None:
 
 
 def encoded_size(entry: Entry) -> int:
-    """Length of ``encode_entry(..., entry)`` without encoding it."""
+    """Length of ``EntryCodec.encode(..., entry)`` without encoding it."""
     return OVERHEAD + len(entry.rule.encode()) + len(entry.value)
 
 
@@ -103,72 +107,93 @@ def _digest_prefix(ns: str, key: str) -> bytes:
     return b"".join((len(nsb).to_bytes(2, "little"), nsb, len(keyb).to_bytes(2, "little"), keyb))
 
 
-def _digest(ns: str, key: str, body: bytes | memoryview) -> bytes:
-    # One concatenated buffer and one hash call: on the read path the calls cost more than copying a payload.
-    # The (ns, key) prefix is memoised: a read path asks for the same few hot keys again and again.
-    return _sha256(_digest_prefix(ns, key) + body).digest()[:DIGEST_SIZE]
+class EntryCodec:
+    """Encodes entries into signed blobs and verifies them, under one secret (at least 16 bytes).
 
-
-def encode_entry(ns: Namespace, key: CacheKey, entry: Entry) -> bytes:
-    """The checksummed blob of ``entry`` as stored under ``(ns, key)``.
-
-    Raises ``ValueError`` for a rule name over 65535 UTF-8 bytes, ``TypeError`` for a value that is not bytes.
+    Every process that shares a tier's storage must use the same secret (``controller._secret`` finds it);
+    a blob signed under another one is a ``CorruptEntry``, never an entry.
     """
-    if not isinstance(entry.value, bytes | bytearray):
-        raise TypeError(f"Entry.value must be bytes, not {type(entry.value).__name__}")
-    rule = entry.rule.encode()
-    if len(rule) > _MAX_RULE:
-        raise ValueError(f"rule name is {len(rule)} bytes; at most {_MAX_RULE} fit the header")
-    flags = (_HAS_EXPIRY if entry.expires_at is not None else 0) | (
-        _HAS_SLIDING if entry.sliding_ttl is not None else 0
-    )
-    head = _HEAD.pack(
-        MAGIC,
-        FORMAT_VERSION,
-        flags,
-        0.0 if entry.expires_at is None else entry.expires_at,
-        entry.created_at,
-        entry.saved_ms,
-        0.0 if entry.sliding_ttl is None else entry.sliding_ttl,
-        len(rule),
-    )
-    body = b"".join((head, rule, entry.value))
-    return body + _digest(ns, key, body)
 
+    __slots__ = ("_key",)
 
-def decode_entry(ns: Namespace, key: CacheKey, blob: bytes, *, tier: TierName) -> Entry:
-    """The entry in ``blob``, which must have been encoded under exactly ``(ns, key)``.
+    def __init__(self, secret: bytes) -> None:
+        if not isinstance(secret, bytes):
+            raise TypeError(f"secret must be bytes, not {type(secret).__name__}")
+        if len(secret) < MIN_SECRET_BYTES:
+            raise ValueError(f"secret is {len(secret)} bytes; at least {MIN_SECRET_BYTES} are needed")
+        # A fixed-size key whatever the secret's length (BLAKE2b takes at most 64), separate from other uses.
+        self._key = _blake2b(secret, digest_size=32, person=b"evocache-entry").digest()
 
-    Raises ``CorruptEntry(tier, ...)`` when the blob is too short, has another magic or format version, fails
-    its digest (a flipped bit, a truncation, a blob written under another key or namespace) or has an
-    inconsistent header. Never returns a partially checked entry.
-    """
-    # Plain bytes slicing throughout: on every L2/L3 read, and memoryview comparisons cost more than copies.
-    blob = bytes(blob)
-    if len(blob) < OVERHEAD:
-        raise CorruptEntry(tier, f"entry {ns}/{key}: {len(blob)} bytes, shorter than any entry")
-    if blob[:3] != MAGIC:
-        raise CorruptEntry(tier, f"entry {ns}/{key}: bad magic {blob[:3]!r}")
-    if blob[3] != FORMAT_VERSION:
-        raise CorruptEntry(tier, f"entry {ns}/{key}: unsupported format version {blob[3]}")
-    body = blob[:-DIGEST_SIZE]
-    if _sha256(_digest_prefix(ns, key) + body).digest()[:DIGEST_SIZE] != blob[-DIGEST_SIZE:]:  # _digest, inlined
-        raise CorruptEntry(tier, f"entry {ns}/{key}: checksum mismatch")
-    _, _, flags, expires_at, created_at, saved_ms, sliding_ttl, rule_len = _HEAD.unpack_from(body)
-    # The digest matched, so these can only fail for a blob made by a buggy or foreign writer.
-    if flags & ~_KNOWN_FLAGS or _HEAD.size + rule_len > len(body):
-        raise CorruptEntry(tier, f"entry {ns}/{key}: inconsistent header")
-    rule_end = _HEAD.size + rule_len
-    try:
-        rule = body[_HEAD.size : rule_end].decode()
-    except UnicodeDecodeError as exc:
-        raise CorruptEntry(tier, f"entry {ns}/{key}: rule name is not UTF-8") from exc
-    # tuple.__new__ straight away: a NamedTuple's own __new__ is a Python-level call, and this is every read.
-    return _new_tuple(Entry, (
-        body[rule_end:],
-        expires_at if flags & _HAS_EXPIRY else None,
-        created_at,
-        rule,
-        saved_ms,
-        sliding_ttl if flags & _HAS_SLIDING else None,
-    ))
+    def __repr__(self) -> str:
+        return "EntryCodec(<secret>)"
+
+    def _tag(self, ns: str, key: str, body: bytes) -> bytes:
+        # One concatenated buffer and one hash call: on the read path the calls cost more than copying a
+        # payload. The (ns, key) prefix is memoised: a read path asks for the same few hot keys again and again.
+        return _blake2b(_digest_prefix(ns, key) + body, digest_size=DIGEST_SIZE, key=self._key).digest()
+
+    def encode(self, ns: Namespace, key: CacheKey, entry: Entry) -> bytes:
+        """The signed blob of ``entry`` as stored under ``(ns, key)``.
+
+        Raises ``ValueError`` for a rule name over 65535 UTF-8 bytes, ``TypeError`` for a value that is not
+        bytes.
+        """
+        if not isinstance(entry.value, bytes | bytearray):
+            raise TypeError(f"Entry.value must be bytes, not {type(entry.value).__name__}")
+        rule = entry.rule.encode()
+        if len(rule) > _MAX_RULE:
+            raise ValueError(f"rule name is {len(rule)} bytes; at most {_MAX_RULE} fit the header")
+        flags = (_HAS_EXPIRY if entry.expires_at is not None else 0) | (
+            _HAS_SLIDING if entry.sliding_ttl is not None else 0
+        )
+        head = _HEAD.pack(
+            MAGIC,
+            FORMAT_VERSION,
+            flags,
+            0.0 if entry.expires_at is None else entry.expires_at,
+            entry.created_at,
+            entry.saved_ms,
+            0.0 if entry.sliding_ttl is None else entry.sliding_ttl,
+            len(rule),
+        )
+        body = b"".join((head, rule, entry.value))
+        return body + self._tag(ns, key, body)
+
+    def decode(self, ns: Namespace, key: CacheKey, blob: bytes, *, tier: TierName) -> Entry:
+        """The entry in ``blob``, which must have been encoded under exactly ``(ns, key)`` and this secret.
+
+        Raises ``CorruptEntry(tier, ...)`` when the blob is too short, has another magic or format version,
+        fails its tag (a flipped bit, a truncation, a blob written under another key, namespace or secret) or
+        has an inconsistent header. The tag is checked before any field is decoded; never returns a partially
+        checked entry.
+        """
+        # Plain bytes slicing throughout: on every L2/L3 read, and memoryview comparisons cost more than copies.
+        blob = bytes(blob)
+        if len(blob) < OVERHEAD:
+            raise CorruptEntry(tier, f"entry {ns}/{key}: {len(blob)} bytes, shorter than any entry")
+        if blob[:3] != MAGIC:
+            raise CorruptEntry(tier, f"entry {ns}/{key}: bad magic {blob[:3]!r}")
+        if blob[3] != FORMAT_VERSION:
+            raise CorruptEntry(tier, f"entry {ns}/{key}: unsupported format version {blob[3]}")
+        body = blob[:-DIGEST_SIZE]
+        expected = _blake2b(_digest_prefix(ns, key) + body, digest_size=DIGEST_SIZE, key=self._key).digest()
+        if not hmac.compare_digest(expected, blob[-DIGEST_SIZE:]):  # _tag, inlined (request path)
+            raise CorruptEntry(tier, f"entry {ns}/{key}: checksum mismatch")
+        _, _, flags, expires_at, created_at, saved_ms, sliding_ttl, rule_len = _HEAD.unpack_from(body)
+        # The tag matched, so these can only fail for a blob made by a buggy writer holding the secret.
+        if flags & ~_KNOWN_FLAGS or _HEAD.size + rule_len > len(body):
+            raise CorruptEntry(tier, f"entry {ns}/{key}: inconsistent header")
+        rule_end = _HEAD.size + rule_len
+        try:
+            rule = body[_HEAD.size : rule_end].decode()
+        except UnicodeDecodeError as exc:
+            raise CorruptEntry(tier, f"entry {ns}/{key}: rule name is not UTF-8") from exc
+        # tuple.__new__ straight away: a NamedTuple's own __new__ is a Python-level call, and this is every read.
+        return _new_tuple(Entry, (
+            body[rule_end:],
+            expires_at if flags & _HAS_EXPIRY else None,
+            created_at,
+            rule,
+            saved_ms,
+            sliding_ttl if flags & _HAS_SLIDING else None,
+        ))

@@ -12,6 +12,7 @@ another one for the whole process.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import threading
 import time
@@ -25,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ._events import EventSink, JsonlSink, RedisStreamSink, RingSink
 from ._keys import namespace_for
 from ._metrics import CacheMetrics
+from ._secret import SECRET_ENV, checked_secret, key_file_secret, state_dir
 from ._semantic import SemanticLayer, SharedRedis
 from ._types import Namespace, TierName
 from .errors import StoreConfigError, TierUnavailable
@@ -38,6 +40,8 @@ if TYPE_CHECKING:
     from .semantic import Embedder
 
 MiB = 1 << 20
+
+log = logging.getLogger("evocache.controller")
 
 
 class StoreConfig(BaseModel):
@@ -295,6 +299,7 @@ def build_runtime(
     check_policy(policy, config)
     holder = _PolicyHolder(policy)
     metrics = metrics or CacheMetrics()
+    secret = entry_secret(config) if config.redis_url or config.disk_path else b""
     tiers: list[Tier] = [
         MemoryTier(
             config.l1_bytes,
@@ -309,6 +314,7 @@ def build_runtime(
         tiers.append(
             RedisTier(
                 config.redis_url,
+                secret=secret,
                 prefix=config.l2_prefix,
                 socket_timeout=config.l2_timeout_s,
                 connect_timeout=config.l2_timeout_s,
@@ -323,6 +329,7 @@ def build_runtime(
             DiskTier(
                 config.disk_path,
                 size_limit=config.l3_bytes,
+                secret=secret,
                 eviction_policy=_L3_EVICTION[_l3_eviction(policy)],
                 clock=clock,
                 on_fault=metrics.tier_fault,
@@ -354,6 +361,21 @@ def _semantic_redis(config: StoreConfig) -> SharedRedis | None:
     if not config.redis_url:
         return None
     return SharedRedis(config.redis_url, f"{config.l2_prefix}-sem", config.l2_timeout_s, config.l2_retry_after_s)
+
+
+def entry_secret(config: StoreConfig) -> bytes:
+    """The secret that signs L2 and L3 entries (``controller._secret``): ``$EVOCACHE_SECRET``, else the key
+    file beside the disk store, else the one in the state directory. Raises ``StoreConfigError``."""
+    from_env = os.environ.get(SECRET_ENV)
+    if from_env:
+        return checked_secret(from_env.encode(), SECRET_ENV)
+    directory = Path(config.disk_path) if config.disk_path else state_dir()
+    if config.redis_url:
+        log.warning(
+            "no secret configured for the Redis tier: signing with the key file in %s, which only processes "
+            "on this host share; set %s for replicas on other hosts", directory, SECRET_ENV,
+        )
+    return key_file_secret(directory)
 
 
 # By StoreConfig.events; the config's validator has checked that each sink has what it needs.

@@ -10,6 +10,16 @@ from _redis_server import RedisServer
 from evocache.controller import CacheRuntime, StoreConfig, build_runtime
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Key files the suite's stores create go to a directory of the session's, never the user's state dir."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("EVOCACHE_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+    patch.delenv("EVOCACHE_SECRET", raising=False)
+    yield
+    patch.undo()
+
+
 class FakeClock:
     """A clock that moves only when told: ``clock()`` reads it, ``clock.advance(s)`` moves it."""
 

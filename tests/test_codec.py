@@ -1,6 +1,8 @@
-"""The stored form of an entry: exact round trip, and no damaged or displaced blob ever decodes."""
+"""The stored form of an entry: exact round trip, and no damaged, displaced or forged blob ever decodes."""
 
 from __future__ import annotations
+
+import struct
 
 import pytest
 from hypothesis import given, settings
@@ -9,16 +11,17 @@ from hypothesis import strategies as st
 from evocache.controller._codec import (
     FORMAT_VERSION,
     OVERHEAD,
+    EntryCodec,
     check_keys,
     check_ns,
-    decode_entry,
-    encode_entry,
     encoded_size,
 )
 from evocache.controller._types import L2, L3, Entry
 from evocache.controller.errors import CorruptEntry, TierError
 
 NS = "tenant-a"
+CODEC = EntryCodec(b"the test deployment's secret")
+encode_entry, decode_entry = CODEC.encode, CODEC.decode
 KEY = "0123456789abcdef"
 ENTRY = Entry(
     b"the answer",
@@ -107,6 +110,26 @@ def test_blob_is_bound_to_its_key_and_namespace() -> None:
     _fails(blob, "checksum mismatch", ns="tenant-b")
     # The boundary between namespace and key is part of what is hashed.
     assert encode_entry("ab", "c" * 16, ENTRY) != encode_entry("abc", "c" * 16, ENTRY)
+
+
+def test_a_blob_signed_under_another_secret_fails() -> None:
+    other = EntryCodec(b"another deployment's secret")
+    _fails(other.encode(NS, KEY, ENTRY), "checksum mismatch")
+    assert other.encode(NS, KEY, ENTRY)[:-16] == encode_entry(NS, KEY, ENTRY)[:-16]  # only the tag differs
+
+
+def test_the_expiry_is_signed() -> None:
+    blob = bytearray(encode_entry(NS, KEY, ENTRY))
+    blob[5:13] = struct.pack("<d", ENTRY.expires_at + 3600)  # a later expiry, written over the header's
+    _fails(bytes(blob), "checksum mismatch")
+
+
+def test_secrets_are_checked() -> None:
+    with pytest.raises(ValueError, match="secret is 15 bytes; at least 16 are needed"):
+        EntryCodec(b"x" * 15)
+    with pytest.raises(TypeError, match="secret must be bytes, not str"):
+        EntryCodec("a secret of enough characters")  # type: ignore[arg-type]
+    assert repr(EntryCodec(b"a secret that must not be shown")) == "EntryCodec(<secret>)"
 
 
 def test_corrupt_entry_is_a_tier_error() -> None:

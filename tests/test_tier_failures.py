@@ -14,7 +14,7 @@ import pytest
 import redis
 from _redis_server import RedisServer
 
-from evocache.controller._codec import encode_entry
+from evocache.controller._codec import encoded_size
 from evocache.controller._types import L1, L2, L3, CacheKey, Entry, Namespace
 from evocache.controller.errors import TierUnavailable
 from evocache.controller.tiers._disk import DiskTier
@@ -23,6 +23,7 @@ from evocache.controller.tiers._redis import RedisTier
 from evocache.controller.tiers._tiered import Lookup, TieredStore
 
 NS = Namespace("tenant-a")
+SECRET = b"the test deployment's secret"  # signs the entries of the L2 and L3 tiers
 OTHER = Namespace("tenant-b")
 
 
@@ -64,7 +65,7 @@ def cached_call(store: TieredStore, clock, arg: int) -> bytes:
 def test_redis_killed_mid_traffic_then_restarted(restartable_redis: RedisServer, tmp_path) -> None:
     clock = WallClock()
     errors: list[tuple[str, str]] = []
-    l2 = RedisTier(restartable_redis.url, clock=clock, retry_after=1.0)
+    l2 = RedisTier(restartable_redis.url, secret=SECRET, clock=clock, retry_after=1.0)
     store = TieredStore(
         [MemoryTier(1 << 24, clock=clock), l2, DiskTier(tmp_path, clock=clock)],
         clock=clock,
@@ -98,7 +99,7 @@ def test_redis_killed_mid_traffic_then_restarted(restartable_redis: RedisServer,
 @pytest.mark.redis
 def test_slow_redis_is_a_counted_miss(redis_url: str) -> None:
     clock = WallClock()
-    l2 = RedisTier(redis_url, clock=clock, socket_timeout=0.05, retry_after=1.0)
+    l2 = RedisTier(redis_url, secret=SECRET, clock=clock, socket_timeout=0.05, retry_after=1.0)
     store = TieredStore([l2], clock=clock)
     stored = Entry(b"v", expires_at=None, created_at=0.0)
     store.set(NS, key_of(1), stored)
@@ -130,7 +131,7 @@ class Recorder:
 @pytest.mark.redis
 def test_the_breaker_keeps_calls_off_the_network(restartable_redis: RedisServer) -> None:
     clock = WallClock()
-    tier = RedisTier(restartable_redis.url, clock=clock, retry_after=5.0)
+    tier = RedisTier(restartable_redis.url, secret=SECRET, clock=clock, retry_after=5.0)
     restartable_redis.stop()
     with pytest.raises(TierUnavailable, match="l2: get: ConnectionError"):
         tier.get_many(NS, [key_of(1)])
@@ -157,7 +158,7 @@ def test_the_breaker_keeps_calls_off_the_network(restartable_redis: RedisServer)
 def test_redis_out_of_memory_is_unavailable(tmp_path) -> None:
     server = RedisServer(maxmemory="2mb").start()
     try:
-        tier = RedisTier(server.url, socket_timeout=1.0)
+        tier = RedisTier(server.url, secret=SECRET, socket_timeout=1.0)
         with pytest.raises(
             TierUnavailable, match="l2: set: OutOfMemoryError: command not allowed when used memory"
         ):
@@ -169,14 +170,14 @@ def test_redis_out_of_memory_is_unavailable(tmp_path) -> None:
 
 @pytest.mark.redis
 def test_scripts_are_reloaded_after_a_script_flush(redis_url: str) -> None:
-    tier = RedisTier(redis_url, quota=lambda ns: 10_000)
+    tier = RedisTier(redis_url, secret=SECRET, quota=lambda ns: 10_000)
     e = Entry(b"v", None, 0.0)
     tier.set_many(NS, [(key_of(1), e)])
     with redis.Redis.from_url(redis_url) as admin:
         admin.script_flush()
     assert tier.get_many(NS, [key_of(1)]) == [e]  # the quota path pipelines EVALSHA with the MGET
     tier.set_many(NS, [(key_of(2), e)])
-    assert tier.usage(NS) == 2 * len(encode_entry(NS, key_of(1), e))
+    assert tier.usage(NS) == 2 * encoded_size(e)
     tier.close()
 
 
@@ -223,11 +224,11 @@ def test_disk_errors_are_unavailable(tmp_path, monkeypatch) -> None:
 # -- L2 quotas ----------------------------------------------------------------------------------------------
 
 VALUE = b"q" * 100
-SIZE = len(encode_entry(NS, key_of(0), Entry(VALUE, None, 0.0)))  # every entry below weighs the same
+SIZE = encoded_size(Entry(VALUE, None, 0.0))  # every entry below weighs the same
 
 
 def quota_tier(url: str, entries: int) -> RedisTier:
-    return RedisTier(url, quota={NS: entries * SIZE, OTHER: 2 * SIZE}.get)
+    return RedisTier(url, secret=SECRET, quota={NS: entries * SIZE, OTHER: 2 * SIZE}.get)
 
 
 def present(tier: RedisTier, ns: Namespace, args: range) -> list[int]:
@@ -305,7 +306,7 @@ def test_the_breaker_keeps_single_reads_off_the_pool(restartable_redis: RedisSer
     """get_one (the request path's read) talks to a pooled connection directly: while the breaker is open it
     must not even take one."""
     clock = WallClock()
-    tier = RedisTier(restartable_redis.url, clock=clock, retry_after=5.0)
+    tier = RedisTier(restartable_redis.url, secret=SECRET, clock=clock, retry_after=5.0)
     restartable_redis.stop()
     with pytest.raises(TierUnavailable, match="l2: get: ConnectionError"):
         tier.get_one(NS, key_of(1))
@@ -326,7 +327,7 @@ def test_the_breaker_keeps_single_reads_off_the_pool(restartable_redis: RedisSer
 def test_a_connection_left_out_of_step_is_dropped_not_decoded(redis_url: str) -> None:
     """A pooled connection holding an unread reply of another command (an exchange interrupted elsewhere) must
     not hand that reply to a GET: the read is a counted miss and the connection is replaced."""
-    tier = RedisTier(redis_url, socket_timeout=1.0)
+    tier = RedisTier(redis_url, secret=SECRET, socket_timeout=1.0)
     tier.set_many(NS, [(key_of(1), Entry(b"value", None, 0.0))])
     conn = tier._pool.get_connection()
     conn.send_command("MGET", "a", "b")  # its array reply is left unread
@@ -342,7 +343,7 @@ def test_a_connection_left_out_of_step_is_dropped_not_decoded(redis_url: str) ->
 def test_a_foreign_value_under_one_key_fails_that_key_alone(redis_url: str) -> None:
     """Another program's list under one of our names (WRONGTYPE) makes that read a counted miss; Redis itself
     works, so the breaker stays closed and every other key is read at once."""
-    tier = RedisTier(redis_url, socket_timeout=1.0, retry_after=60.0)
+    tier = RedisTier(redis_url, secret=SECRET, socket_timeout=1.0, retry_after=60.0)
     tier.set_many(NS, [(key_of(2), Entry(b"fine", None, 0.0))])
     raw = redis.Redis.from_url(redis_url)
     raw.rpush(f"evc:{NS}:{key_of(1)}", b"not ours")
@@ -365,7 +366,7 @@ def test_a_success_that_began_before_the_breaker_opened_does_not_close_it(redis_
     the newer evidence: the breaker stays open. A call begun after it opened (a probe once the pause is over)
     closes it."""
     clock = WallClock()
-    tier = RedisTier(redis_url, socket_timeout=1.0, retry_after=5.0, clock=clock)
+    tier = RedisTier(redis_url, secret=SECRET, socket_timeout=1.0, retry_after=5.0, clock=clock)
     tier.set_many(NS, [(key_of(1), Entry(b"v", None, 0.0))])
     real_get = tier._get
 

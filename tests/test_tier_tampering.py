@@ -9,8 +9,12 @@ import pickle
 import sqlite3
 from pathlib import Path
 
-from evocache.controller._types import L3, CacheKey, Entry, Namespace
+import pytest
+import redis
+
+from evocache.controller._types import L2, L3, CacheKey, Entry, Namespace
 from evocache.controller.tiers._disk import DiskTier
+from evocache.controller.tiers._redis import RedisTier
 
 NS = Namespace("tenant-a")
 KEY = CacheKey("a1" * 8)
@@ -116,3 +120,69 @@ def test_the_disk_tier_stores_raw_bytes_only(tmp_path: Path) -> None:
     assert [(key, raw, mode) for key, raw, mode, _ in rows] == [(f"{NS}:{small}", 1, 1), (f"{NS}:{large}", 1, 2)]
     assert hashlib.sha256(tier.get_one(NS, large).value).digest() == hashlib.sha256(b"L" * 100_000).digest()
     tier.close()
+
+
+# -- L2: whoever can write to Redis cannot make one tenant's entry another's ------------------------------
+
+TENANT_B = Namespace("tenant-b")
+SECRET = b"a deployment secret of 32 bytes!"
+
+
+def _resigned(blob: bytes, ns: str, key: str) -> list[bytes]:
+    """``blob`` re-signed for ``(ns, key)`` every way one can without the secret: the unkeyed digests a format
+    could use, and a keyed one under a guessed key."""
+    body = blob[:-16]
+    nsb, keyb = ns.encode(), key.encode()
+    bound = len(nsb).to_bytes(2, "little") + nsb + len(keyb).to_bytes(2, "little") + keyb + body
+    return [
+        body + hashlib.sha256(bound).digest()[:16],
+        body + hashlib.blake2b(bound, digest_size=16).digest(),
+        body + hashlib.blake2b(bound, digest_size=16, key=b"guessed").digest(),
+    ]
+
+
+@pytest.mark.redis
+def test_an_entry_copied_or_resigned_for_another_tenant_is_a_counted_miss(redis_url: str) -> None:
+    faults: list = []
+    tier = RedisTier(redis_url, secret=SECRET, clock=lambda: T0, on_fault=lambda t, k: faults.append((t, k)))
+    tier.set_many(NS, [(KEY, Entry(b"tenant A's answer", None, T0))])
+    with redis.Redis.from_url(redis_url) as raw:
+        blob = raw.get(f"evc:{NS}:{KEY}")
+        forgeries = [blob, *_resigned(blob, TENANT_B, KEY)]
+        for n, forged in enumerate(forgeries, 1):
+            raw.set(f"evc:{TENANT_B}:{KEY}", forged)
+            assert tier.get_one(TENANT_B, KEY) is None
+            assert tier.get_many(TENANT_B, [KEY]) == [None]
+            assert faults == [(L2, "corrupt")] * n
+            assert raw.exists(f"evc:{TENANT_B}:{KEY}") == 0  # deleted
+    assert tier.get_one(NS, KEY) == Entry(b"tenant A's answer", None, T0)  # the original still serves A
+    tier.close()
+
+
+@pytest.mark.redis
+def test_entries_signed_under_another_secret_are_misses(redis_url: str) -> None:
+    faults: list = []
+    ours = RedisTier(redis_url, secret=SECRET, on_fault=lambda t, k: faults.append((t, k)))
+    theirs = RedisTier(redis_url, secret=b"another deployment's secret....")
+    theirs.set_many(NS, [(KEY, Entry(b"theirs", None, T0))])
+    assert ours.get_one(NS, KEY) is None
+    assert faults == [(L2, "corrupt")]
+    ours.close()
+    theirs.close()
+
+
+def test_disk_entries_are_signed_with_the_key_file_beside_the_store(tmp_path: Path) -> None:
+    tier = _disk(tmp_path, [])
+    key_file = tmp_path / "l3" / "evocache.key"
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    tier.set_many(NS, [(KEY, Entry(b"value", None, T0))])
+    tier.close()
+    faults: list = []
+    again = _disk(tmp_path, faults)  # the same key file: the entry reads back
+    assert again.get_one(NS, KEY) == Entry(b"value", None, T0)
+    again.close()
+    key_file.unlink()  # a new key: entries signed under the old one are misses, never served
+    third = _disk(tmp_path, faults)
+    assert third.get_one(NS, KEY) is None
+    assert faults == [(L3, "corrupt")]
+    third.close()

@@ -18,6 +18,7 @@ from evocache.controller.tiers._tiered import MISS, Lookup, TieredStore
 NS = Namespace("tenant-a")
 K1, K2, K3, K4 = (CacheKey(f"{i:016x}") for i in (1, 2, 3, 4))
 T0 = 1_700_000_000.0
+SECRET = b"the test deployment's secret"  # signs the entries of the L2 and L3 tiers
 
 
 def entry(value: bytes, ttl: float | None = None) -> Entry:
@@ -238,7 +239,7 @@ def test_lookup() -> None:
 @pytest.mark.redis
 def test_real_tiers_read_through_and_promote(redis_url: str, tmp_path, fake_clock) -> None:
     l1 = MemoryTier(1 << 20, clock=fake_clock)
-    l2 = RedisTier(redis_url, clock=fake_clock)
+    l2 = RedisTier(redis_url, secret=SECRET, clock=fake_clock)
     l3 = DiskTier(tmp_path, clock=fake_clock)
     with TieredStore([l1, l2, l3], clock=fake_clock) as store:
         fresh = Entry(b"from disk", expires_at=fake_clock() + 60, created_at=fake_clock(), sliding_ttl=60.0)

@@ -18,7 +18,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from evocache.controller._codec import encode_entry
+from evocache.controller._codec import encoded_size
 from evocache.controller._types import L1, L2, L3, CacheKey, Entry, Namespace, TierName
 from evocache.controller.tiers._base import Tier
 from evocache.controller.tiers._disk import DiskTier
@@ -29,6 +29,7 @@ NS_A = Namespace("tenant-a")
 NS_B = Namespace("tenant-b")
 K1, K2, K3, K4 = (CacheKey(f"{i:016x}") for i in (0xA1, 0xB2, 0xC3, 0xD4))
 T0 = 1_700_000_000.0
+SECRET = b"the test deployment's secret"  # signs the entries of the L2 and L3 tiers
 
 
 def entry(value: bytes = b"value", *, ttl: float | None = None, now: float = T0, **fields) -> Entry:
@@ -55,14 +56,16 @@ def memory_harness(clock, faults, **_) -> Harness:
 
 
 def redis_harness(clock, faults, *, url: str, prefix: str = "evc", **_) -> Harness:
-    tier = RedisTier(url, prefix=prefix, clock=clock, on_fault=lambda t, k: faults.append((t, k)))
+    tier = RedisTier(
+        url, secret=SECRET, prefix=prefix, clock=clock, on_fault=lambda t, k: faults.append((t, k))
+    )
     raw = redis.Redis.from_url(url)
     return Harness(
         L2,
         tier,
         clock,
         faults,
-        lambda ns, key, e: len(encode_entry(ns, key, e)),
+        lambda ns, key, e: encoded_size(e),
         raw_get=lambda ns, key: raw.get(f"{prefix}:{ns}:{key}"),
         raw_set=lambda ns, key, blob: raw.set(f"{prefix}:{ns}:{key}", blob, keepttl=True),
         cleanup=[tier.close, raw.close],
@@ -77,7 +80,7 @@ def disk_harness(clock, faults, *, directory: str, **_) -> Harness:
         tier,
         clock,
         faults,
-        lambda ns, key, e: len(encode_entry(ns, key, e)),
+        lambda ns, key, e: encoded_size(e),
         raw_get=lambda ns, key: cache.get(f"{ns}:{key}"),
         raw_set=lambda ns, key, blob: cache.set(f"{ns}:{key}", blob, tag=ns),
         cleanup=[tier.close],
@@ -357,7 +360,7 @@ def test_every_corrupt_entry_of_a_batch_is_reported(stored: Harness) -> None:
 
 @pytest.mark.redis
 def test_redis_ttl_comes_from_expires_at(redis_url: str, fake_clock) -> None:
-    tier = RedisTier(redis_url, clock=fake_clock)
+    tier = RedisTier(redis_url, secret=SECRET, clock=fake_clock)
     tier.set_many(NS_A, [(K1, entry(ttl=30)), (K2, entry())])
     with redis.Redis.from_url(redis_url) as raw:
         assert 29_000 < raw.pttl(f"evc:{NS_A}:{K1}") <= 30_000
@@ -367,7 +370,7 @@ def test_redis_ttl_comes_from_expires_at(redis_url: str, fake_clock) -> None:
 
 @pytest.mark.redis
 def test_redis_renewal_moves_the_redis_ttl(redis_url: str, fake_clock) -> None:
-    tier = RedisTier(redis_url, clock=fake_clock)
+    tier = RedisTier(redis_url, secret=SECRET, clock=fake_clock)
     tier.set_many(NS_A, [(K1, entry(ttl=2, sliding_ttl=30.0))])
     assert tier.get_many(NS_A, [K1]) == [entry(ttl=30, sliding_ttl=30.0)]
     with redis.Redis.from_url(redis_url) as raw:
@@ -377,14 +380,14 @@ def test_redis_renewal_moves_the_redis_ttl(redis_url: str, fake_clock) -> None:
 
 @pytest.mark.redis
 def test_redis_forgets_the_size_of_what_it_expired(redis_url: str) -> None:
-    tier = RedisTier(redis_url)  # real clock: Redis itself must expire the entry
+    tier = RedisTier(redis_url, secret=SECRET)  # real clock: Redis itself must expire the entry
     short = Entry(b"short-lived", expires_at=time.time() + 0.05, created_at=time.time())
     tier.set_many(NS_A, [(K1, short), (K2, entry(b"stays"))])
     time.sleep(0.2)
     with redis.Redis.from_url(redis_url) as raw:
         assert raw.exists(f"evc:{NS_A}:{K1}") == 0
     assert tier.get_many(NS_A, [K1, K2]) == [None, entry(b"stays")]
-    assert tier.usage(NS_A) == len(encode_entry(NS_A, K2, entry(b"stays")))
+    assert tier.usage(NS_A) == encoded_size(entry(b"stays"))
     with redis.Redis.from_url(redis_url) as raw:
         assert raw.hkeys(f"evc:{NS_A}:#sizes") == [K2.encode()]
     tier.close()
@@ -392,7 +395,8 @@ def test_redis_forgets_the_size_of_what_it_expired(redis_url: str) -> None:
 
 @pytest.mark.redis
 def test_redis_prefixes_separate_stores(redis_url: str) -> None:
-    one, two = RedisTier(redis_url, prefix="one"), RedisTier(redis_url, prefix="two")
+    one = RedisTier(redis_url, secret=SECRET, prefix="one")
+    two = RedisTier(redis_url, secret=SECRET, prefix="two")
     one.set_many(NS_A, [(K1, entry(b"one"))])
     assert two.get_many(NS_A, [K1]) == [None]
     assert two.usage() == 0

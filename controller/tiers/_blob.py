@@ -1,4 +1,4 @@
-"""The part L2 (Redis) and L3 (disk) share: entries kept outside the process as checksummed blobs."""
+"""The part L2 (Redis) and L3 (disk) share: entries kept outside the process as signed blobs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from .._codec import check_keys, check_ns, check_slot, decode_entry
+from .._codec import EntryCodec, check_keys, check_ns, check_slot
 from .._types import CacheKey, Entry, Namespace
 from ..errors import CorruptEntry
 from ._base import FaultHook, Tier, log_fault
@@ -16,16 +16,20 @@ log = logging.getLogger("evocache.controller.tiers")
 
 
 class BlobTier(Tier):
-    """A tier whose backend holds ``controller._codec`` blobs.
+    """A tier whose backend holds ``controller._codec`` blobs, signed with ``secret``.
 
-    The base does what every such tier must do the same way: decode and verify each blob, drop (delete and
+    The base does what every such tier must do the same way: verify and decode each blob, drop (delete and
     report through ``on_fault``) a corrupt one, hide expired entries, write back renewed sliding entries, and
     skip already-expired writes. A backend supplies ``_fetch`` (one blob or ``None`` per key, in order) and
-    ``_store`` (encode and write with the backend's own TTL), both raising ``TierUnavailable`` on failure.
+    ``_store`` (encode with ``self._codec`` and write with the backend's own TTL), both raising
+    ``TierUnavailable`` on failure.
     """
 
-    def __init__(self, *, clock: Callable[[], float] = time.time, on_fault: FaultHook = log_fault) -> None:
+    def __init__(
+        self, *, secret: bytes, clock: Callable[[], float] = time.time, on_fault: FaultHook = log_fault
+    ) -> None:
         super().__init__(on_fault=on_fault)
+        self._codec = EntryCodec(secret)
         self._clock = clock
 
     @abc.abstractmethod
@@ -57,7 +61,7 @@ class BlobTier(Tier):
         if blob is None:
             return None
         try:
-            entry = decode_entry(ns, key, blob, tier=self.name)
+            entry = self._codec.decode(ns, key, blob, tier=self.name)
         except CorruptEntry as exc:
             log.warning("%s", exc)
             self.delete(ns, [key])

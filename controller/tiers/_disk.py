@@ -12,7 +12,8 @@ from contextlib import contextmanager
 
 import diskcache
 
-from .._codec import check_keys, check_ns, encode_entry
+from .._codec import check_keys, check_ns
+from .._secret import key_file_secret
 from .._types import L3, CacheKey, Entry, Namespace
 from ..errors import StoreConfigError, TierUnavailable
 from ._base import FaultHook, log_fault
@@ -91,7 +92,9 @@ class DiskTier(BlobTier):
     Entries are stored as signed bytes (``BytesDisk``: never pickled; a row it cannot have written is a
     deleted, reported miss) under ``"<ns>:<key>"`` and tagged with their namespace, which is what
     ``usage(ns)`` sums (stored bytes: entry plus the codec's header and checksum). ``timeout`` bounds how long
-    a call waits for a SQLite lock held by another process.
+    a call waits for a SQLite lock held by another process. ``secret`` signs the entries
+    (``_codec.EntryCodec``); without one, the tier uses (and on first use creates) the key file
+    ``evocache.key`` in ``directory``.
 
     SQLite errors, OS errors (``ENOSPC`` included) and lock timeouts raise ``TierUnavailable``. A directory
     that cannot be opened raises ``StoreConfigError`` at construction.
@@ -106,10 +109,13 @@ class DiskTier(BlobTier):
         size_limit: int = 2**30,
         eviction_policy: str = "least-recently-stored",
         timeout: float = 0.1,
+        secret: bytes | None = None,
         clock: Callable[[], float] = time.time,
         on_fault: FaultHook = log_fault,
     ) -> None:
-        super().__init__(clock=clock, on_fault=on_fault)
+        super().__init__(
+            secret=key_file_secret(directory) if secret is None else secret, clock=clock, on_fault=on_fault
+        )
         if eviction_policy not in diskcache.EVICTION_POLICY:
             known = ", ".join(sorted(diskcache.EVICTION_POLICY))
             raise ValueError(f"unknown eviction_policy {eviction_policy!r}; known: {known}")
@@ -181,7 +187,8 @@ class DiskTier(BlobTier):
         self._cache.close()
 
     def _store(self, ns: Namespace, items: Sequence[tuple[CacheKey, Entry]], now: float) -> None:
-        blobs = [(key, entry, encode_entry(ns, key, entry)) for key, entry in items]
+        encode = self._codec.encode
+        blobs = [(key, entry, encode(ns, key, entry)) for key, entry in items]
         with self._backend("set"), self._cache.transact():
             for key, entry, blob in blobs:
                 expire = None if entry.expires_at is None else entry.expires_at - now

@@ -2,7 +2,7 @@
 
 Layout under ``prefix`` (``p``) for a namespace ``ns``::
 
-    p:ns:<key>      the checksummed entry (controller._codec), with a Redis TTL taken from entry.expires_at
+    p:ns:<key>      the signed entry (controller._codec), with a Redis TTL taken from entry.expires_at
     p:ns:#sizes     HASH  key -> stored bytes
     p:ns:#order     ZSET  key -> sequence number of its last store (or hit, under a quota): eviction order
     p:ns:#exp       ZSET  key -> server-clock deadline (ms) of keys stored with a TTL
@@ -32,7 +32,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import DataError, NoScriptError, RedisError, ResponseError
 from redis.retry import Retry
 
-from .._codec import check_keys, check_ns, encode_entry
+from .._codec import check_keys, check_ns
 from .._types import L2, CacheKey, Entry, Namespace
 from ..errors import TierUnavailable
 from ._base import FaultHook, log_fault
@@ -162,6 +162,9 @@ class RedisTier(BlobTier):
     a dead or hung Redis costs one timeout per ``retry_after``, not one per request; the first call after that
     tries again, and redis-py reconnects by itself when Redis is back.
 
+    ``secret`` signs every entry (``_codec.EntryCodec``): processes that share ``url`` and ``prefix`` must share
+    it, and an entry that fails its check (written under another key, namespace or secret) is dropped.
+
     ``client`` replaces the client built from ``url`` and the timeouts (it must not decode responses);
     ``close()`` closes only a client the tier built itself.
     """
@@ -172,6 +175,7 @@ class RedisTier(BlobTier):
         self,
         url: str = "redis://127.0.0.1:6379/0",
         *,
+        secret: bytes,
         prefix: str = "evc",
         socket_timeout: float = 0.05,
         connect_timeout: float = 0.05,
@@ -181,7 +185,7 @@ class RedisTier(BlobTier):
         on_fault: FaultHook = log_fault,
         client: redis.Redis | None = None,
     ) -> None:
-        super().__init__(clock=clock, on_fault=on_fault)
+        super().__init__(secret=secret, clock=clock, on_fault=on_fault)
         if not _PREFIX_RE.fullmatch(prefix):
             raise ValueError(f"invalid prefix {prefix!r}: expected 1-64 characters of [A-Za-z0-9._:-]")
         if socket_timeout <= 0 or connect_timeout <= 0:
@@ -337,7 +341,7 @@ class RedisTier(BlobTier):
         args: list[str | bytes | int] = [self._entry_prefix(ns), ns, -1 if limit is None else limit]
         for key, entry in items:
             px = 0 if entry.expires_at is None else max(math.ceil((entry.expires_at - now) * 1000), 1)
-            args += [key, encode_entry(ns, key, entry), px]
+            args += [key, self._codec.encode(ns, key, entry), px]
         with self._backend("set"):
             evicted = self._store_script(keys=self._books(ns), args=args)
         if evicted:

@@ -1,0 +1,88 @@
+"""The secret that signs entries in the shared tiers (``_codec.EntryCodec``): where it comes from.
+
+In order: the store configuration's ``RedisConfig.secret``, its ``RedisConfig.secret_file``, the environment
+variable ``EVOCACHE_SECRET``, and otherwise a key file of 32 random bytes that is created on first use, mode
+0600: ``evocache.key`` in the disk tier's directory when there is one, else in the evocache state directory
+(``$EVOCACHE_STATE_DIR``, else ``$XDG_STATE_HOME/evocache``, else ``~/.local/state/evocache``).
+
+Every process that shares a Redis must sign with the same secret. A key file serves processes on one host
+only, so a Redis store without a configured secret logs a warning: replicas elsewhere would miss every entry
+this one writes (never be served it wrongly: an entry signed under another secret is a counted miss).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import stat
+from pathlib import Path
+
+from ._codec import MIN_SECRET_BYTES
+from .errors import StoreConfigError
+
+log = logging.getLogger("evocache.controller.secret")
+
+SECRET_ENV = "EVOCACHE_SECRET"
+STATE_DIR_ENV = "EVOCACHE_STATE_DIR"
+KEY_FILE = "evocache.key"
+_MAX_KEY_FILE = 4096  # a key file is a line of hex; anything larger is not one
+
+
+def state_dir() -> Path:
+    """Where evocache keeps per-user state when the store has no directory of its own."""
+    explicit = os.environ.get(STATE_DIR_ENV)
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_STATE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".local" / "state") / "evocache"
+
+
+def checked_secret(secret: bytes, source: str) -> bytes:
+    """``secret`` if it is long enough; ``StoreConfigError`` naming ``source`` otherwise."""
+    if len(secret) < MIN_SECRET_BYTES:
+        raise StoreConfigError(f"{source}: the secret is {len(secret)} bytes; at least {MIN_SECRET_BYTES} needed")
+    return secret
+
+
+def read_key_file(path: str | os.PathLike[str], source: str) -> bytes:
+    """The secret in the key file at ``path`` (surrounding whitespace stripped). A missing, unreadable,
+    non-regular, oversized or too short file raises ``StoreConfigError`` naming ``source`` and the path."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as fh:
+            info = os.fstat(fh.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise StoreConfigError(f"{source}: {path} is not a regular file")
+            data = fh.read(_MAX_KEY_FILE + 1)
+    except OSError as exc:
+        raise StoreConfigError(f"{source}: cannot read the key file {path}: {exc.strerror or exc}") from exc
+    if len(data) > _MAX_KEY_FILE:
+        raise StoreConfigError(f"{source}: {path} is over {_MAX_KEY_FILE} bytes, not a key file")
+    return checked_secret(data.strip(), f"{source} ({path})")
+
+
+def key_file_secret(directory: str | os.PathLike[str]) -> bytes:
+    """The secret in ``directory/evocache.key``, creating the directory and the file (mode 0600, 32 random
+    bytes as hex) when absent. Two processes creating it at once end up with the same file: it is written
+    under a temporary name and linked into place, which fails for the second."""
+    directory = Path(directory)
+    path = directory / KEY_FILE
+    source = "key file"
+    if not path.exists():
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            tmp = directory / f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(secrets.token_hex(32).encode() + b"\n")
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    pass  # another process made it first: use theirs
+            finally:
+                tmp.unlink()
+        except OSError as exc:
+            raise StoreConfigError(f"{source}: cannot create {path}: {exc.strerror or exc}") from exc
+    return read_key_file(path, source)
