@@ -15,6 +15,7 @@ from evocache.controller.errors import StoreConfigError
 from evocache.controller.eviction import (
     EVICTION_POLICIES,
     ARCPolicy,
+    BuildContext,
     EntryInfo,
     EvictionPolicy,
     LearnedPolicy,
@@ -355,6 +356,26 @@ def test_factory_passes_options() -> None:
         make_eviction_policy("s3fifo", small_fraction=1.0)
     with pytest.raises(ValueError, match="min_saved_ms"):
         make_eviction_policy("weighted", min_saved_ms=0)
+
+
+def test_a_policy_builds_itself_from_the_owners_context() -> None:
+    """The registry hands each class a ``BuildContext``; the class takes what it uses from it (the capacity,
+    the background flag) and builds the policies it composes by name, with the same unknown-name error."""
+    rng = random.Random(7)
+    arc = make_eviction_policy("arc", capacity=64, rng=rng)
+    assert isinstance(arc, ARCPolicy) and (arc.capacity, arc.rng) == (64, rng)
+    learned = make_eviction_policy("learned", capacity=64, fallback="s3fifo")
+    assert isinstance(learned.fallback, S3FIFOPolicy) and learned.fallback.capacity == 64
+    assert learned._background is False  # type: ignore[attr-defined]
+    known = "arc, learned, learned-rank, lfu, lookahead, lru, lruk, s3fifo, weighted"
+    with pytest.raises(StoreConfigError, match=f"unknown eviction policy 'clock'; known: {known}$"):
+        make_eviction_policy("learned", fallback="clock")
+    with pytest.raises(StoreConfigError, match=f"unknown eviction policy 'clock'; known: {known}$"):
+        make_eviction_policy("lookahead", base="clock")
+    context = BuildContext({"lru": LRUPolicy}, capacity=3)
+    assert isinstance(context.build("lru"), LRUPolicy)
+    with pytest.raises(StoreConfigError, match="known: lru$"):
+        context.build("arc")
 
 
 # -- exact orders: LRU ---------------------------------------------------------------------------------------

@@ -62,7 +62,7 @@ class ARCPolicy(EvictionPolicy):
     paper's unit is a page). With ``capacity=None`` every key weighs 1 and ``c`` is the most keys held at
     once so far (the owner's capacity in keys, as far as the policy can see). Counted in objects it hits
     exactly what libCacheSim's ARC hits; in bytes the two generalise the paper differently and differ
-    (docs/notes/arc-session5-2026-11-29.md).
+    (docs/eviction.md, "ARC").
 
     The paper adapts ``p``, and reads "the missed key is in B2", before choosing the victim of a miss. The
     owner names the missed key in ``on_access`` (``uses_context``), before it asks for victims; an owner that

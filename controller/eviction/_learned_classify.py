@@ -42,8 +42,8 @@ class LearnedPolicy(LearnedBase):
 
     Options (besides ``LearnedBase``'s): ``averse_below``, the margin: averse is a probability below
     ``averse_below`` times the reuse rate of the model's training window (default 0.6). With ``admission``, a
-    missed object classified averse is bypassed when the cache is full. Admission is off by default: on the
-    Mooncake trace it loses hits (docs/eviction.md, "What it can predict").
+    missed object classified averse is bypassed when the cache is full. Admission is off by default: every
+    configuration measured with it lost hits (docs/eviction.md, "The learned policy").
 
     Costs: O(1) Python work and one feature row per access, plus a one-row prediction for an access
     classified on the spot; O(log held) amortised per eviction (each class's leaves are in a heap by last

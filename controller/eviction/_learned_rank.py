@@ -1,9 +1,9 @@
 """The learned policy that ranks (LRB): at each eviction, the ``sample`` least recently used leaves are scored
 in one batch and the one least likely to return goes.
 
-One of those candidates, drawn with the policy's rng, is taken as a training sample per access. Ranking decides
-worse than classifying on the Mooncake trace (docs/eviction.md, "What it can predict"); the policy stays to
-compare with, ``evocache bench eviction --policies learned,learned-rank``.
+One of those candidates, drawn with the policy's rng, is taken as a training sample per access. On the Mooncake
+trace it ranks about as well as LRU, below the classifying ``LearnedPolicy`` (docs/eviction.md, "The learned
+policy"); it stays to compare with: ``evocache bench eviction --policies learned,learned-rank``.
 """
 
 from __future__ import annotations

@@ -283,7 +283,8 @@ def _bench(trace_path: Path, json_out: Path | None, trace_format: str, sizes_tex
     trace, skipped = _read(trace_path, trace_format, columns, block_tokens, skip_bad, output_lengths)
     if skipped:
         typer.echo(f"skipped {skipped} malformed line(s) of {trace_path}", err=True)
-    # Mooncake accesses carry their request number; unit-size blocks are how the data README's points are taken.
+    # Mooncake accesses carry their request number; unit-size blocks are how bench/data/README.md's reference
+    # points are taken.
     mooncake = trace[0].req >= 0
     if output_lengths and not mooncake:
         raise _usage("--output-lengths", "output lengths come with a KV-block (Mooncake) trace; this one has none")
