@@ -415,11 +415,16 @@ class CachedFunction:
             saved_ms=saved_ms,
             sliding_ttl=plan.ttl if plan.sliding else None,
         )
-        rt.store.set(plan.ns, plan.key, entry, plan.tiers)
+        stored_in = rt.store.set(plan.ns, plan.key, entry, plan.tiers)  # the tiers that took it
+        if not stored_in:  # every selected tier failed the write (the store counted each failure)
+            self.counters.rejects += 1
+            self._emit(rt, plan, "reject", None, len(payload), time.perf_counter() - started, saved_ms,
+                       "not-stored")
+            return False
         self.counters.stores += 1
-        for tier in plan.tiers:
+        for tier in stored_in:
             rt.metrics.stored(plan.rule, tier, len(payload))
-        self._emit(rt, plan, "store", ",".join(plan.tiers), len(payload), time.perf_counter() - started, saved_ms)
+        self._emit(rt, plan, "store", ",".join(stored_in), len(payload), time.perf_counter() - started, saved_ms)
         return True
 
     def _invalidate_slot(self, slot: tuple[Namespace, CacheKey]) -> int:

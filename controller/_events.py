@@ -6,8 +6,9 @@
 
 ``outcome`` is one of ``hit`` (served from ``tier``), ``miss`` (the function ran), ``bypass`` (not looked up:
 the contract or rule said no, the call samples, or an argument has no canonical form; ``reason`` says which),
-``store`` (written to the tiers in ``tier``, comma-separated) and ``reject`` (computed but not admitted:
-too large, unserializable, or a stream that failed). A sink that fails never fails a call: its errors are
+``store`` (written to the tiers in ``tier``, comma-separated: those that took the write, not those a rule
+named) and ``reject`` (computed but not admitted: too large, unserializable, a stream that failed, or no tier
+took the write, ``reason`` ``not-stored``). A sink that fails never fails a call: its errors are
 logged and counted in ``errors``.
 """
 

@@ -119,6 +119,15 @@ def test_writes_go_to_every_selected_tier() -> None:
     assert l3.calls == [("set", [(K4, E1)]), ("set", [(K4, E2)])]
 
 
+def test_writes_return_the_tiers_that_stored() -> None:
+    l1, l2, l3, store = three()
+    assert store.set(NS, K4, E1) == (L1, L2, L3)
+    assert store.set_many(NS, [(K4, E1)], tiers=("l3", "l1")) == (L1, L3)  # the store's order
+    l2.fail = TierUnavailable("l2", "down")
+    assert store.set(NS, K4, E2) == (L1, L3)  # a tier that failed the write is not one that stored
+    assert store.set(NS, K4, entry(b"dead", ttl=-1)) == ()  # expired on arrival: stored nowhere
+
+
 def test_expired_entries_are_not_written() -> None:
     l1, l2, l3, store = three()
     store.set_many(NS, [(K4, entry(b"dead", ttl=0)), (K3, entry(b"alive", ttl=1))])

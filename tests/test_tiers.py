@@ -113,6 +113,18 @@ def stored(request, fake_clock, tmp_path) -> Iterator[Harness]:
 # -- the contract, for every tier --------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("ttl", [1e15, 1e300, float("inf"), float("nan")])
+def test_a_ttl_past_what_the_backend_holds_is_stored(h: Harness, ttl: float) -> None:
+    # Redis keeps a TTL as an integer of milliseconds (a Lua number in a script): past 2**53 ms it refuses the
+    # write. The tier holds such an entry for the longest TTL it can; the entry keeps its own expiry.
+    long_lived = entry(b"long-lived", ttl=ttl)
+    h.tier.set_many(NS_A, [(K1, long_lived)])
+    (got,) = h.tier.get_many(NS_A, [K1])
+    assert got is not None and got.value == b"long-lived"
+    assert repr(got.expires_at) == repr(long_lived.expires_at)  # nan included
+    assert h.faults == []
+
+
 def test_round_trip(h: Harness) -> None:
     items = [
         (K1, entry(b"plain")),
@@ -359,6 +371,16 @@ def test_every_corrupt_entry_of_a_batch_is_reported(stored: Harness) -> None:
 
 
 @pytest.mark.redis
+@pytest.mark.redis
+def test_redis_caps_the_ttl_it_hands_to_redis(redis_url: str, fake_clock) -> None:
+    tier = RedisTier(redis_url, secret=SECRET, clock=fake_clock)
+    tier.set_many(NS_A, [(K1, entry(ttl=1e15, now=fake_clock())), (K2, entry(ttl=60, now=fake_clock()))])
+    with redis.Redis.from_url(redis_url) as raw:
+        assert raw.pttl(f"evc:{NS_A}:{K1}") > 2**53 - 10_000  # the longest TTL a script can pass exactly
+        assert 0 < raw.pttl(f"evc:{NS_A}:{K2}") <= 60_000
+    tier.close()
+
+
 def test_redis_ttl_comes_from_expires_at(redis_url: str, fake_clock) -> None:
     tier = RedisTier(redis_url, secret=SECRET, clock=fake_clock)
     tier.set_many(NS_A, [(K1, entry(ttl=30)), (K2, entry())])

@@ -53,6 +53,12 @@ _PREFIX_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 _PURGE_ON_STORE = 64
 _PURGE_ON_USAGE = 10_000
 
+# The longest TTL handed to Redis, in milliseconds: the largest integer a Lua number (a double) holds exactly.
+# Redis refuses a longer one (past 2**63 ms with the clock added, or formatted inexactly by the script), and a
+# refused write would fail every store of the entry; a longer-lived entry is held this long (about 285,000
+# years) and keeps its own expiry in its header.
+_MAX_PX = 2**53 - 1
+
 # KEYS: sizes, order, exp, used, seq, namespaces.  ARGV[1]: the entry key prefix "p:ns:", ARGV[2]: ns.
 _PRELUDE = """
 local sizes, order, exp, used, seq, spaces = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -151,7 +157,8 @@ class RedisTier(BlobTier):
 
     ``get_many`` is one round trip (one MGET; MGET plus an order update, pipelined, for a namespace with a
     quota); hits on sliding entries cost a second one to store the renewed lifetime. ``set_many`` is one
-    script call for the whole batch. Entries carry a Redis TTL, from ``entry.expires_at`` on ``clock``.
+    script call for the whole batch. Entries carry a Redis TTL, from ``entry.expires_at`` on ``clock``, capped at
+    about 285,000 years (``_MAX_PX``, what Redis and its scripts can hold).
 
     ``quota(ns)`` caps the bytes a namespace holds; a store that takes it over evicts that namespace's entries
     in least-recently-stored order (least-recently-used among hits, since a hit under a quota refreshes the
@@ -340,7 +347,11 @@ class RedisTier(BlobTier):
             raise ValueError(f"quota for namespace {ns!r} is {limit}; it must be >= 0 or None")
         args: list[str | bytes | int] = [self._entry_prefix(ns), ns, -1 if limit is None else limit]
         for key, entry in items:
-            px = 0 if entry.expires_at is None else max(math.ceil((entry.expires_at - now) * 1000), 1)
+            if entry.expires_at is None:
+                px = 0
+            else:
+                left_ms = (entry.expires_at - now) * 1000
+                px = max(math.ceil(left_ms), 1) if left_ms < _MAX_PX else _MAX_PX  # NaN and inf: the cap
             args += [key, self._codec.encode(ns, key, entry), px]
         with self._backend("set"):
             evicted = self._store_script(keys=self._books(ns), args=args)

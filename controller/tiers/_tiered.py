@@ -146,19 +146,22 @@ class TieredStore:
                 self._write(tier, ns, items)  # type: ignore[arg-type]  # promoted entries are not None
         return found
 
-    def set(self, ns: Namespace, key: CacheKey, entry: Entry, tiers: Iterable[str] | None = None) -> None:
-        self.set_many(ns, [(key, entry)], tiers)
+    def set(
+        self, ns: Namespace, key: CacheKey, entry: Entry, tiers: Iterable[str] | None = None
+    ) -> tuple[TierName, ...]:
+        """``set_many(ns, [(key, entry)], tiers)``."""
+        return self.set_many(ns, [(key, entry)], tiers)
 
     def set_many(
         self, ns: Namespace, items: Sequence[tuple[CacheKey, Entry]], tiers: Iterable[str] | None = None
-    ) -> None:
-        """Write every item to every selected tier; a tier that fails is skipped (and counted)."""
+    ) -> tuple[TierName, ...]:
+        """Write every item to every selected tier; a tier that fails is skipped (and counted). Returns the
+        tiers that took the write, in the store's order (none when every item had expired already)."""
         now = self._clock()
         live = [(key, entry) for key, entry in items if not entry.expired(now)]
         if not live:
-            return
-        for tier in self._chain(tiers):
-            self._write(tier, ns, live)
+            return ()
+        return tuple(tier.name for tier in self._chain(tiers) if self._write(tier, ns, live))
 
     def delete(self, ns: Namespace, keys: Sequence[CacheKey]) -> int:
         """Remove ``keys`` from every tier; returns the number of stored copies removed, summed over tiers."""
@@ -198,11 +201,14 @@ class TieredStore:
             self._chains[tiers] = chain
         return chain
 
-    def _write(self, tier: Tier, ns: Namespace, items: Sequence[tuple[CacheKey, Entry]]) -> None:
+    def _write(self, tier: Tier, ns: Namespace, items: Sequence[tuple[CacheKey, Entry]]) -> bool:
+        """Whether ``tier`` took the write; a failure is absorbed."""
         try:
             tier.set_many(ns, items)
         except TierError as exc:
             self._absorb(tier.name, "set", exc)
+            return False
+        return True
 
     def _absorb(self, tier: TierName, op: str, exc: TierError) -> None:
         slot, skipped = (tier, op), 0
