@@ -34,7 +34,15 @@ from evocache.dsl import (
     parse_duration,
 )
 
-from ._keys import GENERATION_PARAMS, Uncacheable, derive_key, namespace_for, normalise_params
+from ._keys import (
+    ANONYMOUS_NS,
+    GENERATION_PARAMS,
+    Uncacheable,
+    as_real,
+    derive_key,
+    namespace_for,
+    normalise_params,
+)
 from ._runtime import CacheRuntime
 from ._semantic import TEXT_PARAMS, SemanticPlan
 from ._types import L1, CacheKey, Namespace, TierName
@@ -218,6 +226,16 @@ def _guarded(predicate: Callable[[Mapping[str, Any]], bool]) -> Callable[[Mappin
             raise ExpressionEvalError(f"predicate raised {type(exc).__name__}: {exc}", "<callable>") from exc
 
     return test
+
+
+def _samples(temperature: Any) -> bool:
+    """Whether a call at this temperature may sample: unless it is provably greedy (absent, or a number <= 0,
+    read by ``as_real``: numpy scalars, 0-d arrays, ``Decimal``, numeric strings). A temperature that reads
+    as no number (an object, ``"hot"``, an array of several) or as NaN is not provably greedy."""
+    if temperature is None:
+        return False
+    value = as_real(temperature)
+    return value is None or not value <= 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -482,17 +500,21 @@ class Contract:
             arguments.pop(pname, None)
         # The tenant is not an argument of the key but its namespace: an explicit `tenant` argument names it,
         # else the enclosing tenant_scope, else the parameter's default, else "default".
+        # A call made for no tenant has the view of tenant "default" but a namespace of its own, which no
+        # tenant id can name: tenant "default" never reads the anonymous caller's entries, nor they its.
         given = arguments.pop("tenant", None) if self._tenant_param else None
         try:
             if explicit_tenant or (scope is None and given is not None):
                 tenant = _tenant_of(given)
+                ns = namespace_for(tenant.id)
+            elif scope is not None:
+                tenant, ns = scope, namespace_for(scope.id)
             else:
-                tenant = scope or DEFAULT_TENANT
-            ns = namespace_for(tenant.id)
+                tenant, ns = DEFAULT_TENANT, ANONYMOUS_NS
         except (TypeError, ValueError) as exc:
             # The function may accept what the cache cannot scope: serve it, uncached.
             log.warning("%s: tenant argument not usable for caching (%s); call not cached", self.identity, exc)
-            return Plan(None, namespace_for(DEFAULT_TENANT.id), "contract", "bad-tenant")
+            return Plan(None, ANONYMOUS_NS, "contract", "bad-tenant")
         view = dict(arguments)
         view["tenant"] = tenant.view()
         view.setdefault("model", self.model)
@@ -527,13 +549,7 @@ class Contract:
             tiers = tuple(TierName(t) for t in decision.tiers)
             semantic_spec = decision.semantic
 
-        temperature = arguments.get("temperature")
-        if (
-            not allow_sampling
-            and isinstance(temperature, (int, float))
-            and temperature > 0
-            and arguments.get("seed") is None
-        ):
+        if not allow_sampling and arguments.get("seed") is None and _samples(arguments.get("temperature")):
             return Plan(None, ns, rule, "sampling")
 
         available = rt.tier_names
@@ -543,8 +559,8 @@ class Contract:
         rest = dict(arguments)
         params = {name: rest.pop(name) for name in self._generation_params if name in rest}
         model = arguments.get("model", self.model) if isinstance(arguments.get("model"), str) else self.model
-        normalised = normalise_params(params)
         try:
+            normalised = normalise_params(params)
             key = derive_key(
                 function=self.identity, model=model, revision=self.model_revision, template=self.template,
                 params=normalised, ns=ns, args=rest,

@@ -4,6 +4,28 @@ A key binds everything that could make two calls' answers differ: the function's
 revision, the prompt-template hash, the normalised generation parameters, the tenant namespace and the
 canonicalised arguments. Each part is length-prefixed inside the hashed material, so no choice of values can
 make one part's bytes read as another's, and two calls share a key only when every part is equal.
+
+Which arguments are one key. An argument keys by its value and by the type a function can tell apart:
+
+- ``1``, ``1.0`` and ``True`` are three keys; ``-0.0`` and ``0.0`` are one (they compare and hash alike, as in
+  the plan memo); every NaN is one key.
+- A list and a tuple of the same items are two keys; so are a set and a frozenset. A list subclass keys as a
+  list, a tuple subclass (a named tuple) as a tuple, a set subclass as a set.
+- A numpy scalar is not the Python number of the same value, and numpy values of two dtypes are two keys
+  (``np.float32(0.5)``, ``np.float64(0.5)``, ``0.5``); an array keys by its dtype, shape and items, so it is
+  neither a list nor an array of another dtype or shape. Other values exported through ``tolist()`` (torch
+  tensors) key by their type and items.
+- Mappings key by their items whatever their order or mapping type; ``bytes`` and ``bytearray`` of the same
+  bytes are one key; dataclasses and pydantic models key by their type and fields.
+- Anything else has no canonical form (``Uncacheable``): the call is served uncached.
+
+Generation parameters (``GENERATION_PARAMS``) key by meaning instead, because the model decodes equal settings
+alike: numbers as numbers of the parameter's kind (``temperature=0``, ``0.0`` and ``np.float32(0)`` are one
+key), values that switch a parameter off are dropped, and a tuple of stop strings is the list of them.
+
+Namespaces: a tenant id maps to a namespace (``namespace_for``) readable ids to themselves, any other to a
+digest; a call made for no tenant gets ``ANONYMOUS_NS``, which no tenant id maps to, so the anonymous caller
+and a tenant called ``"default"`` never share an entry.
 """
 
 from __future__ import annotations
@@ -12,7 +34,9 @@ import dataclasses
 import functools
 import hashlib
 import math
+import numbers
 import re
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,20 +66,49 @@ class Uncacheable(TypeError):
     """An argument has no canonical form (an arbitrary object): the call is served uncached."""
 
 
+ANONYMOUS_NS = Namespace(".anonymous")
+"""The namespace of a call made for no tenant: it starts with a dot, which no namespace of a tenant id does."""
+
+
 def namespace_for(tenant_id: str) -> Namespace:
     """The namespace of a tenant. Readable ids map to themselves; any other id maps to ``h.<digest>``.
 
-    The dot cannot occur in a readable id, so the two forms never collide.
+    The dot cannot occur in a readable id, so the two forms never collide, and neither starts with a dot, so
+    no tenant id maps to ``ANONYMOUS_NS``.
     """
     if not isinstance(tenant_id, str) or not tenant_id:
         raise ValueError(f"tenant id must be a non-empty string, got {tenant_id!r}")
     if _SAFE_TENANT.fullmatch(tenant_id):
         return Namespace(tenant_id)
-    return Namespace("h." + hashlib.blake2b(tenant_id.encode(), digest_size=16).hexdigest())
+    return Namespace("h." + hashlib.blake2b(_utf8(tenant_id), digest_size=16).hexdigest())
 
 
 def template_hash(template: str | None) -> str:
-    return "" if template is None else hashlib.sha256(template.encode()).hexdigest()[:32]
+    return "" if template is None else hashlib.sha256(_utf8(template)).hexdigest()[:32]
+
+
+def _utf8(text: str) -> bytes:
+    """UTF-8, with lone surrogates kept as their own bytes (a str may hold one; strict UTF-8 refuses it). Valid
+    text encodes as plain UTF-8, and two different strings never encode alike."""
+    return text.encode("utf-8", "surrogatepass")
+
+
+def as_real(value: Any) -> float | None:
+    """``value`` read as a real number: Python and numpy numbers, 0-d numpy arrays, ``Decimal`` and numeric
+    strings; None for anything else (a complex number, a string that is no number, an array of several)."""
+    np = sys.modules.get("numpy")  # not imported: no argument can be a numpy value
+    if np is not None and isinstance(value, np.ndarray):
+        if value.shape != ():
+            return None
+        value = value.item()
+    if isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real):
+        return None
+    if not isinstance(value, (numbers.Number, str)):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):  # "hot", Decimal("sNaN"), a Fraction beyond float's range
+        return None
 
 
 def normalise_params(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -78,19 +131,38 @@ def _normalise(items: tuple[tuple[str, type, Any], ...]) -> tuple[tuple[str, Any
         if value is None:
             continue
         kind, off = GENERATION_PARAMS.get(name, (None, ()))
-        if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            value = float(f"{float(value):.12g}") + 0.0  # + 0.0 turns -0.0 into 0.0
+        value = _param_value(kind, value)
         if type(value) in (int, float, bool) and value in off:  # never `in` on an array: ambiguous truth
             continue
         out.append((name, _canon(value)))
     return tuple(out)
 
 
-def _canon(value: Any, depth: int = 0) -> Any:
-    """A type-tagged canonical form, compared through ``repr``.
+def _param_value(kind: type | None, value: Any) -> Any:
+    """A generation parameter by meaning: a number as the parameter's kind (numpy scalars and 0-d arrays
+    included), a tuple as a list; anything else as given."""
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(value, np.ndarray) and value.shape == ():
+        value = value.item()
+    if isinstance(value, bool):
+        return value
+    try:
+        if kind is float and isinstance(value, numbers.Real):
+            return float(f"{float(value):.12g}") + 0.0  # + 0.0 turns -0.0 into 0.0
+        if kind is int and isinstance(value, numbers.Integral):
+            return int(value)
+    except (TypeError, ValueError, OverflowError) as exc:  # a Fraction beyond float's range
+        raise Uncacheable(f"generation parameter {value!r} is no {kind.__name__}: {exc}") from exc
+    if isinstance(value, tuple):
+        return list(value)
+    return value
 
-    Sequences of any kind become lists; every other non-scalar becomes a tuple whose first item is its tag, so
-    no list of strings can read like bytes, a set or a mapping. Mappings sort their keys.
+
+def _canon(value: Any, depth: int = 0) -> Any:
+    """A type-tagged canonical form, compared through ``repr`` (which rules make one key: the module docstring).
+
+    A list becomes a list; every other non-scalar becomes a tuple whose first item is its tag, so no list of
+    strings can read like bytes, a tuple, a set or a mapping. Mappings and sets sort their items.
     """
     if depth > 32:
         raise Uncacheable("argument nesting deeper than 32")
@@ -104,10 +176,13 @@ def _canon(value: Any, depth: int = 0) -> Any:
         return value + 0.0 if math.isfinite(value) else ("inf", value > 0)
     if t is bytes or t is bytearray:
         return ("b", bytes(value).hex())
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, list):
         return [_canon(v, depth + 1) for v in value]
+    if isinstance(value, tuple):
+        return ("tuple", [_canon(v, depth + 1) for v in value])
     if isinstance(value, (set, frozenset)):
-        return ("set", sorted((_canon(v, depth + 1) for v in value), key=repr))
+        tag = "set" if isinstance(value, set) else "frozenset"
+        return (tag, sorted((_canon(v, depth + 1) for v in value), key=repr))
     if isinstance(value, Mapping):
         items = sorted(((_canon(k, depth + 1), _canon(v, depth + 1)) for k, v in value.items()), key=repr)
         return ("map", items)
@@ -119,9 +194,17 @@ def _canon(value: Any, depth: int = 0) -> Any:
     dump = getattr(value, "model_dump", None)  # pydantic models
     if callable(dump):
         return ("pd", t.__module__, t.__qualname__, _canon(_call(dump, t), depth + 1))
-    tolist = getattr(value, "tolist", None)  # numpy arrays and torch tensors
+    np = sys.modules.get("numpy")  # not imported: no argument can be a numpy value
+    if np is not None and isinstance(value, (np.ndarray, np.generic)):
+        # dtype.str names the kind, size and byte order (<f4); a structured or object dtype exports through
+        # tolist() like any array, and what it holds must then have a canonical form itself.
+        items = _canon(_call(value.tolist, t), depth + 1)
+        if isinstance(value, np.generic):
+            return ("np", value.dtype.str, items)
+        return ("nd", value.dtype.str, list(value.shape), items)
+    tolist = getattr(value, "tolist", None)  # torch tensors and other array types
     if callable(tolist):
-        return _canon(_call(tolist, t), depth + 1)
+        return ("tl", t.__module__, t.__qualname__, _canon(_call(tolist, t), depth + 1))
     raise Uncacheable(f"no canonical form for an argument of type {t.__qualname__}")
 
 
@@ -163,4 +246,4 @@ def _framed(data: bytes) -> bytes:
 @functools.lru_cache(maxsize=4096)
 def _identity_part(function: str, model: str, revision: str, template: str) -> bytes:
     """The framed parts that are fixed per function and model: computed once, not on every miss."""
-    return b"".join(_framed(s.encode()) for s in (function, model, revision, template))
+    return b"".join(_framed(_utf8(s)) for s in (function, model, revision, template))

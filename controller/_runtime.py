@@ -431,7 +431,15 @@ def configure(
 
 
 def set_policy(policy: Policy | None) -> CacheRuntime:
-    """Apply ``policy`` to the process runtime. A policy it cannot enforce raises and changes nothing."""
+    """Apply ``policy`` to the process runtime. A policy it cannot enforce raises and changes nothing; anything
+    but a ``Policy`` or None is a ``TypeError``."""
+    from evocache.dsl import Policy  # noqa: PLC0415 - at call time, as the annotations above read it
+
+    if policy is not None and not isinstance(policy, Policy):
+        raise TypeError(
+            f"set_policy() takes a Policy (evocache.dsl.load_policy or parse_policy) or None, "
+            f"got {type(policy).__qualname__}"
+        )
     global _default
     with _lock:
         _default = default_runtime().activate(policy)

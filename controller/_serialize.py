@@ -36,11 +36,19 @@ class Serializer(Protocol):
 _LEN = struct.Struct(">I")
 
 
+def _utf8(text: str) -> bytes:
+    """Strict UTF-8: a str with a lone surrogate ("\\ud800") has no UTF-8 form and is ``Unserializable``."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError as exc:
+        raise Unserializable(f"text is not valid Unicode: {exc.reason} at {exc.start}") from exc
+
+
 def dump_chunks(chunks: Sequence[str | bytes]) -> bytes:
     parts = [b"S"]
     for chunk in chunks:
         if type(chunk) is str:
-            data = chunk.encode()
+            data = _utf8(chunk)
             parts.append(b"s")
         elif type(chunk) is bytes:
             data = chunk
@@ -79,7 +87,7 @@ class JsonSerializer:
     def dumps(self, value: Any) -> bytes:
         t = type(value)
         if t is str:
-            return b"s" + value.encode()
+            return b"s" + _utf8(value)
         if t is bytes:
             return b"b" + value
         tag = b"t" if t is tuple else b"j"
@@ -92,7 +100,7 @@ class JsonSerializer:
             raise Unserializable(f"not a JSON document: {type(exc).__name__}: {exc}") from exc
         if (tuple(back) if tag == b"t" else back) != value:
             raise Unserializable("value does not round-trip through JSON (nested tuples or non-str keys)")
-        return tag + text.encode()
+        return tag + _utf8(text)
 
     def loads(self, payload: bytes) -> Any:
         tag, body = payload[:1], payload[1:]

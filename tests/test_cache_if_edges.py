@@ -1,4 +1,4 @@
-"""Edges of @cache_if found in review: each test pins a behaviour that once broke."""
+"""Edges of @cache_if: tenants, memoised plans, the lock-free hit path, invalidation races, odd signatures."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from evocache.controller import (
     cache_if,
     tenant_scope,
 )
+from evocache.controller._keys import ANONYMOUS_NS
 
 
 def test_a_scope_for_default_is_not_the_absence_of_a_scope(rt):
@@ -164,7 +165,7 @@ def test_hits_on_the_lock_free_path_reach_the_eviction_policy(clock):
     for _ in range(5):
         f("a")  # hot path hits: LRU must learn that "a" is recent
     f("d")  # evicts the least recently used: "b", not "a"
-    held = {key for key in runtime.l1.keys("default")}
+    held = {key for key in runtime.l1.keys(ANONYMOUS_NS)}
     assert f.cache_key("a") in held and f.cache_key("b") not in held
 
 
@@ -182,7 +183,7 @@ def test_hot_path_never_serves_a_stale_value(rt, clock):
     seen += [f(1), f(1)]
     clock.now += 10
     seen += [f(1), f(1)]
-    rt.store.set("default", f.cache_key(1), Entry(b"sX", clock() + 5, clock()))
+    rt.store.set(ANONYMOUS_NS, f.cache_key(1), Entry(b"sX", clock() + 5, clock()))
     seen += [f(1)]
     assert seen == ["v1", "v1", "v1", "v2", "v2", "v2", "v3", "v3", "v4", "v4", "X"]
 

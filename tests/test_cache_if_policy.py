@@ -16,6 +16,7 @@ from evocache.controller import (
     tenant_scope,
 )
 from evocache.controller.eviction import LRUPolicy, S3FIFOPolicy
+from evocache.controller._keys import ANONYMOUS_NS
 from evocache.dsl import parse_policy
 
 
@@ -121,7 +122,7 @@ def test_a_payload_that_no_longer_unpickles_is_dropped(rt):
     key = f.cache_key(1)
     now = rt.clock()
     payload = b"p" + pickle.dumps(Gone()).replace(b"Gone", b"Lost")  # a class removed since it was stored
-    rt.store.set("default", key, Entry(value=payload, expires_at=now + 60, created_at=now), ["l3"])
+    rt.store.set(ANONYMOUS_NS, key, Entry(value=payload, expires_at=now + 60, created_at=now), ["l3"])
     assert f(1) == "fresh"
     assert rt.metrics.value("evocache_tier_faults_total", tier="l3", kind="undecodable") == 1
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from evocache.controller import StoreConfig, StoreConfigError, build_runtime, cache_if, tenant_scope
+from evocache.controller._keys import ANONYMOUS_NS
 from evocache.dsl import parse_policy
 
 pytestmark = pytest.mark.redis
@@ -63,8 +64,8 @@ def test_corrupt_l2_payload_is_never_served(redis_url, redis_server):
     answer("q")
     key = answer.cache_key("q")
     with redis_server.client() as admin:
-        raw = admin.get(f"evc:default:{key}")
-        admin.set(f"evc:default:{key}", raw[:-1] + bytes([raw[-1] ^ 1]))  # one flipped bit
+        raw = admin.get(f"evc:{ANONYMOUS_NS}:{key}")
+        admin.set(f"evc:{ANONYMOUS_NS}:{key}", raw[:-1] + bytes([raw[-1] ^ 1]))  # one flipped bit
     b = replica(redis_url)  # a fresh replica: nothing in its L1
     answer_b = model_on(b, calls)
     assert answer_b("q") == "answer to q"

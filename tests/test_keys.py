@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+from decimal import Decimal
+from fractions import Fraction
 
 import pytest
 from hypothesis import given, settings
@@ -53,8 +55,46 @@ def test_argument_types_are_distinguished():
     assert key(args={"p": b"x"}) != key(args={"p": ["b", "78"]})
     assert key(args={"p": {"a": 1}}) != key(args={"p": [["a", 1]]})
     assert key(args={"p": {1, 2}}) != key(args={"p": [1, 2]})
-    # A tuple and a list with the same items are the same input (input_ids arrive as either).
-    assert key(args={"p": (1, 2)}) == key(args={"p": [1, 2]})
+
+
+def test_values_a_function_can_tell_apart_by_type_are_two_keys():
+    import numpy as np
+
+    distinct = [
+        [1, 2], (1, 2), {1, 2}, frozenset({1, 2}), np.array([1, 2]), np.array([1, 2], dtype=np.int32),
+        np.array([[1, 2]]), 1, 1.0, True, np.int64(1), np.int32(1), np.float64(1.0), np.float32(1.0),
+        np.bool_(True), np.array(1), "1", np.str_("1"), [], (), set(), frozenset(), np.zeros(0),
+        np.zeros((0, 2)), [[1, 2]], [(1, 2)], ([1, 2],),
+    ]
+    keys = [key(args={"p": value}) for value in distinct]
+    assert len(set(keys)) == len(distinct)
+
+
+def test_what_stays_one_key():
+    import collections
+
+    import numpy as np
+
+    Point = collections.namedtuple("Point", "x y")
+    same = [
+        ((1, 2), Point(1, 2)),  # a named tuple keys as a tuple
+        ({"a": 1, "b": 2}, collections.OrderedDict([("b", 2), ("a", 1)])),
+        (b"ab", bytearray(b"ab")),
+        (-0.0, 0.0),
+        (float("nan"), -float("nan")),
+        (np.array([1.5, 2.0]), np.array([1.5, 2.0])),
+        (np.float32(0.5), np.float32(0.5)),
+    ]
+    for a, b in same:
+        assert key(args={"p": a}) == key(args={"p": b}), (a, b)
+
+
+def test_a_numpy_value_never_keys_like_a_python_value():
+    import numpy as np
+
+    assert key(args={"p": np.float64(0.5)}) != key(args={"p": 0.5})
+    assert key(args={"p": np.array([1, 2])}) != key(args={"p": [1, 2]})
+    assert key(args={"p": np.array(0.5)}) != key(args={"p": np.float64(0.5)})
 
 
 def test_dataclass_arguments_and_unknown_objects():
@@ -99,6 +139,54 @@ def test_float_params_compare_as_floats_without_merging_real_settings():
     assert normalise_params({"temperature": 1e-7}) != normalise_params({"temperature": 0.0})
     assert normalise_params({"top_p": 0.1 + 0.2}) == normalise_params({"top_p": 0.3})
     assert normalise_params({"top_p": 1}) == normalise_params({})
+
+
+def test_generation_params_key_by_meaning():
+    import numpy as np
+    from fractions import Fraction
+
+    assert normalise_params({"temperature": np.float32(0.5)}) == normalise_params({"temperature": 0.5})
+    assert normalise_params({"temperature": np.array(0.5)}) == normalise_params({"temperature": 0.5})
+    assert normalise_params({"temperature": Fraction(1, 2)}) == normalise_params({"temperature": 0.5})
+    assert normalise_params({"top_k": np.int64(0)}) == normalise_params({})
+    assert normalise_params({"max_tokens": np.int64(16)}) == normalise_params({"max_tokens": 16})
+    assert normalise_params({"stop": ("a", "b")}) == normalise_params({"stop": ["a", "b"]})
+    assert normalise_params({"temperature": np.float32(0.1)}) != normalise_params({"temperature": 0.1})
+    # Tuples of equal numbers compare equal; the key reads their repr, which keeps the kind.
+    assert key(params=normalise_params({"top_k": 5.0})) != key(params=normalise_params({"top_k": 5}))
+    assert key(params=normalise_params({"seed": True})) != key(params=normalise_params({"seed": 1}))
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"temperature": Decimal("0.5")}, {"top_p": object()}, {"max_tokens": Decimal(3)},
+     {"temperature": Fraction(10**400)}, {"stop": [object()]}],
+    ids=repr,
+)
+def test_generation_params_without_a_canonical_form_are_uncacheable(params):
+    with pytest.raises(Uncacheable):
+        normalise_params(params)
+
+
+def test_lone_surrogates_key_without_failing():
+    assert key(model="\ud800") != key(model="\udc00") != key()
+    assert key(function="m.\ud800") != key(function="m.\udc00")
+    assert namespace_for("\ud800") != namespace_for("\udc00")
+
+
+def test_no_tenant_id_maps_to_the_anonymous_namespace():
+    from evocache.controller._keys import ANONYMOUS_NS
+
+    for tenant_id in ("default", "anonymous", ".anonymous", "h.anonymous", "anonymous."):
+        assert namespace_for(tenant_id) != ANONYMOUS_NS
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=1, max_size=40))
+def test_the_anonymous_namespace_is_no_tenant_s(tenant_id):
+    from evocache.controller._keys import ANONYMOUS_NS
+
+    assert namespace_for(tenant_id) != ANONYMOUS_NS
 
 
 def test_negative_zero_is_zero():
