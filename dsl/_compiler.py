@@ -31,7 +31,7 @@ from __future__ import annotations
 import difflib
 import functools
 import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +50,15 @@ from ._ast import (
     Unary,
 )
 from ._ast import start as start_of
-from ._functions import FUNCTIONS, FunctionSpec, PatternError, SignatureError, compile_pattern
+from ._functions import (
+    FUNCTIONS,
+    MAX_PROGRAM_SIZE,
+    FunctionSpec,
+    PatternError,
+    SignatureError,
+    compile_pattern,
+    match_allowance,
+)
 from ._parser import parse
 from ._schema import ANY, BOOL, FLOAT, INT, STANDARD_SCHEMA, STR, FieldType, Kind, RequestSchema, list_of
 from ._values import (
@@ -110,12 +118,16 @@ class Expression:
     """A compiled expression. Build it with ``compile_expression``.
 
     ``fields`` are the top-level request fields it reads; ``result_type`` is its static type (``Kind.ANY``
-    where it depends on an ``any`` field).
+    where it depends on an ``any`` field); ``pattern_size`` is the sum of the RE2 program sizes of its
+    ``matches`` calls (0 without any), and ``shared_pattern_size`` the total that their work budget is shared
+    with (see ``compile_expression``).
     """
 
     source: str
     fields: frozenset[str]
     result_type: FieldType = field(repr=False)
+    pattern_size: int = field(repr=False)
+    shared_pattern_size: int = field(repr=False)
     _fn: Fn = field(repr=False, compare=False)
     _start: tuple[int, int] = field(repr=False, compare=False)
 
@@ -142,8 +154,16 @@ class Expression:
         )
 
 
-def compile_expression(source: str, schema: RequestSchema = STANDARD_SCHEMA) -> Expression:
-    """Compile ``source`` against ``schema``; results are cached per (source, schema).
+def compile_expression(
+    source: str, schema: RequestSchema = STANDARD_SCHEMA, *, shared_pattern_size: int = 0
+) -> Expression:
+    """Compile ``source`` against ``schema``; results are cached per (source, schema, shared_pattern_size).
+
+    The ``matches`` calls of one expression share one work budget: each may search at most
+    ``match_allowance(P)`` bytes, where P is the sum of their program sizes (``Expression.pattern_size``).
+    ``shared_pattern_size`` widens P to the patterns of other expressions evaluated along with this one (a
+    policy passes the sum over all its rules, since one decision may test every rule); a value below the
+    expression's own ``pattern_size`` counts as that.
 
     Raises ``ExpressionSyntaxError`` for malformed text and ``ExpressionCompileError`` for unknown names,
     fields or functions, type errors visible without a request, and bounds broken by literals (both carry the
@@ -154,15 +174,74 @@ def compile_expression(source: str, schema: RequestSchema = STANDARD_SCHEMA) -> 
         raise TypeError(f"an expression must be a str, got {type(source).__name__}")
     if not isinstance(schema, RequestSchema):
         raise TypeError(f"schema must be a RequestSchema, got {type(schema).__name__}")
-    return _compile_cached(source, schema)
+    if type(shared_pattern_size) is not int or shared_pattern_size < 0:
+        raise TypeError(f"shared_pattern_size must be an int >= 0, got {shared_pattern_size!r}")
+    return _compile_cached(source, schema, shared_pattern_size)
 
 
 @functools.lru_cache(maxsize=2048)
-def _compile_cached(source: str, schema: RequestSchema) -> Expression:
+def _compile_cached(source: str, schema: RequestSchema, shared_pattern_size: int) -> Expression:
     tree = parse(source)
-    compiler = _Compiler(source, schema)
+    patterns = sorted(_patterns(tree))
+    own = sum(size for _, _, size in patterns)
+    shared = max(own, shared_pattern_size)
+    if shared > MAX_PROGRAM_SIZE:
+        # Point at the pattern whose program crosses the limit (the patterns before this expression's first
+        # count as written before it).
+        total = shared - own
+        for line, column, size in patterns:
+            total += size
+            if total > MAX_PROGRAM_SIZE:
+                raise ExpressionCompileError(
+                    f"the matches() patterns up to this one share a work budget and compile to {total} "
+                    f"instructions in all; the limit is {MAX_PROGRAM_SIZE}, so that each may search at least "
+                    f"{match_allowance(MAX_PROGRAM_SIZE)} bytes",
+                    source,
+                    line,
+                    column,
+                )
+    compiler = _Compiler(source, schema, shared)
     code = compiler.compile(tree)
-    return Expression(source, frozenset(compiler.fields), code.type, code.fn, start_of(tree))
+    return Expression(source, frozenset(compiler.fields), code.type, own, shared, code.fn, start_of(tree))
+
+
+def _patterns(tree: Node) -> Iterator[tuple[int, int, int]]:
+    """Line, column and program size of each ``matches`` pattern in ``tree``, one per call, before anything
+    is compiled (so that every call knows the budget it shares). A pattern that does not compile is left out
+    here; compiling the call reports it at its position."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Call):
+            spec = FUNCTIONS.get(node.callee.name) if isinstance(node.callee, Name) else None
+            index = None if spec is None else spec.pattern_argument
+            if index is not None and index < len(node.args):
+                pattern = node.args[index]
+                if isinstance(pattern, Literal) and isinstance(pattern.value, str):
+                    try:
+                        yield pattern.line, pattern.column, compile_pattern(pattern.value).program_size
+                    except PatternError:
+                        pass
+            stack.append(node.callee)
+            stack.extend(node.args)
+        else:
+            stack.extend(_children(node))
+
+
+def _children(node: Node) -> tuple[Node, ...]:
+    if isinstance(node, ListExpr):
+        return node.items
+    if isinstance(node, Attribute):
+        return (node.target,)
+    if isinstance(node, Index):
+        return (node.target, node.index)
+    if isinstance(node, Unary):
+        return (node.operand,)
+    if isinstance(node, Binary):
+        return (node.left, node.right)
+    if isinstance(node, BoolOp | Compare):
+        return node.operands
+    return ()  # Literal, Name
 
 
 # -- compiled code ------------------------------------------------------------------------------------------
@@ -211,9 +290,10 @@ def _trusted(t: FieldType, kinds: frozenset[Kind]) -> bool:
 
 
 class _Compiler:
-    def __init__(self, source: str, schema: RequestSchema) -> None:
+    def __init__(self, source: str, schema: RequestSchema, pattern_size: int) -> None:
         self.source = source
         self.schema = schema
+        self.pattern_size = pattern_size  # the total program size the matches work budget is shared by
         self.fields: set[str] = set()
 
     def compile(self, node: Node) -> _Code:
@@ -427,7 +507,7 @@ class _Compiler:
             if not isinstance(node, Literal) or not isinstance(node.value, str):
                 raise self.error(f"the pattern of {spec.name}() must be a string literal", *start_of(node))
             try:
-                return _constant(compile_pattern(node.value), STR)
+                return _constant(compile_pattern(node.value).sharing(self.pattern_size), STR)
             except PatternError as exc:
                 raise self.error(exc.message, node.line, node.column) from None
         code = self.compile(node)

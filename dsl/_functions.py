@@ -14,15 +14,18 @@ Two bounds remain, both in docs/policy-language.md, "Patterns":
 - the compiled program has at most ``MAX_PROGRAM_SIZE`` instructions (``a{1000}`` is 1,000 of them, a
   Unicode class such as ``\\pL`` about 1,200), and RE2 compiles within ``PATTERN_MAX_MEM`` bytes;
 - a search costs at most about one step per program instruction per byte of text (RE2's automaton falls
-  back to simulating every instruction on texts that defeat its cache), so a pattern may search at most
-  ``MATCH_WORK_BUDGET // program size`` bytes of UTF-8, and never more than ``MAX_MATCH_BYTES``. A longer
+  back to simulating every instruction on texts that defeat its cache). The patterns evaluated together
+  share one ``MATCH_WORK_BUDGET``: those of one expression, and in a policy those of every rule, since one
+  decision may test them all. Each may search at most ``MATCH_WORK_BUDGET // P`` bytes of UTF-8, where P is
+  the sum of their program sizes (``match_allowance``), and never more than ``MAX_MATCH_BYTES``. A longer
   text is an ``ExpressionEvalError``, which ``Policy.decide`` treats as the rule not holding.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+import functools
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -261,14 +264,28 @@ def _pattern_options() -> re2.Options:
     return options
 
 
+def match_allowance(program_size: int) -> int:
+    """The longest text, in UTF-8 bytes, that each of a set of patterns sharing one work budget may search:
+    ``MATCH_WORK_BUDGET // program_size`` (the sum of their program sizes), at most ``MAX_MATCH_BYTES``."""
+    return min(MAX_MATCH_BYTES, MATCH_WORK_BUDGET // max(program_size, 1))
+
+
 @dataclass(frozen=True, slots=True)
 class SafePattern:
     """A compiled ``matches`` pattern: its RE2 program size and the longest text, in UTF-8 bytes, it may search
-    (``MATCH_WORK_BUDGET // program_size``, at most ``MAX_MATCH_BYTES``)."""
+    (alone: ``match_allowance(program_size)``; sharing the budget with others: ``sharing``)."""
 
     regex: re2._Regexp
     program_size: int
     max_bytes: int
+    shared_size: int = 0  # the program size of every pattern sharing its budget, 0 when alone
+
+    def sharing(self, program_size: int) -> SafePattern:
+        """This pattern searching at most ``match_allowance(program_size)`` bytes, where ``program_size`` is
+        the sum over every pattern that shares the budget with it (this one included)."""
+        if program_size <= self.program_size:
+            return self
+        return replace(self, max_bytes=match_allowance(program_size), shared_size=program_size)
 
     def search(self, text: str) -> bool:
         """Whether the pattern matches anywhere in ``text``. Raises ``Fault`` for a text longer than
@@ -282,15 +299,22 @@ class SafePattern:
         return self.regex.search(data) is not None
 
     def _too_long(self, size: int, unit: str) -> Fault:
+        shared = (
+            f"; it shares its work budget with patterns of {self.shared_size - self.program_size} more"
+            if self.shared_size
+            else ""
+        )
         return Fault(
             f"matches() text of {size} {unit} is longer than this pattern may search ({self.max_bytes} bytes; "
-            f"its program has {self.program_size} instructions)"
+            f"its program has {self.program_size} instructions{shared})"
         )
 
 
+@functools.lru_cache(maxsize=1024)
 def compile_pattern(pattern: str) -> SafePattern:
     """Compile a ``matches`` pattern with RE2, or raise ``PatternError`` if RE2 rejects it (its syntax, its
-    memory) or its program is larger than ``MAX_PROGRAM_SIZE``."""
+    memory) or its program is larger than ``MAX_PROGRAM_SIZE``. The result searches at most
+    ``match_allowance(program_size)`` bytes. Cached: a compiled RE2 pattern is immutable and thread-safe."""
     try:
         regex = re2.compile(pattern, _pattern_options())
     except re2.error as exc:
@@ -307,7 +331,7 @@ def compile_pattern(pattern: str) -> SafePattern:
         raise PatternError(
             f"pattern is too large: it compiles to {size} instructions; the limit is {MAX_PROGRAM_SIZE}"
         )
-    return SafePattern(regex, size, min(MAX_MATCH_BYTES, MATCH_WORK_BUDGET // size))
+    return SafePattern(regex, size, match_allowance(size))
 
 
 def _re2_message(exc: re2.error) -> str:

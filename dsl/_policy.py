@@ -41,6 +41,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from ._compiler import compile_expression
 from ._duration import format_duration, parse_duration
+from ._functions import MAX_PROGRAM_SIZE
 from ._schema import ANY, STANDARD_FIELDS, STANDARD_SCHEMA, TYPE_NAMES, FieldType, RequestSchema
 from ._source import read_policy_text
 from ._yaml import LocatedDocument, Path, format_path, load_located
@@ -358,13 +359,48 @@ class Policy(_Model):
                 plan.append((compile_expression(rule.when, schema), _resolve(self.defaults, rule)))
             except ExpressionError as exc:
                 errors.append(_line_error("expression", exc.message, ("rules", i, "when"), rule.when, exc))
+        if not errors:
+            plan = self._share_pattern_budget(plan, schema, errors)
         if errors:
-            # Reached only when built without parse_policy (which checks all this while validating fields).
+            # Reached only when built without parse_policy (which checks all this while validating fields),
+            # or for a constant matches() text longer than the policy's shared allowance.
             raise ValidationError.from_exception_data(type(self).__name__, errors)
         self._schema = schema
         self._plan = tuple(plan)
         self._fallthrough = _resolve(self.defaults, None)
         return self
+
+    def _share_pattern_budget(
+        self,
+        plan: list[tuple[Expression, Decision]],
+        schema: RequestSchema,
+        errors: list[InitErrorDetails],
+    ) -> list[tuple[Expression, Decision]]:
+        """The plan with every rule's ``matches`` calls sharing one work budget: one decision may test every
+        rule, so each call may search ``match_allowance(P)`` bytes, P the program size of all the policy's
+        patterns (docs/policy-language.md, "Patterns")."""
+        total = sum(condition.pattern_size for condition, _ in plan)
+        shared, so_far = [], 0
+        for i, (condition, decision) in enumerate(plan):
+            before, so_far = so_far, so_far + condition.pattern_size
+            if condition.pattern_size and total > condition.pattern_size:
+                if total <= MAX_PROGRAM_SIZE:
+                    size = total
+                elif before <= MAX_PROGRAM_SIZE < so_far:
+                    # Over the limit only the rule whose patterns cross it is compiled again, counting the
+                    # patterns of the rules before it: its compile error is at the pattern that crosses.
+                    size = so_far
+                else:
+                    size = 0
+                if size:
+                    try:
+                        condition = compile_expression(condition.source, schema, shared_pattern_size=size)
+                    except ExpressionError as exc:
+                        errors.append(
+                            _line_error("expression", exc.message, ("rules", i, "when"), condition.source, exc)
+                        )
+            shared.append((condition, decision))
+        return shared
 
     @property
     def schema(self) -> RequestSchema:  # type: ignore[override]  # BaseModel.schema is pydantic-v1 legacy

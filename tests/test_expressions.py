@@ -299,6 +299,63 @@ def test_a_policy_rule_whose_matches_text_is_too_long_does_not_hold() -> None:
     assert (decision.rule, decision.skipped) == ("rest", ("greeting",))
 
 
+# 'a[ab]{1000}N' compiles to 1006 instructions for a one-digit N; on random a/b text RE2 falls back to
+# running every instruction on every byte, so each call costs about program size x text length.
+_WIDE = "matches(prompt, 'a[ab]{{1000}}{}')"
+
+
+def test_the_matches_calls_of_one_expression_share_one_work_budget() -> None:
+    # Each call alone may search MATCH_WORK_BUDGET // 1006 bytes; eight calls with that allowance each would
+    # cost eight budgets per evaluation (and the hundred an expression of 4096 characters holds, a hundred).
+    expr = compile_expression(" or ".join(_WIDE.format(i) for i in range(8)))
+    assert (expr.pattern_size, expr.shared_pattern_size) == (8 * 1006, 8 * 1006)
+    allowance = MATCH_WORK_BUDGET // (8 * 1006)
+    assert expr.test({"prompt": "b" * allowance}) is False
+    with pytest.raises(ExpressionEvalError) as info:
+        expr.test({"prompt": "b" * (allowance + 1)})
+    assert info.value.message == (
+        f"matches() text of {allowance + 1} characters is longer than this pattern may search ({allowance} "
+        "bytes; its program has 1006 instructions; it shares its work budget with patterns of 7042 more)"
+    )
+    assert (info.value.line, info.value.column) == (1, 1)
+
+
+def test_the_patterns_of_one_expression_are_bounded_in_all() -> None:
+    source = " or ".join(_WIDE.format(i) for i in range(9))  # 9054 instructions
+    with pytest.raises(ExpressionCompileError) as info:
+        compile_expression(source)
+    assert (info.value.line, info.value.column) == (1, source.index("'a[ab]{1000}8'") + 1)
+    assert info.value.message == (
+        "the matches() patterns up to this one share a work budget and compile to 9054 instructions in all; "
+        f"the limit is {MAX_PROGRAM_SIZE}, so that each may search at least 4096 bytes"
+    )
+
+
+def test_the_matches_calls_of_every_rule_of_a_policy_share_one_work_budget() -> None:
+    # One decision may test every rule, so a rule's calls share the budget with every other rule's.
+    rules = "".join(
+        f"  - {{name: r{i}, when: \"{_WIDE.format(i)}\", cache: bypass}}\n" for i in range(4)
+    )
+    policy = dsl.parse_policy("policy: p\nversion: 1\nrules:\n" + rules + "  - {name: rest, when: 'true'}\n")
+    allowance = MATCH_WORK_BUDGET // (4 * 1006)
+    assert policy.decide({"prompt": "b" * allowance}).rule == "rest"
+    decision = policy.decide({"prompt": "b" * (allowance + 1)})
+    assert (decision.rule, decision.skipped) == ("rest", ("r0", "r1", "r2", "r3"))
+    alone = compile_expression(_WIDE.format(0))  # outside the policy: its own budget
+    assert alone.test({"prompt": "b" * (allowance + 1)}) is False
+
+
+def test_the_patterns_of_a_policy_are_bounded_in_all() -> None:
+    rules = "".join(f"  - name: r{i}\n    when: \"{_WIDE.format(i)}\"\n" for i in range(10))
+    with pytest.raises(dsl.PolicyError) as info:
+        dsl.parse_policy("policy: p\nversion: 1\nrules:\n" + rules, "p.yaml")
+    (issue,) = info.value.issues  # only the rule whose pattern crosses the limit: 9 x 1006 > 8192
+    assert (issue.line, issue.column, issue.field) == (4 + 2 * 8 + 1, 28, "rules[8].when")
+    assert issue.message.startswith(
+        "the matches() patterns up to this one share a work budget and compile to 9054 instructions in all"
+    )
+
+
 @pytest.mark.parametrize(
     ("pattern", "text"),
     [

@@ -153,7 +153,7 @@ def test_an_error_at_the_end_of_a_long_expression_is_located_in_linear_work(styl
 @pytest.mark.parametrize(
     ("text", "where", "field"),
     [
-        ("policy: p\nversion: 1\nrules:\n  - name: r\n    when: \"prompt == '\\ud800'\"\n", (5, 23), "rules[0].when"),
+        (HEAD + "\"prompt == '\\ud800'\"\n", (5, 23), "rules[0].when"),
         ('policy: "p\\udfff"\nversion: 1\n', (1, 11), "policy"),
         ('policy: p\nversion: 1\n"k\\ud83d\\ude00": 1\n', (3, 3), ""),  # a UTF-16 pair is two lone halves
     ],
