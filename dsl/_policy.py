@@ -59,6 +59,9 @@ MAX_TTL = 3650 * 86_400.0
 # Versions are counters; this keeps one a signed 32-bit integer in every store and wire format.
 MAX_VERSION = 2**31 - 1
 DEFAULT_RULE = "default"  # Decision.rule when no rule matched; so no rule may be called this
+# A policy is a few dozen rules, and a decision may test every one: a request must not wait on thousands.
+# parse_policy refuses more before validating any; the model's own bound covers Policy.model_validate.
+MAX_RULES = 1000
 
 
 # --- value types ------------------------------------------------------------------------------------------
@@ -331,7 +334,7 @@ class Policy(_Model):
         default_factory=lambda: MappingProxyType({})
     )
     defaults: Defaults = Defaults()
-    rules: tuple[Rule, ...] = ()
+    rules: Annotated[tuple[Rule, ...], Field(max_length=MAX_RULES)] = ()
     tenants: Annotated[dict[Name, TenantSpec], AfterValidator(_frozen_mapping), FrozenMapping] = Field(
         default_factory=lambda: MappingProxyType({})
     )
@@ -578,6 +581,14 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
                     f"a policy document is a mapping with `policy` and `version`; got {got}",
                 )
             ]
+        )
+    rules = doc.data.get("rules")
+    if isinstance(rules, list) and len(rules) > MAX_RULES:
+        # Before validation, which otherwise goes through every rule when some are invalid.
+        pos = doc.locate(("rules", MAX_RULES))
+        message = f"a policy has at most {MAX_RULES} rules; this one has {len(rules)}"
+        raise PolicyError(
+            [PolicyIssue(source, pos and pos.line, pos and pos.column, f"rules[{MAX_RULES}]", message)]
         )
     check = _LoadCheck(_provisional_schema(doc.data.get("fields")), {})
     try:

@@ -28,7 +28,10 @@ Path = tuple[str | int, ...]
 _MAP = "tag:yaml.org,2002:map"
 _SEQ = "tag:yaml.org,2002:seq"
 _MERGE = "tag:yaml.org,2002:merge"
-# A policy is a few hundred nodes; far larger means an alias bomb or something that is not a policy.
+# A policy is a few hundred nodes; far larger means an alias bomb or something that is not a policy. Counted
+# twice: the nodes the YAML text writes (keys included) while they are composed, so that a long document fails
+# after composing MAX_NODES of them instead of all of them (PyYAML composes some 25,000 to 50,000 a second);
+# then the values built from them, each use of an alias counted again.
 MAX_NODES = 50_000
 MAX_DEPTH = 64
 # A policy is a few kilobytes; a longer text is refused before the YAML reader sees it (PyYAML reads about
@@ -115,10 +118,10 @@ def load_located(text: str, source: str = "<string>") -> LocatedDocument:
         where = _index_position(text, exc.position)
         message = f"character {chr(exc.character)!r} is not allowed in a YAML document"
         raise PolicyError([PolicyIssue(source, where.line, where.column, "", message)]) from None
-    except _TooDeep as exc:
+    except _TooLarge as exc:
         where = _position(exc.mark)
         raise PolicyError(
-            [PolicyIssue(source, where and where.line, where and where.column, "", _TOO_DEEP)]
+            [PolicyIssue(source, where and where.line, where and where.column, "", exc.message)]
         ) from None
     builder = _Builder(loader, source, text)
     try:
@@ -131,15 +134,19 @@ def load_located(text: str, source: str = "<string>") -> LocatedDocument:
 
 
 _TOO_DEEP = f"document is nested more than {MAX_DEPTH} levels deep"
+_TOO_MANY = f"document has more than {MAX_NODES} values (an alias bomb?)"
+_TOO_MANY_NODES = f"document writes more than {MAX_NODES} keys and values; a policy is a few hundred"
 
 
-class _TooDeep(Exception):
-    def __init__(self, mark: yaml.Mark | None) -> None:
+class _TooLarge(Exception):
+    def __init__(self, mark: yaml.Mark | None, message: str) -> None:
         self.mark = mark
+        self.message = message
 
 
 class _Loader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that stops composing at the node that nests one level deeper than ``MAX_DEPTH``.
+    """``yaml.SafeLoader`` that stops composing at the node that nests one level deeper than ``MAX_DEPTH``,
+    and at the node (key or value; an alias is no new node) past the first ``MAX_NODES``.
 
     PyYAML composes recursively, one call per nesting level: without the check a deep document would end in
     a ``RecursionError`` that says nowhere where it happened."""
@@ -147,10 +154,15 @@ class _Loader(yaml.SafeLoader):
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._depth = 0  # nodes being composed; the root's values are at depth 1, as in a path of length 1
+        self._nodes = 0  # nodes composed so far
 
     def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
         if self._depth > MAX_DEPTH:
-            raise _TooDeep(self.peek_event().start_mark)
+            raise _TooLarge(self.peek_event().start_mark, _TOO_DEEP)
+        if not self.check_event(yaml.AliasEvent):
+            self._nodes += 1
+            if self._nodes > MAX_NODES:
+                raise _TooLarge(self.peek_event().start_mark, _TOO_MANY_NODES)
         self._depth += 1
         try:
             return super().compose_node(parent, index)
@@ -201,7 +213,7 @@ class _Builder:
             return None
         self._count += 1
         if self._count > MAX_NODES:
-            self._issue(node, path, f"document has more than {MAX_NODES} values (an alias bomb?)")
+            self._issue(node, path, _TOO_MANY)
             self._stopped = True
             return None
         if len(path) > MAX_DEPTH:

@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from evocache.dsl import PolicyError, PolicyFileError, load_policy, parse_policy
+from evocache.dsl import Policy, PolicyError, PolicyFileError, load_policy, parse_policy
 from evocache.dsl._lexer import MAX_SOURCE_CHARS
 from evocache.dsl._source import MAX_POLICY_BYTES
-from evocache.dsl._yaml import MAX_DOCUMENT_CHARS
+from evocache.dsl._policy import MAX_RULES
+from evocache.dsl._yaml import MAX_DOCUMENT_CHARS, MAX_NODES
 from evocache.dsl.commands import app
 from typer.testing import CliRunner
 
@@ -176,3 +177,38 @@ def test_check_reports_a_lone_surrogate_with_exit_1(tmp_path: Path) -> None:
     assert result.exception is None or isinstance(result.exception, SystemExit)
     assert result.exit_code == 1
     assert result.stdout.startswith(f"{doc}:5:23: rules[0].when: a lone surrogate (U+D800) is not text")
+
+
+def test_a_document_of_too_many_nodes_fails_at_the_node_past_the_limit_before_reading_on() -> None:
+    # A megabyte of "1," is some 500,000 nodes: composing them all before counting would take PyYAML ten
+    # seconds or more. The count stops at the node past MAX_NODES: the unclosed bracket at the end, which
+    # composing the whole list would report, is never reached.
+    text = "policy: p\nversion: 1\nx: [" + "1," * (MAX_DOCUMENT_CHARS // 2 - 20)
+    with pytest.raises(PolicyError) as info:
+        parse_policy(text, "n.yaml")
+    (issue,) = info.value.issues
+    # The root mapping, three keys, two values and the list are 7 nodes: the 49,994th item is one too many.
+    column = 5 + 2 * (MAX_NODES - 7)
+    assert str(issue) == (
+        f"n.yaml:3:{column}: <document>: document writes more than {MAX_NODES} keys and values; "
+        "a policy is a few hundred"
+    )
+
+
+def test_a_policy_holds_at_most_max_rules_rules_and_validation_stops_past_them() -> None:
+    rules = "".join(f"  - {{name: r{i}, when: top_k > {i}}}\n" for i in range(MAX_RULES))
+    assert len(parse_policy("policy: p\nversion: 1\nrules:\n" + rules).rules) == MAX_RULES
+    # No rule is validated then: the errors of those past the limit (no `when`) are not reported.
+    text = "policy: p\nversion: 1\nrules:\n" + rules + "  - {name: extra}\n" * 5
+    with pytest.raises(PolicyError) as info:
+        parse_policy(text, "r.yaml")
+    (issue,) = info.value.issues
+    assert str(issue) == (
+        f"r.yaml:{4 + MAX_RULES}:5: rules[{MAX_RULES}]: a policy has at most {MAX_RULES} rules; "
+        f"this one has {MAX_RULES + 5}"
+    )
+    # Built from data, without positions, the model holds the same bound.
+    many = [{"name": f"r{i}", "when": "true"} for i in range(MAX_RULES + 1)]
+    data = {"policy": "p", "version": 1, "rules": many}
+    with pytest.raises(ValueError, match=f"at most {MAX_RULES} items"):
+        Policy.model_validate(data)
