@@ -10,7 +10,7 @@ and then (fail closed at import). At call time:
 1. The request view is built once; the contract must hold, then the policy in force (if any) picks the first
    matching rule, whose values decide ttl, tiers, size limit, sampling and streams. Without a policy the
    decorator's own options decide.
-2. A call that samples (``temperature > 0`` and no ``seed``) is bypassed unless allowed.
+2. A call that may sample (a ``temperature`` not provably <= 0, and no ``seed``) is bypassed unless allowed.
 3. The key binds function, model, revision, template, normalised generation params, tenant namespace and the
    canonical arguments (``controller._keys``).
 4. Exact lookup through the tiers; on a miss the function runs and its result is admitted by the rule.
@@ -18,7 +18,9 @@ and then (fail closed at import). At call time:
 The cache never fails a call: tier failures are misses (``TieredStore``), unserialisable results are rejected
 and counted, a payload that does not decode is dropped and recomputed. Every decision emits an access event.
 What a call will do is planned by its ``Contract`` (``controller._contract``); this module enforces the plan:
-the L1 hit path, lookups through the tiers, admission, events and the per-call controls.
+the L1 hit path, lookups through the tiers, admission, events and the per-call controls. One generator,
+``CachedFunction._steps``, carries every call past the L1 hit path, whatever the kind of function; the sync,
+async, generator and async-generator wrappers only run the steps it asks for.
 """
 
 from __future__ import annotations
@@ -32,10 +34,10 @@ import operator
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Integral
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._contract import (
     DECODED_MAX_BYTES,
@@ -74,6 +76,24 @@ class _FullPath:
         self.memo_key = memo_key
         self.rt = rt
 
+
+class _Store(NamedTuple):
+    """A step of ``CachedFunction._steps``: run ``call()`` (a store or semantic-layer call) and send back its
+    result. An async wrapper runs it in a thread when the store reaches beyond process memory, or when ``cpu``
+    (it may embed a prompt)."""
+
+    call: Callable[[], Any]
+    cpu: bool = False
+
+
+class _Compute:
+    """The step of ``CachedFunction._steps`` that runs the function itself (there is one: ``_COMPUTE``)."""
+
+    __slots__ = ()
+
+
+_COMPUTE = _Compute()
+_Step = _Store | _Compute
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,10 +237,11 @@ class CachedFunction:
             self.kind, wrapper = "gen", self._wrap_gen()
         else:
             self.kind, wrapper = "sync", self._wrap_sync()
+        self._streams = self.kind in ("gen", "asyncgen")
         # Streams are stored as their chunk list; everything else through the serializer.
-        self._decode = load_chunks if self.kind in ("gen", "asyncgen") else serializer.loads
+        self._decode = load_chunks if self._streams else serializer.loads
         # Semantic matching serves whole answers: streams keep to exact matching.
-        self._semantic_kinds = self.kind in ("sync", "async")
+        self._semantic_kinds = not self._streams
         functools.update_wrapper(wrapper, fn)
         wrapper.cache_info = self.cache_info  # type: ignore[attr-defined]
         wrapper.cache_key = self.cache_key  # type: ignore[attr-defined]
@@ -460,7 +481,62 @@ class CachedFunction:
         """Whether an async caller should run store calls in a thread (anything beyond process memory)."""
         return any(name != L1 for name in rt.store.tiers)
 
-    # -- wrappers ----------------------------------------------------------------------------------------
+    # -- one call, for every kind of function ------------------------------------------------------------
+
+    def _steps(
+        self, rt: CacheRuntime, plan: Plan, started: float, refresh_epoch: int | None = None
+    ) -> Generator[_Step, Any, tuple[bool, Any] | None]:
+        """The cache's side of one call: a generator of the steps its wrapper carries out.
+
+        It yields ``_Store`` steps (run ``step.call()``, send back its result) and ``_COMPUTE`` (run the
+        function, send back what it returned; a stream's wrapper plays the stream to the caller and sends back
+        the chunks it yielded). It returns ``None`` when the call bypasses the cache (counted here; the wrapper
+        runs the function uncached), else ``(hit, value)``: a hit's value, or what the function computed,
+        stored if the plan allows. ``refresh_epoch``: a refresh's epoch (``_invalidate_slot``): no lookup.
+
+        Every kind of function (sync, async, generator, async generator) is driven through this one generator,
+        so bypasses, lookups, admission, events and counters are the same for all; its wrapper plans the call
+        and decides only how a step runs: called, awaited, iterated, or in a thread.
+        """
+        if plan.key is None:
+            self._bypass(rt, plan, started)
+            return None
+        learning = None
+        if refresh_epoch is not None:
+            epoch = refresh_epoch
+        else:
+            hit, value, epoch = yield _Store(functools.partial(self._lookup, rt, plan, started))
+            if hit:
+                return True, value
+            if plan.semantic is not None and self._semantic_kinds and rt.semantic is not None:
+                # Embedding a prompt is CPU work: an async wrapper runs it in a thread.
+                hit, value, learning = yield _Store(
+                    functools.partial(self._semantic_lookup, rt, plan, started), cpu=True
+                )
+                if hit:
+                    return True, value
+        t0 = time.perf_counter()
+        value = yield _COMPUTE
+        saved_ms = (time.perf_counter() - t0) * 1000.0
+        payload, reason = self._payload(plan, value)
+        stored = yield _Store(functools.partial(self._admit, rt, plan, payload, saved_ms, reason, epoch))
+        if learning is not None:  # the semantic update may embed
+            yield _Store(functools.partial(self._semantic_learn, rt, plan, value, stored, learning), cpu=True)
+        return False, value
+
+    def _payload(self, plan: Plan, value: Any) -> tuple[bytes | None, str]:
+        """What a computed result is stored as, or ``(None, reason)`` when it cannot be: a stream's chunk list
+        (when its plan allows streams), anything else through the serializer."""
+        if not self._streams:
+            return self._encode(value)
+        if not plan.stream_ok:
+            return None, "stream-not-allowed"
+        try:
+            return dump_chunks(value), ""
+        except Unserializable:
+            return None, "unserializable"
+
+    # -- wrappers: each drives _steps ---------------------------------------------------------------------
 
     def _wrap_sync(self) -> Callable[..., Any]:
         return self._make_entry(self._sync_full_path)
@@ -470,49 +546,20 @@ class CachedFunction:
     ) -> Any:
         started = time.perf_counter()
         plan = plan or self.contract.plan(rt, args, kwargs, memo_key)
-        if plan.key is None:
-            self._bypass(rt, plan, started)
-            return self.fn(*args, **kwargs)
-        hit, value, epoch = self._lookup(rt, plan, started)
-        if hit:
-            return value
-        learn = None
-        if plan.semantic is not None and rt.semantic is not None:
-            hit, value, learn = self._semantic_lookup(rt, plan, started)
-            if hit:
-                return value
-        return self._compute(rt, plan, args, kwargs, epoch, learn)
+        return self._call(self._steps(rt, plan, started), args, kwargs)
 
-    def _compute(
-        self, rt: CacheRuntime, plan: Plan, args: tuple, kwargs: dict, epoch: int, learn: Any = None
-    ) -> Any:
-        t0 = time.perf_counter()
-        value = self.fn(*args, **kwargs)
-        saved_ms = (time.perf_counter() - t0) * 1000.0
-        payload, reason = self._encode(value)
-        stored = self._admit(rt, plan, payload, saved_ms, reason, epoch)
-        if learn is not None:
-            self._semantic_learn(rt, plan, value, stored, learn)
-        return value
-
-    async def _compute_async(
-        self, rt: CacheRuntime, plan: Plan, args: tuple, kwargs: dict, epoch: int, learn: Any = None
-    ) -> Any:
-        t0 = time.perf_counter()
-        value = await self.fn(*args, **kwargs)
-        saved_ms = (time.perf_counter() - t0) * 1000.0
-        payload, reason = self._encode(value)
-        if self._offload(rt) or learn is not None:  # the semantic update may embed: off the event loop
-            stored = await asyncio.to_thread(self._admit, rt, plan, payload, saved_ms, reason, epoch)
-            if learn is not None:
-                await asyncio.to_thread(self._semantic_learn, rt, plan, value, stored, learn)
-        else:
-            self._admit(rt, plan, payload, saved_ms, reason, epoch)
-        return value
+    def _call(self, steps: Generator[_Step, Any, tuple[bool, Any] | None], args: tuple, kwargs: dict) -> Any:
+        reply = None
+        while True:
+            try:
+                step = steps.send(reply)
+            except StopIteration as done:
+                outcome = done.value
+                break
+            reply = self.fn(*args, **kwargs) if step is _COMPUTE else step.call()
+        return self.fn(*args, **kwargs) if outcome is None else outcome[1]
 
     def _wrap_async(self) -> Callable[..., Any]:
-        fn = self.fn
-
         # Serves L1 hits; for anything else returns a _FullPath to await here.
         probe = self._make_entry(lambda rt, args, kwargs, plan, memo_key: _FullPath(plan, memo_key, rt))
 
@@ -523,32 +570,28 @@ class CachedFunction:
             rt = found.rt
             started = time.perf_counter()
             plan = found.plan or self.contract.plan(rt, args, kwargs, found.memo_key)
-            if plan.key is None:
-                self._bypass(rt, plan, started)
-                return await fn(*args, **kwargs)
-            if self._offload(rt):
-                hit, value, epoch = await asyncio.to_thread(self._lookup, rt, plan, started)
-            else:
-                hit, value, epoch = self._lookup(rt, plan, started)
-            if hit:
-                return value
-            learn = None
-            if plan.semantic is not None and rt.semantic is not None:
-                # Embedding a prompt is CPU work: never on the event loop.
-                hit, value, learn = await asyncio.to_thread(self._semantic_lookup, rt, plan, started)
-                if hit:
-                    return value
-            return await self._compute_async(rt, plan, args, kwargs, epoch, learn)
+            return await self._await(rt, self._steps(rt, plan, started), args, kwargs)
 
         return wrapper
 
-    def _stream_payload(self, plan: Plan, chunks: list) -> tuple[bytes | None, str]:
-        if not plan.stream_ok:
-            return None, "stream-not-allowed"
-        try:
-            return dump_chunks(chunks), ""
-        except Unserializable:
-            return None, "unserializable"
+    async def _await(
+        self, rt: CacheRuntime, steps: Generator[_Step, Any, tuple[bool, Any] | None], args: tuple, kwargs: dict
+    ) -> Any:
+        offload = self._offload(rt)
+        reply = None
+        while True:
+            try:
+                step = steps.send(reply)
+            except StopIteration as done:
+                outcome = done.value
+                break
+            if step is _COMPUTE:
+                reply = await self.fn(*args, **kwargs)
+            elif offload or step.cpu:
+                reply = await asyncio.to_thread(step.call)
+            else:
+                reply = step.call()
+        return await self.fn(*args, **kwargs) if outcome is None else outcome[1]
 
     def _wrap_gen(self) -> Callable[..., Any]:
         # A plain function returning the stream, not a generator function: the runtime, the tenant scope and
@@ -556,63 +599,66 @@ class CachedFunction:
         # them at the first next(), maybe outside the caller's tenant_scope, and cache under another tenant.
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             rt, plan, started = self._start(args, kwargs)
-            return self._stream(rt, plan, started, args, kwargs)
+            return self._iterate(self._steps(rt, plan, started), args, kwargs)
 
         return wrapper
 
-    def _stream(self, rt: CacheRuntime, plan: Plan, started: float, args: tuple, kwargs: dict) -> Iterator[Any]:
-        if plan.key is None:
-            self._bypass(rt, plan, started)
+    def _iterate(
+        self, steps: Generator[_Step, Any, tuple[bool, Any] | None], args: tuple, kwargs: dict
+    ) -> Iterator[Any]:
+        reply = None
+        while True:
+            try:
+                step = steps.send(reply)
+            except StopIteration as done:
+                outcome = done.value
+                break
+            if step is _COMPUTE:
+                # A stream that raises or is closed early ends here: partial streams are never stored.
+                reply = []
+                for chunk in self.fn(*args, **kwargs):
+                    reply.append(chunk)
+                    yield chunk
+            else:
+                reply = step.call()
+        if outcome is None:
             yield from self.fn(*args, **kwargs)
-            return
-        hit, chunks, epoch = self._lookup(rt, plan, started)
-        if hit:
-            yield from chunks
-            return
-        recorded: list = []
-        t0 = time.perf_counter()
-        # A stream that raises or is closed early never reaches _admit: partial streams are not stored.
-        for chunk in self.fn(*args, **kwargs):
-            recorded.append(chunk)
-            yield chunk
-        payload, reason = self._stream_payload(plan, recorded)
-        self._admit(rt, plan, payload, (time.perf_counter() - t0) * 1000.0, reason, epoch)
+        elif outcome[0]:
+            yield from outcome[1]
 
     def _wrap_asyncgen(self) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:  # see _wrap_gen
             rt, plan, started = self._start(args, kwargs)
-            return self._astream(rt, plan, started, args, kwargs)
+            return self._aiterate(rt, self._steps(rt, plan, started), args, kwargs)
 
         return wrapper
 
-    async def _astream(
-        self, rt: CacheRuntime, plan: Plan, started: float, args: tuple, kwargs: dict
+    async def _aiterate(
+        self, rt: CacheRuntime, steps: Generator[_Step, Any, tuple[bool, Any] | None], args: tuple, kwargs: dict
     ) -> AsyncIterator[Any]:
-        if plan.key is None:
-            self._bypass(rt, plan, started)
+        offload = self._offload(rt)
+        reply = None
+        while True:
+            try:
+                step = steps.send(reply)
+            except StopIteration as done:
+                outcome = done.value
+                break
+            if step is _COMPUTE:
+                reply = []
+                async for chunk in self.fn(*args, **kwargs):
+                    reply.append(chunk)
+                    yield chunk
+            elif offload or step.cpu:
+                reply = await asyncio.to_thread(step.call)
+            else:
+                reply = step.call()
+        if outcome is None:
             async for chunk in self.fn(*args, **kwargs):
                 yield chunk
-            return
-        offload = self._offload(rt)
-        if offload:
-            hit, chunks, epoch = await asyncio.to_thread(self._lookup, rt, plan, started)
-        else:
-            hit, chunks, epoch = self._lookup(rt, plan, started)
-        if hit:
-            for chunk in chunks:
+        elif outcome[0]:
+            for chunk in outcome[1]:
                 yield chunk
-            return
-        recorded: list = []
-        t0 = time.perf_counter()
-        async for chunk in self.fn(*args, **kwargs):
-            recorded.append(chunk)
-            yield chunk
-        payload, reason = self._stream_payload(plan, recorded)
-        saved_ms = (time.perf_counter() - t0) * 1000.0
-        if offload:
-            await asyncio.to_thread(self._admit, rt, plan, payload, saved_ms, reason, epoch)
-        else:
-            self._admit(rt, plan, payload, saved_ms, reason, epoch)
 
     # -- per-call controls -------------------------------------------------------------------------------
 
@@ -667,6 +713,7 @@ class CachedFunction:
         if self.kind not in ("sync", "async"):
             raise TypeError("refresh() is for sync and async functions; for streams, invalidate() then call")
         epoch = self._invalidate_slot(plan.slot)  # misses already under way must not overwrite this result
+        steps = self._steps(rt, plan, started, refresh_epoch=epoch)
         if self.kind == "async":
-            return self._compute_async(rt, plan, args, kwargs, epoch)
-        return self._compute(rt, plan, args, kwargs, epoch)
+            return self._await(rt, steps, args, kwargs)
+        return self._call(steps, args, kwargs)
