@@ -24,8 +24,9 @@ EXIT_UNREADABLE = 2
 
 _EXIT_CODES = (
     "Exit codes: 0 {ok}; 1 an invalid document (each issue is printed with file, line and column){more}; "
-    "2 a file that cannot be read (missing, not permitted, not a regular file), even if another is invalid."
+    "2 {unreadable} (missing, not permitted, not a regular file){wins}."
 )
+_UNREADABLE_OF_MANY = {"unreadable": "a file that cannot be read", "wins": ", even if another is invalid"}
 
 Check = Callable[["Policy"], None]
 """What a room that enforces policies adds to `check`: raises ``ValueError`` with a message for a document it
@@ -79,8 +80,8 @@ def check(files: Sequence[Path], checks: Sequence[Check] = ()) -> None:
 
 
 def diff(
-    old: Annotated[Path, typer.Argument(metavar="OLD")],
-    new: Annotated[Path, typer.Argument(metavar="NEW")],
+    old: Annotated[Path, typer.Argument(metavar="OLD", help="The policy document before the change.")],
+    new: Annotated[Path, typer.Argument(metavar="NEW", help="The policy document after it.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print only the list of changes, as JSON.")] = False,
     exit_code: Annotated[
         bool, typer.Option("--exit-code", help="Exit with 1 when the policies differ.")
@@ -88,7 +89,7 @@ def diff(
 ) -> None:
     """Compare two policy documents: a unified diff of the normalised documents, then the list of changes.
 
-    Prints nothing for equal documents (``--json`` prints ``[]``).
+    Prints nothing for equal documents (with --json, an empty list: []).
     """
     from ._diff import diff_policies
 
@@ -112,7 +113,7 @@ def diff(
     raise typer.Exit(1 if exit_code and not result.empty else 0)
 
 
-def show(file: Annotated[Path, typer.Argument(metavar="FILE")]) -> None:
+def show(file: Annotated[Path, typer.Argument(metavar="FILE", help="A policy document.")]) -> None:
     """Print the normalised document: key order fixed, defaults filled in, durations spelled one way."""
     from ._policy import policy_to_yaml
 
@@ -147,18 +148,23 @@ def make_app(checks: Sequence[Check] = ()) -> typer.Typer:
     group = typer.Typer(no_args_is_help=True, add_completion=False, help="Check, compare and show policy documents.")
     more = " or one the cache cannot enforce (an eviction policy it does not know)" if checks else ""
 
-    @group.command("check", epilog=_EXIT_CODES.format(ok="every document is valid", more=more))
+    check_codes = _EXIT_CODES.format(ok="every document is valid", more=more, **_UNREADABLE_OF_MANY)
+
+    @group.command("check", epilog=check_codes)
     def check_command(
-        files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="Policy documents.")],
+        files: Annotated[list[Path], typer.Argument(metavar="FILE", help="Policy documents.")],
     ) -> None:
-        """Validate policy documents: `ok NAME@VERSION HASH` for each valid one, every issue of the others."""
+        """Validate policy documents: print ok NAME@VERSION HASH for each valid one, every issue of the others."""
         check(files, checks)
 
     group.command(epilog=_EXIT_CODES.format(
         ok="both documents are valid (and, with --exit-code, equal)",
         more=", or, with --exit-code, documents that differ",
+        **_UNREADABLE_OF_MANY,
     ))(diff)
-    group.command(epilog=_EXIT_CODES.format(ok="the document is valid", more=""))(show)
+    group.command(epilog=_EXIT_CODES.format(
+        ok="the document is valid", more="", unreadable="the file cannot be read", wins=""
+    ))(show)
     return group
 
 

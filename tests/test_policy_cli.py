@@ -189,4 +189,26 @@ def test_help_lists_the_exit_codes(command: str, codes: str) -> None:
     text = " ".join(result.stdout.split())  # the help is wrapped to the terminal's width
     assert result.exit_code == 0
     assert codes in text
-    assert "2 a file that cannot be read (missing, not permitted, not a regular file), even if another is invalid." in text
+    unreadable = (
+        "2 the file cannot be read (missing, not permitted, not a regular file)."
+        if command == "show"  # one file: nothing else to be invalid
+        else "2 a file that cannot be read (missing, not permitted, not a regular file), even if another is invalid."
+    )
+    assert unreadable in text
+
+
+@pytest.mark.parametrize(
+    ("command", "arguments"),
+    [
+        ("check", ["Policy documents."]),
+        ("diff", ["The policy document before the change.", "The policy document after it."]),
+        ("show", ["A policy document."]),
+    ],
+)
+def test_help_is_plain_text_and_explains_each_argument(command: str, arguments: list[str]) -> None:
+    # Read in a terminal: no reStructuredText or Markdown quotes, and a list of files named once in the usage.
+    text = runner.invoke(app, [command, "--help"], terminal_width=200).stdout
+    assert "`" not in text
+    assert "FILE..." not in text
+    for help_text in arguments:
+        assert help_text in text
