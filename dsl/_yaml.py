@@ -15,6 +15,7 @@ Every problem is collected and raised as one ``PolicyError``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -183,9 +184,21 @@ def _yaml_issue(exc: yaml.MarkedYAMLError, source: str) -> PolicyIssue:
     return PolicyIssue(source, pos and pos.line, pos and pos.column, "", f"YAML syntax: {message}")
 
 
+# What YAML reads as a line break (\r\n is one), as PyYAML counts lines and columns.
+_LINE_BREAK = re.compile("\r\n|[\r\n\x85\u2028\u2029]")
+_RARE_BREAK = re.compile("[\r\x85\u2028\u2029]")
+
+
 def _index_position(text: str, index: int) -> Position:
-    line = text.count("\n", 0, index) + 1
-    return Position(line, index - (text.rfind("\n", 0, index) + 1) + 1)
+    """The line and column of ``text[index]`` as PyYAML counts them: a leading byte-order mark takes no column,
+    and \r, \r\n, NEL and the Unicode line and paragraph separators break lines as \n does."""
+    if _RARE_BREAK.search(text, 0, index):
+        starts = [m.end() for m in _LINE_BREAK.finditer(text, 0, index)]
+        line, line_start = len(starts) + 1, starts[-1] if starts else 0
+    else:  # the usual text: two C-speed scans
+        line, line_start = text.count("\n", 0, index) + 1, text.rfind("\n", 0, index) + 1
+    bom = line_start == 0 and text.startswith("\ufeff") and index > 0
+    return Position(line, index - line_start + 1 - bom)
 
 
 class _Builder:
@@ -343,7 +356,8 @@ def _char_offsets(text: str, node: yaml.ScalarNode) -> list[int]:
     style = node.style
     pos, indent = start, 0
     if style in ("|", ">"):
-        pos = text.find("\n", start, end) + 1 or end  # the content starts on the line after the header
+        header_end = _LINE_BREAK.search(text, start, end)  # the content starts on the line after the header
+        pos = end if header_end is None else header_end.end()
         indent = _first_content_indent(text, pos, end)
         pos = _skip_indent(text, pos, end, indent)
     elif style in ("'", '"'):
@@ -361,7 +375,11 @@ def _char_offsets(text: str, node: yaml.ScalarNode) -> list[int]:
 
 
 def _aligns(raw: str, ch: str, style: str | None) -> bool:
-    return raw == ch or (style == '"' and raw == "\\") or (ch in " \n" and raw == "\n")
+    return raw == ch or (style == '"' and raw == "\\") or (ch in " \n" and raw in _FOLDED_BREAKS)
+
+
+# The line breaks a scalar's value holds as \n (or a fold's space); \u2028 and \u2029 stay themselves.
+_FOLDED_BREAKS = ("\n", "\r", "\x85")
 
 
 def _advance(text: str, pos: int, end: int, style: str | None, indent: int) -> int:
@@ -370,9 +388,9 @@ def _advance(text: str, pos: int, end: int, style: str | None, indent: int) -> i
         return min(pos + 2 + _ESCAPE_WIDTH.get(text[pos + 1 : pos + 2], 0), end)
     if style == "'" and raw == "'":
         return pos + 2  # '' is one quote
-    if raw != "\n":
+    if raw not in _FOLDED_BREAKS:
         return pos + 1
-    pos += 1
+    pos += 2 if text.startswith("\r\n", pos) else 1
     if style in ("|", ">"):
         return _skip_indent(text, pos, end, indent)
     while pos < end and text[pos] in " \t":  # a flow scalar's fold also eats the next line's indentation
@@ -381,7 +399,7 @@ def _advance(text: str, pos: int, end: int, style: str | None, indent: int) -> i
 
 
 def _first_content_indent(text: str, pos: int, end: int) -> int:
-    for line in text[pos:end].split("\n"):
+    for line in _LINE_BREAK.split(text[pos:end]):
         if line.strip():
             return len(line) - len(line.lstrip(" "))
     return 0

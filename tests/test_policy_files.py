@@ -212,3 +212,29 @@ def test_a_policy_holds_at_most_max_rules_rules_and_validation_stops_past_them()
     data = {"policy": "p", "version": 1, "rules": many}
     with pytest.raises(ValueError, match=f"at most {MAX_RULES} items"):
         Policy.model_validate(data)
+
+
+_NOPE = "policy: p\nversion: 1\nrules:\n  - name: r\n    when: top_k > 1 and nope\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        (_NOPE, (5, 25)),
+        (_NOPE.replace("\n", "\r\n"), (5, 25)),
+        (_NOPE.replace("\n", "\r"), (5, 25)),  # YAML reads each of these as a line break, as \n
+        (_NOPE.replace("\n", "\x85"), (5, 25)),
+        (_NOPE.replace("\n", "\u2028"), (5, 25)),
+        (_NOPE.replace("top_k > 1 and nope", "|\n      top_k > 1 and\n      nope").replace("\n", "\r"), (7, 7)),
+        ("\ufeffrules: [{name: r, when: nope}]\npolicy: p\nversion: 1\n", (1, 25)),  # a byte-order mark: no column
+    ],
+    ids=["lf", "crlf", "cr", "nel", "line-separator", "cr-literal-block", "bom"],
+)
+def test_an_expression_error_is_located_as_yaml_counts_lines_and_columns(
+    text: str, where: tuple[int, int]
+) -> None:
+    with pytest.raises(PolicyError) as info:
+        parse_policy(text, "p.yaml")
+    (issue,) = info.value.issues
+    assert issue.message.startswith("unknown name 'nope'")
+    assert (issue.line, issue.column) == where
