@@ -316,6 +316,13 @@ def compile_pattern(pattern: str) -> SafePattern:
     memory) or its program is larger than ``MAX_PROGRAM_SIZE``. The result searches at most
     ``match_allowance(program_size)`` bytes. Cached: a compiled RE2 pattern is immutable and thread-safe."""
     try:
+        pattern.encode("utf-8")  # RE2 reads UTF-8: a lone surrogate would fail its binding's encoding
+    except UnicodeEncodeError as exc:
+        raise PatternError(
+            f"invalid pattern: a lone surrogate (U+{ord(pattern[exc.start]):04X}) is not text (in the text "
+            "searched, '.' and negated classes match one)"
+        ) from None
+    try:
         regex = re2.compile(pattern, _pattern_options())
     except re2.error as exc:
         message = _re2_message(exc)
@@ -323,9 +330,11 @@ def compile_pattern(pattern: str) -> SafePattern:
             raise PatternError(
                 f"pattern is too large: RE2 cannot compile it within {PATTERN_MAX_MEM} bytes"
             ) from None
-        raise PatternError(
-            f"invalid pattern: {message} (patterns use RE2 syntax: no backreferences, lookaround or comments)"
-        ) from None
+        if message.startswith("invalid repetition size"):
+            hint = "a count is at most 1000, and nested counts multiply: (a{100}){10} is the most"
+        else:
+            hint = "patterns use RE2 syntax: no backreferences, lookaround or comments"
+        raise PatternError(f"invalid pattern: {message} ({hint})") from None
     size = regex.programsize
     if size > MAX_PROGRAM_SIZE:
         raise PatternError(

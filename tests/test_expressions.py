@@ -389,6 +389,28 @@ def test_patterns_are_compiled_by_re2_with_a_bounded_program() -> None:
     assert info.value.message == f"pattern is too large: RE2 cannot compile it within {PATTERN_MAX_MEM} bytes"
 
 
+def test_a_pattern_with_a_lone_surrogate_is_a_compile_error_at_its_literal() -> None:
+    # Written from Python (a YAML file cannot hold one): RE2 reads UTF-8, which has no lone surrogates.
+    with pytest.raises(ExpressionCompileError) as info:
+        compile_expression("matches(prompt, 'a\ud800')")
+    assert (info.value.line, info.value.column) == (1, 17)
+    assert info.value.message == (
+        "invalid pattern: a lone surrogate (U+D800) is not text (in the text searched, '.' and negated "
+        "classes match one)"
+    )
+
+
+@pytest.mark.parametrize("pattern", ["(a{1000}){1000}", "(a{100}){11}", "\\\\d{50000}x"])
+def test_a_repetition_too_large_says_that_nested_counts_multiply(pattern: str) -> None:
+    with pytest.raises(ExpressionCompileError) as info:
+        compile_expression(f"matches(prompt, '{pattern}')")
+    assert info.value.message.startswith("invalid pattern: invalid repetition size: {")
+    assert info.value.message.endswith(
+        "(a count is at most 1000, and nested counts multiply: (a{100}){10} is the most)"
+    )
+    assert compile_expression("matches(prompt, '(a{100}){10}')").test({"prompt": "a" * 999}) is False
+
+
 def test_a_lone_surrogate_in_the_text_is_searched_not_an_error() -> None:
     assert compile_expression("matches(prompt, '^a.b$')").test({"prompt": "a\ud800b"}) is True
     assert compile_expression("matches(prompt, 'x')").test({"prompt": "a\ud800b"}) is False
