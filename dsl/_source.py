@@ -2,8 +2,10 @@
 
 The checks come before any byte is parsed, so that no file can make loading hang or grow without bound:
 
-- the file is opened without blocking and checked with ``fstat`` before it is read: a FIFO, a device
-  (``/dev/zero``), a socket or a directory is a ``PolicyFileError``, never read;
+- the path is checked with ``stat`` before it is opened, and the open file again with ``fstat`` (the path may
+  have been replaced in between) before it is read: a FIFO, a device (``/dev/zero``), a socket or a directory
+  is a ``PolicyFileError``, never read, and never opened unless it replaced a regular file in between (opening
+  a device can act: a watchdog starts counting). The open does not block;
 - a regular file larger than ``MAX_POLICY_BYTES`` is a ``PolicyError`` naming the file and the limit, and at most
   ``MAX_POLICY_BYTES + 1`` bytes are ever read (a file that grows while it is read is caught too);
 - text that is not UTF-8 is a ``PolicyError`` at the line and column of the first byte that does not decode.
@@ -15,7 +17,7 @@ import os
 import stat
 from os import PathLike
 
-from ._yaml import MAX_DOCUMENT_CHARS
+from ._yaml import MAX_DOCUMENT_CHARS, index_position
 from .errors import PolicyError, PolicyFileError, PolicyIssue
 
 # A file of at most this many bytes decodes to at most MAX_DOCUMENT_CHARS characters.
@@ -41,12 +43,10 @@ def read_policy_text(path: str | PathLike[str]) -> str:
     larger than ``MAX_POLICY_BYTES`` or not UTF-8.
     """
     source = str(path)
+    _require_regular(source, os.stat(path).st_mode)
     fd = os.open(path, _OPEN_FLAGS)
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((name for test, name in _KINDS if test(mode)), "not a plain file")
-            raise PolicyFileError(source, f"not a regular file ({kind}); a policy is read from a file")
+        _require_regular(source, os.fstat(fd).st_mode)
         with os.fdopen(fd, "rb", closefd=False) as f:
             raw = f.read(MAX_POLICY_BYTES + 1)
     finally:
@@ -61,12 +61,21 @@ def read_policy_text(path: str | PathLike[str]) -> str:
         raise PolicyError([_undecodable(source, raw, exc)]) from None
 
 
+def _require_regular(source: str, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "not a plain file")
+        raise PolicyFileError(source, f"not a regular file ({kind}); a policy is read from a file")
+
+
 def _undecodable(source: str, raw: bytes, exc: UnicodeDecodeError) -> PolicyIssue:
-    """The issue for the first byte that is not UTF-8: its line, and its column in characters (the text
-    before it on its line decodes, being before the first bad byte)."""
-    line_start = raw.rfind(b"\n", 0, exc.start) + 1
-    line = raw.count(b"\n", 0, exc.start) + 1
-    column = len(raw[line_start : exc.start].decode("utf-8")) + 1
+    """The issue for the first byte that is not UTF-8: its line and its column in characters, counted as YAML
+    counts them (the text before it decodes, being before the first bad byte)."""
+    before = raw[: exc.start].decode("utf-8")
+    where = index_position(before, len(before))
     return PolicyIssue(
-        source, line, column, "", f"not UTF-8 text: byte 0x{raw[exc.start]:02x} cannot be decoded ({exc.reason})"
+        source,
+        where.line,
+        where.column,
+        "",
+        f"not UTF-8 text: byte 0x{raw[exc.start]:02x} cannot be decoded ({exc.reason})",
     )

@@ -98,7 +98,7 @@ class LocatedDocument:
         if not isinstance(node, yaml.ScalarNode):
             return None
         offsets = _char_offsets(self.text, node)
-        return _index_position(self.text, offsets[min(max(index, 0), len(offsets) - 1)])
+        return index_position(self.text, offsets[min(max(index, 0), len(offsets) - 1)])
 
 
 def load_located(text: str, source: str = "<string>") -> LocatedDocument:
@@ -116,7 +116,7 @@ def load_located(text: str, source: str = "<string>") -> LocatedDocument:
     except yaml.MarkedYAMLError as exc:
         raise PolicyError([_yaml_issue(exc, source)]) from None
     except yaml.reader.ReaderError as exc:
-        where = _index_position(text, exc.position)
+        where = index_position(text, exc.position)
         message = f"character {chr(exc.character)!r} is not allowed in a YAML document"
         raise PolicyError([PolicyIssue(source, where.line, where.column, "", message)]) from None
     except _TooLarge as exc:
@@ -189,7 +189,7 @@ _LINE_BREAK = re.compile("\r\n|[\r\n\x85\u2028\u2029]")
 _RARE_BREAK = re.compile("[\r\x85\u2028\u2029]")
 
 
-def _index_position(text: str, index: int) -> Position:
+def index_position(text: str, index: int) -> Position:
     """The line and column of ``text[index]`` as PyYAML counts them: a leading byte-order mark takes no column,
     and \r, \r\n, NEL and the Unicode line and paragraph separators break lines as \n does."""
     if _RARE_BREAK.search(text, 0, index):
@@ -268,7 +268,7 @@ class _Builder:
     def _surrogate(self, node: yaml.ScalarNode, path: Path, index: int) -> None:
         # Only an escape (`"\ud800"`) can write one: the reader refuses a raw surrogate. A string holding one
         # cannot be encoded, hashed or printed, so it is refused here, at the escape.
-        where = _index_position(self.text, _char_offsets(self.text, node)[index])
+        where = index_position(self.text, _char_offsets(self.text, node)[index])
         code = f"U+{ord(node.value[index]):04X}"
         self.issues.append(
             PolicyIssue(

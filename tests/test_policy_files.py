@@ -238,3 +238,30 @@ def test_an_expression_error_is_located_as_yaml_counts_lines_and_columns(
     (issue,) = info.value.issues
     assert issue.message.startswith("unknown name 'nope'")
     assert (issue.line, issue.column) == where
+
+
+def test_a_device_is_refused_without_being_opened(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Opening a device can act on its own (a watchdog starts counting when opened): the path is checked first.
+    import evocache.dsl._source as source
+
+    opened: list[str] = []
+    real_open = os.open
+
+    def recording_open(path: Any, flags: int, *args: Any) -> int:
+        opened.append(str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(source.os, "open", recording_open)
+    with pytest.raises(PolicyFileError):
+        load_policy("/dev/null")
+    assert opened == []
+
+
+def test_a_byte_that_is_not_utf8_is_located_as_yaml_counts_lines(tmp_path: Path) -> None:
+    doc = tmp_path / "cr.yaml"
+    doc.write_bytes(b"policy: p\rversion: 1\r# caf\xe9\r")  # \r alone ends a line in YAML
+    with pytest.raises(PolicyError) as info:
+        load_policy(doc)
+    assert _only_issue(info) == (
+        f"{doc}:3:6: <document>: not UTF-8 text: byte 0xe9 cannot be decoded (invalid continuation byte)"
+    )
