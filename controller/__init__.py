@@ -9,7 +9,7 @@ Public names are re-exported here; the modules behind them are private.
 """
 
 from ._cache_if import CacheInfo, cache_if
-from ._contract import Tenant, tenant_scope
+from ._contract import Admission, SemanticOptions, Tenant, tenant_scope
 from ._events import AccessEvent, EventSink, JsonlSink, RedisStreamSink, RingSink, read_events
 from ._keys import derive_key, namespace_for
 from ._metrics import CacheMetrics
@@ -41,6 +41,7 @@ from .tiers import DiskTier, Lookup, MemoryTier, RedisTier, Tier, TieredStore
 
 __all__ = [
     "AccessEvent",
+    "Admission",
     "CacheInfo",
     "CacheKey",
     "CacheMetrics",
@@ -69,6 +70,7 @@ __all__ = [
     "RedisTier",
     "RingSink",
     "SemanticError",
+    "SemanticOptions",
     "Serializer",
     "StoreConfig",
     "StoreConfigError",

@@ -36,15 +36,16 @@ import time
 from bisect import bisect_left
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from numbers import Integral
 from typing import Any, NamedTuple
 
 from ._contract import (
     DECODED_MAX_BYTES,
     SIMPLE_TYPES,
+    Admission,
     Contract,
     Options,
     Plan,
+    SemanticOptions,
     current_tenant,
     function_identity,
 )
@@ -119,75 +120,98 @@ def cache_if(
     condition: str | Callable[[Mapping[str, Any]], bool] = "true",
     *,
     ttl: str | float = "5m",
-    sliding: bool = False,
-    tiers: Sequence[str] | None = None,
-    max_entry_bytes: int | None = None,
-    allow_sampling: bool = False,
-    stream: bool = True,
     model: str = "",
     model_revision: str = "",
     prompt_template: str | None = None,
     name: str | None = None,
     ignore: Sequence[str] = (),
-    serializer: str | Serializer = "json",
     store: CacheRuntime | StoreConfig | None = None,
-    semantic: Mapping[str, Any] | None = None,
-    semantic_text: str | None = None,
-    judge: Callable[[Any, Any], bool] | None = None,
-    judge_links: int | None = None,
+    serializer: str | Serializer = "json",
+    admission: Admission | Mapping[str, Any] | None = None,
+    semantic: SemanticOptions | Mapping[str, Any] | None = None,
+    **moved: Any,
 ) -> Callable[[Callable[..., Any]], Any]:
     """Cache a function's results while ``condition`` holds for the call.
 
     ``condition`` is a policy-language expression over the request view, or a Python callable taking the view
-    (a dict of the call's arguments plus ``tenant``, ``model``, ``model_revision``) and returning a bool.
-    ``ttl`` is a duration (``"10m"``) or seconds; ``sliding`` renews it on every hit. ``tiers`` restricts the
-    tiers written and read (default: every tier of the store). ``model``/``model_revision``/``prompt_template``
-    are part of the key. ``ignore`` names parameters left out of the key and view (``self``, a logger).
-    ``store`` pins a runtime, or a ``StoreConfig`` to build one for this function alone (default: the process
-    runtime, see ``configure``, which a replica sets). A callable condition must be a pure function of the
-    view: it is evaluated once per distinct call (see ``controller._contract``).
+    (a dict of the call's arguments plus ``tenant``, ``model``, ``model_revision``) and returning a bool. A
+    callable condition must be a pure function of the view: it is evaluated once per distinct call (see
+    ``controller._contract``).
+
+    What decides, when no policy is in force (with a policy, its rules decide): ``ttl``, a duration
+    (``"10m"``) or seconds, and ``admission`` (``Admission``: sliding renewal, tiers, size limit, sampling,
+    streams).
+
+    What the key binds: ``model``/``model_revision``/``prompt_template``, and the function's identity (``name``,
+    default its module, qualified name and code). ``ignore`` names parameters left out of the key and view
+    (``self``, a logger).
+
+    Where it is stored: ``store`` pins a runtime, or a ``StoreConfig`` to build one for this function alone
+    (default: the process runtime, see ``configure``, which a replica sets); ``serializer`` (``"json"``, or
+    ``"pickle"`` for trusted stores, or a ``Serializer``) turns results into payloads.
 
     Semantic matching (sync and async functions): after an exact miss, a similar earlier prompt's answer may
     be served while the estimated error stays within ``max_error`` (``controller._semantic``). ``semantic``
-    turns it on without a policy (``{"max_error": 0.02}``, the policy's ``semantic:`` fields); with a policy,
-    its rules decide. ``semantic_text`` names the prompt parameter (default: ``prompt``, ``query`` or
-    ``text``); ``judge(new_answer, cached_answer) -> bool`` says whether two answers are equivalent (default
-    ``==``): it is how the cache learns which prompts share an answer. After a semantic miss it compares the new
-    answer with the candidate neighbour's and then with one answer of each other answer cluster among the
-    neighbours, to link the new entry to every cluster that shares its answer; ``judge_links`` bounds those
-    other clusters (None: all of them, up to 9, plus one call per merge of two clusters; 0: the candidate
-    only). The candidate's judging runs in the missed call, after the model; the search for other links runs
-    on a background thread, each judge call reading a neighbour's answer from the tiers: bound it when the
-    judge is costly (a model call). Clusters then stay more fragmented and fewer prompts are served. A judge
-    should be transitive; two clusters merge only if it also finds their answers equal.
+    (``SemanticOptions``, or a mapping of its fields: ``{"max_error": 0.02, "judge": same_answer}``) turns it
+    on without a policy and says which parameter is the prompt and how answers are compared; with a policy, its
+    rules' ``semantic:`` decide when. After a semantic miss the judge compares the new answer with the
+    candidate neighbour's and then with one answer of each other answer cluster among the neighbours, to link
+    the new entry to every cluster that shares its answer; ``judge_links`` bounds those other clusters. The
+    candidate's judging runs in the missed call, after the model; the search for other links runs on a
+    background thread, each judge call reading a neighbour's answer from the tiers: bound it when the judge is
+    costly (a model call). Clusters then stay more fragmented and fewer prompts are served. A judge should be
+    transitive; two clusters merge only if it also finds their answers equal.
 
-    Raises ``ContractError`` at decoration time for an invalid contract or option (``StoreConfigError`` for a
-    store that cannot be built).
+    Raises ``TypeError`` for an unknown option (an option that moved into ``admission`` or ``semantic`` says
+    where), ``ContractError`` at decoration time for an invalid contract or option value (``StoreConfigError``
+    for a store that cannot be built).
     """
+    if moved:
+        _refuse(moved)
+    rule = Admission.of(admission)
+    matching = SemanticOptions.of(semantic)
 
     def decorate(fn: Callable[..., Any]) -> Any:
         identity = function_identity(fn, name)
         contract = Contract(
             fn,
             condition,
-            Options.validated(ttl, sliding, tiers, max_entry_bytes, allow_sampling, stream, semantic),
+            Options.validated(ttl, rule, matching.spec),
             identity=identity,
             model=model,
             model_revision=model_revision,
             template=template_hash(prompt_template),
             ignore=frozenset(ignore),
-            semantic_text=semantic_text,
+            semantic_text=matching.text,
         )
-        if judge is not None and not callable(judge):
-            raise ContractError(f"judge must be callable, got {judge!r}")
-        if judge_links is not None and (isinstance(judge_links, bool) or not isinstance(judge_links, Integral)
-                                        or judge_links < 0):
-            raise ContractError(f"judge_links must be an int >= 0 or None, got {judge_links!r}")
         runtime = build_runtime(store) if isinstance(store, StoreConfig) else store
-        return CachedFunction(fn, contract, _serializer(serializer), runtime, judge=judge or operator.eq,
-                              judge_links=None if judge_links is None else int(judge_links)).wrapper
+        return CachedFunction(fn, contract, _serializer(serializer), runtime, judge=matching.judge or operator.eq,
+                              judge_links=matching.judge_links).wrapper
 
     return decorate
+
+
+# Options of cache_if that live in a group now: keyword -> where it is given.
+_MOVED: Mapping[str, str] = {
+    "sliding": "admission=Admission(sliding=...)",
+    "tiers": "admission=Admission(tiers=...)",
+    "max_entry_bytes": "admission=Admission(max_entry_bytes=...)",
+    "allow_sampling": "admission=Admission(allow_sampling=...)",
+    "stream": "admission=Admission(stream=...)",
+    "semantic_text": "semantic=SemanticOptions(text=...)",
+    "judge": "semantic=SemanticOptions(judge=...)",
+    "judge_links": "semantic=SemanticOptions(judge_links=...)",
+}
+_OPTIONS = ("ttl", "model", "model_revision", "prompt_template", "name", "ignore", "store", "serializer",
+            "admission", "semantic")
+
+
+def _refuse(moved: Mapping[str, Any]) -> None:
+    """A keyword ``cache_if`` does not take: a ``TypeError`` naming the new place of an option that moved."""
+    keyword = sorted(moved, key=lambda k: (k not in _MOVED, k))[0]
+    if keyword in _MOVED:
+        raise TypeError(f"cache_if({keyword}=...) is now cache_if({_MOVED[keyword]})")
+    raise TypeError(f"cache_if() got an unexpected keyword argument {keyword!r}; its options: {list(_OPTIONS)}")
 
 
 def _serializer(spec: str | Serializer) -> Serializer:

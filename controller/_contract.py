@@ -11,8 +11,9 @@ function of the view: it is evaluated once per distinct call, and again only whe
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import contextvars
+import dataclasses
+import hashlib
 import inspect
 import logging
 import threading
@@ -20,6 +21,7 @@ import types
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from numbers import Integral
 from typing import Any, NamedTuple
 
 from evocache.dsl import (
@@ -239,8 +241,119 @@ def _samples(temperature: Any) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class Admission:
+    """What the decorator decides beside ``ttl`` when no policy is in force (a policy's rule decides these
+    instead): ``sliding`` renews the ttl on every hit; ``tiers`` restricts the tiers written and read (default:
+    every tier of the store); ``max_entry_bytes`` rejects larger results; ``allow_sampling`` caches calls that
+    may sample; ``stream=False`` leaves streams uncached.
+
+    Checked when made: a bad value is a ``ContractError`` naming it (a misspelt field, Python's ``TypeError``).
+    """
+
+    sliding: bool = False
+    tiers: tuple[TierName, ...] | None = None
+    max_entry_bytes: int | None = None
+    allow_sampling: bool = False
+    stream: bool = True
+
+    def __post_init__(self) -> None:
+        for flag, value in (("sliding", self.sliding), ("allow_sampling", self.allow_sampling),
+                            ("stream", self.stream)):
+            if not isinstance(value, bool):
+                raise ContractError(f"admission: {flag} must be a bool, got {value!r}")
+        tiers = self.tiers
+        if tiers is not None:
+            if isinstance(tiers, str) or not isinstance(tiers, Sequence):
+                raise ContractError(f"admission: tiers must be a list of tier names, got {tiers!r}")
+            unknown = [t for t in tiers if t not in VALID_TIERS]
+            if unknown or not tiers:
+                raise ContractError(f"admission: tiers: unknown {unknown}; known: {list(VALID_TIERS)}")
+            object.__setattr__(self, "tiers", tuple(TierName(t) for t in tiers))
+        size = self.max_entry_bytes
+        if size is not None:
+            if isinstance(size, bool) or not isinstance(size, Integral) or size <= 0:
+                raise ContractError(f"admission: max_entry_bytes must be a positive int or None, got {size!r}")
+            object.__setattr__(self, "max_entry_bytes", int(size))
+
+    @classmethod
+    def of(cls, value: Admission | Mapping[str, Any] | None) -> Admission:
+        """``admission=`` as given to ``cache_if``: an ``Admission``, a mapping of its fields, or None."""
+        return _options_of(cls, "admission", value)
+
+
+@dataclass(frozen=True, slots=True)
+class SemanticOptions:
+    """Semantic matching for one function (sync and async functions; streams keep to exact matching).
+
+    ``max_error``, ``mode``, ``explore``, ``threshold``: the decorator's own setting, the fields of a policy
+    rule's ``semantic:`` (``controller._semantic``), used when no policy is in force; ``max_error=None`` (or 0)
+    leaves matching off unless a rule turns it on. ``text`` names the prompt parameter (default: ``prompt``,
+    ``query`` or ``text``). ``judge(new_answer, cached_answer) -> bool`` says whether two answers are
+    equivalent (default ``==``): it is how the cache learns which prompts share an answer. ``judge_links``
+    bounds the other answer clusters a miss's answer is judged against (None: all of them, up to 9; 0: the
+    candidate only).
+
+    Checked when made: a bad value is a ``ContractError`` naming it (a misspelt field, a ``TypeError``).
+    """
+
+    max_error: float | None = None
+    mode: str | None = None
+    explore: float | None = None
+    threshold: float | None = None
+    text: str | None = None
+    judge: Callable[[Any, Any], bool] | None = None
+    judge_links: int | None = None
+    spec: SemanticSpec | None = field(init=False, default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        written = {"max_error": self.max_error, "mode": self.mode, "explore": self.explore,
+                   "threshold": self.threshold}
+        if self.max_error is None:
+            given = [k for k, v in written.items() if v is not None]
+            if given:
+                raise ContractError(f"semantic: {given} need a max_error")
+        else:
+            try:
+                spec = SemanticSpec.model_validate({k: v for k, v in written.items() if v is not None})
+            except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+                raise ContractError(f"semantic: {exc}") from exc
+            object.__setattr__(self, "spec", spec.resolved())
+        if self.text is not None and not isinstance(self.text, str):
+            raise ContractError(f"semantic: text must be a parameter name, got {self.text!r}")
+        if self.judge is not None and not callable(self.judge):
+            raise ContractError(f"semantic: judge must be callable, got {self.judge!r}")
+        links = self.judge_links
+        if links is not None:
+            if isinstance(links, bool) or not isinstance(links, Integral) or links < 0:
+                raise ContractError(f"semantic: judge_links must be an int >= 0 or None, got {links!r}")
+            object.__setattr__(self, "judge_links", int(links))
+
+    @classmethod
+    def of(cls, value: SemanticOptions | Mapping[str, Any] | None) -> SemanticOptions:
+        """``semantic=`` as given to ``cache_if``: a ``SemanticOptions``, a mapping of its fields
+        (``{"max_error": 0.02, "judge": same_answer}``), or None."""
+        return _options_of(cls, "semantic", value)
+
+
+def _options_of(cls: type, keyword: str, value: Any) -> Any:
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, Mapping):
+        known = [f.name for f in dataclasses.fields(cls) if f.init]
+        unknown = sorted(str(k) for k in value if k not in known)
+        if unknown:
+            raise TypeError(f"{keyword}: unknown option(s) {unknown}; known: {known}")
+        return cls(**value)
+    raise TypeError(
+        f"{keyword}= takes {cls.__name__}(...) or a mapping of its fields, got {type(value).__qualname__}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class Options:
-    """The decorator's own decision, used when no policy is in force."""
+    """The decorator's own decision, used when no policy is in force: its ttl, admission and semantic setting."""
 
     ttl: float
     sliding: bool
@@ -252,40 +365,21 @@ class Options:
 
     @classmethod
     def validated(
-        cls,
-        ttl: str | float,
-        sliding: bool,
-        tiers: Sequence[str] | None,
-        max_entry_bytes: int | None,
-        allow_sampling: bool,
-        stream: bool,
-        semantic: Mapping[str, Any] | None = None,
+        cls, ttl: str | float, admission: Admission = Admission(), semantic: SemanticSpec | None = None
     ) -> Options:
         """Options from the decorator's arguments; ``ContractError`` names the bad one."""
-        spec = None
-        if semantic is not None:
-            try:
-                spec = SemanticSpec.model_validate(dict(semantic))
-            except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
-                raise ContractError(f"semantic: {exc}") from exc
         try:
             seconds = parse_duration(ttl)
         except (DslError, ValueError, TypeError) as exc:
             raise ContractError(f"ttl: {exc}") from exc
-        if tiers is not None:
-            unknown = [t for t in tiers if t not in VALID_TIERS]
-            if unknown or not tiers:
-                raise ContractError(f"tiers: unknown {unknown}; known: {list(VALID_TIERS)}")
-        if max_entry_bytes is not None and max_entry_bytes <= 0:
-            raise ContractError("max_entry_bytes must be positive")
         return cls(
             ttl=seconds,
-            sliding=bool(sliding),
-            tiers=tuple(TierName(t) for t in tiers) if tiers is not None else None,
-            max_entry_bytes=max_entry_bytes,
-            allow_sampling=bool(allow_sampling),
-            stream=bool(stream),
-            semantic=None if spec is None else spec.resolved(),
+            sliding=admission.sliding,
+            tiers=admission.tiers,
+            max_entry_bytes=admission.max_entry_bytes,
+            allow_sampling=admission.allow_sampling,
+            stream=admission.stream,
+            semantic=semantic,
         )
 
 
@@ -404,12 +498,12 @@ class Contract:
             if found is None and self.options.semantic is not None:
                 raise ContractError(
                     f"@cache_if on {self.identity}: semantic matching needs the prompt: name its parameter with "
-                    f"semantic_text= (none of {list(TEXT_PARAMS)} is a parameter)"
+                    f"semantic={{'text': ...}} (none of {list(TEXT_PARAMS)} is a parameter)"
                 )
             return found
         if name not in params or name in self.ignore or name == "tenant":
             raise ContractError(
-                f"@cache_if on {self.identity}: semantic_text names {name!r}, which is not a parameter the key "
+                f"@cache_if on {self.identity}: semantic text {name!r} is not a parameter the key "
                 f"sees; parameters: {[p for p in params if p not in self.ignore]}"
             )
         return name
@@ -591,7 +685,7 @@ class Contract:
             if (rt.policy_ref, rule, "semantic") not in self._warned:
                 self._warned.add((rt.policy_ref, rule, "semantic"))
                 log.warning(
-                    "%s: rule %s asks for semantic matching, but the call has no str prompt (semantic_text=%r); "
+                    "%s: rule %s asks for semantic matching, but the call has no str prompt (semantic text %r); "
                     "exact matching only", self.identity, rule, name,
                 )
             return None

@@ -3,7 +3,7 @@ serve the cached answer of a similar prompt, with the estimated error kept withi
 
 This module binds that machinery to cached functions:
 
-- which argument is the prompt (``@cache_if(semantic_text="prompt")``; by default a parameter named
+- which argument is the prompt (``@cache_if(semantic={"text": "prompt"})``; by default a parameter named
   ``prompt``, ``query`` or ``text``);
 - the scope a neighbour must share: the tenant namespace, and a boundary digest of everything else the exact
   key binds (function, model, revision, template, generation parameters, every other argument) plus the

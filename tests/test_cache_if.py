@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from evocache.controller import (
+    Admission,
     ContractError,
     Entry,
     StoreConfig,
@@ -87,7 +88,8 @@ def test_unknown_field_fails_at_decoration_with_a_caret():
 
 @pytest.mark.parametrize(
     "options",
-    [{"ttl": "ten minutes"}, {"tiers": ["l4"]}, {"tiers": []}, {"max_entry_bytes": 0}, {"serializer": "yaml"}],
+    [{"ttl": "ten minutes"}, {"admission": {"tiers": ["l4"]}}, {"admission": {"tiers": []}},
+     {"admission": {"max_entry_bytes": 0}}, {"serializer": "yaml"}],
 )
 def test_bad_options_fail_at_decoration(options):
     with pytest.raises(ContractError):
@@ -170,7 +172,7 @@ def test_sampling_calls_bypass_unless_allowed_or_seeded(rt):
     gen("p"), gen("p")
     assert calls == [(0.7, None), (0.7, None), (0.7, 1), (0.0, None)]
 
-    @cache_if("true", allow_sampling=True, store=rt)
+    @cache_if("true", admission=Admission(allow_sampling=True), store=rt)
     def free(prompt: str, temperature: float = 0.0) -> str:
         calls.append("free")
         return "z"
@@ -184,7 +186,7 @@ def test_ttl_expires_and_sliding_renews(rt, clock):
     def fixed(x: int) -> int:
         return x
 
-    @cache_if("true", ttl=10, sliding=True, store=rt)
+    @cache_if("true", ttl=10, admission=Admission(sliding=True), store=rt)
     def sliding(x: int) -> int:
         return x
 
@@ -296,7 +298,7 @@ def test_unserializable_and_oversize_results_are_rejected_not_failed(rt):
     def obj(x: int) -> object:
         return {1: "int keys do not survive JSON"}
 
-    @cache_if("true", max_entry_bytes=10, store=rt)
+    @cache_if("true", admission=Admission(max_entry_bytes=10), store=rt)
     def big(x: int) -> str:
         return "y" * 100
 

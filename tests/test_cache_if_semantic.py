@@ -137,7 +137,7 @@ def test_bounded_mode_learns_through_the_judge_and_explains_misses(srt):
         judged.append((new, cached))
         return new == cached
 
-    @cache_if("true", semantic={"max_error": 0.05}, judge=judge, store=srt)
+    @cache_if("true", semantic={"max_error": 0.05, "judge": judge}, store=srt)
     def answer(prompt: str) -> str:
         return "reset" if "password" in prompt else "other"
 
@@ -159,7 +159,7 @@ def test_judge_links_bounds_the_answer_clusters_judged_after_a_miss(srt, links, 
         calls.append((new, cached))
         return new == cached
 
-    @cache_if("true", semantic={"max_error": 0.05}, judge=judge, judge_links=links, store=srt)
+    @cache_if("true", semantic={"max_error": 0.05, "judge": judge, "judge_links": links}, store=srt)
     def answer(prompt: str) -> str:
         return answers[prompt]
 
@@ -179,8 +179,8 @@ def test_an_answer_too_large_to_store_is_judged_but_never_linked(srt):
     # stored answer (the model is not deterministic) would join without being compared with anything.
     outputs = {"How do I change my password?": ["change"], ASK: ["reset"], PARAPHRASE: ["reset" + " " * 100, "change"]}
 
-    @cache_if("true", semantic={"max_error": 0.05}, max_entry_bytes=40, store=srt,
-              judge=lambda new, old: new.strip() == old.strip())
+    @cache_if("true", semantic={"max_error": 0.05, "judge": lambda new, old: new.strip() == old.strip()},
+              admission={"max_entry_bytes": 40}, store=srt)
     def answer(prompt: str) -> str:
         return outputs[prompt].pop(0)
 
@@ -202,7 +202,7 @@ def test_a_lookup_error_in_the_users_judge_is_reported_not_taken_for_a_gone_answ
 
     answers = {ASK: "reset", "How do I change my password?": "unknown", PARAPHRASE: "reset"}
 
-    @cache_if("true", semantic={"max_error": 0.05}, judge=buggy, store=srt)
+    @cache_if("true", semantic={"max_error": 0.05, "judge": buggy}, store=srt)
     def answer(prompt: str) -> str:
         return answers[prompt]
 
@@ -230,7 +230,7 @@ def test_the_link_search_does_not_hold_up_the_missed_call(srt):
 
     answers = {ASK: "reset", "How do I change my password?": "change", PARAPHRASE: "reset"}
 
-    @cache_if("true", semantic={"max_error": 0.05}, judge=slow_judge, store=srt)
+    @cache_if("true", semantic={"max_error": 0.05, "judge": slow_judge}, store=srt)
     def answer(prompt: str) -> str:
         return answers[prompt]
 
@@ -300,7 +300,7 @@ def test_judge_links_is_checked_at_decoration():
     for bad in (-1, 1.5, True):
         with pytest.raises(ContractError, match="judge_links must be an int >= 0 or None"):
 
-            @cache_if("true", semantic=STATIC, judge_links=bad)
+            @cache_if("true", semantic={**STATIC, "judge_links": bad})
             def f(prompt: str) -> str:
                 return prompt
 
@@ -361,9 +361,9 @@ def test_async_functions_match_semantically(srt):
 
 
 def test_semantic_options_are_checked_at_decoration():
-    with pytest.raises(ContractError, match="semantic_text names 'question'"):
+    with pytest.raises(ContractError, match="semantic text 'question' is not a parameter"):
 
-        @cache_if("true", semantic=STATIC, semantic_text="question")
+        @cache_if("true", semantic={**STATIC, "text": "question"})
         def f(prompt: str) -> str:
             return prompt
 
@@ -379,7 +379,7 @@ def test_semantic_options_are_checked_at_decoration():
         def h(prompt: str) -> str:
             return prompt
 
-    @cache_if("true", semantic=STATIC, semantic_text="body")
+    @cache_if("true", semantic={**STATIC, "text": "body"})
     def ok(body: str) -> str:
         return body
 
@@ -444,8 +444,8 @@ def test_a_replica_judges_a_neighbour_another_replica_stored(redis_url):
     def model(prompt: str) -> str:
         return "reset" if "password" in prompt else "other"
 
-    on_a = cache_if("true", semantic={"max_error": 0.05}, judge=judge, name="faq", store=replica_a)(model)
-    on_b = cache_if("true", semantic={"max_error": 0.05}, judge=judge, name="faq", store=replica_b)(model)
+    on_a = cache_if("true", semantic={"max_error": 0.05, "judge": judge}, name="faq", store=replica_a)(model)
+    on_b = cache_if("true", semantic={"max_error": 0.05, "judge": judge}, name="faq", store=replica_b)(model)
     on_b(UNRELATED)  # B's index and follower exist before A writes
     on_a(ASK)
     deadline = time.monotonic() + 10
@@ -484,7 +484,7 @@ def test_rules_with_different_bounds_never_share_an_error_budget(srt):
 def test_the_judge_reads_a_neighbour_only_from_the_rules_tiers(tmp_path):
     runtime = build_runtime(StoreConfig(events="ring", disk_path=str(tmp_path / "l3")))
 
-    @cache_if("true", semantic={"max_error": 0.05}, tiers=["l3"], store=runtime)
+    @cache_if("true", semantic={"max_error": 0.05}, admission={"tiers": ["l3"]}, store=runtime)
     def answer(prompt: str) -> str:
         return "reset"
 
@@ -501,11 +501,11 @@ def test_answers_other_replicas_cannot_read_stay_out_of_the_shared_index(redis_u
     config = StoreConfig(redis_url=redis_url, events="ring", l2_timeout_s=1.0, l2_prefix="localsem")
     runtime = build_runtime(config)
 
-    @cache_if("true", semantic=STATIC, tiers=["l1"], store=runtime)
+    @cache_if("true", semantic=STATIC, admission={"tiers": ["l1"]}, store=runtime)
     def local(prompt: str) -> str:
         return "l1 only"
 
-    @cache_if("true", semantic=STATIC, tiers=["l1", "l2"], store=runtime)
+    @cache_if("true", semantic=STATIC, admission={"tiers": ["l1", "l2"]}, store=runtime)
     def shared(prompt: str) -> str:
         return "in redis"
 
