@@ -119,7 +119,7 @@ def l2_hit(url: str, rounds: int) -> dict:
     def model(prompt: str, temperature: float = 0.0) -> str:
         return ANSWER
 
-    ours = cache_if("len(prompt) <= 4096", model="m", tiers=["l2"], store=runtime)(model)
+    ours = cache_if("len(prompt) <= 4096", model="m", admission={"tiers": ["l2"]}, store=runtime)(model)
     ours(PROMPT)
     client = redis.Redis.from_url(url)
     client.set("bench:raw", ANSWER.encode())
