@@ -9,10 +9,12 @@ inserts runtime checks only for arguments whose kind it does not know (``any`` f
 (google-re2), which matches in time linear in the text whatever the pattern: there is no backtracking to
 bound. The pattern syntax is RE2's (no backreferences, no lookaround, no possessive or atomic groups, no
 comments or verbose mode); a pattern RE2 cannot compile is an ``ExpressionCompileError`` at the literal.
-Two bounds remain, both in docs/policy-language.md, "Patterns":
+Three bounds remain, all in docs/policy-language.md, "Patterns":
 
 - the compiled program has at most ``MAX_PROGRAM_SIZE`` instructions (``a{1000}`` is 1,000 of them, a
   Unicode class such as ``\\pL`` about 1,200), and RE2 compiles within ``PATTERN_MAX_MEM`` bytes;
+- the compiled pattern and its automaton cache then use at most ``pattern_memory(program size)``: 1 KiB per
+  instruction, at least ``PATTERN_MIN_MEM``;
 - a search costs at most about one step per program instruction per byte of text (RE2's automaton falls
   back to simulating every instruction on texts that defeat its cache). The patterns evaluated together
   share one ``MATCH_WORK_BUDGET``: those of one expression, and in a policy those of every rule, since one
@@ -40,7 +42,13 @@ from ._values import MAX_INT, NUMBER, Fault, check_number, describe_type, descri
 MATCH_WORK_BUDGET = 2**25
 MAX_MATCH_BYTES = 2**22  # 4 MiB of UTF-8: the longest text any pattern may search
 MAX_PROGRAM_SIZE = 2**13  # so that every accepted pattern may search at least 4 KiB
-PATTERN_MAX_MEM = 8 << 20  # RE2's memory for one compiled pattern and its automaton cache (its default)
+PATTERN_MAX_MEM = 8 << 20  # RE2's memory to compile a pattern (its default): a larger one is refused
+# RE2's memory for a compiled pattern and its automaton cache, by program size: the patterns of a policy (at
+# most MAX_PROGRAM_SIZE instructions in all) hold at most PATTERN_MAX_MEM, plus PATTERN_MIN_MEM for each small
+# one. A smaller cache makes RE2 fall back sooner to running the program, which the work budget counts; see
+# docs/policy-language.md, "Patterns", for what 8 MiB per pattern cost.
+PATTERN_MEM_PER_INSTRUCTION = PATTERN_MAX_MEM // MAX_PROGRAM_SIZE  # 1 KiB
+PATTERN_MIN_MEM = 32 << 10
 
 _NUM = NUMBER
 _STR = frozenset({Kind.STR})
@@ -256,9 +264,14 @@ FUNCTIONS: Mapping[str, FunctionSpec] = MappingProxyType(
 # -- patterns -----------------------------------------------------------------------------------------------
 
 
-def _pattern_options() -> re2.Options:
+def pattern_memory(program_size: int) -> int:
+    """The memory RE2 may use for a compiled pattern of ``program_size`` instructions and its automaton cache."""
+    return max(PATTERN_MIN_MEM, program_size * PATTERN_MEM_PER_INSTRUCTION)
+
+
+def _pattern_options(max_mem: int) -> re2.Options:
     options = re2.Options()
-    options.max_mem = PATTERN_MAX_MEM
+    options.max_mem = max_mem
     options.never_capture = True  # only whether it matches counts: no submatch bookkeeping
     options.log_errors = False  # a rejected pattern is reported as a compile error, not logged to stderr
     return options
@@ -323,7 +336,7 @@ def compile_pattern(pattern: str) -> SafePattern:
             "searched, '.' and negated classes match one)"
         ) from None
     try:
-        regex = re2.compile(pattern, _pattern_options())
+        regex = re2.compile(pattern, _pattern_options(PATTERN_MAX_MEM))
     except re2.error as exc:
         message = _re2_message(exc)
         if message.startswith("pattern too large"):
@@ -340,6 +353,8 @@ def compile_pattern(pattern: str) -> SafePattern:
         raise PatternError(
             f"pattern is too large: it compiles to {size} instructions; the limit is {MAX_PROGRAM_SIZE}"
         )
+    # Compiled again within the memory its size is allowed (at most PATTERN_MAX_MEM, within which it compiled).
+    regex = re2.compile(pattern, _pattern_options(pattern_memory(size)))
     return SafePattern(regex, size, match_allowance(size))
 
 

@@ -35,6 +35,7 @@ from evocache.dsl._functions import (
     MAX_MATCH_BYTES,
     MAX_PROGRAM_SIZE,
     PATTERN_MAX_MEM,
+    PATTERN_MIN_MEM,
     PatternError,
     compile_pattern,
 )
@@ -378,7 +379,7 @@ def test_patterns_are_compiled_by_re2_with_a_bounded_program() -> None:
     pattern = compile_pattern(r"\d{1000}x")
     assert pattern.program_size == 1005
     assert pattern.max_bytes == MATCH_WORK_BUDGET // 1005
-    assert pattern.regex.options.max_mem == PATTERN_MAX_MEM
+    assert pattern.regex.options.max_mem == 1005 * 1024  # its memory, by its size (see below)
     with pytest.raises(PatternError) as info:
         compile_pattern("(?:abcdefghij){900}")
     assert info.value.message == (
@@ -387,6 +388,20 @@ def test_patterns_are_compiled_by_re2_with_a_bounded_program() -> None:
     with pytest.raises(PatternError) as info:
         compile_pattern(r"\pL{1000}")
     assert info.value.message == f"pattern is too large: RE2 cannot compile it within {PATTERN_MAX_MEM} bytes"
+
+
+def test_the_memory_of_a_pattern_is_bounded_by_its_program_size() -> None:
+    # RE2 grows each pattern's automaton cache up to its max_mem on texts that defeat it: at 8 MiB each, the
+    # 340 patterns below could hold 2.7 GiB. At 1 KiB per instruction (32 KiB at least) the patterns of one
+    # policy, 8192 instructions in all, hold 8 MiB plus 32 KiB for each small one.
+    assert compile_pattern("(?i)translate").regex.options.max_mem == PATTERN_MIN_MEM
+    assert compile_pattern(r"\pL{6}").regex.options.max_mem == 7180 * 1024
+    rules = "".join(f"  - {{name: r{i}, when: \"matches(prompt, 'a[ab]{{16}}{i:03d}')\"}}\n" for i in range(340))
+    policy = dsl.parse_policy("policy: p\nversion: 1\nrules:\n" + rules)
+    patterns = [compile_pattern(f"a[ab]{{16}}{i:03d}") for i in range(340)]
+    assert sum(p.program_size for p in patterns) <= MAX_PROGRAM_SIZE
+    assert sum(p.regex.options.max_mem for p in patterns) == 340 * PATTERN_MIN_MEM  # 10.6 MiB, not 2.7 GiB
+    assert len(policy.rules) == 340
 
 
 def test_a_pattern_with_a_lone_surrogate_is_a_compile_error_at_its_literal() -> None:
