@@ -180,6 +180,8 @@ def _yaml_issue(exc: yaml.MarkedYAMLError, source: str) -> PolicyIssue:
         # "expected ',' or '}'" means little without where the unclosed thing began.
         where = f"line {exc.context_mark.line + 1}, column {exc.context_mark.column + 1}"
         message = f"{exc.problem} ({exc.context} started at {where})"
+    if exc.problem and "'\\t'" in exc.problem:
+        message += " (YAML indents with spaces, never tabs; quote a value that holds a tab)"
     pos = _position(mark)
     return PolicyIssue(source, pos and pos.line, pos and pos.column, "", f"YAML syntax: {message}")
 

@@ -265,3 +265,22 @@ def test_a_byte_that_is_not_utf8_is_located_as_yaml_counts_lines(tmp_path: Path)
     assert _only_issue(info) == (
         f"{doc}:3:6: <document>: not UTF-8 text: byte 0xe9 cannot be decoded (invalid continuation byte)"
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("policy: p\nversion: 1\nrules:\n\t- {name: r, when: 'true'}\n", (4, 1)),  # a tab as indentation
+        (HEAD + "top_k\t> 1\n", (5, 16)),  # a tab inside a plain value
+    ],
+)
+def test_a_tab_where_yaml_refuses_one_says_what_to_write(text: str, where: tuple[int, int]) -> None:
+    with pytest.raises(PolicyError) as info:
+        parse_policy(text, "t.yaml")
+    (issue,) = info.value.issues
+    assert (issue.line, issue.column) == where
+    assert issue.message == (
+        "YAML syntax: found character '\\t' that cannot start any token "
+        "(YAML indents with spaces, never tabs; quote a value that holds a tab)"
+    )
+    assert parse_policy(HEAD + '"top_k\t> 1"\n').rules[0].when == "top_k\t> 1"  # quoted, a tab is text
