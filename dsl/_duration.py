@@ -11,6 +11,8 @@ import math
 import re
 from decimal import Decimal
 
+from .errors import brief
+
 # Largest unit first: the normalised spelling uses each unit at most once, in this order.
 _UNITS: dict[str, int] = {"d": 86_400, "h": 3_600, "m": 60, "s": 1}
 
@@ -38,7 +40,7 @@ def parse_duration(value: object) -> float:
     else:
         raise ValueError(f"expected {DURATION_HINT}; got {type(value).__name__}")
     if not math.isfinite(seconds):
-        raise ValueError(f"expected a finite duration; got {value!r}")
+        raise ValueError(f"expected a finite duration; got {brief(value)}")
     return seconds
 
 
@@ -48,12 +50,12 @@ def _parse_text(text: str) -> float:
     except ValueError:
         pass
     if not _WHOLE.fullmatch(text):
-        raise ValueError(f"invalid duration {text!r}: expected {DURATION_HINT}")
+        raise ValueError(f"invalid duration {brief(text)}: expected {DURATION_HINT}")
     parts = _PART.findall(text)
     units = [unit for _, unit in parts]
     order = list(_UNITS)
     if len(set(units)) != len(units) or units != sorted(units, key=order.index):
-        raise ValueError(f"invalid duration {text!r}: use each unit once, largest first (like 1h30m)")
+        raise ValueError(f"invalid duration {brief(text)}: use each unit once, largest first (like 1h30m)")
     return sum(float(number) * _UNITS[unit] for number, unit in parts)
 
 

@@ -45,7 +45,7 @@ from ._functions import MAX_PROGRAM_SIZE
 from ._schema import ANY, STANDARD_FIELDS, STANDARD_SCHEMA, TYPE_NAMES, FieldType, RequestSchema
 from ._source import read_policy_text
 from ._yaml import LocatedDocument, Path, format_path, load_located
-from .errors import ExpressionError, ExpressionEvalError, PolicyError, PolicyIssue
+from .errors import ExpressionError, ExpressionEvalError, PolicyError, PolicyIssue, brief
 
 if TYPE_CHECKING:
     from ._compiler import Expression
@@ -73,7 +73,7 @@ def _check_name(value: str) -> str:
         c.isascii() and (c.isalnum() or c in "-_.") for c in value
     ):
         raise ValueError(
-            f"invalid name {value!r}: use letters, digits, '-', '_' and '.', starting with a "
+            f"invalid name {brief(value)}: use letters, digits, '-', '_' and '.', starting with a "
             "letter or digit, at most 64 characters"
         )
     return value
@@ -81,13 +81,13 @@ def _check_name(value: str) -> str:
 
 def _check_identifier(value: str) -> str:
     if not (value.isascii() and value.isidentifier()) or keyword.iskeyword(value):
-        raise ValueError(f"invalid name {value!r}: expected an identifier such as lru or s3fifo")
+        raise ValueError(f"invalid name {brief(value)}: expected an identifier such as lru or s3fifo")
     return value
 
 
 def _check_tier(value: str) -> str:
     if value not in TIERS:
-        raise ValueError(f"unknown tier {value!r}; known tiers: {', '.join(TIERS)}")
+        raise ValueError(f"unknown tier {brief(value)}; known tiers: {', '.join(TIERS)}")
     return value
 
 
@@ -103,22 +103,22 @@ def _normalise_tiers(value: tuple[str, ...]) -> tuple[str, ...]:
 def _positive_duration(value: object) -> float:
     seconds = parse_duration(value)
     if seconds <= 0:
-        raise ValueError(f"a ttl must be positive; got {value!r}")
+        raise ValueError(f"a ttl must be positive; got {brief(value)}")
     if seconds > MAX_TTL:
-        raise ValueError(f"a ttl may be at most {format_duration(MAX_TTL)} (10 years); got {value!r}")
+        raise ValueError(f"a ttl may be at most {format_duration(MAX_TTL)} (10 years); got {brief(value)}")
     return seconds
 
 
 def _check_field_name(value: str) -> str:
     _check_identifier(value)
     if value in STANDARD_FIELDS:
-        raise ValueError(f"{value!r} is a standard request field; declare only extra fields")
+        raise ValueError(f"{brief(value)} is a standard request field; declare only extra fields")
     return value
 
 
 def _check_type_name(value: str) -> str:
     if value not in TYPE_NAMES:
-        raise ValueError(f"unknown type {value!r}; known types: {', '.join(TYPE_NAMES)}")
+        raise ValueError(f"unknown type {brief(value)}; known types: {', '.join(TYPE_NAMES)}")
     return value
 
 
@@ -651,7 +651,7 @@ def _message(err: Any, loc: Path) -> str:
         return "required field is missing"
     if kind == "extra_forbidden":
         known = _known_fields(loc[:-1])
-        return f"unknown field {loc[-1]!r}" + (f"; known fields: {', '.join(known)}" if known else "")
+        return f"unknown field {brief(loc[-1])}" + (f"; known fields: {', '.join(known)}" if known else "")
     if kind == "value_error":
         return str(err["ctx"]["error"])
     if kind in _EXPECTED:
@@ -669,7 +669,7 @@ def _describe(value: Any) -> str:
         return "a list"
     if value is None:
         return "null"
-    return f"{type(value).__name__} {value!r}"
+    return f"{type(value).__name__} {brief(value)}"
 
 
 def _known_fields(loc: Path) -> list[str]:

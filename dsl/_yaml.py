@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from .errors import PolicyError, PolicyIssue
+from .errors import PolicyError, PolicyIssue, brief
 
 Path = tuple[str | int, ...]
 
@@ -53,13 +53,15 @@ def _position(mark: yaml.Mark | None) -> Position | None:
 
 
 def format_path(path: Path) -> str:
-    """``("rules", 0, "ttl")`` → ``rules[0].ttl``."""
+    """``("rules", 0, "ttl")`` → ``rules[0].ttl``; a key longer than 64 characters is shown by its first 60
+    (the message that names it shows its length)."""
     out = ""
     for part in path:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += f".{part}" if out else str(part)
+            name = part if len(part) <= 64 else f"{part[:60]}..."
+            out += f".{name}" if out else name
     return out
 
 
@@ -257,7 +259,10 @@ class _Builder:
             value = self.loader.construct_object(node)
         except (yaml.YAMLError, ValueError, OverflowError) as exc:
             # e.g. `!!int abc`, or a timestamp-shaped scalar that is no date (2001-13-45).
-            self._issue(node, path, f"cannot read {node.value!r} as {_short_tag(node.tag)}: {exc}")
+            reason = str(exc)
+            if "int_max_str_digits" in reason:  # Python's own limit on reading long integers, 4300 digits
+                reason = "an integer this long is out of every range"
+            self._issue(node, path, f"cannot read {brief(node.value)} as {_short_tag(node.tag)}: {reason}")
             return None
         if isinstance(value, str):
             try:
@@ -307,7 +312,7 @@ class _Builder:
                 continue
             if key in explicit:
                 first = explicit[key].start_mark.line + 1
-                self._issue(key_node, path + (key,), f"duplicate key {key!r} (first set on line {first})")
+                self._issue(key_node, path + (key,), f"duplicate key {brief(key)} (first set on line {first})")
                 continue
             explicit[key] = key_node
             pairs.append((key, key_node, value_node))
@@ -340,7 +345,7 @@ class _Builder:
                 self._issue(
                     node,
                     path,
-                    f"mapping keys must be strings; {node.value!r} reads as {type(key).__name__}{hint}",
+                    f"mapping keys must be strings; {brief(node.value)} reads as {type(key).__name__}{hint}",
                 )
             return None
         return key

@@ -19,6 +19,16 @@ import errno
 from dataclasses import dataclass
 
 
+def brief(value: object, limit: int = 80) -> str:
+    """``repr(value)`` for a message, cut to about ``limit`` characters: a 100,000-character name is shown by
+    its head and its length, so that an issue stays one readable line."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    length = f" ({len(value)} characters)" if isinstance(value, str) else ""
+    return f"{text[: limit - 3]}...{length}"
+
+
 class DslError(Exception):
     """Base of every error the dsl room raises on purpose."""
 

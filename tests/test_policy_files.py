@@ -284,3 +284,42 @@ def test_a_tab_where_yaml_refuses_one_says_what_to_write(text: str, where: tuple
         "(YAML indents with spaces, never tabs; quote a value that holds a tab)"
     )
     assert parse_policy(HEAD + '"top_k\t> 1"\n').rules[0].when == "top_k\t> 1"  # quoted, a tab is text
+
+
+def _head(text: str) -> str:
+    return repr(text)[:77] + f"... ({len(text)} characters)"  # as errors.brief shows it
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "message"),
+    [
+        (
+            "policy: " + "n" * 100_000 + "\nversion: 1\n",
+            "policy",
+            f"invalid name {_head('n' * 100_000)}: use letters, digits, '-', '_' and '.', starting with a letter "
+            "or digit, at most 64 characters",
+        ),
+        (
+            "policy: p\nversion: " + "9" * 5000 + "\n",
+            "version",
+            f"cannot read {_head('9' * 5000)} as !!int: an integer this long is out of every range",
+        ),
+        (
+            "policy: p\nversion: 1\ndefaults: {ttl: '" + "1s" * 50_000 + "'}\n",
+            "defaults.ttl",
+            f"invalid duration {_head('1s' * 50_000)}: use each unit once, largest first (like 1h30m)",
+        ),
+        (
+            "policy: p\nversion: 1\n" + "k" * 1000 + ": 1\n",  # YAML's longest plain key: 1024 characters
+            "k" * 60 + "...",
+            f"unknown field {_head('k' * 1000)}; known fields: policy, version, fields, defaults, rules, "
+            "tenants, eviction, slo, guardrails",
+        ),
+    ],
+    ids=["name", "integer", "duration", "key"],
+)
+def test_an_issue_shows_a_long_value_by_its_head_and_length(text: str, field: str, message: str) -> None:
+    with pytest.raises(PolicyError) as info:
+        parse_policy(text, "l.yaml")
+    (issue,) = info.value.issues
+    assert (issue.field, issue.message) == (field, message)
