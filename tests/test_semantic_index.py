@@ -9,7 +9,7 @@ import threading
 
 import numpy as np
 import pytest
-from evocache.controller.semantic import Neighbour, Scope, SemanticIndex, VectorIndex
+from evocache.controller.semantic import IndexOptions, Neighbour, Scope, SemanticIndex, SharedIndex, VectorIndex
 
 DIM = 384
 
@@ -38,8 +38,8 @@ def ids_for(n: int, prefix: str = "e") -> list[str]:
 
 def test_exact_and_hnsw_agree_on_top1_for_well_separated_vectors():
     vecs = random_unit(2000)
-    exact = VectorIndex(DIM, exact_limit=10**6)
-    hnsw = VectorIndex(DIM, exact_limit=0)
+    exact = VectorIndex(DIM, IndexOptions(exact_limit=10**6))
+    hnsw = VectorIndex(DIM, IndexOptions(exact_limit=0))
     exact.add(ids_for(2000), vecs)
     hnsw.add(ids_for(2000), vecs)
     assert hnsw.wait_rebuilt(60)
@@ -64,7 +64,7 @@ def test_search_is_best_first_with_cosine_similarities():
 
 def test_crossing_exact_limit_keeps_every_entry():
     vecs = random_unit(250, seed=3)
-    index = VectorIndex(DIM, exact_limit=100)
+    index = VectorIndex(DIM, IndexOptions(exact_limit=100))
     index.add(ids_for(60), vecs[:60])
     assert index.kind == "exact"
     index.add(ids_for(250)[60:], vecs[60:])
@@ -80,7 +80,7 @@ def test_crossing_exact_limit_keeps_every_entry():
 @pytest.mark.parametrize("exact_limit", [10**6, 0], ids=["exact", "hnsw"])
 def test_remove_takes_entries_out_of_search(exact_limit):
     vecs = random_unit(100, seed=4)
-    index = VectorIndex(DIM, exact_limit=exact_limit, background=False)
+    index = VectorIndex(DIM, IndexOptions(exact_limit=exact_limit, background=False))
     index.add(ids_for(100), vecs)
     assert index.kind == ("exact" if exact_limit else "hnsw")
     index.remove(["e3", "e7", "not-there"])
@@ -95,7 +95,7 @@ def test_remove_takes_entries_out_of_search(exact_limit):
 @pytest.mark.parametrize("exact_limit", [10**6, 50], ids=["exact", "hnsw"])
 def test_mass_removal_compacts_and_keeps_the_rest(exact_limit):
     vecs = random_unit(300, seed=5)
-    index = VectorIndex(DIM, exact_limit=exact_limit, background=False)
+    index = VectorIndex(DIM, IndexOptions(exact_limit=exact_limit, background=False))
     index.add(ids_for(300), vecs)
     index.remove(ids_for(300)[:200])
     assert len(index) == 100
@@ -125,7 +125,7 @@ class PausedBuild:
 def test_writes_during_a_background_migration_are_kept(monkeypatch):
     paused = PausedBuild(monkeypatch)
     vecs = random_unit(200, seed=11)
-    index = VectorIndex(DIM, exact_limit=100)
+    index = VectorIndex(DIM, IndexOptions(exact_limit=100))
     index.add(ids_for(120), vecs[:120])  # crosses the limit: the HNSW build starts in the background
     assert paused.started.wait(60)
     assert index.kind == "exact"
@@ -151,7 +151,7 @@ def test_a_failed_background_build_keeps_the_current_index(monkeypatch, caplog):
 
     monkeypatch.setattr(VectorIndex, "_build", fail)
     vecs = random_unit(30, seed=12)
-    index = VectorIndex(DIM, exact_limit=10)
+    index = VectorIndex(DIM, IndexOptions(exact_limit=10))
     index.add(ids_for(20), vecs[:20])
     assert index.wait_rebuilt(60)
     assert index.kind == "exact" and len(index) == 20
@@ -169,7 +169,7 @@ def test_concurrent_writers_and_readers_across_rebuilds_end_consistent():
     after another (with 150, a run where they never overlapped never migrated). Whether a compaction follows
     depends on timing (removals made while the migration runs never reach the new index as tombstones), so only
     the migration is certain; compactions are pinned by the tests that rebuild inline."""
-    index = VectorIndex(DIM, exact_limit=20)
+    index = VectorIndex(DIM, IndexOptions(exact_limit=20))
     pool = random_unit(1600, seed=13)
     expected: list[dict[str, int]] = [{} for _ in range(4)]  # id -> row of ``pool`` it holds, per thread
     errors: list[BaseException] = []
@@ -270,7 +270,7 @@ A2 = Scope("tenant-a", "fn=chat|model=m2|rev=1|params=0f|emb=st:all-MiniLM-L6-v2
 
 @pytest.mark.parametrize("exact_limit", [10**6, 0], ids=["exact", "hnsw"])
 def test_identical_and_near_identical_vectors_never_cross_scopes(exact_limit):
-    index = SemanticIndex(exact_limit=exact_limit, background=False)
+    index = SemanticIndex(IndexOptions(exact_limit=exact_limit, background=False))
     vecs = random_unit(50, seed=8)
     index.add(A, ids_for(50, "a"), vecs)
     index.add(B, ids_for(50, "b"), vecs)  # identical vectors in another tenant
@@ -397,3 +397,34 @@ def test_a_semantic_index_refuses_an_expiry():
     with pytest.raises(ValueError, match="1 metas for 2 vectors"):
         index.add(scope, ["x", "y"], random_unit(2, seed=4), metas=[{}])
     assert len(index) == 1
+
+
+def test_index_options_refuse_a_misspelt_or_out_of_range_option():
+    with pytest.raises(TypeError, match="exact_limt"):
+        IndexOptions(exact_limt=5)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="exact_limit"):
+        SemanticIndex(exact_limit=5)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="hnsw_m"):
+        SharedIndex(None, hnsw_m=8)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match=r"IndexOptions.hnsw_m must be >= 2, got 1"):
+        IndexOptions(hnsw_m=1)
+    with pytest.raises(ValueError, match=r"IndexOptions.exact_limit must be >= 0, got -1"):
+        IndexOptions(exact_limit=-1)
+    with pytest.raises(TypeError, match=r"IndexOptions.ef_search must be an int, got True"):
+        IndexOptions(ef_search=True)
+    with pytest.raises(TypeError, match=r"IndexOptions.background must be a bool, got 'no'"):
+        IndexOptions(background="no")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="options must be an IndexOptions, got dict"):
+        SemanticIndex({"exact_limit": 5})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="dim must be a positive int, got 0"):
+        VectorIndex(0)
+
+
+@pytest.mark.parametrize("make", [SemanticIndex, lambda o: SharedIndex(None, index_options=o)],
+                         ids=["SemanticIndex", "SharedIndex"])
+def test_index_options_build_every_scopes_index(make):
+    index = make(IndexOptions(exact_limit=3, background=False))
+    scope = Scope("t", "fn")
+    index.add(scope, ids_for(4), random_unit(4))  # crosses exact_limit=3: the scope's index migrates at once
+    local = index._index if isinstance(index, SharedIndex) else index
+    assert local.index(scope).kind == "hnsw" and local.index(scope).exact_limit == 3

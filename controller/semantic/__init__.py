@@ -24,7 +24,7 @@ from ._decide import (
 )
 from ._config import EMBEDDERS, EmbedderConfig, SemanticConfig
 from ._embed import BatchingEmbedder, Embedder, OpenAIEmbedder, SentenceTransformerEmbedder, default_embedder
-from ._index import Neighbour, Scope, SemanticIndex, VectorIndex
+from ._index import IndexOptions, Neighbour, Scope, SemanticIndex, VectorIndex
 from ._shared import Change, SharedEntry, SharedIndex, SharedStats
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "EmbedderConfig",
     "EmbeddingError",
     "ErrorModel",
+    "IndexOptions",
     "Judge",
     "Neighbour",
     "OpenAIEmbedder",

@@ -19,6 +19,7 @@ import threading
 import time
 import types
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from .._codec import check_ns
@@ -26,7 +27,16 @@ from .._codec import check_ns
 if TYPE_CHECKING:
     import numpy as np  # numpy loads only when vectors are made: `evocache policy check` never needs it
 
-__all__ = ["Change", "Neighbour", "Scope", "ScopedIndex", "SemanticIndex", "SharedEntry", "VectorIndex"]
+__all__ = [
+    "Change",
+    "IndexOptions",
+    "Neighbour",
+    "Scope",
+    "ScopedIndex",
+    "SemanticIndex",
+    "SharedEntry",
+    "VectorIndex",
+]
 
 log = logging.getLogger("evocache.controller.semantic.index")
 
@@ -172,13 +182,46 @@ def _check_ids(ids: Sequence[str], n: int | None = None) -> list[str]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class IndexOptions:
+    """How every scope's ``VectorIndex`` is built: exact (``IndexFlatIP``) up to ``exact_limit`` live entries,
+    HNSW beyond, with ``hnsw_m`` links per node, ``ef_construction`` when building and ``ef_search`` at query
+    time (raised to ``k`` when ``k`` is larger). ``background``: rebuilds (the migration to HNSW, compactions)
+    run on a thread of their own while the current index serves; ``False`` rebuilds inside the write that
+    calls for it.
+
+    A misspelt option is a ``TypeError``; a value out of range a ``ValueError`` naming the option.
+    """
+
+    exact_limit: int = 10_000
+    hnsw_m: int = 32
+    ef_construction: int = 80
+    ef_search: int = 64
+    background: bool = True
+
+    def __post_init__(self) -> None:
+        counts = (
+            ("exact_limit", self.exact_limit, 0),
+            ("hnsw_m", self.hnsw_m, 2),
+            ("ef_construction", self.ef_construction, 1),
+            ("ef_search", self.ef_search, 1),
+        )
+        for name, value, least in counts:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"IndexOptions.{name} must be an int, got {value!r}")
+            if value < least:
+                raise ValueError(f"IndexOptions.{name} must be >= {least}, got {value}")
+        if not isinstance(self.background, bool):
+            raise TypeError(f"IndexOptions.background must be a bool, got {self.background!r}")
+
+
 class VectorIndex:
     """The vectors of one scope, searchable by cosine similarity; safe to share between threads.
 
-    Exact up to ``exact_limit`` live entries, HNSW (``hnsw_m`` links per node, ``ef_construction``,
-    ``ef_search`` at query time, raised to ``k`` when ``k`` is larger) beyond. Adding an id that is already
-    present replaces its vector. Removing an unknown id is a no-op. Bad input (wrong shape or dimension,
-    rows that are not unit vectors, NaN, duplicate ids in one call) raises ``ValueError`` and changes nothing.
+    Exact up to ``options.exact_limit`` live entries, HNSW beyond (``IndexOptions``). Adding an id that is
+    already present replaces its vector. Removing an unknown id is a no-op. Bad input (wrong shape or
+    dimension, rows that are not unit vectors, NaN, duplicate ids in one call) raises ``ValueError`` and changes
+    nothing.
 
     Rebuilds (the migration to HNSW when an add crosses ``exact_limit``, and the compaction that drops
     tombstones once they outnumber live entries) take seconds at 10^4-10^5 entries, so with ``background``
@@ -187,27 +230,20 @@ class VectorIndex:
     in. ``wait_rebuilt()`` waits for a rebuild in flight. ``background=False`` rebuilds inside the call.
     """
 
-    def __init__(
-        self,
-        dim: int,
-        *,
-        exact_limit: int = 10_000,
-        hnsw_m: int = 32,
-        ef_construction: int = 80,
-        ef_search: int = 64,
-        background: bool = True,
-    ) -> None:
-        if dim < 1 or exact_limit < 0 or hnsw_m < 2 or ef_construction < 1 or ef_search < 1:
-            raise ValueError("dim, hnsw_m, ef_construction, ef_search must be positive, exact_limit >= 0")
+    def __init__(self, dim: int, options: IndexOptions = IndexOptions()) -> None:
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"dim must be a positive int, got {dim!r}")
+        if not isinstance(options, IndexOptions):
+            raise TypeError(f"options must be an IndexOptions, got {type(options).__name__}")
         import faiss
 
         self._faiss = faiss
         self.dim = dim
-        self.exact_limit = exact_limit
-        self._hnsw_m = hnsw_m
-        self._ef_construction = ef_construction
-        self._ef_search = ef_search
-        self._background = background
+        self.exact_limit = options.exact_limit
+        self._hnsw_m = options.hnsw_m
+        self._ef_construction = options.ef_construction
+        self._ef_search = options.ef_search
+        self._background = options.background
         self._touched: list[str] | None = None  # ids written since a rebuild's snapshot; None: no rebuild
         self._rebuilder: threading.Thread | None = None
         self._lock = threading.RLock()
@@ -429,17 +465,18 @@ class SemanticIndex:
     """``Scope -> VectorIndex``: each scope's index is created on its first add, with that add's dimension,
     and dropped when a remove empties it.
 
-    Searching a scope that holds nothing returns empty neighbour lists; removing from it is a no-op. The
-    keyword arguments are passed to every ``VectorIndex``. Safe to share between threads.
+    Searching a scope that holds nothing returns empty neighbour lists; removing from it is a no-op. Every
+    ``VectorIndex`` is built with ``options``. Safe to share between threads.
 
     Each entry's metadata (``add(metas=)``) is kept with it (``get``). Nothing changes it but its caller, so
     ``listen`` has nothing to tell; it keeps no expiry (an ``expires_at`` is a ``ValueError``: ``SharedIndex``,
     embedded with ``url=None``, keeps them).
     """
 
-    def __init__(self, **index_options: Any) -> None:
-        VectorIndex(1, **index_options)  # validate the options now, not on the first add
-        self._options = index_options
+    def __init__(self, options: IndexOptions = IndexOptions()) -> None:
+        if not isinstance(options, IndexOptions):
+            raise TypeError(f"options must be an IndexOptions, got {type(options).__name__}")
+        self._options = options
         self._indexes: dict[Scope, VectorIndex] = {}
         self._metas: dict[Scope, dict[str, Mapping[str, Any]]] = {}
         self._lock = threading.Lock()
@@ -467,7 +504,7 @@ class SemanticIndex:
                 with self._lock:
                     index = self._indexes.get(scope)
                     if index is None:
-                        index = self._indexes[scope] = VectorIndex(arr.shape[1], **self._options)
+                        index = self._indexes[scope] = VectorIndex(arr.shape[1], self._options)
             index.add(ids, arr)
             # A remove that emptied the scope may have dropped this index meanwhile: add to its successor.
             # (Checked under the lock remove drops under, so a drop decided before this add is seen here.)

@@ -38,7 +38,17 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ._index import NORM_TOLERANCE, Change, Neighbour, Scope, SemanticIndex, SharedEntry, check_scope, check_vectors
+from ._index import (
+    NORM_TOLERANCE,
+    Change,
+    IndexOptions,
+    Neighbour,
+    Scope,
+    SemanticIndex,
+    SharedEntry,
+    check_scope,
+    check_vectors,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -136,7 +146,7 @@ class SharedIndex:
     Entry ids must be unique across replicas (an exact cache key is); re-adding an id replaces it everywhere.
     ``expires_at`` is absolute time on ``clock`` (wall clock by default, so every replica agrees); an expired
     entry is never returned by ``search``. ``listen(fn)`` calls ``fn(Change)`` for changes from elsewhere, on
-    the follower's thread. ``index_options`` go to the local ``SemanticIndex``.
+    the follower's thread. ``index_options`` build the local ``SemanticIndex``.
     """
 
     def __init__(
@@ -153,7 +163,7 @@ class SharedIndex:
         sweep_interval: float = 1.0,
         stream_maxlen: int = 100_000,
         initial_wait: float = 2.0,
-        **index_options: Any,
+        index_options: IndexOptions = IndexOptions(),
     ) -> None:
         if not prefix or any(c in prefix for c in "#{} ") or len(prefix) > 64:
             raise ValueError(f"invalid prefix {prefix!r}: 1-64 characters, no '#', braces or spaces")
@@ -168,7 +178,7 @@ class SharedIndex:
         self._sweep_interval = sweep_interval
         self._maxlen = stream_maxlen
         self._index_options = index_options
-        self._index = SemanticIndex(**index_options)
+        self._index = SemanticIndex(index_options)
         self._entries: dict[Scope, dict[str, SharedEntry]] = {}
         self._due: list[tuple[float, Scope, str]] = []  # heap of (expiry, scope, id): the local expiry
         self._next_expiry = 0.0
@@ -525,7 +535,7 @@ class SharedIndex:
         # every operation is idempotent, so the result is the state at the end of the stream.
         last = reader.xrevrange(self._stream, count=1)
         last_id = last[0][0] if last else b"0-0"
-        index = SemanticIndex(**self._index_options)
+        index = SemanticIndex(self._index_options)
         entries: dict[Scope, dict[str, SharedEntry]] = {}
         now = self._clock()
         registered: dict[str, int] = {}
