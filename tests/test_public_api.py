@@ -7,7 +7,9 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("room", ["evocache.dsl", "evocache.controller", "evocache.controller.replay"])
+@pytest.mark.parametrize(
+    "room", ["evocache.dsl", "evocache.controller", "evocache.controller.replay", "evocache.controller.semantic"]
+)
 def test_all_is_exact_and_importable(room):
     module = importlib.import_module(room)
     assert len(set(module.__all__)) == len(module.__all__), "duplicate names in __all__"
@@ -35,3 +37,15 @@ def test_rooms_import_one_way():
         for path in (root / room).rglob("*.py"):
             used = set(pattern.findall(path.read_text()))
             assert used <= ok, f"{path.relative_to(root)} imports {sorted(used - ok)}"
+
+
+def test_the_semantic_seams_and_their_options_are_public():
+    """What a user implements or configures in the semantic room is importable from its package."""
+    import typing
+
+    semantic = importlib.import_module("evocache.controller.semantic")
+    protocols = {"AnswerClusters", "DecisionPolicy", "Embedder", "ScopedIndex"}
+    options = {"EmbedderConfig", "IndexOptions", "PacerOptions", "PolicyOptions", "SemanticConfig"}
+    assert protocols | options | {"EMBEDDERS", "POLICIES"} <= set(semantic.__all__)
+    assert all(typing.Protocol in vars(semantic)[name].__mro__ for name in protocols)
+    assert typing.get_type_hints(semantic.DecisionPolicy.readings)["return"] is semantic.Readings
