@@ -39,23 +39,29 @@ class Mode(enum.StrEnum):
 
 
 def _make_embedder(spec: str) -> Embedder:
-    """``minilm`` (the packaged all-MiniLM-L6-v2) or ``openai:MODEL@BASE_URL`` (key from OPENAI_API_KEY)."""
-    import os
+    """``minilm`` (the packaged all-MiniLM-L6-v2) or ``openai:MODEL@BASE_URL`` (key from OPENAI_API_KEY), as an
+    ``EmbedderConfig`` builds it for the store."""
+    from pydantic import ValidationError
 
     from ..errors import EmbeddingError
-    from ._embed import OpenAIEmbedder, SentenceTransformerEmbedder
+    from ._config import EmbedderConfig
 
+    model, at, url = spec.removeprefix("openai:").partition("@")
+    if spec == "minilm":
+        config = EmbedderConfig(kind="minilm")
+    elif spec.startswith("openai:") and at:
+        try:
+            config = EmbedderConfig(kind="openai", model=model, url=url)
+        except ValidationError as exc:
+            raise _usage("--embedder", exc.errors()[0]["msg"].removeprefix("Value error, ")) from None
+    else:
+        raise _usage("--embedder", f"expected minilm or openai:MODEL@BASE_URL, got {spec!r}")
     try:
-        if spec == "minilm":
-            return SentenceTransformerEmbedder()
-        if spec.startswith("openai:") and "@" in spec:
-            model, _, base_url = spec.removeprefix("openai:").partition("@")
-            return OpenAIEmbedder(base_url, model, api_key=os.environ.get("OPENAI_API_KEY"))
+        return config.build()
     except ValueError as exc:
         raise _usage("--embedder", str(exc)) from None
     except EmbeddingError as exc:
         raise _error(f"error: --embedder: {exc}", EXIT_FAILED) from None
-    raise _usage("--embedder", f"expected minilm or openai:MODEL@BASE_URL, got {spec!r}")
 
 
 def semantic(
@@ -104,24 +110,22 @@ def semantic(
     category, for evocache and for static thresholds.
     """
     try:
-        _bench(data, delta, json_out, embedder_spec, seed, shuffle, explore, mode.value, threshold, warmup,
+        _bench(data, delta, json_out, embedder_spec, seed, shuffle, explore, mode, threshold, warmup,
                embed_cache, classify)
     except _Failed as failed:
         raise typer.Exit(failed.code) from None
 
 
 def _bench(data: Path, delta: float, json_out: Path | None, embedder_spec: str, seed: int, shuffle: bool,
-           explore: float, mode: str, threshold: float | None, warmup: Path | None, embed_cache: Path | None,
+           explore: float, mode: Mode, threshold: float | None, warmup: Path | None, embed_cache: Path | None,
            classify: bool = True) -> None:
     if not (math.isfinite(delta) and 0 < delta <= 0.5):
         raise _usage("--delta", f"expected a number in (0, 0.5], got {delta}")
     if not 0 <= explore < 1:
         raise _usage("--explore", f"expected a fraction in [0, 1), got {explore}")
-    if mode not in ("bounded", "static"):
-        raise _usage("--mode", f"expected bounded or static, got {mode!r}")
-    if mode == "static" and (threshold is None or not 0 < threshold <= 1):
+    if mode is Mode.static and (threshold is None or not 0 < threshold <= 1):
         raise _usage("--threshold", "--mode static needs a threshold in (0, 1]")
-    if mode != "static" and threshold is not None:
+    if mode is not Mode.static and threshold is not None:
         raise _usage("--threshold", "applies only to --mode static (bounded learns its own cut-off)")
     # Before the replay: a run of minutes must not end on an output it cannot write.
     _writable("--json", json_out)
@@ -137,16 +141,16 @@ def _bench(data: Path, delta: float, json_out: Path | None, embedder_spec: str, 
         warm = warm_rows  # type: ignore[assignment]
     embedder = _make_embedder(embedder_spec)
     if isinstance(rows[0], PairRow):
-        report = _pairs(rows, warm, embedder, embed_cache, delta, seed, explore, mode, threshold,  # type: ignore[arg-type]
+        report = _pairs(rows, warm, embedder, embed_cache, delta, seed, explore, mode.value, threshold,  # type: ignore[arg-type]
                         classify)
     else:
         if shuffle:
             rows = list(rows)
             random.Random(seed).shuffle(rows)
-        report = _stream(rows, embedder, embed_cache, delta, seed, explore, mode, threshold,  # type: ignore[arg-type]
+        report = _stream(rows, embedder, embed_cache, delta, seed, explore, mode.value, threshold,  # type: ignore[arg-type]
                          classify)
     report = {"data": str(data), "delta": delta, "seed": seed, "shuffled": shuffle, "embedder": embedder.name,
-              "mode": mode, "classify": classify, **report}
+              "mode": mode.value, "classify": classify, **report}
     if json_out is not None:
         try:
             json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
