@@ -23,7 +23,9 @@ The language, in short:
   result stays within |x| <= 2**63 and every float result is finite;
 - ``tenant.tier``: members of a record the schema declares; ``input_ids[0]``: an int index into a list;
 - calls: only the functions in ``FUNCTIONS``, by name;
-- bounds: 4096 characters of source, nesting depth 32, string literals of 1024 characters, 256 list items.
+- bounds: 4096 characters of source, nesting depth 32, string literals of 1024 characters, 256 list items;
+  at run time the ``matches`` calls share one work budget and the operations that read a whole text or list
+  another (``compile_expression``).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from ._functions import (
     SignatureError,
     compile_pattern,
     match_allowance,
+    scan_allowance,
 )
 from ._parser import parse
 from ._schema import ANY, BOOL, FLOAT, INT, STANDARD_SCHEMA, STR, FieldType, Kind, RequestSchema, list_of
@@ -120,7 +123,8 @@ class Expression:
     ``fields`` are the top-level request fields it reads; ``result_type`` is its static type (``Kind.ANY``
     where it depends on an ``any`` field); ``pattern_size`` is the sum of the RE2 program sizes of its
     ``matches`` calls (0 without any), and ``shared_pattern_size`` the total that their work budget is shared
-    with (see ``compile_expression``).
+    with; ``scans`` is the number of its operations that read a whole text or list of the request, and
+    ``shared_scans`` the number that their scan budget is shared with (see ``compile_expression``).
     """
 
     source: str
@@ -128,6 +132,8 @@ class Expression:
     result_type: FieldType = field(repr=False)
     pattern_size: int = field(repr=False)
     shared_pattern_size: int = field(repr=False)
+    scans: int = field(repr=False)
+    shared_scans: int = field(repr=False)
     _fn: Fn = field(repr=False, compare=False)
     _start: tuple[int, int] = field(repr=False, compare=False)
 
@@ -155,15 +161,22 @@ class Expression:
 
 
 def compile_expression(
-    source: str, schema: RequestSchema = STANDARD_SCHEMA, *, shared_pattern_size: int = 0
+    source: str,
+    schema: RequestSchema = STANDARD_SCHEMA,
+    *,
+    shared_pattern_size: int = 0,
+    shared_scans: int = 0,
 ) -> Expression:
-    """Compile ``source`` against ``schema``; results are cached per (source, schema, shared_pattern_size).
+    """Compile ``source`` against ``schema``; results are cached per (source, schema, shared sizes).
 
     The ``matches`` calls of one expression share one work budget: each may search at most
     ``match_allowance(P)`` bytes, where P is the sum of their program sizes (``Expression.pattern_size``).
-    ``shared_pattern_size`` widens P to the patterns of other expressions evaluated along with this one (a
-    policy passes the sum over all its rules, since one decision may test every rule); a value below the
-    expression's own ``pattern_size`` counts as that.
+    The operations that read a whole text or list of the request (lower, upper, contains, ``in`` on a value
+    that is not a literal, min/max, int/float) share another: each may read at most ``scan_allowance(S)``
+    characters or items, S their number (``Expression.scans``). ``shared_pattern_size`` and
+    ``shared_scans`` widen P and S to other expressions evaluated along with this one (a policy passes the
+    sums over all its rules, since one decision may test every rule); a value below the expression's own
+    counts as that.
 
     Raises ``ExpressionSyntaxError`` for malformed text and ``ExpressionCompileError`` for unknown names,
     fields or functions, type errors visible without a request, and bounds broken by literals (both carry the
@@ -174,15 +187,20 @@ def compile_expression(
         raise TypeError(f"an expression must be a str, got {type(source).__name__}")
     if not isinstance(schema, RequestSchema):
         raise TypeError(f"schema must be a RequestSchema, got {type(schema).__name__}")
-    if type(shared_pattern_size) is not int or shared_pattern_size < 0:
-        raise TypeError(f"shared_pattern_size must be an int >= 0, got {shared_pattern_size!r}")
-    return _compile_cached(source, schema, shared_pattern_size)
+    for name, value in (("shared_pattern_size", shared_pattern_size), ("shared_scans", shared_scans)):
+        if type(value) is not int or value < 0:
+            raise TypeError(f"{name} must be an int >= 0, got {value!r}")
+    return _compile_cached(source, schema, shared_pattern_size, shared_scans)
 
 
 @functools.lru_cache(maxsize=2048)
-def _compile_cached(source: str, schema: RequestSchema, shared_pattern_size: int) -> Expression:
+def _compile_cached(
+    source: str, schema: RequestSchema, shared_pattern_size: int, shared_scans: int
+) -> Expression:
     tree = parse(source)
-    patterns = sorted(_patterns(tree))
+    found: list[tuple[int, int, int]] = []
+    scans = _bounded_operations(tree, found)
+    patterns = sorted(found)
     own = sum(size for _, _, size in patterns)
     shared = max(own, shared_pattern_size)
     if shared > MAX_PROGRAM_SIZE:
@@ -200,15 +218,28 @@ def _compile_cached(source: str, schema: RequestSchema, shared_pattern_size: int
                     line,
                     column,
                 )
-    compiler = _Compiler(source, schema, shared)
+    shared_scan_count = max(scans, shared_scans)
+    compiler = _Compiler(source, schema, shared, scan_allowance(shared_scan_count), shared_scan_count)
     code = compiler.compile(tree)
-    return Expression(source, frozenset(compiler.fields), code.type, own, shared, code.fn, start_of(tree))
+    return Expression(
+        source,
+        frozenset(compiler.fields),
+        code.type,
+        own,
+        shared,
+        scans,
+        shared_scan_count,
+        code.fn,
+        start_of(tree),
+    )
 
 
-def _patterns(tree: Node) -> Iterator[tuple[int, int, int]]:
-    """Line, column and program size of each ``matches`` pattern in ``tree``, one per call, before anything
-    is compiled (so that every call knows the budget it shares). A pattern that does not compile is left out
-    here; compiling the call reports it at its position."""
+def _bounded_operations(tree: Node, patterns: list[tuple[int, int, int]]) -> int:
+    """The operations of ``tree`` that share a budget, found before anything is compiled (so that each knows
+    the budget it shares): the line, column and program size of each ``matches`` pattern, one per call,
+    appended to ``patterns``, and the number of operations that read a whole text or list, returned. A
+    pattern that does not compile is left out here; compiling the call reports it at its position."""
+    scans = 0
     stack = [tree]
     while stack:
         node = stack.pop()
@@ -219,13 +250,21 @@ def _patterns(tree: Node) -> Iterator[tuple[int, int, int]]:
                 pattern = node.args[index]
                 if isinstance(pattern, Literal) and isinstance(pattern.value, str):
                     try:
-                        yield pattern.line, pattern.column, compile_pattern(pattern.value).program_size
+                        size = compile_pattern(pattern.value).program_size
+                        patterns.append((pattern.line, pattern.column, size))
                     except PatternError:
                         pass
+            scans += spec is not None and spec.scanned is not None
             stack.append(node.callee)
             stack.extend(node.args)
         else:
+            if isinstance(node, Compare):
+                scans += sum(
+                    op.symbol in ("in", "not in") and not isinstance(right, Literal | ListExpr)
+                    for op, right in zip(node.ops, node.operands[1:], strict=True)
+                )
             stack.extend(_children(node))
+    return scans
 
 
 def _children(node: Node) -> tuple[Node, ...]:
@@ -290,10 +329,14 @@ def _trusted(t: FieldType, kinds: frozenset[Kind]) -> bool:
 
 
 class _Compiler:
-    def __init__(self, source: str, schema: RequestSchema, pattern_size: int) -> None:
+    def __init__(
+        self, source: str, schema: RequestSchema, pattern_size: int, scan_limit: int, scans: int
+    ) -> None:
         self.source = source
         self.schema = schema
         self.pattern_size = pattern_size  # the total program size the matches work budget is shared by
+        self.scan_limit = scan_limit  # the longest text or list an operation that reads one whole may read
+        self.scans = scans  # the number of such operations that share the scan budget
         self.fields: set[str] = set()
 
     def compile(self, node: Node) -> _Code:
@@ -500,7 +543,11 @@ class _Compiler:
             self.guard(arg, spec.param(i), f"argument {i + 1} of {name}()", node.args[i])
             for i, arg in enumerate(args)
         ]
-        return self.finish(_call_closure(spec, fns, self.where(callee.line, callee.column)), result, args)
+        impl = spec.impl
+        if spec.scanned is not None:
+            impl = _scanning(impl, spec.scanned, self.scan_limit, self.scans, f"{name}()")
+        where = self.where(callee.line, callee.column)
+        return self.finish(_call_closure(spec.name, impl, fns, where), result, args)
 
     def argument(self, spec: FunctionSpec, i: int, node: Node) -> _Code:
         if i == spec.pattern_argument:
@@ -673,8 +720,12 @@ class _Compiler:
             or (_trusted(rt, _LIST_KINDS) and _known(item) and _family(item.kind) is _family(lt.kind))
         ):
             # Both sides are plain values of one family: Python's own 'in' is exact here.
-            return (lambda a, b: a in b) if inside else (lambda a, b: a not in b)
-        return _checked(lambda a, b: member(a, b), where, negate=not inside)
+            step = (lambda a, b: a in b) if inside else (lambda a, b: a not in b)
+        else:
+            step = _checked(lambda a, b: member(a, b), where, negate=not inside)
+        if right.const:
+            return step
+        return _scanned_step(step, self.scan_limit, self.scans, f"'{op.symbol}'", where)
 
 
 _COMPILE: dict[type, Callable[[_Compiler, Any], _Code]] = {
@@ -847,8 +898,48 @@ def _chain(operands: list[_Code], steps: list[Callable[[Any, Any], bool]]) -> Fn
     return chain
 
 
-def _call_closure(spec: FunctionSpec, fns: list[Fn], where: _Where) -> Fn:
-    impl, name = spec.impl, spec.name
+_SCANNED = frozenset({Kind.STR, Kind.LIST})
+
+
+def _too_long_to_scan(value: Any, limit: int, scans: int, what: str) -> Fault | None:
+    """The fault for a text or list longer than ``limit``, the scan allowance; None for any other value."""
+    if kind_of(value) not in _SCANNED or len(value) <= limit:
+        return None
+    unit = "characters" if kind_of(value) is Kind.STR else "items"
+    return Fault(
+        f"{what} would read {len(value)} {unit}; each of the {max(scans, 1)} operations that share this scan "
+        f"budget may "
+        f"read {limit} (see docs/policy-language.md, 'Bounds')"
+    )
+
+
+def _scanning(impl: Callable[..., Any], index: int, limit: int, scans: int, what: str) -> Callable[..., Any]:
+    """``impl`` with the length of its argument ``index`` checked against the scan allowance first."""
+
+    def scanning(*args: Any) -> Any:
+        fault = _too_long_to_scan(args[index], limit, scans, what)
+        if fault is not None:
+            raise fault
+        return impl(*args)
+
+    return scanning
+
+
+def _scanned_step(
+    step: Callable[[Any, Any], bool], limit: int, scans: int, what: str, where: _Where
+) -> Callable[[Any, Any], bool]:
+    """A membership test with the length of its container checked against the scan allowance first."""
+
+    def scanned(a: Any, b: Any) -> bool:
+        fault = _too_long_to_scan(b, limit, scans, what)
+        if fault is not None:
+            raise where.error(fault.message)
+        return step(a, b)
+
+    return scanned
+
+
+def _call_closure(name: str, impl: Callable[..., Any], fns: list[Fn], where: _Where) -> Fn:
 
     def failed(exc: BaseException) -> ExpressionEvalError:
         if isinstance(exc, Fault):

@@ -42,6 +42,10 @@ from ._values import MAX_INT, NUMBER, Fault, check_number, describe_type, descri
 MATCH_WORK_BUDGET = 2**25
 MAX_MATCH_BYTES = 2**22  # 4 MiB of UTF-8: the longest text any pattern may search
 MAX_PROGRAM_SIZE = 2**13  # so that every accepted pattern may search at least 4 KiB
+# Characters or items that the operations which read a whole text or list (lower, upper, contains, `in`,
+# min/max of a list, int/float of a text) may read in one decision, shared by those of a policy: about 0.2 s
+# at the 0.8 ns a character they cost. See docs/policy-language.md, "Bounds".
+MAX_SCAN_WORK = 2**28
 PATTERN_MAX_MEM = 8 << 20  # RE2's memory to compile a pattern (its default): a larger one is refused
 # RE2's memory for a compiled pattern and its automaton cache, by program size: the patterns of a policy (at
 # most MAX_PROGRAM_SIZE instructions in all) hold at most PATTERN_MAX_MEM, plus PATTERN_MIN_MEM for each small
@@ -80,7 +84,8 @@ class FunctionSpec:
     ``params`` holds the accepted kinds of each argument (``Kind.FLOAT`` means any number, ``Kind.ANY`` any
     value); with ``variadic`` the last parameter repeats, so the function takes ``len(params)`` or more
     arguments. ``impl`` receives the evaluated arguments (already checked against ``params``) and raises
-    ``Fault`` for a runtime failure. ``pattern_argument`` is the argument that must be a regex string literal.
+    ``Fault`` for a runtime failure. ``pattern_argument`` is the argument that must be a regex string literal;
+    ``scanned`` the argument whose whole text or list the call reads (its length is bounded at run time).
     """
 
     name: str
@@ -90,6 +95,7 @@ class FunctionSpec:
     signature: str
     variadic: bool = False
     pattern_argument: int | None = None
+    scanned: int | None = None
 
     def accepts(self, count: int) -> bool:
         return count >= len(self.params) if self.variadic else count == len(self.params)
@@ -220,6 +226,7 @@ FUNCTIONS: Mapping[str, FunctionSpec] = MappingProxyType(
                 _extreme("min", min),
                 "min(number, ...) | min(list) -> number",
                 variadic=True,
+                scanned=0,
             ),
             FunctionSpec(
                 "max",
@@ -228,10 +235,11 @@ FUNCTIONS: Mapping[str, FunctionSpec] = MappingProxyType(
                 _extreme("max", max),
                 "max(number, ...) | max(list) -> number",
                 variadic=True,
+                scanned=0,
             ),
             FunctionSpec("abs", (_NUM,), _same_number, _abs, "abs(number) -> number"),
-            FunctionSpec("lower", (_STR,), _returns(STR), str.lower, "lower(str) -> str"),
-            FunctionSpec("upper", (_STR,), _returns(STR), str.upper, "upper(str) -> str"),
+            FunctionSpec("lower", (_STR,), _returns(STR), str.lower, "lower(str) -> str", scanned=0),
+            FunctionSpec("upper", (_STR,), _returns(STR), str.upper, "upper(str) -> str", scanned=0),
             FunctionSpec(
                 "startswith", (_STR, _STR), _returns(BOOL), str.startswith, "startswith(str, str) -> bool"
             ),
@@ -244,6 +252,7 @@ FUNCTIONS: Mapping[str, FunctionSpec] = MappingProxyType(
                 _contains_type,
                 _contains,
                 "contains(str | list, any) -> bool",
+                scanned=0,
             ),
             FunctionSpec(
                 "matches",
@@ -253,8 +262,12 @@ FUNCTIONS: Mapping[str, FunctionSpec] = MappingProxyType(
                 "matches(str, 'pattern') -> bool",
                 pattern_argument=1,
             ),
-            FunctionSpec("int", (_NUM | _STR,), _returns(INT), _to_int, "int(number | str) -> int"),
-            FunctionSpec("float", (_NUM | _STR,), _returns(FLOAT), _to_float, "float(number | str) -> float"),
+            FunctionSpec(
+                "int", (_NUM | _STR,), _returns(INT), _to_int, "int(number | str) -> int", scanned=0
+            ),
+            FunctionSpec(
+                "float", (_NUM | _STR,), _returns(FLOAT), _to_float, "float(number | str) -> float", scanned=0
+            ),
             FunctionSpec("str", (_NUM | _STR,), _returns(STR), _to_str, "str(number | str) -> str"),
         )
     }
@@ -275,6 +288,12 @@ def _pattern_options(max_mem: int) -> re2.Options:
     options.never_capture = True  # only whether it matches counts: no submatch bookkeeping
     options.log_errors = False  # a rejected pattern is reported as a compile error, not logged to stderr
     return options
+
+
+def scan_allowance(scans: int) -> int:
+    """The longest text or list, in characters or items, that each of ``scans`` operations sharing one scan
+    budget may read: ``MAX_SCAN_WORK // scans``."""
+    return MAX_SCAN_WORK // max(scans, 1)
 
 
 def match_allowance(program_size: int) -> int:

@@ -363,7 +363,7 @@ class Policy(_Model):
             except ExpressionError as exc:
                 errors.append(_line_error("expression", exc.message, ("rules", i, "when"), rule.when, exc))
         if not errors:
-            plan = self._share_pattern_budget(plan, schema, errors)
+            plan = self._share_budgets(plan, schema, errors)
         if errors:
             # Reached only when built without parse_policy (which checks all this while validating fields),
             # or for a constant matches() text longer than the policy's shared allowance.
@@ -373,35 +373,42 @@ class Policy(_Model):
         self._fallthrough = _resolve(self.defaults, None)
         return self
 
-    def _share_pattern_budget(
+    def _share_budgets(
         self,
         plan: list[tuple[Expression, Decision]],
         schema: RequestSchema,
         errors: list[InitErrorDetails],
     ) -> list[tuple[Expression, Decision]]:
-        """The plan with every rule's ``matches`` calls sharing one work budget: one decision may test every
-        rule, so each call may search ``match_allowance(P)`` bytes, P the program size of all the policy's
-        patterns (docs/policy-language.md, "Patterns")."""
+        """The plan with the bounded operations of every rule sharing one budget of each kind, since one
+        decision may test every rule: each ``matches`` call may search ``match_allowance(P)`` bytes, P the
+        program size of all the policy's patterns, and each operation that reads a whole text or list
+        ``scan_allowance(S)`` characters or items, S their number (docs/policy-language.md, "Patterns" and
+        "Bounds")."""
         total = sum(condition.pattern_size for condition, _ in plan)
+        scans = sum(condition.scans for condition, _ in plan)
         shared, so_far = [], 0
         for i, (condition, decision) in enumerate(plan):
             before, so_far = so_far, so_far + condition.pattern_size
-            if condition.pattern_size and total > condition.pattern_size:
-                if total <= MAX_PROGRAM_SIZE:
-                    size = total
-                elif before <= MAX_PROGRAM_SIZE < so_far:
-                    # Over the limit only the rule whose patterns cross it is compiled again, counting the
-                    # patterns of the rules before it: its compile error is at the pattern that crosses.
-                    size = so_far
-                else:
-                    size = 0
-                if size:
-                    try:
-                        condition = compile_expression(condition.source, schema, shared_pattern_size=size)
-                    except ExpressionError as exc:
-                        errors.append(
-                            _line_error("expression", exc.message, ("rules", i, "when"), condition.source, exc)
-                        )
+            if total <= MAX_PROGRAM_SIZE:
+                size = total
+            elif before <= MAX_PROGRAM_SIZE < so_far:
+                # Over the limit only the rule whose patterns cross it is compiled again, counting the
+                # patterns of the rules before it: its compile error is at the pattern that crosses.
+                size = so_far
+            else:
+                size = 0  # within the limit, or after the rule that crossed it: nothing to report
+            widened = (condition.pattern_size and size > condition.pattern_size) or (
+                condition.scans and scans > condition.scans
+            )
+            if widened and (size or total <= MAX_PROGRAM_SIZE):
+                try:
+                    condition = compile_expression(
+                        condition.source, schema, shared_pattern_size=size, shared_scans=scans
+                    )
+                except ExpressionError as exc:
+                    errors.append(
+                        _line_error("expression", exc.message, ("rules", i, "when"), condition.source, exc)
+                    )
             shared.append((condition, decision))
         return shared
 

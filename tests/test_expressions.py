@@ -32,6 +32,7 @@ from evocache.dsl import (
 )
 from evocache.dsl._functions import (
     MATCH_WORK_BUDGET,
+    MAX_SCAN_WORK,
     MAX_MATCH_BYTES,
     MAX_PROGRAM_SIZE,
     PATTERN_MAX_MEM,
@@ -355,6 +356,42 @@ def test_the_patterns_of_a_policy_are_bounded_in_all() -> None:
     assert issue.message.startswith(
         "the matches() patterns up to this one share a work budget and compile to 9054 instructions in all"
     )
+
+
+def test_the_operations_that_read_a_whole_text_or_list_share_one_scan_budget() -> None:
+    # lower(), contains() and 'in' cost a pass over the text each: the 120 of one expression of 4096
+    # characters, in each of a thousand rules, cost minutes a decision on a megabyte of prompt.
+    source = " or ".join(["'zq' in prompt"] * 50 + ["contains(lower(prompt), 'zq')"] * 25)
+    expr = compile_expression(source)
+    assert (expr.scans, expr.shared_scans) == (100, 100)
+    allowance = MAX_SCAN_WORK // 100
+    assert expr.test({"prompt": "a" * allowance}) is False
+    with pytest.raises(ExpressionEvalError) as info:
+        expr.test({"prompt": "a" * (allowance + 1)})
+    assert info.value.message == (
+        f"'in' would read {allowance + 1} characters; each of the 100 operations that share this scan budget "
+        f"may read {allowance} (see docs/policy-language.md, 'Bounds')"
+    )
+    with pytest.raises(ExpressionEvalError) as info:  # a list is read item by item: its length is bounded
+        compile_expression(" or ".join(["max(input_ids) > 5"] * 100)).test({"input_ids": [1] * (allowance + 1)})
+    assert info.value.message.startswith(f"max() would read {allowance + 1} items; each of the 100 operations")
+
+
+def test_a_membership_test_against_a_literal_reads_no_request_text() -> None:
+    expr = compile_expression("tenant.tier in ['pro', 'team'] and 'x' not in 'abc' and len(prompt) > 0")
+    assert expr.scans == 0
+    assert expr.test({"tenant": {"id": "a", "tier": "pro"}, "prompt": "a" * (MAX_SCAN_WORK + 1)}) is True
+
+
+def test_the_text_operations_of_every_rule_of_a_policy_share_one_scan_budget() -> None:
+    when = " or ".join(["contains(prompt, 'zq')"] * 100)
+    rules = "".join(f"  - {{name: r{i}, when: \"{when}\", cache: bypass}}\n" for i in range(10))
+    policy = dsl.parse_policy("policy: p\nversion: 1\nrules:\n" + rules + "  - {name: rest, when: 'true'}\n")
+    allowance = MAX_SCAN_WORK // 1000
+    assert policy.decide({"prompt": "a" * allowance}).rule == "rest"
+    decision = policy.decide({"prompt": "a" * (allowance + 1)})
+    assert (decision.rule, decision.skipped) == ("rest", tuple(f"r{i}" for i in range(10)))
+    assert compile_expression(when).test({"prompt": "a" * (allowance + 1)}) is False  # alone: its own budget
 
 
 @pytest.mark.parametrize(
