@@ -24,6 +24,7 @@ import concurrent.futures
 import hashlib
 import logging
 import queue
+import random
 import threading
 import time
 from collections import OrderedDict
@@ -144,6 +145,8 @@ class SemanticLayer:
     replica), else one of this process. ``max_entries`` bounds the entries this process has inserted: past it
     the oldest are removed from the index. ``on_error(op, exc)`` is told of every failure of the semantic side
     (``op``: ``lookup`` or ``learn``), which is also logged; the call it happened in goes on as a plain miss.
+    ``clock`` dates the entries' expiry; ``rng`` draws every cache's exploration coin (seed it for a
+    reproducible run; None: each cache draws from its own unseeded ``random.Random``).
 
     After a semantic miss the judge's link search (comparing the new answer with each neighbouring answer
     cluster) runs on one background thread (``later``), so the missed call returns without waiting for it; at
@@ -158,17 +161,21 @@ class SemanticLayer:
         redis: SharedRedis | None = None,
         embedder: Embedder | None = None,
         clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
         on_error: Callable[[str, BaseException], None] | None = None,
         max_entries: int = 1_000_000,
         link_backlog: int = 1024,
     ) -> None:
         if not isinstance(config, SemanticConfig):
             raise TypeError(f"config must be a SemanticConfig, got {type(config).__name__}")
+        if rng is not None and not isinstance(rng, random.Random):
+            raise TypeError(f"rng must be a random.Random, got {type(rng).__name__}")
         self._config = config
         self._redis = redis
         self._on_error = on_error
         self._embedder = embedder
         self._clock = clock
+        self._rng = rng
         self._max_entries = max_entries
         self._index: Any = None  # shared through Redis when the store has one
         self._local: Any = None  # this process only: entries whose answers other replicas cannot read
@@ -246,7 +253,7 @@ class SemanticLayer:
                     cache = SemanticCache(
                         embedder, index=index, judge=judge, link_tries=link_tries, mode=plan.spec.mode,
                         explore=plan.spec.explore,
-                        threshold=plan.spec.threshold,
+                        threshold=plan.spec.threshold, rng=self._rng,
                         # An entry id is an exact key, so any replica's neighbour can be judged from the tiers.
                         answer_ref_of=lambda scope, entry_id: _Stored(
                             scope.namespace, CacheKey(entry_id), plan.tiers
