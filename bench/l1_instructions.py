@@ -32,7 +32,7 @@ def model(prompt: str, temperature: float = 0.0, top_k: int = 0) -> str:
 
 side, hits = sys.argv[1], int(sys.argv[2])
 if side == "evocache":
-    f = cache_if("len(prompt) <= 4096 and top_k <= 10", model="m", store=build_runtime(StoreConfig(events="ring")))(model)
+    f = cache_if("len(prompt) <= 4096 and top_k <= 10", model="m", store=build_runtime(StoreConfig()))(model)
 else:
     f = cachetools.cached(cachetools.LRUCache(maxsize=1024))(model)
 f(PROMPT, 0.0, 5)

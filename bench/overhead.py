@@ -32,7 +32,7 @@ from pathlib import Path
 import cachetools
 import redis
 
-from evocache.controller import StoreConfig, build_runtime, cache_if
+from evocache.controller import RedisConfig, StoreConfig, build_runtime, cache_if
 
 PROMPT = "What is the exchange rate for a transfer from EUR to GBP today, and is there a fee? " * 4
 ANSWER = "The rate is shown in the app before you confirm; transfers between your own accounts are free. " * 10
@@ -56,7 +56,7 @@ def ratio(candidate: Callable[[], object], baseline: Callable[[], object], n: in
 
 
 def l1_hit(rounds: int) -> dict:
-    runtime = build_runtime(StoreConfig(events="ring"))
+    runtime = build_runtime(StoreConfig())
 
     def model(prompt: str, temperature: float = 0.0, top_k: int = 0) -> str:
         return ANSWER
@@ -114,7 +114,7 @@ class _Redis:
 
 
 def l2_hit(url: str, rounds: int) -> dict:
-    runtime = build_runtime(StoreConfig(redis_url=url, events="ring", l2_timeout_s=1.0))
+    runtime = build_runtime(StoreConfig(redis=RedisConfig(url=url, timeout_s=1.0)))
 
     def model(prompt: str, temperature: float = 0.0) -> str:
         return ANSWER
@@ -131,7 +131,7 @@ def l2_hit(url: str, rounds: int) -> dict:
 
 
 def miss_path(rounds: int) -> dict:
-    runtime = build_runtime(StoreConfig(events="ring"))
+    runtime = build_runtime(StoreConfig())
     counter = iter(range(10**9))
 
     def model(prompt: str, temperature: float = 0.0) -> str:

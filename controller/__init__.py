@@ -15,7 +15,6 @@ from ._keys import derive_key, namespace_for
 from ._metrics import CacheMetrics
 from ._runtime import (
     CacheRuntime,
-    StoreConfig,
     build_runtime,
     check_policy,
     configure,
@@ -24,6 +23,15 @@ from ._runtime import (
     set_policy,
 )
 from ._serialize import JsonSerializer, PickleSerializer, Serializer
+from ._store_config import (
+    DiskConfig,
+    EmbedderConfig,
+    EventsConfig,
+    L1Config,
+    RedisConfig,
+    SemanticConfig,
+    StoreConfig,
+)
 from ._types import L1, L2, L3, CacheKey, Entry, Namespace, TierName
 from .errors import (
     ContractError,
@@ -50,15 +58,19 @@ __all__ = [
     "ControllerError",
     "CorruptEntry",
     "EmbeddingError",
+    "DiskConfig",
     "DiskTier",
     "EVICTION_POLICIES",
+    "EmbedderConfig",
     "Entry",
     "EntryInfo",
     "EventSink",
+    "EventsConfig",
     "EvictionPolicy",
     "JsonSerializer",
     "JsonlSink",
     "L1",
+    "L1Config",
     "L2",
     "L3",
     "LearnedModelError",
@@ -66,9 +78,11 @@ __all__ = [
     "MemoryTier",
     "Namespace",
     "PickleSerializer",
+    "RedisConfig",
     "RedisStreamSink",
     "RedisTier",
     "RingSink",
+    "SemanticConfig",
     "SemanticError",
     "SemanticOptions",
     "Serializer",

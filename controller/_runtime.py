@@ -13,25 +13,22 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from typing import TYPE_CHECKING
 
 from ._events import EventSink, JsonlSink, RedisStreamSink, RingSink
 from ._keys import namespace_for
 from ._metrics import CacheMetrics
-from ._secret import SECRET_ENV, checked_secret, key_file_secret, state_dir
+from ._secret import entry_secret
 from ._semantic import SemanticLayer, SharedRedis
+from ._store_config import EventsConfig, StoreConfig
 from ._types import Namespace, TierName
 from .errors import StoreConfigError, TierUnavailable
 from .eviction import make_eviction_policy
-from .semantic._config import EmbedderConfig, SemanticConfig
 from .tiers import DiskTier, MemoryTier, RedisTier, Tier, TieredStore
 
 if TYPE_CHECKING:
@@ -39,66 +36,7 @@ if TYPE_CHECKING:
 
     from .semantic import Embedder
 
-MiB = 1 << 20
-
 log = logging.getLogger("evocache.controller")
-
-
-class StoreConfig(BaseModel):
-    """Where entries and events go. Validated once, here, at the edge.
-
-    ``redis_url`` defaults to ``$EVOCACHE_REDIS_URL`` when set (cluster mode); without it there is no L2 and no
-    Redis event stream. ``l2_bytes`` is evocache's share of Redis memory: tenant quotas in L2 are the policy's
-    ``l2_share`` of it (without it L2 has no per-tenant quota and Redis's own maxmemory policy governs). ``disk_path`` enables L3. ``events`` picks the sink: ``ring`` (memory), ``jsonl`` (to
-    ``events_path``), ``redis`` (a capped stream) or ``none``.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    l1_bytes: int = Field(64 * MiB, gt=0)
-    l1_eviction: str = "lru"
-    redis_url: str | None = Field(default_factory=lambda: os.environ.get("EVOCACHE_REDIS_URL") or None)
-    l2_bytes: int | None = Field(None, gt=0)
-    l2_prefix: str = Field("evc", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
-    l2_timeout_s: float = Field(0.05, gt=0)
-    l2_retry_after_s: float = Field(1.0, ge=0)
-    disk_path: str | None = None
-    l3_bytes: int = Field(1024 * MiB, gt=0)
-    events: Literal["ring", "jsonl", "redis", "none"] = "ring"
-    events_path: str | None = None
-    ring_capacity: int = Field(100_000, gt=0)
-    # Semantic matching (rules with `semantic:`): the embedder, built on the first semantic lookup. "minilm" is
-    # the packaged all-MiniLM-L6-v2 (offline); "openai" is an OpenAI-compatible embeddings endpoint at
-    # embedder_url serving embedder_model, with the API key read from the environment variable named here.
-    embedder: Literal["minilm", "openai"] = "minilm"
-    embedder_url: str | None = None
-    embedder_model: str | None = None
-    embedder_api_key_env: str = "OPENAI_API_KEY"
-    # torch intra-op threads for the packaged embedder (process-wide, so off by default: your model may run in
-    # this process too). 1 is the better choice on a CPU host that is busy with other work: two threads that
-    # wait on each other's core made one embedding take 0.7-1 s instead of 13-29 ms on the development machine.
-    embedder_threads: int | None = Field(None, ge=1)
-    # With redis_url: semantic entries and vectors live in Redis too, and every replica follows them.
-    semantic_shared: bool = True
-
-    @model_validator(mode="after")
-    def _sinks_have_their_targets(self) -> StoreConfig:
-        if self.events == "jsonl" and not self.events_path:
-            raise ValueError("events: jsonl needs events_path")
-        if self.events == "redis" and not self.redis_url:
-            raise ValueError("events: redis needs redis_url")
-        if self.embedder == "openai" and not (self.embedder_url and self.embedder_model):
-            raise ValueError("embedder: openai needs embedder_url and embedder_model")
-        return self
-
-    @classmethod
-    def parse(cls, data: Mapping[str, object]) -> StoreConfig:
-        """Validate a mapping; errors become ``StoreConfigError`` naming each field."""
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            lines = [f"{'.'.join(map(str, e['loc'])) or '<config>'}: {e['msg']}" for e in exc.errors()]
-            raise StoreConfigError("invalid store configuration:\n  " + "\n  ".join(lines)) from exc
 
 
 class _NullSink:
@@ -160,7 +98,7 @@ class CacheRuntime:
     policy: Policy | None = None
     clock: Callable[[], float] = time.time
     tenants: _PolicyHolder = field(default_factory=lambda: _PolicyHolder(None))
-    config: StoreConfig = field(default_factory=lambda: StoreConfig(events="none"))
+    config: StoreConfig = field(default_factory=lambda: StoreConfig(events=EventsConfig(sink="none")))
     generation: int = field(default_factory=lambda: next(_generation))
     # Derived in __post_init__ (and again by every `replace`): read on every call, so no property lookups.
     policy_ref: str = field(init=False, default="")
@@ -200,7 +138,7 @@ class CacheRuntime:
         l1_name = _l1_eviction(self.config, policy)
         new_l1 = None
         if self.l1 is not None and l1_name != _l1_eviction(self.config, self.policy):
-            new_l1 = make_eviction_policy(l1_name, capacity=self.config.l1_bytes, background=True)
+            new_l1 = make_eviction_policy(l1_name, capacity=self.config.l1.bytes, background=True)
         disk = self.store.tiers.get("l3")
         if isinstance(disk, DiskTier):
             # The one step that can fail (another process holding the disk index locked), so it goes first.
@@ -243,7 +181,7 @@ _L3_EVICTION = {"lru": "least-recently-used", "lfu": "least-frequently-used", "f
 
 
 def _l1_eviction(config: StoreConfig, policy: Policy | None) -> str:
-    return policy.eviction.l1 if policy is not None and policy.eviction.l1 else config.l1_eviction
+    return policy.eviction.l1 if policy is not None and policy.eviction.l1 else config.l1.eviction
 
 
 def _l3_eviction(policy: Policy | None) -> str:
@@ -259,12 +197,12 @@ def check_policy(policy: Policy | None, config: StoreConfig | None = None) -> No
     """
     if policy is None:
         return
-    if config is not None and config.redis_url and not config.l2_bytes:
+    if config is not None and config.redis is not None and not config.redis.l2_bytes:
         shared = sorted(name for name, spec in policy.tenants.items() if spec.l2_share < 1.0)
         if shared:
             raise StoreConfigError(
                 f"policy {policy.ref}: tenants {shared} set l2_share, but the store has no l2_bytes to share "
-                "(StoreConfig.l2_bytes: evocache's part of Redis memory)"
+                "(RedisConfig.l2_bytes: evocache's part of Redis memory)"
             )
     spec = policy.eviction
     for field_name, name in (("l1", spec.l1), ("fallback", spec.fallback)):
@@ -294,41 +232,43 @@ def build_runtime(
 ) -> CacheRuntime:
     """Build tiers, event sink and metrics from ``config``. Raises ``StoreConfigError``; builds nothing partial.
 
-    ``embedder`` replaces the one ``config.embedder`` names for semantic matching (built lazily otherwise)."""
+    ``embedder`` replaces the one ``config.semantic.embedder`` names for semantic matching (built lazily
+    otherwise)."""
     config = config or StoreConfig()
     check_policy(policy, config)
     holder = _PolicyHolder(policy)
     metrics = metrics or CacheMetrics()
-    secret = entry_secret(config) if config.redis_url or config.disk_path else b""
+    l1, l2, l3 = config.l1, config.redis, config.disk
+    secret = entry_secret(config) if l2 is not None or l3 is not None else b""
     tiers: list[Tier] = [
         MemoryTier(
-            config.l1_bytes,
-            policy=make_eviction_policy(_l1_eviction(config, policy), capacity=config.l1_bytes, background=True),
-            quota=holder.l1_quota(config.l1_bytes),
+            l1.bytes,
+            policy=make_eviction_policy(_l1_eviction(config, policy), capacity=l1.bytes, background=True),
+            quota=holder.l1_quota(l1.bytes),
             weight=holder.weight,
             clock=clock,
             on_fault=metrics.tier_fault,
         )
     ]
-    if config.redis_url:
+    if l2 is not None:
         tiers.append(
             RedisTier(
-                config.redis_url,
+                l2.url,
                 secret=secret,
-                prefix=config.l2_prefix,
-                socket_timeout=config.l2_timeout_s,
-                connect_timeout=config.l2_timeout_s,
-                retry_after=config.l2_retry_after_s,
-                quota=holder.l2_quota(config.l2_bytes) if config.l2_bytes else None,
+                prefix=l2.prefix,
+                socket_timeout=l2.timeout_s,
+                connect_timeout=l2.timeout_s,
+                retry_after=l2.retry_after_s,
+                quota=holder.l2_quota(l2.l2_bytes) if l2.l2_bytes else None,
                 clock=clock,
                 on_fault=metrics.tier_fault,
             )
         )
-    if config.disk_path:
+    if l3 is not None:
         tiers.append(
             DiskTier(
-                config.disk_path,
-                size_limit=config.l3_bytes,
+                l3.path,
+                size_limit=l3.bytes,
                 secret=secret,
                 eviction_policy=_L3_EVICTION[_l3_eviction(policy)],
                 clock=clock,
@@ -336,54 +276,30 @@ def build_runtime(
             )
         )
     store = TieredStore(tiers, clock=clock, on_error=metrics.tier_error)
-    events = _SINKS[config.events](config)
+    events = _SINKS[config.events.sink](config)
     return CacheRuntime(
         store=store, events=events, metrics=metrics, policy=policy, clock=clock, tenants=holder, config=config,
         semantic=SemanticLayer(
-            _semantic_config(config), redis=_semantic_redis(config), embedder=embedder, clock=clock,
+            config.semantic, redis=_semantic_redis(config), embedder=embedder, clock=clock,
             on_error=lambda op, exc: metrics.tier_error("semantic", op, exc),
-        ),
-    )
-
-
-def _semantic_config(config: StoreConfig) -> SemanticConfig:
-    return SemanticConfig(
-        shared=config.semantic_shared,
-        embedder=EmbedderConfig(
-            kind=config.embedder, url=config.embedder_url, model=config.embedder_model,
-            api_key_env=config.embedder_api_key_env, threads=config.embedder_threads,
         ),
     )
 
 
 def _semantic_redis(config: StoreConfig) -> SharedRedis | None:
     """The store's Redis, where a shared semantic index keeps its entries (under the L2 prefix + ``-sem``)."""
-    if not config.redis_url:
+    redis = config.redis
+    if redis is None:
         return None
-    return SharedRedis(config.redis_url, f"{config.l2_prefix}-sem", config.l2_timeout_s, config.l2_retry_after_s)
+    return SharedRedis(redis.url, f"{redis.prefix}-sem", redis.timeout_s, redis.retry_after_s)
 
 
-def entry_secret(config: StoreConfig) -> bytes:
-    """The secret that signs L2 and L3 entries (``controller._secret``): ``$EVOCACHE_SECRET``, else the key
-    file beside the disk store, else the one in the state directory. Raises ``StoreConfigError``."""
-    from_env = os.environ.get(SECRET_ENV)
-    if from_env:
-        return checked_secret(from_env.encode(), SECRET_ENV)
-    directory = Path(config.disk_path) if config.disk_path else state_dir()
-    if config.redis_url:
-        log.warning(
-            "no secret configured for the Redis tier: signing with the key file in %s, which only processes "
-            "on this host share; set %s for replicas on other hosts", directory, SECRET_ENV,
-        )
-    return key_file_secret(directory)
-
-
-# By StoreConfig.events; the config's validator has checked that each sink has what it needs.
+# By EventsConfig.sink; the config's validators have checked that each sink has what it needs.
 _SINKS: dict[str, Callable[[StoreConfig], EventSink]] = {
-    "ring": lambda config: RingSink(config.ring_capacity),
-    "jsonl": lambda config: JsonlSink(Path(config.events_path)),
+    "ring": lambda config: RingSink(config.events.ring_capacity),
+    "jsonl": lambda config: JsonlSink(Path(config.events.path)),
     "redis": lambda config: RedisStreamSink(
-        config.redis_url, socket_timeout=config.l2_timeout_s, retry_after=config.l2_retry_after_s
+        config.redis.url, socket_timeout=config.redis.timeout_s, retry_after=config.redis.retry_after_s
     ),
     "none": lambda config: _NullSink(),
 }
@@ -407,7 +323,7 @@ def default_runtime() -> CacheRuntime:
     if rt is None:
         with _lock:
             if _default is None:
-                _default = build_runtime(StoreConfig(events="ring"))
+                _default = build_runtime(StoreConfig())
             rt = _default
     return rt
 

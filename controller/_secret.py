@@ -1,9 +1,9 @@
 """The secret that signs entries in the shared tiers (``_codec.EntryCodec``): where it comes from.
 
-In order: the store configuration's ``RedisConfig.secret``, its ``RedisConfig.secret_file``, the environment
-variable ``EVOCACHE_SECRET``, and otherwise a key file of 32 random bytes that is created on first use, mode
-0600: ``evocache.key`` in the disk tier's directory when there is one, else in the evocache state directory
-(``$EVOCACHE_STATE_DIR``, else ``$XDG_STATE_HOME/evocache``, else ``~/.local/state/evocache``).
+In order (``entry_secret``): the store configuration's ``RedisConfig.secret``, its ``RedisConfig.secret_file``,
+the environment variable ``EVOCACHE_SECRET``, and otherwise a key file of 32 random bytes that is created on
+first use, mode 0600: ``evocache.key`` in the disk tier's directory when there is one, else in the evocache
+state directory (``$EVOCACHE_STATE_DIR``, else ``$XDG_STATE_HOME/evocache``, else ``~/.local/state/evocache``).
 
 Every process that shares a Redis must sign with the same secret. A key file serves processes on one host
 only, so a Redis store without a configured secret logs a warning: replicas elsewhere would miss every entry
@@ -17,9 +17,13 @@ import os
 import secrets
 import stat
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ._codec import MIN_SECRET_BYTES
 from .errors import StoreConfigError
+
+if TYPE_CHECKING:
+    from ._store_config import StoreConfig
 
 log = logging.getLogger("evocache.controller.secret")
 
@@ -50,9 +54,9 @@ def read_key_file(path: str | os.PathLike[str], source: str) -> bytes:
     non-regular, oversized or too short file raises ``StoreConfigError`` naming ``source`` and the path."""
     path = Path(path)
     try:
-        with open(path, "rb") as fh:
-            info = os.fstat(fh.fileno())
-            if not stat.S_ISREG(info.st_mode):
+        # Non-blocking, so that a FIFO put in its place is refused instead of waited on.
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
                 raise StoreConfigError(f"{source}: {path} is not a regular file")
             data = fh.read(_MAX_KEY_FILE + 1)
     except OSError as exc:
@@ -86,3 +90,24 @@ def key_file_secret(directory: str | os.PathLike[str]) -> bytes:
         except OSError as exc:
             raise StoreConfigError(f"{source}: cannot create {path}: {exc.strerror or exc}") from exc
     return read_key_file(path, source)
+
+
+def entry_secret(config: StoreConfig) -> bytes:
+    """The secret that signs ``config``'s L2 and L3 entries (the order is in the module docstring).
+    Raises ``StoreConfigError`` naming where a bad one came from."""
+    redis = config.redis
+    if redis is not None and redis.secret is not None:
+        return redis.secret.get_secret_value().encode()
+    if redis is not None and redis.secret_file is not None:
+        return read_key_file(redis.secret_file, "redis.secret_file")
+    from_env = os.environ.get(SECRET_ENV)
+    if from_env:
+        return checked_secret(from_env.encode(), f"${SECRET_ENV}")
+    directory = Path(config.disk.path) if config.disk is not None else state_dir()
+    if redis is not None:
+        log.warning(
+            "no secret configured for the Redis tier: entries are signed with the key file in %s, which only "
+            "processes on this host share; set %s (or RedisConfig.secret) for replicas on other hosts",
+            directory, SECRET_ENV,
+        )
+    return key_file_secret(directory)

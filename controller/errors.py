@@ -18,6 +18,8 @@ miss (``tier="semantic"``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class ControllerError(Exception):
     """Base of every error the controller room raises on purpose."""
@@ -28,7 +30,15 @@ class ContractError(ControllerError, ValueError):
 
 
 class StoreConfigError(ControllerError, ValueError):
-    """A store configuration is invalid (unknown tier or eviction policy, bad size)."""
+    """A store configuration is invalid (unknown tier or eviction policy, bad size, bad Redis URL).
+
+    ``issues`` holds one ``"place: message"`` line per invalid field (``redis.url: ...``) when validation
+    found them; empty for errors about the configuration as a whole.
+    """
+
+    def __init__(self, message: str, issues: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.issues = tuple(issues)
 
 
 class TraceError(ControllerError, ValueError):

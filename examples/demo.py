@@ -27,7 +27,19 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from evocache.controller import StoreConfig, build_runtime, cache_if, configure, read_events, tenant_scope
+from evocache.controller import (
+    DiskConfig,
+    EmbedderConfig,
+    EventsConfig,
+    L1Config,
+    SemanticConfig,
+    StoreConfig,
+    build_runtime,
+    cache_if,
+    configure,
+    read_events,
+    tenant_scope,
+)
 from evocache.dsl import load_policy
 
 HERE = Path(__file__).resolve().parent
@@ -67,11 +79,11 @@ def main() -> None:
     runtime = configure(
         build_runtime(
             StoreConfig(
-                l1_bytes=64 * 1024,  # small on purpose, so the demo shows evictions and L3 hits
-                disk_path=str(workdir / "l3"),
-                events="jsonl",
-                events_path=str(events_path),
-                embedder_threads=1,  # the packaged MiniLM embeds prompts for the faq rule's semantic matching
+                l1=L1Config(bytes=64 * 1024),  # small on purpose, so the demo shows evictions and L3 hits
+                disk=DiskConfig(path=str(workdir / "l3")),
+                events=EventsConfig(sink="jsonl", path=str(events_path)),
+                # the packaged MiniLM embeds prompts for the faq rule's semantic matching
+                semantic=SemanticConfig(embedder=EmbedderConfig(threads=1)),
             ),
             policy=policy,
         )

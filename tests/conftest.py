@@ -47,7 +47,7 @@ def clock() -> FakeClock:
 @pytest.fixture
 def rt(clock: FakeClock) -> Iterator[CacheRuntime]:
     """A runtime of the test's own: process memory only, events in a ring, on ``clock``."""
-    runtime = build_runtime(StoreConfig(events="ring"), clock=clock)
+    runtime = build_runtime(StoreConfig(), clock=clock)
     yield runtime
     runtime.close()
 

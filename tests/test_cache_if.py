@@ -9,6 +9,7 @@ import pytest
 from evocache.controller import (
     Admission,
     ContractError,
+    DiskConfig,
     Entry,
     StoreConfig,
     build_runtime,
@@ -341,7 +342,7 @@ class BrokenTier(MemoryTier):
 
 
 def test_a_failing_tier_never_fails_the_call(clock):
-    runtime = build_runtime(StoreConfig(events="ring"), clock=clock)
+    runtime = build_runtime(StoreConfig(), clock=clock)
     broken = TieredStore([BrokenTier(1 << 20, clock=clock)], clock=clock, on_error=runtime.metrics.tier_error)
     from dataclasses import replace
 
@@ -396,7 +397,7 @@ def test_policy_rules_decide_and_label_events(rt, clock):
 
 
 def test_configure_swaps_the_process_runtime(tmp_path, clock):
-    new = configure(StoreConfig(disk_path=str(tmp_path / "l3"), events="ring"))
+    new = configure(StoreConfig(disk=DiskConfig(path=str(tmp_path / "l3"))))
     try:
         @cache_if("true")
         def f(x: int) -> int:
@@ -406,7 +407,7 @@ def test_configure_swaps_the_process_runtime(tmp_path, clock):
         assert list(new.store.tiers) == ["l1", "l3"]
         assert new.store.tiers["l3"].usage() > 0
     finally:
-        configure(StoreConfig(events="ring"))
+        configure(StoreConfig())
 
 
 def test_metrics_per_rule_tier_and_outcome(rt):
@@ -421,7 +422,7 @@ def test_metrics_per_rule_tier_and_outcome(rt):
 
 
 def test_a_store_configuration_gives_the_function_its_own_tiers(tmp_path):
-    @cache_if("true", store=StoreConfig(disk_path=str(tmp_path / "own-l3"), events="ring"))
+    @cache_if("true", store=StoreConfig(disk=DiskConfig(path=str(tmp_path / "own-l3"))))
     def f(x: int) -> int:
         return x
 

@@ -14,6 +14,7 @@ from evocache.controller import (
     ContractError,
     Entry,
     RingSink,
+    L1Config,
     StoreConfig,
     Tier,
     TieredStore,
@@ -155,7 +156,7 @@ def test_l1_hits_take_the_lock_free_path(rt, monkeypatch):
 
 
 def test_hits_on_the_lock_free_path_reach_the_eviction_policy(clock):
-    runtime = build_runtime(StoreConfig(events="ring", l1_bytes=200), clock=clock)  # 3 entries of 66 bytes
+    runtime = build_runtime(StoreConfig(l1=L1Config(bytes=200)), clock=clock)  # 3 entries of 66 bytes
 
     @cache_if("true", store=runtime)
     def f(x: str) -> str:
@@ -322,7 +323,7 @@ def test_l1_hits_served_lock_free_still_count_as_recency_for_eviction(clock):
     reads must still reach the LRU policy, so that a key hit many times outlives one never hit since."""
     from evocache.controller import L1
 
-    runtime = build_runtime(StoreConfig(events="ring", l1_bytes=2_000), clock=clock)
+    runtime = build_runtime(StoreConfig(l1=L1Config(bytes=2_000)), clock=clock)
 
     @cache_if("true", store=runtime)
     def model(prompt: str) -> str:

@@ -8,7 +8,9 @@ import pytest
 
 from evocache.controller import (
     ContractError,
+    DiskConfig,
     Entry,
+    L1Config,
     StoreConfig,
     StoreConfigError,
     build_runtime,
@@ -39,7 +41,7 @@ eviction: {{l1: {l1}}}
 
 @pytest.fixture
 def rt(tmp_path):
-    runtime = build_runtime(StoreConfig(events="ring", l1_bytes=10_000, disk_path=str(tmp_path / "l3")),
+    runtime = build_runtime(StoreConfig(l1=L1Config(bytes=10_000), disk=DiskConfig(path=str(tmp_path / "l3"))),
                             policy=parse_policy(policy(1)))
     yield runtime
     runtime.close()
@@ -86,7 +88,7 @@ UNEVALUABLE = """  - name: admin-never-cached
 
 def test_a_rule_that_cannot_be_evaluated_fails_closed(tmp_path, caplog):
     text = policy(1, extra_rules=UNEVALUABLE).replace("defaults:", "fields: {route: str}\ndefaults:")
-    runtime = build_runtime(StoreConfig(events="ring"), policy=parse_policy(text))
+    runtime = build_runtime(StoreConfig(), policy=parse_policy(text))
 
     @cache_if("true", store=runtime)
     def secret(prompt: str) -> str:  # no `route`: the bypass rule cannot be decided for it
@@ -100,7 +102,7 @@ def test_a_rule_that_cannot_be_evaluated_fails_closed(tmp_path, caplog):
 
 
 def test_a_failing_predicate_is_a_bypass_not_a_failure():
-    runtime = build_runtime(StoreConfig(events="ring"))
+    runtime = build_runtime(StoreConfig())
 
     @cache_if(lambda view: view["top_k"] <= 10, store=runtime)
     def f(prompt: str) -> str:

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from evocache.controller import StoreConfig, StoreConfigError, build_runtime, cache_if, tenant_scope
+from evocache.controller import (
+    DiskConfig,
+    L1Config,
+    RedisConfig,
+    StoreConfig,
+    StoreConfigError,
+    build_runtime,
+    cache_if,
+    tenant_scope,
+)
 from evocache.controller._keys import ANONYMOUS_NS
 from evocache.dsl import parse_policy
 
@@ -23,11 +32,12 @@ tenants:
 """
 
 
-def replica(url, **config):
+def replica(url, *, l2_bytes=1 << 20, l1_bytes=64 << 20):
     """One replica's runtime: its own process memory (L1), the shared Redis (L2)."""
-    config.setdefault("l2_bytes", 1 << 20)
-    return build_runtime(StoreConfig(redis_url=url, events="ring", l2_timeout_s=0.5, **config),
-                         policy=parse_policy(POLICY))
+    config = StoreConfig(
+        l1=L1Config(bytes=l1_bytes), redis=RedisConfig(url=url, l2_bytes=l2_bytes, timeout_s=0.5)
+    )
+    return build_runtime(config, policy=parse_policy(POLICY))
 
 
 def model_on(runtime, calls):
@@ -76,8 +86,11 @@ def test_corrupt_l2_payload_is_never_served(redis_url, redis_server):
 
 def test_redis_killed_and_restarted_mid_traffic(restartable_redis, tmp_path):
     runtime = build_runtime(
-        StoreConfig(redis_url=restartable_redis.url, events="ring", l1_bytes=1000, l2_timeout_s=0.2,
-                    l2_retry_after_s=0.0, disk_path=str(tmp_path / "l3"))
+        StoreConfig(
+            l1=L1Config(bytes=1000),
+            redis=RedisConfig(url=restartable_redis.url, timeout_s=0.2, retry_after_s=0.0),
+            disk=DiskConfig(path=str(tmp_path / "l3")),
+        )
     )
     calls = []
     answer = model_on(runtime, calls)
@@ -116,7 +129,7 @@ def test_l2_tenant_quota_from_the_policy(redis_url):
 
 def test_l2_shares_without_l2_bytes_are_refused(redis_url):
     with pytest.raises(StoreConfigError, match="l2_bytes"):
-        build_runtime(StoreConfig(redis_url=redis_url, events="ring"), policy=parse_policy(POLICY))
+        build_runtime(StoreConfig(redis=RedisConfig(url=redis_url)), policy=parse_policy(POLICY))
 
 
 def test_l1_tenant_quota_from_the_policy(redis_url):

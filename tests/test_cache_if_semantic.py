@@ -13,7 +13,15 @@ import time
 
 import pytest
 
-from evocache.controller import ContractError, StoreConfig, build_runtime, cache_if, tenant_scope
+from evocache.controller import (
+    ContractError,
+    DiskConfig,
+    RedisConfig,
+    StoreConfig,
+    build_runtime,
+    cache_if,
+    tenant_scope,
+)
 
 STATIC = {"max_error": 0.05, "mode": "static", "threshold": 0.8}
 ASK = "How do I reset my password?"
@@ -23,7 +31,7 @@ UNRELATED = "What will the weather be like in Paris tomorrow?"
 
 @pytest.fixture
 def srt():
-    runtime = build_runtime(StoreConfig(events="ring"))
+    runtime = build_runtime(StoreConfig())
     yield runtime
     runtime.close()
 
@@ -316,7 +324,7 @@ def test_a_failing_embedder_is_a_counted_miss_never_a_failed_call():
         def embed(self, texts):
             raise RuntimeError("embedding service down")
 
-    runtime = build_runtime(StoreConfig(events="ring"), embedder=Broken())
+    runtime = build_runtime(StoreConfig(), embedder=Broken())
     calls = []
 
     @cache_if("true", semantic=STATIC, store=runtime)
@@ -386,7 +394,7 @@ def test_semantic_options_are_checked_at_decoration():
 
 @pytest.mark.redis
 def test_replicas_sharing_redis_serve_each_others_entries(redis_url):
-    config = StoreConfig(redis_url=redis_url, events="ring", l2_timeout_s=1.0)
+    config = StoreConfig(redis=RedisConfig(url=redis_url, timeout_s=1.0))
     replica_a, replica_b = build_runtime(config), build_runtime(config)
     calls = []
 
@@ -433,7 +441,7 @@ def test_feedback_on_a_semantic_hit_reaches_the_served_entry(srt):
 
 @pytest.mark.redis
 def test_a_replica_judges_a_neighbour_another_replica_stored(redis_url):
-    config = StoreConfig(redis_url=redis_url, events="ring", l2_timeout_s=1.0, l2_prefix="judge")
+    config = StoreConfig(redis=RedisConfig(url=redis_url, timeout_s=1.0, prefix="judge"))
     replica_a, replica_b = build_runtime(config), build_runtime(config)
     judged = []
 
@@ -482,7 +490,7 @@ def test_rules_with_different_bounds_never_share_an_error_budget(srt):
 
 
 def test_the_judge_reads_a_neighbour_only_from_the_rules_tiers(tmp_path):
-    runtime = build_runtime(StoreConfig(events="ring", disk_path=str(tmp_path / "l3")))
+    runtime = build_runtime(StoreConfig(disk=DiskConfig(path=str(tmp_path / "l3"))))
 
     @cache_if("true", semantic={"max_error": 0.05}, admission={"tiers": ["l3"]}, store=runtime)
     def answer(prompt: str) -> str:
@@ -498,7 +506,7 @@ def test_the_judge_reads_a_neighbour_only_from_the_rules_tiers(tmp_path):
 
 @pytest.mark.redis
 def test_answers_other_replicas_cannot_read_stay_out_of_the_shared_index(redis_url):
-    config = StoreConfig(redis_url=redis_url, events="ring", l2_timeout_s=1.0, l2_prefix="localsem")
+    config = StoreConfig(redis=RedisConfig(url=redis_url, timeout_s=1.0, prefix="localsem"))
     runtime = build_runtime(config)
 
     @cache_if("true", semantic=STATIC, admission={"tiers": ["l1"]}, store=runtime)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from evocache.controller import StoreConfig, build_runtime, cache_if
+from evocache.controller import DiskConfig, RedisConfig, StoreConfig, build_runtime, cache_if
 
 pytestmark = pytest.mark.redis
 
 
 def _replica(url: str):
-    return build_runtime(StoreConfig(redis_url=url, events="ring", l2_timeout_s=0.5))
+    return build_runtime(StoreConfig(redis=RedisConfig(url=url, timeout_s=0.5)))
 
 
 def _answer(runtime, calls: list, **options):
@@ -29,9 +29,10 @@ def _stores(runtime) -> list[tuple[str, str | None, str]]:
 def test_a_ttl_longer_than_redis_holds_is_stored_in_l2(redis_url: str) -> None:
     a, b = _replica(redis_url), _replica(redis_url)
     calls: list = []
-    _answer(a, calls, ttl=1e15, tiers=["l1", "l2"])("q")
+    both = {"tiers": ["l1", "l2"]}
+    _answer(a, calls, ttl=1e15, admission=both)("q")
     assert _stores(a) == [("store", "l1,l2", "")]
-    assert _answer(b, calls, ttl=1e15, tiers=["l1", "l2"])("q") == "answer to q"  # another replica reads L2
+    assert _answer(b, calls, ttl=1e15, admission=both)("q") == "answer to q"  # another replica reads L2
     assert calls == ["q"]
     assert [(e.outcome, e.tier) for e in b.events.events()] == [("hit", "l2")]
     assert a.store.error_counts == {}
@@ -41,8 +42,8 @@ def test_a_ttl_longer_than_redis_holds_is_stored_in_l2(redis_url: str) -> None:
 def test_a_write_redis_refuses_is_not_reported_as_stored_there(restartable_redis) -> None:
     runtime = _replica(restartable_redis.url)
     calls: list = []
-    both = _answer(runtime, calls, tiers=["l1", "l2"])
-    only_l2 = _answer(runtime, calls, tiers=["l2"])
+    both = _answer(runtime, calls, admission={"tiers": ["l1", "l2"]})
+    only_l2 = _answer(runtime, calls, admission={"tiers": ["l2"]})
     restartable_redis.stop()
     both("q")
     only_l2("r")
@@ -53,7 +54,7 @@ def test_a_write_redis_refuses_is_not_reported_as_stored_there(restartable_redis
 
 
 def test_tiers_the_store_does_not_hold_are_not_reported(tmp_path) -> None:
-    runtime = build_runtime(StoreConfig(events="ring", disk_path=str(tmp_path / "l3")))
-    _answer(runtime, [], tiers=["l1", "l2", "l3"])("q")
+    runtime = build_runtime(StoreConfig(disk=DiskConfig(path=str(tmp_path / "l3"))))
+    _answer(runtime, [], admission={"tiers": ["l1", "l2", "l3"]})("q")
     assert _stores(runtime) == [("store", "l1,l3", "")]
     runtime.close()
