@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+from ._breaker import Breaker
+
 log = logging.getLogger("evocache.controller.events")
 
 OUTCOMES = ("hit", "miss", "bypass", "store", "reject")
@@ -155,7 +157,7 @@ class RedisStreamSink:
     The request path only appends to a buffer; a background thread sends it in pipelined batches every
     ``interval`` seconds (sooner once ``batch`` events wait), so no request, and no event loop, ever waits on
     Redis for its event. While Redis fails, events are dropped and counted in ``errors``: after a failed batch
-    nothing is sent for ``retry_after`` seconds. The buffer is bounded (``max_buffer``); past it, events are
+    nothing is sent for ``retry_after`` seconds (``breaker``, a ``controller._breaker.Breaker`` on ``clock``). The buffer is bounded (``max_buffer``); past it, events are
     dropped and counted too. ``flush`` sends what waits now; ``close`` flushes and stops the thread.
     """
 
@@ -174,10 +176,8 @@ class RedisStreamSink:
         self.errors = 0
         self._batch = batch
         self._interval = interval
-        self._retry_after = retry_after
         self._max_buffer = max_buffer
-        self._clock = clock
-        self._down_until = 0.0
+        self.breaker = Breaker(retry_after, clock=clock)
         self._buffer: collections.deque[EventRecord] = collections.deque()
         self._wake = threading.Event()
         self._send_lock = threading.Lock()  # one sender at a time: the thread, or a caller's flush()
@@ -210,9 +210,10 @@ class RedisStreamSink:
         with self._send_lock:
             while self._buffer:
                 records = [self._buffer.popleft() for _ in range(min(len(self._buffer), self._batch))]
-                if self._clock() < self._down_until:
+                if self.breaker.refuses():
                     self.errors += len(records)
                     continue
+                trips = self.breaker.trips
                 try:
                     pipe = self.client.pipeline(transaction=False)
                     for rec in records:
@@ -220,10 +221,12 @@ class RedisStreamSink:
                                   approximate=True)
                     pipe.execute()
                 except self._redis_errors as exc:
-                    self._down_until = self._clock() + self._retry_after
+                    self.breaker.trip(f"{type(exc).__name__}: {exc}")
                     self.errors += len(records)
                     log.warning("event stream %s: %d events dropped, %d in all (%s)", self.stream,
                                 len(records), self.errors, exc)
+                else:
+                    self.breaker.succeeded(trips)
 
     def read(self, count: int = 1000) -> list[AccessEvent]:
         rows = self.client.xrange(self.stream, count=count)

@@ -94,6 +94,7 @@ def test_redis_stream_sink_down_drops_and_counts_without_retrying_each_batch():
         sink.emit(EVENT)  # never raises, never waits
     sink.flush()
     assert (sink.errors, client.attempts) == (10, 1)  # one try, then the breaker drops the rest
+    assert sink.breaker.trips == 1 and sink.breaker.last_error == "TimeoutError: hung"
     clock.now = 1.5
     sink.emit(EVENT), sink.emit(EVENT)
     sink.flush()

@@ -334,7 +334,7 @@ def test_a_connection_left_out_of_step_is_dropped_not_decoded(redis_url: str) ->
     tier._pool.release(conn)
     with pytest.raises(TierUnavailable, match="out-of-step reply to GET: list"):
         tier.get_one(NS, key_of(1))
-    tier._down_until = 0.0  # the breaker opened; close it to read again at once
+    tier.breaker.open_until = 0.0  # the breaker opened; close it to read again at once
     assert tier.get_one(NS, key_of(1)).value == b"value"  # a fresh connection, in step
     tier.close()
 
@@ -353,7 +353,7 @@ def test_a_foreign_value_under_one_key_fails_that_key_alone(redis_url: str) -> N
         # MGET answers nil for a key of another type: a plain miss in a batch
         assert [e and e.value for e in tier.get_many(NS, [key_of(1), key_of(2)])] == [None, b"fine"]
         assert tier.get_one(NS, key_of(2)).value == b"fine"  # no "skipped: Redis failed" refusal
-        assert tier._down_until == 0.0
+        assert tier.breaker.open_until == 0.0
     finally:
         raw.delete(f"evc:{NS}:{key_of(1)}")
         raw.close()
@@ -390,8 +390,8 @@ def test_a_success_that_began_before_the_breaker_opened_does_not_close_it(redis_
     with pytest.raises(TierUnavailable):
         tier._backend("set").trip(redis.ConnectionError("connection reset"))
     guard.__exit__(None, None, None)
-    assert tier._down_until > 0.0
+    assert tier.breaker.open_until > 0.0
     clock.advance(5.0)
     assert tier.get_one(NS, key_of(1)).value == b"v"  # a probe after the pause closes it
-    assert tier._down_until == 0.0
+    assert tier.breaker.open_until == 0.0
     tier.close()

@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from .._breaker import Breaker
 from ._index import (
     NORM_TOLERANCE,
     Change,
@@ -187,7 +188,7 @@ class SharedIndex:
         self._counts = dict.fromkeys(("errors", "corrupt", "applied", "rebuilds"), 0)
         self._connected = False
         self._down_logged = False
-        self._down_until = 0.0
+        self._breaker = Breaker(retry_after, clock=clock)  # writes skip Redis while it is open
         self._last_id = b"0-0"
         self._run_id: str | None = None
         self._synced = False
@@ -435,18 +436,19 @@ class SharedIndex:
     def _write(self, queue_ops: Callable[[Any], None]) -> None:
         """One MULTI transaction behind the breaker; a failure is counted and logged, never raised."""
         assert self._client is not None
-        if self._down_until and self._clock() < self._down_until:
+        if self._breaker.refuses():
             self._counts["errors"] += 1
             return
+        trips = self._breaker.trips
         try:
             pipe = self._client.pipeline(transaction=True)
             queue_ops(pipe)
             pipe.execute()
         except self._redis_errors as exc:
-            self._down_until = self._clock() + self._retry_after
+            self._breaker.trip(f"{type(exc).__name__}: {exc}")
             self._failed("write", exc)
             return
-        self._down_until = 0.0
+        self._breaker.succeeded(trips)
         self._ok()
 
     def _failed(self, op: str, exc: BaseException) -> None:

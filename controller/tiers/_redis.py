@@ -32,6 +32,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import DataError, NoScriptError, RedisError, ResponseError
 from redis.retry import Retry
 
+from .._breaker import Breaker
 from .._codec import check_keys, check_ns
 from .._types import L2, CacheKey, Entry, Namespace
 from ..errors import TierUnavailable
@@ -164,10 +165,11 @@ class RedisTier(BlobTier):
     in least-recently-stored order (least-recently-used among hits, since a hit under a quota refreshes the
     entry's place) until it fits. ``usage`` counts stored bytes (entry plus the codec's header and checksum).
 
-    Every Redis failure (down, timeout, OOM refusal, ...) raises ``TierUnavailable``. After one, calls within
-    ``retry_after`` seconds (measured on ``clock``) raise ``TierUnavailable`` without touching the network, so
-    a dead or hung Redis costs one timeout per ``retry_after``, not one per request; the first call after that
-    tries again, and redis-py reconnects by itself when Redis is back.
+    Every Redis failure (down, timeout, OOM refusal, ...) raises ``TierUnavailable``. After one that concerns
+    the whole server, calls within ``retry_after`` seconds (measured on ``clock``) raise ``TierUnavailable``
+    without touching the network (``breaker``, a ``controller._breaker.Breaker``), so a dead or hung Redis
+    costs one timeout per ``retry_after``, not one per request; the first call after that tries again, and
+    redis-py reconnects by itself when Redis is back.
 
     ``secret`` signs every entry (``_codec.EntryCodec``): processes that share ``url`` and ``prefix`` must share
     it, and an entry that fails its check (written under another key, namespace or secret) is dropped.
@@ -200,7 +202,7 @@ class RedisTier(BlobTier):
         if retry_after < 0:
             raise ValueError("retry_after must not be negative")
         self._prefix = prefix
-        self._retry_after = retry_after
+        self.breaker = Breaker(retry_after, clock=clock)
         self._quota = quota
         self._owns_client = client is None
         if client is None:
@@ -221,9 +223,6 @@ class RedisTier(BlobTier):
         self._delete_script = client.register_script(_DELETE)
         self._touch_script = client.register_script(_TOUCH)
         self._usage_script = client.register_script(_USAGE)
-        self._down_until = 0.0
-        self._trips = 0  # times the breaker opened: a call that began before the latest one cannot close it
-        self._last_error = ""
         self._get_guard = _Guard(self, "get")
 
     # -- the tier interface -------------------------------------------------------------------------------
@@ -240,17 +239,17 @@ class RedisTier(BlobTier):
             return self._fetch(ns, [key])[0]  # under a quota a read also refreshes the key's eviction order
         # _Guard's steps inlined (two Python calls less on the request path): refuse while the breaker is
         # open, open it on a Redis or socket error, close it on success.
-        guard = self._get_guard
-        trips = self._trips
-        if self._down_until:
+        guard, breaker = self._get_guard, self.breaker
+        trips = breaker.trips
+        if breaker.open_until:
             guard.refuse_if_open()
         try:
             # GET: its bulk reply parses faster than MGET's array, and this is the request path.
             blob = self._get(f"{self._prefix}:{ns}:{key}")
         except (RedisError, OSError) as exc:
             guard.trip(exc)
-        if self._down_until and self._trips == trips:
-            self._down_until = 0.0
+        if breaker.open_until and breaker.trips == trips:
+            breaker.open_until = 0.0  # Breaker.succeeded, inlined
         return blob
 
     def _get(self, name: str) -> bytes | None:
@@ -386,53 +385,45 @@ def _server_wide(exc: BaseException) -> bool:
 
 
 class _Guard:
-    """The circuit breaker around one Redis call (a class, not @contextmanager: this is on the request path).
+    """The tier's ``Breaker`` around one Redis call (a class, not @contextmanager: this is on the request path).
 
     Entering raises ``TierUnavailable`` at once while the breaker is open; a Redis or socket error inside the
     block is re-raised as ``TierUnavailable``, and opens the breaker for ``retry_after`` seconds when it is
     server-wide (``_server_wide``: one key holding a foreign value fails alone). A success closes the breaker,
-    unless it opened while this call was in flight (another call's failure is newer evidence than this call's
-    success, which may have begun before it).
+    unless it opened while this call was in flight (``Breaker.succeeded``).
     """
 
-    __slots__ = ("tier", "op", "trips")
+    __slots__ = ("breaker", "op", "trips")
 
     def __init__(self, tier: RedisTier, op: str) -> None:
-        self.tier = tier
+        self.breaker = tier.breaker
         self.op = op
         self.trips = 0
 
     def __enter__(self) -> None:
-        tier = self.tier
-        self.trips = tier._trips
-        if tier._down_until:
+        breaker = self.breaker
+        self.trips = breaker.trips
+        if breaker.open_until:
             self.refuse_if_open()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
-        tier = self.tier
         if exc is None:
-            if tier._down_until and tier._trips == self.trips:
-                tier._down_until = 0.0
+            self.breaker.succeeded(self.trips)
         elif isinstance(exc, (RedisError, OSError)):
             self.trip(exc)
         return False
 
     def refuse_if_open(self) -> None:
         """Raise ``TierUnavailable`` while the breaker is open."""
-        tier = self.tier
-        if tier._clock() < tier._down_until:
+        breaker = self.breaker
+        if breaker.refuses():
             raise TierUnavailable(
-                L2, f"{self.op} skipped: Redis failed less than {tier._retry_after}s ago ({tier._last_error})"
+                L2, f"{self.op} skipped: Redis failed less than {breaker.retry_after}s ago ({breaker.last_error})"
             )
 
     def trip(self, exc: BaseException) -> NoReturn:
-        """Raise ``exc`` as ``TierUnavailable``; a server-wide one first opens the breaker for ``retry_after``
-        seconds."""
-        tier = self.tier
+        """Raise ``exc`` as ``TierUnavailable``; a server-wide one first opens the breaker."""
         message = f"{self.op}: {type(exc).__name__}: {exc}"
-        if not _server_wide(exc):
-            raise TierUnavailable(L2, message) from exc
-        tier._trips += 1
-        tier._down_until = tier._clock() + tier._retry_after
-        tier._last_error = message
+        if _server_wide(exc):
+            self.breaker.trip(message)
         raise TierUnavailable(L2, message) from exc
