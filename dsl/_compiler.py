@@ -55,6 +55,7 @@ from ._ast import start as start_of
 from ._functions import (
     FUNCTIONS,
     MAX_PROGRAM_SIZE,
+    SCAN_ITEM_COST,
     FunctionSpec,
     PatternError,
     SignatureError,
@@ -259,8 +260,9 @@ def _bounded_operations(tree: Node, patterns: list[tuple[int, int, int]]) -> int
             stack.extend(node.args)
         else:
             if isinstance(node, Compare):
+                # Membership, and an equality that may compare two lists item by item.
                 scans += sum(
-                    op.symbol in ("in", "not in") and not isinstance(right, Literal | ListExpr)
+                    op.symbol in ("in", "not in", "==", "!=") and not isinstance(right, Literal | ListExpr)
                     for op, right in zip(node.ops, node.operands[1:], strict=True)
                 )
             stack.extend(_children(node))
@@ -663,7 +665,11 @@ class _Compiler:
             )  # none is a singleton: identity is exact and safe
         if _family(lt.kind) == _family(rt.kind) and _family(lt.kind) in (Kind.FLOAT, Kind.STR, Kind.BOOL):
             return operator.eq if equal else operator.ne
-        return _checked(values_equal, where, negate=not equal)
+        step = _checked(values_equal, where, negate=not equal)
+        if right.const:
+            return step  # values_equal compares lengths first: a literal list bounds the work
+        # Two lists of the request are compared item by item, in Python: a scan of each.
+        return _scanned_step(step, self.scan_limit, self.scans, f"'{op.symbol}'", where, both=True)
 
     def ordering(self, op: CompareOp, lt: FieldType, rt: FieldType, right: _Code, where: _Where) -> Callable:
         for t in (lt, rt):
@@ -902,14 +908,17 @@ _SCANNED = frozenset({Kind.STR, Kind.LIST})
 
 
 def _too_long_to_scan(value: Any, limit: int, scans: int, what: str) -> Fault | None:
-    """The fault for a text or list longer than ``limit``, the scan allowance; None for any other value."""
-    if kind_of(value) not in _SCANNED or len(value) <= limit:
+    """The fault for a text longer than ``limit`` characters, the scan allowance, or a list longer than
+    ``limit // SCAN_ITEM_COST`` items; None for any other value."""
+    kind = kind_of(value)
+    if kind not in _SCANNED:
         return None
-    unit = "characters" if kind_of(value) is Kind.STR else "items"
+    unit, allowed = ("characters", limit) if kind is Kind.STR else ("items", limit // SCAN_ITEM_COST)
+    if len(value) <= allowed:
+        return None
     return Fault(
         f"{what} would read {len(value)} {unit}; each of the {max(scans, 1)} operations that share this scan "
-        f"budget may "
-        f"read {limit} (see docs/policy-language.md, 'Bounds')"
+        f"budget may read {allowed} (see docs/policy-language.md, 'Bounds')"
     )
 
 
@@ -926,13 +935,14 @@ def _scanning(impl: Callable[..., Any], index: int, limit: int, scans: int, what
 
 
 def _scanned_step(
-    step: Callable[[Any, Any], bool], limit: int, scans: int, what: str, where: _Where
+    step: Callable[[Any, Any], bool], limit: int, scans: int, what: str, where: _Where, *, both: bool = False
 ) -> Callable[[Any, Any], bool]:
-    """A membership test with the length of its container checked against the scan allowance first."""
+    """A membership test with the length of its container (``both``: of both operands) checked against the
+    scan allowance first."""
 
     def scanned(a: Any, b: Any) -> bool:
-        fault = _too_long_to_scan(b, limit, scans, what)
-        if fault is not None:
+        fault = _too_long_to_scan(b, limit, scans, what) or (both and _too_long_to_scan(a, limit, scans, what))
+        if fault:
             raise where.error(fault.message)
         return step(a, b)
 
