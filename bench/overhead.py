@@ -19,12 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -72,45 +68,27 @@ def l1_hit(rounds: int) -> dict:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _Redis:
-    """A throwaway redis-server on a free loopback port, unless EVOCACHE_REDIS_URL names one."""
+    """The Redis that EVOCACHE_REDIS_URL names, else a throwaway redis-server on a free loopback port."""
 
     def __enter__(self) -> str:
-        self.proc = None
+        self.server = None
         if os.environ.get("EVOCACHE_REDIS_URL"):
             return os.environ["EVOCACHE_REDIS_URL"]
-        binary = shutil.which("redis-server")
-        if not binary:
-            sys.exit("bench needs redis-server (Debian: apt-get install redis-server) or EVOCACHE_REDIS_URL")
-        self.dir = tempfile.mkdtemp(prefix="evobench-")
-        port = _free_port()
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.dir],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        url = f"redis://127.0.0.1:{port}/0"
-        client = redis.Redis.from_url(url)
-        for _ in range(200):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.02)
-        client.close()
-        return url
+        # The repository has one redis-server launcher, the test suite's (tests/_redis_server.py); benches run
+        # from a source checkout like the tests, so they import it from there.
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from _redis_server import RedisServer
+
+        try:
+            self.server = RedisServer().start()
+        except FileNotFoundError as exc:
+            sys.exit(f"bench needs redis-server or EVOCACHE_REDIS_URL: {exc}")
+        return self.server.url
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-            shutil.rmtree(self.dir, ignore_errors=True)
+        if self.server is not None:
+            self.server.close()
 
 
 def l2_hit(url: str, rounds: int) -> dict:

@@ -1,4 +1,9 @@
-"""A throwaway redis-server for tests: free loopback port, no persistence, can be killed and restarted."""
+"""A throwaway redis-server: free loopback port, no persistence, can be killed and restarted.
+
+The one redis-server launcher of the repository: the test fixtures (tests/conftest.py) and the benches that need
+a Redis (bench/overhead.py, which puts this directory on sys.path) start theirs with it. It lives beside the
+tests, not in the evocache package: product code never starts servers.
+"""
 
 from __future__ import annotations
 
