@@ -245,15 +245,16 @@ class SemanticLayer:
         cache = self._caches.get(key)
         if cache is None:
             from .semantic._cache import SemanticCache
+            from .semantic._policies import PolicyOptions
 
             embedder, index = self.embedder, self._index_for(plan.shared)  # each locks itself: not under it
             with self._lock:
                 cache = self._caches.get(key)
                 if cache is None:
+                    spec = plan.spec
+                    policy = PolicyOptions(mode=spec.mode, explore=spec.explore, threshold=spec.threshold).build()
                     cache = SemanticCache(
-                        embedder, index=index, judge=judge, link_tries=link_tries, mode=plan.spec.mode,
-                        explore=plan.spec.explore,
-                        threshold=plan.spec.threshold, rng=self._rng,
+                        embedder, index=index, judge=judge, policy=policy, link_tries=link_tries, rng=self._rng,
                         # An entry id is an exact key, so any replica's neighbour can be judged from the tiers.
                         answer_ref_of=lambda scope, entry_id: _Stored(
                             scope.namespace, CacheKey(entry_id), plan.tiers

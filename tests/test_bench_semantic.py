@@ -21,6 +21,7 @@ from evocache.controller.semantic._bench import (
     static_replay,
 )
 from evocache.controller.semantic._cache import SemanticCache
+from evocache.controller.semantic._decide import StaticPolicy
 from evocache.controller.semantic._index import Scope
 from evocache.controller.errors import TraceError
 from typer.testing import CliRunner
@@ -53,7 +54,7 @@ def test_static_baseline_replays_exactly_like_the_static_cache(threshold: float)
     texts = [r.prompt for r in rows]
     unique = list(dict.fromkeys(texts))
     table = VectorTable(unique, vecs[: len(unique)], "test")
-    cache = SemanticCache(table, mode="static", threshold=threshold)
+    cache = SemanticCache(table, policy=StaticPolicy(threshold=threshold))
     scope = Scope("bench", "x")
     hits = wrong = 0
     for i, row in enumerate(rows):

@@ -532,7 +532,7 @@ def test_a_link_try_whose_answer_is_gone_loses_no_verdict():
 
     from evocache.controller.semantic import Scope
     from evocache.controller.semantic._cache import SemanticCache
-    from evocache.controller.semantic._decide import SemanticDecision
+    from evocache.controller.semantic._decide import BoundedPolicy, SemanticDecision
 
     class Fixed:
         name, dim = "fixed", 2
@@ -551,7 +551,7 @@ def test_a_link_try_whose_answer_is_gone_loses_no_verdict():
             raise LookupError("B's answer left the tiers")
         return new == answers[cached]
 
-    cache = SemanticCache(Fixed(), judge=judge, explore=0.0)
+    cache = SemanticCache(Fixed(), judge=judge, policy=BoundedPolicy(explore=0.0))
     scope = Scope("t", "fn")
     cache.insert(scope, "a", "a", "A")
     cache.insert(scope, "b", "b", "B")

@@ -13,7 +13,7 @@ from test_semantic_decide import SCOPE, TableEmbedder, _unit
 
 from evocache.controller.semantic import SemanticCache
 from evocache.controller.semantic._classify import AnswerClassifier, fit_clusters
-from evocache.controller.semantic._decide import CLASSIFIED, FEATURES, BoundedPolicy, neighbourhood
+from evocache.controller.semantic._decide import CLASSIFIED, FEATURES, BoundedPolicy, StaticPolicy, neighbourhood
 from evocache.controller.semantic._index import Neighbour, Scope
 
 
@@ -298,7 +298,7 @@ def test_an_empty_training_set_is_not_an_error(caplog: pytest.LogCaptureFixture)
 
 def test_static_mode_keeps_no_classifier_and_a_classifier_needs_classify() -> None:
     table = _two_groups(4)
-    assert SemanticCache(TableEmbedder(table), mode="static", threshold=0.9)._classifier is None
+    assert SemanticCache(TableEmbedder(table), policy=StaticPolicy(threshold=0.9))._classifier is None
     with pytest.raises(ValueError, match="classify=False"):
         SemanticCache(TableEmbedder(table), classify=False, classifier=AnswerClassifier())
 

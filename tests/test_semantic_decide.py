@@ -14,10 +14,12 @@ from evocache.controller.semantic._decide import (
     FEATURES,
     LEXICAL,
     BoundedPolicy,
-    PacerOptions,
     ErrorModel,
     Pacer,
+    PacerOptions,
+    PolicyOptions,
     SemanticDecision,
+    StaticPolicy,
     lexical,
     neighbourhood,
 )
@@ -105,7 +107,7 @@ def test_static_mode_serves_exactly_at_or_above_the_threshold() -> None:
     # similarities exactly representable in float32, so "at" is exactly at the threshold
     for name, sim in (("at", 0.75), ("above", 0.875), ("below", 0.7499)):
         table[name] = np.array([sim, math.sqrt(1 - sim * sim), 0, 0], dtype=np.float32)
-    cache = SemanticCache(TableEmbedder(table), mode="static", threshold=0.75)
+    cache = SemanticCache(TableEmbedder(table), policy=StaticPolicy(threshold=0.75))
     empty, entry = cache.lookup(SCOPE, "stored", max_error=0.02)
     assert (empty.serve, empty.explore, empty.neighbour, empty.threshold, entry) == (False, False, None, 0.75, None)
     cache.insert(SCOPE, "s", "stored", "answer")
@@ -139,7 +141,7 @@ def test_exact_match_is_served_first_without_embedding() -> None:
 
 def test_no_entry_of_another_tenant_or_boundary_is_ever_served() -> None:
     stream, table = synthetic_stream(0, n=400)
-    cache = SemanticCache(TableEmbedder(table), mode="static", threshold=0.01)
+    cache = SemanticCache(TableEmbedder(table), policy=StaticPolicy(threshold=0.01))
     other_tenant, other_model = Scope("tenant-b", SCOPE.boundary), Scope(SCOPE.namespace, "fn@model:rev2")
     for i, (prompt, group) in enumerate(stream[:200]):
         cache.insert(SCOPE, f"a{i}", prompt, group)
@@ -235,7 +237,7 @@ def test_answer_clusters_come_only_from_the_judge() -> None:
     assert len(roots) == len(never._entries)
     assert never.stats().served == 0  # no verdict ever said right: nothing can be served
     # Labels all differ, but the judge says everything is equal: entries get linked anyway.
-    always = SemanticCache(TableEmbedder(table), judge=lambda new, old: True, explore=0.0)
+    always = SemanticCache(TableEmbedder(table), judge=lambda new, old: True, policy=BoundedPolicy(explore=0.0))
     distinct = [(p, f"label{i}") for i, (p, _) in enumerate(stream)]
     replay(always, distinct, 0.02)
     entries = list(always._entries)
@@ -405,10 +407,10 @@ def test_max_error_out_of_range_is_refused(bad: float) -> None:
 
 def test_bad_construction_and_input_name_what_is_wrong() -> None:
     embedder = TableEmbedder({"a": np.eye(3, dtype=np.float32)[0]})
-    with pytest.raises(ValueError, match="unknown semantic mode 'fuzzy'; known: bounded, static"):
-        SemanticCache(embedder, mode="fuzzy")
-    with pytest.raises(ValueError, match="needs a threshold"):
-        SemanticCache(embedder, mode="static")
+    with pytest.raises(ValueError, match="k must be a positive int, got 0"):
+        SemanticCache(embedder, k=0)
+    with pytest.raises(TypeError, match="'mode'"):
+        SemanticCache(embedder, mode="static")  # type: ignore[call-arg]  # a policy is given as one: policy=
     cache = SemanticCache(embedder)
     with pytest.raises(TypeError, match="prompt must be a str"):
         cache.lookup(SCOPE, b"a", max_error=0.02)  # type: ignore[arg-type]
@@ -508,13 +510,13 @@ def test_a_heavy_verdict_brings_the_refit_nearer() -> None:
 
 def test_pacer_serves_the_lowest_estimates_first_within_the_budget() -> None:
     estimates = (0.01, 0.02, 0.03, 0.5, 0.5, math.inf, 0.0, 0.04, 0.045, 0.3)
-    pacer = Pacer(window=10, safety=1.0, every=1)
+    pacer = Pacer(PacerOptions(window=10, safety=1.0, every=1))
     for p in estimates:
         pacer.record(p, served=False)
     # Budget 0.01 per lookup. Nothing spent in 10 lookups: the saving lets the next window spend 1.5 times the
     # rate, 0.15 in all. Lowest first: 0 + .01 + .02 + .03 + .04 + .045 = 0.145 fits; adding 0.3 does not.
     assert pacer.cutoff(0.01) == 0.045
-    spender = Pacer(window=10, safety=1.0, every=1)
+    spender = Pacer(PacerOptions(window=10, safety=1.0, every=1))
     for p in estimates:
         spender.record(p, served=math.isfinite(p))
     # 1.445 expected wrong answers served against a budget of 0.1: the debt closes the tap.
@@ -715,7 +717,6 @@ def test_a_newcomer_explores_its_first_would_be_hits_whatever_the_draw() -> None
 
 
 def test_a_misspelt_or_misplaced_policy_option_is_refused() -> None:
-    from evocache.controller.semantic._decide import StaticPolicy
 
     with pytest.raises(TypeError, match="explor"):
         BoundedPolicy(explor=0.1)  # type: ignore[call-arg]
@@ -726,15 +727,24 @@ def test_a_misspelt_or_misplaced_policy_option_is_refused() -> None:
     with pytest.raises(TypeError, match="windw"):
         PacerOptions(windw=10)  # type: ignore[call-arg]
     with pytest.raises(ValueError, match="threshold applies only to mode 'static', not 'bounded'"):
-        SemanticCache(TableEmbedder({"p": _unit(np.ones(2))}), mode="bounded", threshold=0.9)
+        PolicyOptions(mode="bounded", threshold=0.9)
     with pytest.raises(ValueError, match="unknown semantic mode 'fuzzy'; known: bounded, static"):
-        SemanticCache(TableEmbedder({"p": _unit(np.ones(2))}), mode="fuzzy")
+        PolicyOptions(mode="fuzzy")
     with pytest.raises(ValueError, match="mode 'static' needs a threshold"):
-        SemanticCache(TableEmbedder({"p": _unit(np.ones(2))}), mode="static")
+        PolicyOptions(mode="static")
+    with pytest.raises(TypeError, match="'k'"):
+        PolicyOptions(k=3)  # type: ignore[call-arg]  # the neighbours read per lookup are SemanticCache(k=)
+    with pytest.raises(ValueError, match=r"PacerOptions.window must be an int >= 1, got 0"):
+        PacerOptions(window=0)
+    with pytest.raises(ValueError, match=r"PacerOptions.confidence must be in \(0, 1\), got 1.0"):
+        PacerOptions(confidence=1.0)
+    with pytest.raises(TypeError, match="options must be a PacerOptions, got dict"):
+        Pacer({"window": 10})  # type: ignore[arg-type]
+    assert PolicyOptions(mode="static", threshold=0.9).build().readings() == (0.9, 1.0)
 
 
 def test_each_policy_explains_an_exact_hit_and_its_readings() -> None:
-    from evocache.controller.semantic._decide import Readings, StaticPolicy
+    from evocache.controller.semantic._decide import Readings
 
     static, bounded = StaticPolicy(threshold=0.9), BoundedPolicy()
     assert static.exact(SCOPE, "e1") == SemanticDecision(True, False, "e1", 1.0, 0.9, 0.0)

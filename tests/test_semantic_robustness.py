@@ -404,7 +404,7 @@ def test_the_sweep_visits_only_scopes_with_an_expiry_due(redis_url, fake_clock) 
 def test_a_new_scope_serves_once_its_own_verdicts_back_the_model() -> None:
     from evocache.controller.semantic._decide import Pacer
 
-    pacer = Pacer(every=25, safety=1.0)
+    pacer = Pacer(PacerOptions(every=25, safety=1.0))
     pacer.record(0.004, served=False)
     pacer.record(math.inf, served=False)
     # young: the cut-off follows each lookup (2 lookups, estimates 0.004 and none: 0.002 per lookup <= 0.02)

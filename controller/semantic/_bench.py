@@ -39,6 +39,7 @@ from ..errors import TraceError
 from ._cache import SemanticCache
 from ._embed import Embedder
 from ._index import Scope
+from ._policies import PolicyOptions
 
 __all__ = [
     "PairRow",
@@ -173,7 +174,8 @@ def replay_stream(
     """Replay ``rows`` through a fresh ``SemanticCache`` bounded by ``delta``; the evocache part of the report.
     ``classify``: the cache's answer classifier on (``SemanticCache(classify=)``)."""
     cache = SemanticCache(
-        table, mode=mode, explore=explore, threshold=threshold, rng=random.Random(seed), classify=classify
+        table, policy=PolicyOptions(mode=mode, explore=explore, threshold=threshold).build(),
+        rng=random.Random(seed), classify=classify,
     )
     hits = wrong = 0
     for i, row in enumerate(rows):
@@ -237,7 +239,7 @@ def static_replay(
     rows: Sequence[StreamRow], vecs: np.ndarray, threshold: float, prior: tuple[list[list[int]], list[list[float]]]
 ) -> tuple[int, int]:
     """``(hits, wrong)`` of a static cache at ``threshold``: exact match first, then the nearest stored entry
-    if its similarity >= threshold, else insert. Same semantics as ``SemanticCache(mode="static")``. ``prior``
+    if its similarity >= threshold, else insert. Same semantics as ``SemanticCache(policy=StaticPolicy(threshold=))``. ``prior``
     is ``prior_neighbours`` as lists (``.tolist()``: the loop below reads them row by row)."""
     idx, sims = prior
     stored = [False] * len(rows)
@@ -366,7 +368,8 @@ def replay_pairs(
     replayed first in their own scope, so the error model starts from what it learnt there (entries never
     cross)."""
     cache = SemanticCache(
-        table, mode=mode, explore=explore, threshold=threshold, rng=random.Random(seed), classify=classify
+        table, policy=PolicyOptions(mode=mode, explore=explore, threshold=threshold).build(),
+        rng=random.Random(seed), classify=classify,
     )
     warm = Scope("bench", "warmup")
     for i, row in enumerate(warmup):

@@ -34,7 +34,7 @@ from ._classify import AnswerClassifier
 from ._embed import Embedder
 from ._index import Neighbour, Scope, ScopedIndex, SemanticIndex, check_scope
 from ._neighbourhood import Candidate
-from ._policies import DecisionPolicy, PolicyOptions, SemanticDecision
+from ._policies import BoundedPolicy, DecisionPolicy, SemanticDecision
 
 log = logging.getLogger("evocache.controller.semantic.cache")
 
@@ -159,9 +159,9 @@ class SemanticCache:
 
     ``embedder`` defaults to the process's shared one (``default_embedder()``, built on first use); ``judge``
     defaults to equality of answer refs, right when the refs are the answers themselves (a strict judge: only
-    identical answers count as equal). ``mode`` is ``bounded`` (``explore``: fraction of would-be hits that
-    call the model) or ``static`` (``threshold``: the cosine similarity). ``rng`` draws the exploration coin;
-    seed it for reproducible runs. ``k`` neighbours are read per lookup. After a miss the judge compares the
+    identical answers count as equal). ``policy`` decides each lookup: a ``BoundedPolicy()`` by default
+    (``StaticPolicy(threshold=)`` is the baseline; ``PolicyOptions(mode=...).build()`` makes one by mode name).
+    ``rng`` draws the exploration coin; seed it for reproducible runs. ``k`` neighbours are read per lookup. After a miss the judge compares the
     model's answer with the candidate's, and then with one entry of each other answer cluster among the
     neighbours (at most ``link_tries`` clusters; None: all), linking the new entry to each cluster whose answer
     it finds equal: so fragments of one answer, never linked before, merge. With ``merge=False`` the judging
@@ -185,21 +185,20 @@ class SemanticCache:
         *,
         index: ScopedIndex | None = None,
         judge: Judge = operator.eq,
-        mode: str = "bounded",
-        explore: float = 0.05,
-        threshold: float | None = None,
+        policy: DecisionPolicy | None = None,
         k: int = 10,
         link_tries: int | None = None,
         merge: bool = True,
         rng: random.Random | None = None,
-        policy: DecisionPolicy | None = None,
         answer_ref_of: Callable[[Scope, str], Any] | None = None,
         classifier: AnswerClassifier | None = None,
         classify: bool = True,
         fit_later: Callable[[Callable[[], None]], bool] | None = None,
     ) -> None:
         if policy is None:
-            policy = PolicyOptions(mode=mode, explore=explore, threshold=threshold, k=k).build()
+            policy = BoundedPolicy()
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a positive int, got {k!r}")
         self._embedder = embedder
         self._index = index if index is not None else SemanticIndex()
         self._judge = judge

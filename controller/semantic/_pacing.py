@@ -64,7 +64,14 @@ _FLOORED = 0.01
 
 @dataclass(frozen=True, slots=True)
 class PacerOptions:
-    """The settings every ``Pacer`` of a ``BoundedPolicy`` is built with (``Pacer`` says what each does)."""
+    """How a ``Pacer`` paces (every ``Pacer`` of a ``BoundedPolicy`` is built with the same).
+
+    ``window``: the lookups whose estimates the cut-off is picked from; ``safety``: the share of the bound
+    those estimates may spend; ``every``: lookups between two cut-offs (a young pacer recomputes at each of its
+    first ``every``); ``prior`` and ``confidence``: the calibration's prior, worth ``prior`` expected wrong
+    answers at ratio 1, and the upper quantile it reads (``calibration_upper``). A misspelt option is a
+    ``TypeError``, a value out of range a ``ValueError`` naming it.
+    """
 
     window: int = 1000
     safety: float = 0.9
@@ -72,11 +79,22 @@ class PacerOptions:
     prior: float = 2.0
     confidence: float = CONFIDENCE
 
+    def __post_init__(self) -> None:
+        for name, value in (("window", self.window), ("every", self.every)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"PacerOptions.{name} must be an int >= 1, got {value!r}")
+        if not 0 < self.safety <= 1:
+            raise ValueError(f"PacerOptions.safety must be in (0, 1], got {self.safety!r}")
+        if not self.prior > 0:
+            raise ValueError(f"PacerOptions.prior must be > 0, got {self.prior!r}")
+        if not 0 < self.confidence < 1:
+            raise ValueError(f"PacerOptions.confidence must be in (0, 1), got {self.confidence!r}")
+
 
 class Pacer:
     """The cut-off on estimated error that keeps the expected error per lookup within ``max_error``.
 
-    It remembers the estimates of the last ``window`` lookups (``inf`` for lookups with no candidate, 0 for
+    It remembers the estimates of the last ``window`` lookups (``options``, a ``PacerOptions``) (``inf`` for lookups with no candidate, 0 for
     exact hits) and picks the largest cut-off whose served estimates, summed and scaled by ``calibration``,
     average at most ``safety * max_error`` per lookup: serving the lowest estimates first gives the most hits
     for a given expected error. Errors already spent above budget are paid back over the next window.
@@ -87,21 +105,20 @@ class Pacer:
 
     def __init__(
         self,
+        options: PacerOptions = PacerOptions(),
         *,
-        window: int = 1000,
-        safety: float = 0.9,
-        confidence: float = CONFIDENCE,
-        prior: float = 2.0,
-        every: int = 25,
         calibration: Calibration | None = None,
         newcomer: bool = False,
         trust: int = 10,
     ) -> None:
+        if not isinstance(options, PacerOptions):
+            raise TypeError(f"options must be a PacerOptions, got {type(options).__name__}")
+        window, prior, confidence = options.window, options.prior, options.confidence
         self.window = window
         self.prior = prior
-        self.safety = safety
+        self.safety = options.safety
         self.confidence = confidence
-        self.every = every
+        self.every = options.every
         import numpy as np
 
         # The estimates of the last ``window`` lookups, a ring (order does not matter: they are sorted).

@@ -228,7 +228,6 @@ class BoundedPolicy:
         *,
         explore: float = 0.05,
         explore_first: tuple[int, float] = (100, 0.25),
-        k: int = 10,
         model: ErrorModel | None = None,
         pacer: PacerOptions = PacerOptions(),
         max_scopes: int = _SCOPES,
@@ -237,8 +236,6 @@ class BoundedPolicy:
     ) -> None:
         if not 0 <= explore < 1:
             raise ValueError(f"explore must be in [0, 1), got {explore!r}")
-        if k < 1:
-            raise ValueError(f"k must be positive, got {k!r}")
         if max_scopes < 1:
             raise ValueError(f"max_scopes must be positive, got {max_scopes!r}")
         if explore_first[0] < 0 or not 0 <= explore_first[1] < 1:
@@ -253,7 +250,6 @@ class BoundedPolicy:
         self.trust = trust
         self.item_cap = item_cap
         self.explorations = 0  # would-be hits explored so far, all scopes (they check one model)
-        self.k = k
         self.model = model if model is not None else ErrorModel()  # an empty one is falsy (len 0)
         if not isinstance(pacer, PacerOptions):
             raise TypeError(f"pacer must be a PacerOptions, got {type(pacer).__name__}")
@@ -283,11 +279,7 @@ class BoundedPolicy:
         # A scope first seen once the model was checked elsewhere (its early exploration schedule done) is a
         # newcomer: that check says nothing of its prompts.
         newcomer = self.explore > 0 and self.explorations >= self.explore_first[0]
-        o = self._pacer_options
-        return Pacer(
-            window=o.window, safety=o.safety, confidence=o.confidence, prior=o.prior, every=o.every,
-            calibration=self.calibration, newcomer=newcomer, trust=self.trust,
-        )
+        return Pacer(self._pacer_options, calibration=self.calibration, newcomer=newcomer, trust=self.trust)
 
     def _pace(self, scope: Hashable) -> _Pace:
         pace = self._paces.get(scope)
@@ -409,13 +401,12 @@ class BoundedPolicy:
 
 @dataclass(frozen=True, slots=True)
 class PolicyOptions:
-    """What ``SemanticCache(mode=...)`` builds its policy from: ``explore`` and ``k`` for ``bounded``,
-    ``threshold`` for ``static`` (and only there)."""
+    """A decision policy by mode name (``POLICIES``), as a rule's ``semantic:`` names it: ``explore`` for
+    ``bounded``, ``threshold`` for ``static`` (and only there). ``build()`` makes it."""
 
     mode: str = "bounded"
     explore: float = 0.05
     threshold: float | None = None
-    k: int = 10
 
     def __post_init__(self) -> None:
         if self.mode not in POLICIES:
@@ -430,7 +421,7 @@ class PolicyOptions:
 
 
 POLICIES: dict[str, Callable[[PolicyOptions], DecisionPolicy]] = {
-    "bounded": lambda o: BoundedPolicy(explore=o.explore, k=o.k),
+    "bounded": lambda o: BoundedPolicy(explore=o.explore),
     "static": lambda o: StaticPolicy(threshold=o.threshold),  # type: ignore[arg-type]  # checked: not None
 }
 """Semantic modes by name: each builds its ``DecisionPolicy`` from the ``PolicyOptions``."""
