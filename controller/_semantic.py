@@ -144,7 +144,8 @@ class SemanticLayer:
     ``config.shared``) the index is a ``SharedIndex`` in that Redis (entries and vectors followed by every
     replica), else one of this process. ``max_entries`` bounds the entries this process has inserted: past it
     the oldest are removed from the index. ``on_error(op, exc)`` is told of every failure of the semantic side
-    (``op``: ``lookup`` or ``learn``), which is also logged; the call it happened in goes on as a plain miss.
+    (``op``: ``lookup`` or ``learn``; a link search failing on the background thread is a ``learn``), which is
+    also logged; the call it happened in goes on as a plain miss.
     ``clock`` dates the entries' expiry; ``rng`` draws every cache's exploration coin (seed it for a
     reproducible run; None: each cache draws from its own unseeded ``random.Random``).
 
@@ -373,6 +374,7 @@ class SemanticLayer:
                 work()
             except Exception as exc:  # noqa: BLE001 - one search's failure must not end the thread
                 log.warning("semantic background work failed: %s: %s", type(exc).__name__, exc)
+                self._failed("learn", exc)
             finally:
                 self._later.task_done()
 

@@ -259,6 +259,7 @@ def test_a_failing_refit_is_logged_and_never_fails_the_insert(
     assert "refitting the answer classifier" in caplog.text and "solver blew up" in caplog.text
     classifier = cache._classifier
     assert classifier is not None and classifier.fits == 0 and SCOPE not in classifier._models
+    assert cache.stats().fit_errors == 1
     # It is asked again after `every` more inserts, not at every insert.
     assert [classifier.inserted(SCOPE) for _ in range(4)] == [False, False, False, True]
 
@@ -294,6 +295,7 @@ def test_an_empty_training_set_is_not_an_error(caplog: pytest.LogCaptureFixture)
         cache.insert(SCOPE, f"a{i}", f"q{i}", i)
         cache.judge_miss(SCOPE, f"q{i}", i, decision)
     assert "refitting" not in caplog.text and cache._classifier is not None and cache._classifier.fits == 0
+    assert cache.stats().fit_errors == 0
 
 
 def test_static_mode_keeps_no_classifier_and_a_classifier_needs_classify() -> None:
@@ -317,7 +319,7 @@ def test_a_fit_later_that_raises_leaves_nothing_stuck() -> None:
         cache.lookup(SCOPE, f"q{i}", max_error=0.05)
         cache.insert(SCOPE, f"a{i}", f"q{i}", 0)  # the second one asks for a fit: no exception here
     classifier = cache._classifier
-    assert classifier is not None and not classifier._fitting
+    assert classifier is not None and not classifier._fitting and cache.stats().fit_errors == 1
     assert [classifier.inserted(SCOPE) for _ in range(2)] == [False, True]
 
 

@@ -68,3 +68,19 @@ def test_an_injected_rng_draws_every_caches_exploration_coin():
 def test_the_rng_must_be_a_random_random():
     with pytest.raises(TypeError, match="rng must be a random.Random, got function"):
         SemanticLayer(SemanticConfig(), rng=lambda: 0.5)  # type: ignore[arg-type]
+
+
+def test_background_work_that_fails_is_told_to_on_error_and_the_thread_goes_on():
+    told: list[tuple[str, str]] = []
+    layer = SemanticLayer(SemanticConfig(), on_error=lambda op, exc: told.append((op, str(exc))))
+    ran: list[int] = []
+
+    def broken() -> None:
+        raise RuntimeError("judge service down")
+
+    try:
+        assert layer.later(broken) and layer.later(lambda: ran.append(1))
+        layer.drain()
+        assert told == [("learn", "judge service down")] and ran == [1]
+    finally:
+        layer.close()

@@ -70,6 +70,7 @@ class SemanticStats:
     calibration: float
     link_errors: int = 0  # judge calls for links (not the candidate's verdict) that raised: no link, logged
     links_dropped: int = 0  # link judging a full background queue could not take (judge_miss's ``defer``)
+    fit_errors: int = 0  # answer classifier refits that failed or could not be handed over: logged, model kept
 
     @property
     def realised_error(self) -> float:
@@ -254,6 +255,7 @@ class SemanticCache:
                 "feedback_wrong",
                 "link_errors",
                 "links_dropped",
+                "fit_errors",
             ),
             0,
         )
@@ -415,8 +417,9 @@ class SemanticCache:
                     scope, np.asarray(rows).reshape(len(rows), -1), kept,
                     {cluster: m for cluster, m in members.items() if cluster in held},
                 )
-            except Exception:
+            except Exception:  # noqa: BLE001 - a refit is never worth a failed call: logged, counted, model kept
                 classifier.abandon(scope, soon=False)
+                self._count("fit_errors")
                 log.exception("semantic: refitting the answer classifier of %s failed; it keeps its last model", scope)
 
         if self._fit_later is None:
@@ -424,9 +427,10 @@ class SemanticCache:
             return
         try:
             taken = self._fit_later(fit)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a refit is never worth a failed insert: logged, counted, model kept
             log.warning("semantic: could not hand the answer classifier's refit of %s to its thread", scope,
                         exc_info=True)
+            self._count("fit_errors")
             classifier.abandon(scope, soon=False)
             return
         if not taken:
@@ -590,6 +594,10 @@ class SemanticCache:
                         self._clusters.union(new_id, entry_id)
                 else:
                     _remember(self._links, (scope, prompt), (answer, tuple(held)))
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            self._counts[name] += 1
 
     def _prepare(self) -> None:
         """Let the policy load what learning needs before the lock is taken (the first fit's imports take

@@ -56,7 +56,8 @@ class EmbedderConfig(BaseModel):
     from the environment variable ``api_key_env``. ``threads`` sets torch's intra-op threads for the packaged
     embedder (process-wide, so unset by default: the application's own model may run in this process too); 1
     is the better choice on a CPU host busy with other work, where threads that wait on each other's core make
-    one embedding many times slower (see docs/semantic.md, 'Embedder').
+    one embedding many times slower (``bench/semantic_search.py --e2e --torch-threads 1``, against
+    ``--torch-threads 2``, measures it on the host at hand).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -93,8 +93,7 @@ class SentenceTransformerEmbedder:
     ``threads`` sets torch's intra-op threads for the whole process (``torch.set_num_threads``); ``None``
     leaves torch's choice (one per core). Where cores are shared (fractional replica CPUs, a busy host), 1 is
     the better choice: each encode is a chain of OpenMP barriers, and one descheduled thread stalls them all
-    (bench/semantic_search.py measured single-prompt embeddings of 29 ms with 1 thread against 977 ms with 2
-    on a 2-core host at load average 10).
+    (``bench/semantic_search.py --e2e --torch-threads N`` measures single-prompt embeddings at N threads).
     """
 
     def __init__(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from ._neighbourhood import CLASSIFIED, FEATURES, _classified
+from ._neighbourhood import CLASSIFIED, FEATURES, UNCLASSIFIED
 
 if TYPE_CHECKING:
     import numpy as np
@@ -28,7 +28,7 @@ def _with_classifier_blanked(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tup
     if not spoke.any():
         return x, y, w
     blank = x[spoke].copy()
-    blank[:, [FEATURES.index(name) for name in CLASSIFIED]] = _classified(None, "")
+    blank[:, [FEATURES.index(name) for name in CLASSIFIED]] = UNCLASSIFIED
     half = np.where(spoke, w / 2.0, w)
     return np.vstack([x, blank]), np.concatenate([y, y[spoke]]), np.concatenate([half, w[spoke] / 2.0])
 

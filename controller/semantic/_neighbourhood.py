@@ -18,7 +18,7 @@ from ._lexical import LEXICAL, lexical
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["CLASSIFIED", "FEATURES", "Candidate", "neighbourhood"]
+__all__ = ["CLASSIFIED", "FEATURES", "UNCLASSIFIED", "Candidate", "neighbourhood"]
 
 # the scope has a model, the share it gives the candidate's cluster (and its log), the largest share of another.
 CLASSIFIED = ("classified", "answer_share", "answer_log_share", "rival_share")
@@ -29,6 +29,9 @@ FEATURES = (
 _SHARE_FLOOR = 1e-4  # the log of a share is read from this up
 _VOTE_TEMPERATURE = 0.02  # softmax temperature over similarities: 0.02 apart weighs e times less
 _NO_RIVAL = 0.0  # the similarity assumed for "another answer" when none is among the neighbours
+UNCLASSIFIED = (0.0, 0.0, math.log(_SHARE_FLOOR), 0.0)
+"""The ``CLASSIFIED`` features of a lookup the answer classifier cannot speak for (no model, or no share for the
+candidate's cluster)."""
 
 
 class Candidate(NamedTuple):
@@ -108,7 +111,7 @@ def neighbourhood(
 
 def _classified(shares: Mapping[str, float] | None, chosen: str) -> tuple[float, float, float, float]:
     if shares is None or chosen not in shares:
-        return (0.0, 0.0, math.log(_SHARE_FLOOR), 0.0)
+        return UNCLASSIFIED
     share = shares[chosen]
     rival = max((v for cluster, v in shares.items() if cluster != chosen), default=0.0)
     return (1.0, share, math.log(max(share, _SHARE_FLOOR)), rival)

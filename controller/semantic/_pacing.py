@@ -55,7 +55,7 @@ _OWN_PRIOR = 0.1
 # The tail probability below which a scope's explored verdicts refute the shared calibration. Reading the own
 # value only ever tightens (the larger of the two is used), so a false refutation costs a scope hits, never the
 # bound; a stricter level waits for a second wrong answer while a new tenant's budget goes on answers the model
-# is wrong about (see docs/semantic.md, 'Calibration').
+# is wrong about (see docs/semantic.md, 'New tenants').
 _REFUTED = 0.1
 # The floor (``Pacer.floor``) waits for stronger evidence than the refutation: at the refutation's level, a couple
 # of wrong answers among a dozen explored set a floor that closes a newcomer whose served hits are all right.
@@ -185,7 +185,7 @@ class Pacer:
         (Jeffreys prior). A model that put this scope's wrong answers at its floor ranks them among the right
         ones, so scaling its estimates cannot price them (answers wrong one time in two, estimated at the model's
         floor: even a calibration of 100 still serves them); the rate seen here can (see docs/semantic.md,
-        'Pacing')."""
+        'New tenants')."""
         own = self._own
         # Before ``trust`` verdicts the rate says little: one wrong answer in one reads an upper bound of 1.0, and
         # a newcomer whose every hit costs 1 serves nothing, explores nothing, and never learns otherwise.

@@ -330,7 +330,7 @@ class BoundedPolicy:
         # A scope earns trust: its first ``trust`` would-be hits are all explored, whatever the draw. The shared
         # model and calibration were learnt on other scopes' prompts; a tenant asking what they never asked
         # (minimal pairs, where the others asked paraphrases) can be served on estimates far too optimistic
-        # before a 5 % sample of its hits refutes them (see docs/semantic.md, 'Calibration'). Only the drawn
+        # before a 5 % sample of its hits refutes them (see docs/semantic.md, 'New tenants'). Only the drawn
         # ones enter the shared calibration, which stays a uniform sample of would-be hits.
         untrusted = would and chance > 0 and pacer.newcomer and pacer.explored_here < self.trust
         explore = sampled or untrusted
