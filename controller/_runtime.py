@@ -188,6 +188,17 @@ def _l3_eviction(policy: Policy | None) -> str:
     return policy.eviction.l3 if policy is not None and policy.eviction.l3 else "fifo"
 
 
+def _policy_or_none(caller: str, policy: object) -> None:
+    """A ``TypeError`` for anything but a ``Policy`` or None, naming ``caller`` and what it takes."""
+    from evocache.dsl import Policy  # noqa: PLC0415 - at call time: the dsl is imported lazily here
+
+    if policy is not None and not isinstance(policy, Policy):
+        raise TypeError(
+            f"{caller}() takes a Policy (evocache.dsl.load_policy or parse_policy) or None, "
+            f"got {type(policy).__qualname__}"
+        )
+
+
 def check_policy(policy: Policy | None, config: StoreConfig | None = None) -> None:
     """Raise ``StoreConfigError`` unless this controller can enforce ``policy`` (with ``config``'s store);
     ``None`` (no policy) always passes. Nothing is applied: activation and building call this first.
@@ -195,6 +206,7 @@ def check_policy(policy: Policy | None, config: StoreConfig | None = None) -> No
     The dsl room validates a policy on its own; this adds what only the controller knows: the eviction
     policies it has, and that L2 tenant shares have an ``l2_bytes`` to be shares of.
     """
+    _policy_or_none("check_policy", policy)
     if policy is None:
         return
     if config is not None and config.redis is not None and not config.redis.l2_bytes:
@@ -333,8 +345,10 @@ def configure(
 ) -> CacheRuntime:
     """Install a runtime for every ``@cache_if`` function of the process that was not given its own store.
 
-    The previous runtime is closed after the swap. Returns the new runtime.
+    The previous runtime is closed after the swap. Returns the new runtime. A ``policy`` that is not a
+    ``Policy`` is a ``TypeError``; one it cannot enforce raises; either way nothing changes.
     """
+    _policy_or_none("configure", policy)
     global _default
     with _lock:
         new = config if isinstance(config, CacheRuntime) else build_runtime(config, policy=policy)
@@ -349,13 +363,7 @@ def configure(
 def set_policy(policy: Policy | None) -> CacheRuntime:
     """Apply ``policy`` to the process runtime. A policy it cannot enforce raises and changes nothing; anything
     but a ``Policy`` or None is a ``TypeError``."""
-    from evocache.dsl import Policy  # noqa: PLC0415 - at call time, as the annotations above read it
-
-    if policy is not None and not isinstance(policy, Policy):
-        raise TypeError(
-            f"set_policy() takes a Policy (evocache.dsl.load_policy or parse_policy) or None, "
-            f"got {type(policy).__qualname__}"
-        )
+    _policy_or_none("set_policy", policy)
     global _default
     with _lock:
         _default = default_runtime().activate(policy)

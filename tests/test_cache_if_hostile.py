@@ -9,7 +9,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from evocache.controller import cache_if, set_policy, tenant_scope
+from evocache.controller import cache_if, configure, current_runtime, set_policy, tenant_scope
 
 
 def events(rt):
@@ -166,6 +166,14 @@ def test_a_seeded_numpy_temperature_is_cached(rt):
 def test_set_policy_names_what_it_takes(bad):
     with pytest.raises(TypeError, match=r"set_policy\(\) takes a Policy .*or None, got "):
         set_policy(bad)
+
+
+@pytest.mark.parametrize("bad", ["default: {}", 42, {"rules": []}])
+def test_configure_names_what_its_policy_takes(bad):
+    before = current_runtime()
+    with pytest.raises(TypeError, match=r"configure\(\) takes a Policy .*or None, got "):
+        configure(policy=bad)
+    assert current_runtime() is before
 
 
 def test_the_anonymous_caller_and_tenant_default_never_share_an_entry(rt):
