@@ -21,7 +21,6 @@ Nothing here imports torch, faiss or sentence-transformers until the first seman
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import logging
 import queue
 import random
@@ -130,10 +129,6 @@ class _Fresh(NamedTuple):
     """The answer the model just computed, handed to the judge."""
 
     value: Any
-
-
-def boundary_of(identity_material: bytes) -> str:
-    return hashlib.sha256(identity_material).hexdigest()
 
 
 class SemanticLayer:
@@ -322,11 +317,11 @@ class SemanticLayer:
             if stored:
                 # The semantic entry expires with its answer's exact entry (one with a sliding TTL may then
                 # live on, reachable by its exact key only).
-                cache.insert(scope, key, plan.text, stored_ref(ns, key, plan.tiers), expires_at=self._clock() + ttl)
+                cache.insert(scope, key, plan.text, _Stored(ns, key, plan.tiers), expires_at=self._clock() + ttl)
                 self.inserted(cache, scope, key)
             # An answer that was not stored (too large, unencodable, invalidated meanwhile) is still a verdict,
             # but no entry carries it: its links would otherwise wait for the prompt's next stored answer.
-            cache.judge_miss(scope, plan.text, fresh_ref(value), decision, link=stored, defer=self.later)
+            cache.judge_miss(scope, plan.text, _Fresh(value), decision, link=stored, defer=self.later)
         except Gone:
             pass  # the neighbour's answer left the tiers before it could be judged: no observation
         except Exception as exc:  # noqa: BLE001 - the embedder, index or the user's judge: never fail the call
@@ -410,14 +405,6 @@ class SemanticLayer:
         for index in (self._index, self._local):
             if index is not None:
                 index.close()
-
-
-def stored_ref(ns: Namespace, key: CacheKey, tiers: tuple[str, ...]) -> _Stored:
-    return _Stored(ns, key, tiers)
-
-
-def fresh_ref(value: Any) -> _Fresh:
-    return _Fresh(value)
 
 
 def _resolver(store: TieredStore, decode: Callable[[bytes], Any]) -> Callable[[_Stored], Any]:

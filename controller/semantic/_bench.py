@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import random
 from collections import Counter
 from collections.abc import Sequence
@@ -411,7 +410,3 @@ def replay_pairs(
     # The pairs scope's own error per lookup (a and b lookups): the quantity the bound is on.
     return {"categories": categories, "exploration_calls": stats.explored, "judge_calls": stats.judge_calls,
             "lookups": lookups, "error_rate": wrong_served / lookups if lookups else 0.0}
-
-
-def ratio(evocache_hit_rate: float, static_hit_rate: float) -> float:
-    return evocache_hit_rate / static_hit_rate if static_hit_rate > 0 else math.inf

@@ -285,10 +285,6 @@ class SemanticCache:
         return self._evidence
 
     @property
-    def mode(self) -> str:
-        return self._policy.mode
-
-    @property
     def embedder(self) -> Embedder:
         if self._embedder is None:
             from ._embed import default_embedder

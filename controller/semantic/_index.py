@@ -566,11 +566,5 @@ class SemanticIndex:
         """The scopes that hold at least one entry."""
         return [scope for scope, index in list(self._indexes.items()) if len(index)]
 
-    def drop(self, scope: Scope) -> None:
-        """Forget a scope's index entirely."""
-        with self._lock:
-            self._indexes.pop(scope, None)
-            self._metas.pop(scope, None)
-
     def __len__(self) -> int:
         return sum(len(index) for index in list(self._indexes.values()))

@@ -201,14 +201,6 @@ class Pacer:
             self._own.explored(est_error, wrong)
 
     @property
-    def explored_expected(self) -> float:
-        return self._calibration.expected
-
-    @property
-    def explored_wrong(self) -> int:
-        return self._calibration.wrong
-
-    @property
     def current(self) -> float:
         """The cut-off as last computed."""
         return self._cutoff
@@ -232,10 +224,6 @@ class Pacer:
         self._since += 1
         if served:
             self.spent += est_error
-
-    def explored(self, est_error: float, wrong: bool) -> None:
-        """The verdict on an explored would-be hit: the sample that checks the model where it serves."""
-        self._calibration.explored(est_error, wrong)
 
     def replace_recent(self, estimates: Sequence[float]) -> None:
         """Re-estimate the remembered lookups (after the model was refitted)."""
