@@ -37,7 +37,7 @@ from .semantic._config import SemanticConfig
 if TYPE_CHECKING:
     from evocache.dsl import SemanticSpec
 
-    from .semantic import Embedder, Scope
+    from .semantic import Embedder, Scope, SharedIndex
     from .semantic._cache import SemanticCache
     from .semantic._policies import SemanticDecision
     from .tiers import TieredStore
@@ -173,8 +173,8 @@ class SemanticLayer:
         self._clock = clock
         self._rng = rng
         self._max_entries = max_entries
-        self._index: Any = None  # shared through Redis when the store has one
-        self._local: Any = None  # this process only: entries whose answers other replicas cannot read
+        self._index: SharedIndex | None = None  # shared through Redis when the store has one
+        self._local: SharedIndex | None = None  # this process only: answers other replicas cannot read
         self._caches: dict[tuple, SemanticCache] = {}
         self._inserted: OrderedDict[str, tuple[Scope, SemanticCache]] = OrderedDict()
         self._lock = threading.Lock()
@@ -194,9 +194,9 @@ class SemanticLayer:
                     self._embedder = self._config.embedder.build()
         return self._embedder
 
-    def _index_for(self, shared: bool) -> Any:
+    def _index_for(self, shared: bool) -> SharedIndex:
         if shared:
-            return self._index_now()
+            return self._shared_index()
         if self._local is None:
             with self._lock:
                 if self._local is None:
@@ -205,7 +205,7 @@ class SemanticLayer:
                     self._local = SharedIndex(None, clock=self._clock)
         return self._local
 
-    def _index_now(self) -> Any:
+    def _shared_index(self) -> SharedIndex:
         if self._index is None:
             with self._lock:
                 if self._index is None:
@@ -438,7 +438,7 @@ def make_judge(resolve: Callable[[_Stored], Any], judge: Judge) -> Judge:
     return judge_refs
 
 
-def explanation(decision: Any) -> dict[str, Any]:
+def explanation(decision: SemanticDecision) -> dict[str, Any]:
     """The ``semantic`` field of an access event (ARCHITECTURE.md's event format)."""
     est = decision.est_error
     return {

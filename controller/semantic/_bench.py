@@ -238,8 +238,8 @@ def static_replay(
     rows: Sequence[StreamRow], vecs: np.ndarray, threshold: float, prior: tuple[list[list[int]], list[list[float]]]
 ) -> tuple[int, int]:
     """``(hits, wrong)`` of a static cache at ``threshold``: exact match first, then the nearest stored entry
-    if its similarity >= threshold, else insert. Same semantics as ``SemanticCache(policy=StaticPolicy(threshold=))``. ``prior``
-    is ``prior_neighbours`` as lists (``.tolist()``: the loop below reads them row by row)."""
+    if its similarity >= threshold, else insert. Same semantics as a ``SemanticCache`` with a ``StaticPolicy``.
+    ``prior`` is ``prior_neighbours`` as lists (``.tolist()``: the loop below reads them row by row)."""
     idx, sims = prior
     stored = [False] * len(rows)
     exact: dict[str, int] = {}

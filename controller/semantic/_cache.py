@@ -162,10 +162,10 @@ class SemanticCache:
     defaults to equality of answer refs, right when the refs are the answers themselves (a strict judge: only
     identical answers count as equal). ``policy`` decides each lookup: a ``BoundedPolicy()`` by default
     (``StaticPolicy(threshold=)`` is the baseline; ``PolicyOptions(mode=...).build()`` makes one by mode name).
-    ``rng`` draws the exploration coin; seed it for reproducible runs. ``k`` neighbours are read per lookup. After a miss the judge compares the
-    model's answer with the candidate's, and then with one entry of each other answer cluster among the
-    neighbours (at most ``link_tries`` clusters; None: all), linking the new entry to each cluster whose answer
-    it finds equal: so fragments of one answer, never linked before, merge. With ``merge=False`` the judging
+    ``rng`` draws the exploration coin; seed it for reproducible runs. ``k`` neighbours are read per lookup.
+    After a miss the judge compares the model's answer with the candidate's, and then with one entry of each
+    other answer cluster among the neighbours (at most ``link_tries`` clusters; None: all), linking the new
+    entry to each cluster whose answer it finds equal: so fragments of one answer, never linked before, merge. With ``merge=False`` the judging
     stops at the first equal answer (the candidate's included): fewer judge calls, less complete clusters.
 
     ``classify`` (on by default) also keeps an answer classifier per scope (``classifier``, an

@@ -94,10 +94,11 @@ class PacerOptions:
 class Pacer:
     """The cut-off on estimated error that keeps the expected error per lookup within ``max_error``.
 
-    It remembers the estimates of the last ``window`` lookups (``options``, a ``PacerOptions``) (``inf`` for lookups with no candidate, 0 for
-    exact hits) and picks the largest cut-off whose served estimates, summed and scaled by ``calibration``,
-    average at most ``safety * max_error`` per lookup: serving the lowest estimates first gives the most hits
-    for a given expected error. Errors already spent above budget are paid back over the next window.
+    Built from ``options`` (a ``PacerOptions``), it remembers the estimates of the last ``window`` lookups
+    (``inf`` for lookups with no candidate, 0 for exact hits) and picks the largest cut-off whose served
+    estimates, summed and scaled by ``calibration``, average at most ``safety * max_error`` per lookup: serving
+    the lowest estimates first gives the most hits for a given expected error. Errors already spent above
+    budget are paid back over the next window.
     ``calibration`` is an upper confidence bound (``confidence``) on observed / expected wrong answers among
     explored would-be hits (``calibration_upper``): when the model underestimates the error, the cut-off
     tightens; when it overestimates, it loosens as the evidence grows.
