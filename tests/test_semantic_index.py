@@ -162,6 +162,29 @@ def test_a_failed_background_build_keeps_the_current_index(monkeypatch, caplog):
     assert index.kind == "hnsw" and len(index) == 30
 
 
+def test_a_failed_background_build_is_counted_by_every_index_above_it(monkeypatch):
+    def fail(index, kind, vecs):
+        raise MemoryError("no room for the new index")
+
+    vecs = random_unit(40, seed=13)
+    told: list[str] = []
+    index = SemanticIndex(IndexOptions(exact_limit=10), on_rebuild_error=lambda: told.append("failed"))
+    shared = SharedIndex(None, index_options=IndexOptions(exact_limit=10))
+    healthy = VectorIndex(DIM, IndexOptions(exact_limit=10))
+    healthy.add(ids_for(20), vecs[:20])
+    assert healthy.wait_rebuilt(60) and healthy.kind == "hnsw" and healthy.rebuild_errors == 0
+    monkeypatch.setattr(VectorIndex, "_build", fail)
+    index.add(A, ids_for(20), vecs[:20])
+    assert index.index(A).wait_rebuilt(60)
+    assert index.index(A).rebuild_errors == 1 and index.rebuild_errors == 1 and told == ["failed"]
+    index.remove(A, ids_for(20))  # the scope goes; its failure stays counted
+    assert index.index(A) is None and index.rebuild_errors == 1
+    shared.add(B, ids_for(20), vecs[20:])
+    assert shared._index.index(B).wait_rebuilt(60)
+    assert shared.stats().rebuild_errors == 1 and shared.stats().errors == 0
+    shared.close()
+
+
 def test_concurrent_writers_and_readers_across_rebuilds_end_consistent():
     """Four threads add, replace, remove and search disjoint ids while migrations and compactions run.
 

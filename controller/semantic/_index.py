@@ -228,9 +228,17 @@ class VectorIndex:
     (the default) a thread builds the new index from a snapshot while the current one goes on serving
     searches and taking writes; the writes made meanwhile are replayed onto the new index when it is swapped
     in. ``wait_rebuilt()`` waits for a rebuild in flight. ``background=False`` rebuilds inside the call.
+    A background rebuild that fails is logged and counted (``rebuild_errors``, and ``on_rebuild_error()`` is
+    called), and the current index goes on serving; the next write that calls for a rebuild tries again.
     """
 
-    def __init__(self, dim: int, options: IndexOptions = IndexOptions()) -> None:
+    def __init__(
+        self,
+        dim: int,
+        options: IndexOptions = IndexOptions(),
+        *,
+        on_rebuild_error: Callable[[], None] | None = None,
+    ) -> None:
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
             raise ValueError(f"dim must be a positive int, got {dim!r}")
         if not isinstance(options, IndexOptions):
@@ -257,6 +265,8 @@ class VectorIndex:
         )
         self.kind = EXACT
         self.rebuilds = 0  # rebuilds swapped in (migrations and compactions)
+        self.rebuild_errors = 0  # background rebuilds that failed (the current index stayed)
+        self._on_rebuild_error = on_rebuild_error
         self._index = self._new_index(EXACT)
 
     def __len__(self) -> int:
@@ -421,6 +431,9 @@ class VectorIndex:
         except Exception:  # out of memory, say: keep serving from the current index, rebuild on a later write
             log.exception("rebuilding a %d-entry index as %s failed; the current one stays", len(ids), kind)
             with self._lock:
+                self.rebuild_errors += 1  # before the rebuild is over: wait_rebuilt() returns after it
+                if self._on_rebuild_error is not None:
+                    self._on_rebuild_error()
                 self._touched = None
             return
         with self._lock:
@@ -471,12 +484,19 @@ class SemanticIndex:
     Each entry's metadata (``add(metas=)``) is kept with it (``get``). Nothing changes it but its caller, so
     ``listen`` has nothing to tell; it keeps no expiry (an ``expires_at`` is a ``ValueError``: ``SharedIndex``,
     embedded with ``url=None``, keeps them).
+
+    ``rebuild_errors`` counts the failed background rebuilds of its scopes' indexes (``VectorIndex``), those
+    of scopes dropped since included; ``on_rebuild_error()`` is called on each.
     """
 
-    def __init__(self, options: IndexOptions = IndexOptions()) -> None:
+    def __init__(
+        self, options: IndexOptions = IndexOptions(), *, on_rebuild_error: Callable[[], None] | None = None
+    ) -> None:
         if not isinstance(options, IndexOptions):
             raise TypeError(f"options must be an IndexOptions, got {type(options).__name__}")
         self._options = options
+        self.rebuild_errors = 0
+        self._on_rebuild_error = on_rebuild_error
         self._indexes: dict[Scope, VectorIndex] = {}
         self._metas: dict[Scope, dict[str, Mapping[str, Any]]] = {}
         self._lock = threading.Lock()
@@ -504,7 +524,9 @@ class SemanticIndex:
                 with self._lock:
                     index = self._indexes.get(scope)
                     if index is None:
-                        index = self._indexes[scope] = VectorIndex(arr.shape[1], self._options)
+                        index = self._indexes[scope] = VectorIndex(
+                            arr.shape[1], self._options, on_rebuild_error=self._rebuild_failed
+                        )
             index.add(ids, arr)
             # A remove that emptied the scope may have dropped this index meanwhile: add to its successor.
             # (Checked under the lock remove drops under, so a drop decided before this add is seen here.)
@@ -514,6 +536,11 @@ class SemanticIndex:
                     for i, entry_id in enumerate(ids):
                         held[entry_id] = _NO_META if metas is None else metas[i]
                     return
+
+    def _rebuild_failed(self) -> None:
+        self.rebuild_errors += 1
+        if self._on_rebuild_error is not None:
+            self._on_rebuild_error()
 
     def remove(self, scope: Scope, ids: Sequence[str]) -> None:
         """Remove ``ids`` from ``scope`` (unknown ids are ignored); a scope left empty is dropped, so the
