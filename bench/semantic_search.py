@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import sys
 import threading
 import time
@@ -121,7 +122,8 @@ def shared(url: str, vecs: np.ndarray, adds: int) -> dict:
     admin = redis.Redis.from_url(url)
     for key in admin.scan_iter(f"{prefix}:*"):
         admin.delete(key)
-    writer = SharedIndex(url, prefix=prefix, follow=False, socket_timeout=5, connect_timeout=5)
+    secret = secrets.token_bytes(32)  # one for the writer and the replicas: they all sign and check with it
+    writer = SharedIndex(url, secret=secret, prefix=prefix, follow=False, socket_timeout=5, connect_timeout=5)
     t0 = time.perf_counter()
     for start in range(0, len(vecs), 1000):
         chunk = vecs[start : start + 1000]
@@ -130,13 +132,13 @@ def shared(url: str, vecs: np.ndarray, adds: int) -> dict:
         )
     write_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    replica = SharedIndex(url, prefix=prefix, follow=False, socket_timeout=5, connect_timeout=5)
+    replica = SharedIndex(url, secret=secret, prefix=prefix, follow=False, socket_timeout=5, connect_timeout=5)
     load_s = time.perf_counter() - t0
     assert len(replica) == len(vecs), (len(replica), len(vecs))
     replica.close()
 
     follower = SharedIndex(
-        url, prefix=prefix, block_ms=100, socket_timeout=5, connect_timeout=5, initial_wait=600
+        url, secret=secret, prefix=prefix, block_ms=100, socket_timeout=5, connect_timeout=5, initial_wait=600
     )
     follower._index.index(SCOPE).wait_rebuilt()
     rng = np.random.default_rng(1)

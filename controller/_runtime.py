@@ -292,18 +292,19 @@ def build_runtime(
     return CacheRuntime(
         store=store, events=events, metrics=metrics, policy=policy, clock=clock, tenants=holder, config=config,
         semantic=SemanticLayer(
-            config.semantic, redis=_semantic_redis(config), embedder=embedder, clock=clock,
+            config.semantic, redis=_semantic_redis(config, secret), embedder=embedder, clock=clock,
             on_error=lambda op, exc: metrics.tier_error("semantic", op, exc),
         ),
     )
 
 
-def _semantic_redis(config: StoreConfig) -> SharedRedis | None:
-    """The store's Redis, where a shared semantic index keeps its entries (under the L2 prefix + ``-sem``)."""
+def _semantic_redis(config: StoreConfig, secret: bytes) -> SharedRedis | None:
+    """The store's Redis, where a shared semantic index keeps its entries (under the L2 prefix + ``-sem``),
+    signed with ``secret``, the one that signs the store's entries."""
     redis = config.redis
     if redis is None:
         return None
-    return SharedRedis(redis.url, f"{redis.prefix}-sem", redis.timeout_s, redis.retry_after_s)
+    return SharedRedis(redis.url, f"{redis.prefix}-sem", redis.timeout_s, redis.retry_after_s, secret=secret)
 
 
 # By EventsConfig.sink; the config's validators have checked that each sink has what it needs.

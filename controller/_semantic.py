@@ -28,11 +28,12 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._types import CacheKey, Namespace
 from .semantic._config import SemanticConfig
+from .semantic._signing import check_secret
 
 if TYPE_CHECKING:
     from evocache.dsl import SemanticSpec
@@ -67,12 +68,18 @@ class SemanticPlan(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class SharedRedis:
-    """The Redis a ``SharedIndex`` keeps the semantic entries in (the store's, under its own ``prefix``)."""
+    """The Redis a ``SharedIndex`` keeps the semantic entries in (the store's, under its own ``prefix``), and
+    ``secret``: the deployment secret (bytes, at least 16) that signs them, the one the store's entries are
+    signed with (``controller._secret``). Left out of the repr."""
 
     url: str
     prefix: str
     timeout_s: float = 0.05
     retry_after_s: float = 1.0
+    secret: bytes = field(kw_only=True, repr=False)
+
+    def __post_init__(self) -> None:
+        check_secret(self.secret, "SharedRedis.secret")
 
 
 class Served(NamedTuple):
@@ -217,6 +224,7 @@ class SemanticLayer:
                     else:
                         self._index = SharedIndex(
                             redis.url if self._config.shared else None,
+                            secret=redis.secret,
                             prefix=redis.prefix,
                             clock=self._clock,
                             socket_timeout=redis.timeout_s,

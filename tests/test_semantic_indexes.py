@@ -36,7 +36,10 @@ def index(request, fake_clock) -> Iterator[SemanticIndex | SharedIndex]:
     elif request.param == "embedded":
         made = SharedIndex(None, clock=fake_clock)
     else:
-        made = SharedIndex(request.getfixturevalue("redis_url"), follow=False, clock=fake_clock)
+        made = SharedIndex(
+            request.getfixturevalue("redis_url"), secret=b"the deployment secret of this test", follow=False,
+            clock=fake_clock,
+        )
     yield made
     made.close()
 

@@ -13,6 +13,7 @@ from evocache.controller.semantic._decide import BoundedPolicy, PacerOptions
 from test_semantic_decide import TableEmbedder, synthetic_stream
 
 A, B = Scope("tenant-a", "fn"), Scope("tenant-b", "fn")
+SECRET = b"the deployment secret of these replicas"
 
 
 def test_one_tenants_lookups_without_candidates_buy_no_budget_for_another() -> None:
@@ -209,7 +210,9 @@ def test_redis_unregisters_a_scope_when_the_sweep_empties_it(redis_url, fake_clo
     import redis
     from evocache.controller.semantic import SharedIndex
 
-    index = SharedIndex(redis_url, follow=False, clock=fake_clock, socket_timeout=1, connect_timeout=1)
+    index = SharedIndex(
+        redis_url, secret=SECRET, follow=False, clock=fake_clock, socket_timeout=1, connect_timeout=1
+    )
     client = redis.Redis.from_url(redis_url)
     try:
         row = _unit_rows(1)
@@ -229,7 +232,9 @@ def test_redis_unregisters_a_scope_when_the_sweep_empties_it(redis_url, fake_clo
         assert "cmdstat_evalsha" not in client.info("commandstats")  # nothing is due: no scope is visited
         # a scope that comes back registers again, and a new replica loads it
         index.add(Scope("t", "fn|user3"), ["k3"], row)
-        other = SharedIndex(redis_url, follow=False, clock=fake_clock, socket_timeout=1, connect_timeout=1)
+        other = SharedIndex(
+            redis_url, secret=SECRET, follow=False, clock=fake_clock, socket_timeout=1, connect_timeout=1
+        )
         assert sorted(other.scopes()) == [Scope("t", "fn|user3"), Scope("u", "fn|kept")]
         other.close()
         index.follow_once(10)  # the sweep's messages: this replica forgets the expired entries too
@@ -366,7 +371,9 @@ def test_the_sweep_visits_only_scopes_with_an_expiry_due(redis_url, fake_clock) 
     from evocache.controller.semantic import SharedIndex
     from evocache.controller.semantic._shared import boundary_digest
 
-    index = SharedIndex(redis_url, follow=False, clock=fake_clock, socket_timeout=1, connect_timeout=1)
+    index = SharedIndex(
+        redis_url, secret=SECRET, follow=False, clock=fake_clock, socket_timeout=1, connect_timeout=1
+    )
     client = redis.Redis.from_url(redis_url)
     try:
         row = _unit_rows(1)
@@ -392,7 +399,9 @@ def test_the_sweep_visits_only_scopes_with_an_expiry_due(redis_url, fake_clock) 
         # load marks every registered scope for one check
         client.zrem("evc-sem:#due", f"t:{boundary_digest('fn|later0')}")
         fake_clock.advance(100)
-        other = SharedIndex(redis_url, follow=False, clock=fake_clock, socket_timeout=1, connect_timeout=1)
+        other = SharedIndex(
+            redis_url, secret=SECRET, follow=False, clock=fake_clock, socket_timeout=1, connect_timeout=1
+        )
         assert other.sweep() == 30
         assert client.hlen("evc-sem:t:#scopes") == 0 and client.zcard("evc-sem:#due") == 0
         other.close()

@@ -13,6 +13,7 @@ DIM = 384
 A = Scope("tenant-a", "fn=chat|model=m1|rev=1|params=0f|emb=st:all-MiniLM-L6-v2")
 B = Scope("tenant-b", A.boundary)  # another tenant, same contract
 A2 = Scope("tenant-a", "fn=chat|model=m2|rev=1|params=0f|emb=st:all-MiniLM-L6-v2")  # same tenant, other model
+SECRET = b"the deployment secret of these replicas"
 
 
 def unit(rows: np.ndarray) -> np.ndarray:
@@ -42,7 +43,7 @@ def replicas(redis_url, fake_clock) -> Iterator[Callable[..., SharedIndex]]:
     made: list[SharedIndex] = []
 
     def make(**options) -> SharedIndex:
-        options = {"follow": False, "clock": fake_clock, **options}
+        options = {"follow": False, "clock": fake_clock, "secret": SECRET, **options}
         replica = SharedIndex(options.pop("url", redis_url), **options)
         made.append(replica)
         return replica
@@ -138,18 +139,20 @@ def test_a_scope_whose_boundary_does_not_match_its_digest_is_not_loaded(replicas
 
 def test_records_that_are_not_unit_vectors_of_the_scope_are_skipped_on_load(replicas, redis_server):
     from evocache.controller.semantic._shared import encode_record
+    from evocache.controller.semantic._signing import IndexSigner
 
     first = replicas()
     vecs = random_unit(3, seed=14)
     first.add(A, ["a0", "a1", "a2"], vecs)
     key = f"evc-sem:tenant-a:{_digest(A.boundary)}:e"
+    seal = IndexSigner(SECRET).seal  # signed as a replica would: the checks after the tag's are the ones at work
     with redis_server.client() as admin:
-        admin.hset(key, "junk", b"not a record")
-        admin.hset(key, "long", encode_record(vecs[0] * 2, {}, None))
-        admin.hset(key, "short", encode_record(unit(vecs[:1, :10])[0], {}, None))
-        admin.hset(key, "nan", encode_record(np.full(DIM, np.nan, dtype=np.float32), {}, None))
+        admin.hset(key, "junk", seal(A, "junk", b"not a record"))
+        admin.hset(key, "long", seal(A, "long", encode_record(vecs[0] * 2, {}, None)))
+        admin.hset(key, "short", seal(A, "short", encode_record(unit(vecs[:1, :10])[0], {}, None)))
+        admin.hset(key, "nan", seal(A, "nan", encode_record(np.full(DIM, np.nan, dtype=np.float32), {}, None)))
     second = replicas()
-    assert second.stats().corrupt == 4
+    assert second.stats().corrupt == 4 and second.stats().forged == 0
     assert sorted(ids(second.search(A, vecs[:1], 10))[0]) == ["a0", "a1", "a2"]
     assert second.get(A, "long") is None
 
@@ -287,7 +290,7 @@ def test_expired_entries_leave_every_replica(replicas, fake_clock):
 
 def test_redis_down_never_fails_a_lookup(restartable_redis, fake_clock, caplog):
     restartable_redis.stop()
-    replica = SharedIndex(restartable_redis.url, follow=False, clock=fake_clock, retry_after=1.0)
+    replica = SharedIndex(restartable_redis.url, secret=SECRET, follow=False, clock=fake_clock, retry_after=1.0)
     try:
         vecs = random_unit(2, seed=8)
         assert replica.search(A, vecs[:1], 3) == [[]]  # a miss, no exception
@@ -302,7 +305,7 @@ def test_redis_down_never_fails_a_lookup(restartable_redis, fake_clock, caplog):
         assert caplog.text.count("semantic index evc-sem: Redis") == 1  # counted, not logged again
 
         restartable_redis.start()
-        writer = SharedIndex(restartable_redis.url, follow=False, clock=fake_clock)
+        writer = SharedIndex(restartable_redis.url, secret=SECRET, follow=False, clock=fake_clock)
         writer.add(A, ["shared"], vecs[1:])
         assert replica.follow_once() == 0  # rebuilt: the add came with the snapshot, nothing after it
         # Redis came back as another server: the replica rebuilt from it, the shared truth.
@@ -314,7 +317,7 @@ def test_redis_down_never_fails_a_lookup(restartable_redis, fake_clock, caplog):
 
 
 def test_a_failed_write_opens_the_breaker_for_retry_after(restartable_redis, fake_clock):
-    replica = SharedIndex(restartable_redis.url, follow=False, clock=fake_clock, retry_after=1.0)
+    replica = SharedIndex(restartable_redis.url, secret=SECRET, follow=False, clock=fake_clock, retry_after=1.0)
     try:
         vecs = random_unit(3, seed=9)
         restartable_redis.stop()
@@ -331,14 +334,14 @@ def test_a_failed_write_opens_the_breaker_for_retry_after(restartable_redis, fak
 
 
 def test_the_follower_thread_picks_up_again_when_redis_returns(restartable_redis, fake_clock):
-    replica = SharedIndex(restartable_redis.url, clock=fake_clock, retry_after=0.02, block_ms=20)
+    replica = SharedIndex(restartable_redis.url, secret=SECRET, clock=fake_clock, retry_after=0.02, block_ms=20)
     try:
         vec = random_unit(1, seed=10)
         assert replica.wait_synced(15)
         restartable_redis.stop()
         eventually(lambda: not replica.stats().connected, "the follower to notice Redis is gone")
         restartable_redis.start()
-        writer = SharedIndex(restartable_redis.url, follow=False, clock=fake_clock)
+        writer = SharedIndex(restartable_redis.url, secret=SECRET, follow=False, clock=fake_clock)
         writer.add(A, ["after-restart"], vec)
         eventually(lambda: ids(replica.search(A, vec, 1)) == [["after-restart"]], "the follower to catch up")
         assert replica.stats().connected

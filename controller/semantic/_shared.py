@@ -9,13 +9,21 @@ Layout under ``prefix`` (``p``), for a namespace ``ns`` and a boundary whose SHA
     p:#ns           SET    namespaces that hold semantic entries
     p:#due          ZSET   "ns:b" -> when the scope's earliest expiry is due (ms); 0: check it for emptiness
     p:ns:#scopes    HASH   b -> the boundary itself (checked against its digest when loaded)
-    p:ns:b:e        HASH   entry id -> record (expiry, metadata JSON, float32 vector; see ``encode_record``)
+    p:ns:b:e        HASH   entry id -> sealed record (expiry, metadata JSON, float32 vector; see
+                           ``encode_record``), then its tag
     p:ns:b:x        ZSET   entry id -> expiry deadline (ms) of entries stored with one
-    p:#stream       STREAM {op: add, ns, bd, id, rec} | {op: del, ns, bd, ids (JSON list)}
+    p:#stream       STREAM {op: add, ns, bd, id, rec (sealed)} | {op: del, ns, bd, ids (JSON list), tag}
 
 A write and its stream message go in one MULTI transaction, so a follower never sees one without the other.
 Every key of a scope is built from its own namespace and boundary digest, and a stream message is applied
 to the scope it names, so nothing of one scope is ever loaded into another's index.
+
+Records and removal messages are signed under the deployment secret (``_signing.IndexSigner``): the tag binds
+a record to its scope, its entry id, and its vector, metadata and expiry. Every record is checked before it is
+decoded, on load, on follow and on sweep; one that fails (planted, altered, copied from another scope, signed
+under another secret) is skipped and counted (``stats().forged``), and deleted from its hash unless a write
+replaced it meanwhile; a message that fails is skipped and counted. So every replica sharing a Redis must use
+the same secret.
 
 Failure behaviour: search never touches Redis. A failed write leaves the entry in the local index only, is
 counted (``stats().errors``) and logged, and opens a breaker: writes within ``retry_after`` seconds skip
@@ -50,6 +58,7 @@ from ._index import (
     check_scope,
     check_vectors,
 )
+from ._signing import IndexSigner, check_secret
 
 if TYPE_CHECKING:
     import numpy as np
@@ -64,45 +73,83 @@ _SWEEP_BATCH = 512  # entries per scope per sweep step
 _SWEEP_SCOPES = 10_000  # scopes per sweep; the rest are due still and come next time
 
 # KEYS: entries hash, expiry zset, stream, the namespace's scopes hash, the namespaces set, the due zset.
-# ARGV: now (ms), batch, ns, boundary digest, stream maxlen, the scope's member in the due zset.
-# Removes the due entries of one scope and announces them in one message; moves the scope's due time to its
-# next expiry (or takes it off the due zset when none is left); unregisters the scope when it holds nothing
-# (then the namespace when it has no scope left). All atomically: an add (one MULTI that registers, stores
-# and sets the due time) lands either before (the scope is not empty) or after (it registers it again).
+# ARGV: now (ms), ns, boundary digest, stream maxlen, the scope's member in the due zset, the boundary ('': no
+# message), the JSON list of the ids to remove and its tag, n, then n pairs (id, its deadline as read), then
+# triples (id, deadline as read, deadline to set; '': none) of entries whose deadline the zset has wrong.
+# The caller has read the due entries and checked their records (``SharedIndex._sweep_scope``), and signed the
+# message that announces their removal; if any of them has another deadline now (a write came in between),
+# nothing is done (-1) and the scope stays due for the next sweep. Otherwise it removes them and announces
+# them in that one message; moves the scope's due time to its next expiry (or takes it off the due zset when
+# none is left); unregisters the scope when it holds nothing (then the namespace when it has no scope left).
+# All atomically: an add (one MULTI that registers, stores and sets the due time) lands either before (the
+# scope is not empty) or after (it registers it again).
 _SWEEP = """
-local boundary = redis.call('HGET', KEYS[4], ARGV[4])
-local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
-if #due > 0 then
-  redis.call('HDEL', KEYS[1], unpack(due))
-  redis.call('ZREM', KEYS[2], unpack(due))
-  if boundary then
-    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'op', 'del', 'ns', ARGV[3], 'bd', boundary,
-               'ids', cjson.encode(due))
+local n = tonumber(ARGV[9])
+local ids = {}
+for i = 10, 9 + 2 * n, 2 do
+  local seen = redis.call('ZSCORE', KEYS[2], ARGV[i])
+  if not seen or tonumber(seen) ~= tonumber(ARGV[i + 1]) then
+    return -1
+  end
+  ids[#ids + 1] = ARGV[i]
+end
+if #ids > 0 then
+  redis.call('HDEL', KEYS[1], unpack(ids))
+  redis.call('ZREM', KEYS[2], unpack(ids))
+  if ARGV[6] ~= '' and redis.call('HEXISTS', KEYS[4], ARGV[3]) == 1 then
+    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', 'op', 'del', 'ns', ARGV[2], 'bd', ARGV[6],
+               'ids', ARGV[7], 'tag', ARGV[8])
+  end
+end
+for i = 10 + 2 * n, #ARGV - 2, 3 do
+  local seen = redis.call('ZSCORE', KEYS[2], ARGV[i])
+  if seen and tonumber(seen) == tonumber(ARGV[i + 1]) then
+    if ARGV[i + 2] == '' then
+      redis.call('ZREM', KEYS[2], ARGV[i])
+    else
+      redis.call('ZADD', KEYS[2], ARGV[i + 2], ARGV[i])
+    end
   end
 end
 local next = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 if next[2] then
-  redis.call('ZADD', KEYS[6], next[2], ARGV[6])
+  redis.call('ZADD', KEYS[6], next[2], ARGV[5])
 else
-  redis.call('ZREM', KEYS[6], ARGV[6])
+  redis.call('ZREM', KEYS[6], ARGV[5])
 end
 if redis.call('HLEN', KEYS[1]) == 0 then
   redis.call('DEL', KEYS[2])
-  redis.call('HDEL', KEYS[4], ARGV[4])
+  redis.call('HDEL', KEYS[4], ARGV[3])
   if redis.call('HLEN', KEYS[4]) == 0 then
-    redis.call('SREM', KEYS[5], ARGV[3])
+    redis.call('SREM', KEYS[5], ARGV[2])
   end
 end
-return #due
+return #ids
+"""
+
+# KEYS: entries hash, expiry zset. ARGV: pairs (id, stored record). Deletes each record that is still the one
+# given (a write since it was read is left alone); how many.
+_DROP = """
+local n = 0
+for i = 1, #ARGV, 2 do
+  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    redis.call('ZREM', KEYS[2], ARGV[i])
+    n = n + 1
+  end
+end
+return n
 """
 
 
 class SharedStats(NamedTuple):
     errors: int  # Redis calls that failed (writes, reads, rebuilds, sweeps)
-    corrupt: int  # records or messages that could not be decoded; skipped
+    corrupt: int  # records or messages skipped: failed their tag, or could not be decoded or indexed
     applied: int  # stream messages applied
     rebuilds: int  # full rebuilds of the local index from Redis
     connected: bool  # the last Redis call succeeded (always False without Redis)
+    forged: int  # of the corrupt ones, those that failed their tag (planted, altered, copied, other secret)
+    rebuild_errors: int  # failed background rebuilds of a scope's vector index (the current one stays)
 
 
 def boundary_digest(boundary: str) -> str:
@@ -148,12 +195,16 @@ class SharedIndex:
     ``expires_at`` is absolute time on ``clock`` (wall clock by default, so every replica agrees); an expired
     entry is never returned by ``search``. ``listen(fn)`` calls ``fn(Change)`` for changes from elsewhere, on
     the follower's thread. ``index_options`` build the local ``SemanticIndex``.
+
+    With a ``url``, ``secret`` (the deployment secret, at least 16 bytes; the one every replica uses) signs
+    what this replica writes to Redis and checks what it reads (module docstring); it is required there.
     """
 
     def __init__(
         self,
         url: str | None = None,
         *,
+        secret: bytes | None = None,
         prefix: str = "evc-sem",
         clock: Callable[[], float] = time.time,
         socket_timeout: float = 0.05,
@@ -172,6 +223,9 @@ class SharedIndex:
             raise ValueError(
                 "retry_after >= 0, block_ms >= 1, sweep_interval > 0, stream_maxlen >= 1 and initial_wait >= 0"
             )
+        if url is not None and secret is None:
+            raise TypeError("SharedIndex(url) needs secret=, the deployment secret that signs the shared index")
+        self._signer = None if secret is None else IndexSigner(check_secret(secret, "SharedIndex secret"))
         self._prefix = prefix
         self._clock = clock
         self._retry_after = retry_after
@@ -179,13 +233,13 @@ class SharedIndex:
         self._sweep_interval = sweep_interval
         self._maxlen = stream_maxlen
         self._index_options = index_options
-        self._index = SemanticIndex(index_options)
+        self._index = self._new_index()
         self._entries: dict[Scope, dict[str, SharedEntry]] = {}
         self._due: list[tuple[float, Scope, str]] = []  # heap of (expiry, scope, id): the local expiry
         self._next_expiry = 0.0
         self._lock = threading.RLock()  # local state: the index, the entries, the stream position
         self._listeners: list[Callable[[Change], None]] = []
-        self._counts = dict.fromkeys(("errors", "corrupt", "applied", "rebuilds"), 0)
+        self._counts = dict.fromkeys((f for f in SharedStats._fields if f != "connected"), 0)
         self._connected = False
         self._down_logged = False
         self._breaker = Breaker(retry_after, clock=clock)  # writes skip Redis while it is open
@@ -220,6 +274,7 @@ class SharedIndex:
             retry=Retry(NoBackoff(), 0),
         )
         self._sweep_script = self._reader.register_script(_SWEEP)
+        self._drop_script = self._reader.register_script(_DROP)
         if not follow:
             self.sync()
         else:
@@ -252,6 +307,9 @@ class SharedIndex:
         records = [
             encode_record(arr[i], metas[i], deadlines[i]) for i in range(len(ids))
         ]  # TypeError: not JSON
+        if self._signer is not None:
+            seal = self._signer.seal
+            records = [seal(scope, entry_id, rec) for entry_id, rec in zip(ids, records, strict=True)]
         with self._lock:
             self._index.add(scope, ids, arr)
             held = self._entries.setdefault(scope, {})
@@ -375,14 +433,56 @@ class SharedIndex:
             # Only the scopes whose earliest expiry has passed (or that a removal may have emptied).
             due = self._reader.zrangebyscore(self._due_key, "-inf", now_ms, start=0, num=_SWEEP_SCOPES)
             for member in due:
-                ns, digest = member.decode()[:-65], member.decode()[-64:]
-                base = f"{self._prefix}:{ns}:{digest}"
-                keys = [base + ":e", base + ":x", self._stream, self._scopes_key(ns), self._ns_key, self._due_key]
-                args = [now_ms, _SWEEP_BATCH, ns, digest, self._maxlen, member]
-                removed += int(self._sweep_script(keys=keys, args=args))
+                removed += self._sweep_scope(member, now_ms)
         except self._redis_errors as exc:
             self._failed("sweep", exc)
         return removed
+
+    def _sweep_scope(self, member: bytes, now_ms: int) -> int:
+        """Remove the due entries of one scope (at most ``_SWEEP_BATCH``), announced in one signed message.
+
+        The expiry zset only says which to look at: an entry goes if its record is missing, fails its tag
+        (then it is counted) or does not decode, or its signed expiry has passed; one whose signed expiry lies
+        ahead (or that has none) stays, and its deadline in the zset is set from the record."""
+        reader, signer = self._reader, self._signer
+        assert reader is not None and signer is not None
+        ns, digest = member.decode()[:-65], member.decode()[-64:]
+        base = f"{self._prefix}:{ns}:{digest}"
+        seen = reader.zrangebyscore(base + ":x", "-inf", now_ms, start=0, num=_SWEEP_BATCH, withscores=True)
+        raw_boundary = reader.hget(self._scopes_key(ns), digest)
+        scope = self._registered_scope(ns, digest, raw_boundary)
+        records = reader.hmget(base + ":e", [raw_id for raw_id, _ in seen]) if seen else []
+        gone: list[tuple[bytes, float]] = []
+        fixes: list[tuple[bytes, float, str]] = []
+        for (raw_id, score), sealed in zip(seen, records, strict=True):
+            if scope is None or sealed is None:
+                gone.append((raw_id, score))  # unregistered or forged scope: nothing can load it anyway
+                continue
+            record = signer.open(scope, raw_id, sealed)
+            if record is None:
+                self._forged(f"{base}:e/{raw_id!r} (on sweep)")
+                gone.append((raw_id, score))
+                continue
+            try:
+                _, _, deadline = decode_record(record)
+            except ValueError as exc:
+                self._corrupt(f"{base}:e/{raw_id!r} (on sweep)", exc)
+                gone.append((raw_id, score))
+                continue
+            if deadline is not None and int(deadline * 1000) <= now_ms:
+                gone.append((raw_id, score))
+            else:
+                fixes.append((raw_id, score, "" if deadline is None else str(int(deadline * 1000))))
+        ids_json = json.dumps([raw_id.decode(errors="surrogateescape") for raw_id, _ in gone]).encode()
+        tag = signer.removal(scope, ids_json) if scope is not None else b""
+        keys = [base + ":e", base + ":x", self._stream, self._scopes_key(ns), self._ns_key, self._due_key]
+        args: list[Any] = [now_ms, ns, digest, self._maxlen, member]
+        args += [scope.boundary if scope is not None else "", ids_json, tag, len(gone)]
+        for raw_id, score in gone:
+            args += [raw_id, int(score)]
+        for raw_id, score, deadline_ms in fixes:
+            args += [raw_id, int(score), deadline_ms]
+        return max(int(self._sweep_script(keys=keys, args=args)), 0)  # -1: a write came in between
 
     # -- internals ---------------------------------------------------------------------------------------------
 
@@ -430,7 +530,10 @@ class SharedIndex:
         pipe.hdel(base + ":e", *ids)
         pipe.zrem(base + ":x", *ids)
         pipe.zadd(self._due_key, {self._due_member(scope): 0}, lt=True)  # the next sweep: is it empty now?
-        fields = {"op": "del", "ns": scope.namespace, "bd": scope.boundary, "ids": json.dumps(ids)}
+        assert self._signer is not None
+        ids_json = json.dumps(ids).encode()
+        tag = self._signer.removal(scope, ids_json)
+        fields = {"op": "del", "ns": scope.namespace, "bd": scope.boundary, "ids": ids_json, "tag": tag}
         pipe.xadd(self._stream, fields, maxlen=self._maxlen, approximate=True)
 
     def _write(self, queue_ops: Callable[[Any], None]) -> None:
@@ -537,7 +640,7 @@ class SharedIndex:
         # every operation is idempotent, so the result is the state at the end of the stream.
         last = reader.xrevrange(self._stream, count=1)
         last_id = last[0][0] if last else b"0-0"
-        index = SemanticIndex(self._index_options)
+        index = self._new_index()
         entries: dict[Scope, dict[str, SharedEntry]] = {}
         now = self._clock()
         registered: dict[str, int] = {}
@@ -547,7 +650,7 @@ class SharedIndex:
                 scope = self._loaded_scope(ns, digest.decode(), boundary.decode())
                 if scope is None:
                     continue
-                loaded = self._load_scope(reader, f"{self._prefix}:{ns}:{digest.decode()}:e", now)
+                loaded = self._load_scope(reader, scope, f"{self._prefix}:{ns}:{digest.decode()}", now)
                 if loaded is not None:
                     ids, vecs, held = loaded
                     index.add(scope, ids, vecs)
@@ -566,20 +669,29 @@ class SharedIndex:
         self._notify(Change("reset", None, ()))
 
     def _load_scope(
-        self, reader: Any, key: str, now: float
+        self, reader: Any, scope: Scope, base: str, now: float
     ) -> tuple[list[str], np.ndarray, dict[str, SharedEntry]] | None:
         """The live entries of one scope's hash: ids, vectors (one row each) and what else is known of them.
-        Records that do not decode, or whose vector is not a unit row of the scope's dimension, are counted
-        and skipped. ``None`` if none is left."""
+        Records that fail their tag are counted, skipped and deleted (unless rewritten meanwhile); records
+        that do not decode, or whose vector is not a unit row of the scope's dimension, are counted and
+        skipped. ``None`` if none is left."""
         import numpy as np
 
+        assert self._signer is not None
+        key = base + ":e"
         ids: list[str] = []
         rows: list[np.ndarray] = []
         held: dict[str, SharedEntry] = {}
+        forged: list[bytes] = []
         for raw_id, raw in reader.hscan_iter(key, count=1000):
+            record = self._signer.open(scope, raw_id, raw)
+            if record is None:
+                self._forged(f"{key}/{raw_id!r}")
+                forged += [raw_id, raw]
+                continue
             try:
                 entry_id = raw_id.decode()
-                vec, meta, deadline = decode_record(raw)
+                vec, meta, deadline = decode_record(record)
             except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
                 self._corrupt(f"{key}/{raw_id!r}", exc)
                 continue
@@ -587,6 +699,8 @@ class SharedIndex:
                 ids.append(entry_id)
                 rows.append(vec)
                 held[entry_id] = SharedEntry(meta, deadline)
+        if forged:
+            self._drop_script(keys=[key, base + ":x"], args=forged)
         if not ids:
             return None
         # Checked all at once (a per-row check was a third of a 20 k-entry load): one dimension, finite, unit.
@@ -609,6 +723,24 @@ class SharedIndex:
             return None
         return [e for e, ok in zip(kept, unit.tolist(), strict=True) if ok], vecs[unit], held
 
+    def _registered_scope(self, ns: str, digest: str, raw_boundary: bytes | None) -> Scope | None:
+        """The scope registered under ``digest`` in ``ns``; ``None`` if there is none, or one that does not
+        match its digest (not counted: ``_loaded_scope`` counts it on load)."""
+        if raw_boundary is None:
+            return None
+        try:
+            scope = Scope(ns, raw_boundary.decode())
+            check_scope(scope)
+        except ValueError:
+            return None
+        return scope if boundary_digest(scope.boundary) == digest else None
+
+    def _new_index(self) -> SemanticIndex:
+        return SemanticIndex(self._index_options, on_rebuild_error=self._rebuild_failed)
+
+    def _rebuild_failed(self) -> None:
+        self._counts["rebuild_errors"] += 1
+
     def _loaded_scope(self, ns: str, digest: str, boundary: str) -> Scope | None:
         scope = Scope(ns, boundary)
         try:
@@ -623,22 +755,36 @@ class SharedIndex:
 
     def _apply(self, msg_id: bytes, fields: dict[bytes, bytes]) -> None:
         """Apply one stream message to the scope it names (idempotent: re-applying changes nothing)."""
+        signer = self._signer
+        assert signer is not None
         try:
             op = fields[b"op"]
             scope = Scope(fields[b"ns"].decode(), fields[b"bd"].decode())
             check_scope(scope)
+            # The tag first: nothing of a message is decoded before it is known to come from a replica.
             if op == b"add":
-                entry_id = fields[b"id"].decode()
-                vec, meta, deadline = decode_record(fields[b"rec"])
+                raw_id = fields[b"id"]
+                record = signer.open(scope, raw_id, fields[b"rec"])
+                if record is None:
+                    raise _TagMismatch
+                entry_id = raw_id.decode()
+                vec, meta, deadline = decode_record(record)
                 check_vectors(vec[None, :], None)
                 change = Change("add", scope, (entry_id,))
             elif op == b"del":
+                if not signer.removal_ok(scope, fields[b"ids"], fields[b"tag"]):
+                    raise _TagMismatch
                 ids = json.loads(fields[b"ids"])
                 if not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
                     raise ValueError("ids is not a JSON list of strings")
                 change = Change("remove", scope, tuple(ids))
             else:
                 raise ValueError(f"unknown op {op!r}")
+        except _TagMismatch:
+            self._forged(f"stream message {msg_id!r}")
+            with self._lock:
+                self._last_id = msg_id
+            return
         except (KeyError, ValueError, UnicodeDecodeError) as exc:
             self._corrupt(f"stream message {msg_id!r}", exc)
             with self._lock:
@@ -678,6 +824,10 @@ class SharedIndex:
         self._counts["corrupt"] += 1
         log.warning("semantic index %s: skipped %s: %s", self._prefix, where, exc)
 
+    def _forged(self, where: str) -> None:
+        self._counts["forged"] += 1
+        self._corrupt(where, ValueError("its tag does not match: not written by a replica holding the secret"))
+
     def _run(self) -> None:
         next_sweep = 0.0
         while not self._stop.is_set():
@@ -695,6 +845,10 @@ class SharedIndex:
                 continue
             if not self._connected:
                 self._stop.wait(max(self._retry_after, 0.01))
+
+
+class _TagMismatch(Exception):
+    """A stream message whose tag does not match (``_apply`` counts it as forged; it never leaves there)."""
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
