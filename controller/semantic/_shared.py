@@ -772,7 +772,7 @@ class SharedIndex:
                 check_vectors(vec[None, :], None)
                 change = Change("add", scope, (entry_id,))
             elif op == b"del":
-                if not signer.removal_ok(scope, fields[b"ids"], fields[b"tag"]):
+                if not signer.removal_ok(scope, fields[b"ids"], fields.get(b"tag", b"")):
                     raise _TagMismatch
                 ids = json.loads(fields[b"ids"])
                 if not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
