@@ -1,4 +1,6 @@
-"""How far the 1.25x hit-rate target of issue 4 is from what any neighbour-based cache could reach on a stream.
+"""How far a hit rate of 1.25x the best static threshold is from what any neighbour-based cache could reach.
+
+The analysis behind docs/semantic.md, 'Ceiling'.
 
     .venv/bin/python bench/semantic_ceiling.py [--streams banking77,clinc150] [--deltas 0.01,0.02,0.05]
 

@@ -1,6 +1,6 @@
 """The README and the design pages say what the code does: every link between them resolves, every section a
-comment in the code points to exists, the code they show compiles and names what exists, the policies they show
-load, and the commands they give take the options they are given."""
+comment in the code points to exists, the code they show compiles and names what exists, the policies they
+show load, and the commands they give take the options they are given."""
 
 from __future__ import annotations
 
@@ -40,23 +40,26 @@ def _without_code(text: str) -> str:
 
 
 def _generated_sections() -> list[str]:
-    """The section titles bench/report.py writes into docs/benchmarks.md (the committed page may predate them)."""
-    return re.findall(r'Section\("([^"]+)"', (ROOT / "bench" / "report.py").read_text(encoding="utf-8"))
+    """The section titles bench/report.py writes into docs/benchmarks.md (the committed page may predate
+    them)."""
+    source = (ROOT / "bench" / "report.py").read_text(encoding="utf-8")
+    return re.findall(r'Section\("([^"]+)"', source)
 
 
 @functools.cache
 def headings(page: Path) -> dict[str, str]:
     """anchor -> heading of every heading of ``page`` (a repeated anchor gets GitHub's -1, -2, ...)."""
-    titles = re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", _without_code(page.read_text(encoding="utf-8")), re.MULTILINE)
+    text = _without_code(page.read_text(encoding="utf-8"))
+    titles = re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", text, re.MULTILINE)
     if page == ROOT / "docs" / "benchmarks.md":
-        titles += _generated_sections()
+        titles += [t for t in _generated_sections() if t not in titles]
     found: dict[str, str] = {}
     for title in titles:
         base = slug = anchor(title)
-        n = 0
-        while slug in found and found[slug] != title:
-            n += 1
-            slug = f"{base}-{n}"
+        repeat = 0
+        while slug in found:
+            repeat += 1
+            slug = f"{base}-{repeat}"
         found[slug] = title
     return found
 
@@ -102,9 +105,7 @@ def pointers() -> list[tuple[str, int, str, str]]:
     """(file, line, page, section) of every ``docs/<page>.md, 'Section'`` (or ``"Section"``, with or without
     the comma, a second one after ``and``) in the code, tests and examples; a section may run on over a line
     break, a comment's ``#`` included."""
-    pattern = re.compile(
-        r"docs/([a-z-]+\.md),?\s+(['\"])(.+?)\2(?:\s+and\s*#?\s*(['\"])(.+?)\4)?", re.DOTALL
-    )
+    pattern = re.compile(r"docs/([a-z-]+\.md),?\s+(['\"])(.+?)\2(?:\s+and\s*#?\s*(['\"])(.+?)\4)?", re.DOTALL)
     found = []
     for folder in CODE_DIRS:
         for path in sorted((ROOT / folder).rglob("*.py")):
@@ -113,13 +114,14 @@ def pointers() -> list[tuple[str, int, str, str]]:
                 line = text.count("\n", 0, match.start()) + 1
                 for section in (match.group(3), match.group(5)):
                     if section is not None and "\n\n" not in section:
-                        found.append((_rel(path), line, match.group(1), re.sub(r"\s*\n\s*#?\s*", " ", section)))
+                        section = re.sub(r"\s*\n\s*#?\s*", " ", section)
+                        found.append((_rel(path), line, match.group(1), section))
     return found
 
 
 def test_pointers_are_found_across_line_breaks() -> None:
     found = {(page, section) for _, _, page, section in pointers()}
-    assert ("semantic.md", "New tenants") in found  # a comment: "... (see docs/semantic.md,\n# 'New tenants')"
+    assert ("semantic.md", "New tenants") in found  # a comment: "(see docs/semantic.md,\n# 'New tenants')"
     assert ("eviction.md", "The learned policy") in found  # a docstring: '"The learned\n    policy"'
     assert ("policy-language.md", "Bounds") in found  # '"Patterns" and\n "Bounds"'
 
@@ -133,11 +135,12 @@ def test_every_section_the_code_points_to_exists() -> None:
     assert not missing, missing
 
 
-# -- what the pages show -----------------------------------------------------------------------------------------
+# -- what the pages show -------------------------------------------------------------------------------------
 
 
 def blocks(page: Path, language: str) -> list[str]:
-    return re.findall(rf"^```{language}\n(.*?)^```", page.read_text(encoding="utf-8"), re.MULTILINE | re.DOTALL)
+    text = page.read_text(encoding="utf-8")
+    return re.findall(rf"^```{language}\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
 
 
 PYTHON = [(p, i, code) for p in PAGES for i, code in enumerate(blocks(p, "python"))]
@@ -146,8 +149,8 @@ YAML = [(p, i, text) for p in PAGES for i, text in enumerate(blocks(p, "yaml"))]
 
 @pytest.mark.parametrize(("page", "n", "code"), PYTHON, ids=[f"{_rel(p)}[{i}]" for p, i, _ in PYTHON])
 def test_python_snippets_compile_and_call_what_exists_as_it_is_spelt(page: Path, n: int, code: str) -> None:
-    """Each snippet compiles; every name it imports from evocache exists; and every keyword it passes to one of
-    them is a parameter that callable has (a renamed option fails here, not in a newcomer's shell)."""
+    """Each snippet compiles; every name it imports from evocache exists; and every keyword it passes to one
+    of them is a parameter that callable has (a renamed option fails here, not in a newcomer's shell)."""
     tree = ast.parse(compile(code, f"{_rel(page)}[{n}]", "exec", ast.PyCF_ONLY_AST))
     imported = {}
     for node in ast.walk(tree):
@@ -160,9 +163,9 @@ def test_python_snippets_compile_and_call_what_exists_as_it_is_spelt(page: Path,
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in imported):
             continue
-        parameters = inspect.signature(imported[node.func.id]).parameters
-        named = {n for n, p in parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
-        wrong += [f"{node.func.id}({kw.arg}=)" for kw in node.keywords if kw.arg is not None and kw.arg not in named]
+        parameters = inspect.signature(imported[node.func.id]).parameters.values()
+        named = {p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+        wrong += [f"{node.func.id}({kw.arg}=)" for kw in node.keywords if kw.arg not in (None, *named)]
     assert not wrong, f"{_rel(page)}[{n}]: no such keyword: {wrong}"
 
 
@@ -178,12 +181,12 @@ def test_policy_snippets_load(page: Path, n: int, text: str) -> None:
     parse_policy(text, source=f"{_rel(page)}[{n}]")
 
 
-# -- the commands they give --------------------------------------------------------------------------------------
+# -- the commands they give ----------------------------------------------------------------------------------
 
 
 def command_lines(page: Path) -> list[str]:
-    """Every ``evocache ...`` command the page gives: in code blocks (a ``\\`` line break joined) and inline code
-    (over a line break too), up to a comment or the end of the command."""
+    """Every ``evocache ...`` command the page gives: in code blocks (a ``\\`` line break joined) and inline
+    code (over a line break too), up to a comment or the end of the command."""
     text = page.read_text(encoding="utf-8").replace("\\\n", " ")
     spans = re.findall(r"^```\w*\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
     spans += re.findall(r"^    (\S.*)$", text, re.MULTILINE)  # indented code
@@ -206,7 +209,8 @@ def cli() -> TyperGroup:
 def options(words: list[str]) -> set[str]:
     command = cli()
     for word in words:
-        assert isinstance(command, TyperGroup) and word in command.commands, f"no command {' '.join(words)}"
+        assert isinstance(command, TyperGroup), f"{' '.join(words)}: no such command"
+        assert word in command.commands, f"{' '.join(words)}: no such command"
         command = command.commands[word]
     return {opt for param in command.params for opt in (*param.opts, *param.secondary_opts)}
 
@@ -215,7 +219,8 @@ COMMANDS = sorted({(p, line) for p in PAGES for line in command_lines(p)}, key=l
 
 
 def test_the_commands_are_found() -> None:
-    assert ("README.md", "policy check examples/policies/chat-prod.yaml") in {(_rel(p), c) for p, c in COMMANDS}
+    found = {(_rel(p), c) for p, c in COMMANDS}
+    assert ("README.md", "policy check examples/policies/chat-prod.yaml") in found
     assert any(c.startswith("bench eviction --trace") and "--utilisation" in c for _, c in COMMANDS)
 
 
@@ -228,7 +233,8 @@ def test_every_command_takes_the_options_it_is_given(page: Path, line: str) -> N
 
 
 def script_lines(page: Path) -> list[tuple[str, str]]:
-    """(script, its arguments) of every ``[python ]bench/<script>.py ...`` the page gives, to the line's end."""
+    """(script, its arguments) of every ``[python ]bench/<script>.py ...`` the page gives, to the line's
+    end."""
     text = page.read_text(encoding="utf-8").replace("\\\n", " ")
     return re.findall(r"(?<![\w/])(bench/\w+\.py)((?:[ \t]+[^\s`#;|)]+)*)", text)
 
@@ -242,7 +248,8 @@ def test_the_scripts_are_found() -> None:
     assert ("docs/eviction.md", "bench/learned_eviction.py", "--train-speed 200000") in found
 
 
-@pytest.mark.parametrize(("page", "script", "args"), SCRIPTS, ids=[f"{_rel(p)}: {s} {a[:40]}" for p, s, a in SCRIPTS])
+@pytest.mark.parametrize(("page", "script", "args"), SCRIPTS,
+                         ids=[f"{_rel(p)}: {s} {a[:40]}" for p, s, a in SCRIPTS])
 def test_every_bench_script_takes_the_options_it_is_given(page: Path, script: str, args: str) -> None:
     source = (ROOT / script).read_text(encoding="utf-8")
     known = set(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", source))
@@ -251,9 +258,13 @@ def test_every_bench_script_takes_the_options_it_is_given(page: Path, script: st
 
 
 def test_every_make_target_named_exists() -> None:
-    targets = set(re.findall(r"^([a-z][a-z-]*):", (ROOT / "Makefile").read_text(encoding="utf-8"), re.MULTILINE))
-    named = {t for page in PAGES for t in re.findall(r"`make ([a-z][a-z-]*)", page.read_text(encoding="utf-8"))}
-    named |= {t for page in PAGES for block in blocks(page, "sh") for t in re.findall(r"^make ([a-z-]+)", block, re.M)}
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    targets = set(re.findall(r"^([a-z][a-z-]*):", makefile, re.MULTILINE))
+    named: set[str] = set()
+    for page in PAGES:
+        named |= set(re.findall(r"`make ([a-z][a-z-]*)", page.read_text(encoding="utf-8")))
+        for block in blocks(page, "sh"):
+            named |= set(re.findall(r"^make ([a-z][a-z-]*)", block, re.MULTILINE))
     assert named, "no make target found"
     assert named <= targets, sorted(named - targets)
 
@@ -263,7 +274,7 @@ def test_every_test_a_page_names_exists() -> None:
     defined = {
         (_rel(path), name)
         for path in (ROOT / "tests").glob("test_*.py")
-        for name in re.findall(r"^(?:async )?def (test_\w+)", path.read_text(encoding="utf-8"), re.MULTILINE)
+        for name in re.findall(r"^(?:async )?def (test_\w+)", path.read_text(encoding="utf-8"), re.M)
     }
     names = {name for _, name in defined}
     missing = []

@@ -26,7 +26,8 @@ def test_all_is_exact_and_importable(room):
 
 
 def test_rooms_import_one_way():
-    """dsl imports no other room; controller imports only dsl (ARCHITECTURE.md)."""
+    """dsl imports no other room; controller imports only dsl (docs/architecture.md, "The house: four rooms and a
+    face at the repository root")."""
     import pathlib
     import re
 
