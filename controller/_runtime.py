@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -241,13 +242,17 @@ def build_runtime(
     clock: Callable[[], float] = time.time,
     metrics: CacheMetrics | None = None,
     embedder: Embedder | None = None,
+    rng: random.Random | None = None,
 ) -> CacheRuntime:
     """Build tiers, event sink and metrics from ``config``. Raises ``StoreConfigError``; builds nothing partial.
 
     ``embedder`` replaces the one ``config.semantic.embedder`` names for semantic matching (built lazily
-    otherwise)."""
+    otherwise). ``rng`` draws every semantic exploration coin (``SemanticLayer``): seed it to reproduce a run;
+    None gives each semantic cache its own unseeded coin."""
     config = config or StoreConfig()
     check_policy(policy, config)
+    if rng is not None and not isinstance(rng, random.Random):  # before anything is built
+        raise TypeError(f"build_runtime(rng=) takes a random.Random or None, got {type(rng).__name__}")
     holder = _PolicyHolder(policy)
     metrics = metrics or CacheMetrics()
     l1, l2, l3 = config.l1, config.redis, config.disk
@@ -292,7 +297,7 @@ def build_runtime(
     return CacheRuntime(
         store=store, events=events, metrics=metrics, policy=policy, clock=clock, tenants=holder, config=config,
         semantic=SemanticLayer(
-            config.semantic, redis=_semantic_redis(config, secret), embedder=embedder, clock=clock,
+            config.semantic, redis=_semantic_redis(config, secret), embedder=embedder, clock=clock, rng=rng,
             on_error=lambda op, exc: metrics.tier_error("semantic", op, exc),
         ),
     )

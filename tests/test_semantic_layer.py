@@ -1,4 +1,4 @@
-"""SemanticLayer: the runtime's semantic side, here its injected exploration coin."""
+"""SemanticLayer: the runtime's semantic side, here its injected exploration coin (also via build_runtime)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import random
 
 import numpy as np
 import pytest
+from evocache.controller import StoreConfig, build_runtime, cache_if
 from evocache.controller._semantic import SemanticLayer, SemanticPlan
 from evocache.controller.semantic import SemanticConfig
 from evocache.dsl import SemanticSpec
@@ -84,3 +85,67 @@ def test_background_work_that_fails_is_told_to_on_error_and_the_thread_goes_on()
         assert told == [("learn", "judge service down")] and ran == [1]
     finally:
         layer.close()
+
+
+CALLS = 300
+
+
+class TopicEmbedder:
+    """Texts "topic#variant": one direction per topic, each variant off it by noise of norm ``spread``: 0.01 for
+    an even topic (similarity about 0.9999), 0.3 for an odd one (about 0.95)."""
+
+    name = "topic"
+    dim = 16
+
+    def fits(self, text: str) -> bool:
+        return True
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        rows = []
+        for text in texts:
+            topic = text.partition("#")[0]
+            base, noise = (
+                np.random.default_rng(int(hashlib.sha256(t.encode()).hexdigest()[:8], 16)).normal(size=self.dim)
+                for t in (topic, text)
+            )
+            spread = 0.01 if int(topic[5:]) % 2 == 0 else 0.3
+            rows.append(base / np.linalg.norm(base) + spread * noise / np.linalg.norm(noise))
+        vecs = np.stack(rows).astype(np.float32)
+        return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+
+
+def _decisions(rng: random.Random, calls: int = CALLS) -> list[tuple[str, str, bool | None]]:
+    """What a runtime built with ``rng`` decides for one stream of calls through ``@cache_if``: each call's
+    outcome, reason and whether its neighbour was explored. An even topic has one answer, an odd one an answer
+    per variant: the judge's verdicts teach the error model both kinds, and its would-be hits are explored."""
+    # A clock that stands still: nothing expires, and no decision reads the time of day.
+    runtime = build_runtime(StoreConfig(), clock=lambda: 1_700_000_000.0, embedder=TopicEmbedder(), rng=rng)
+    try:
+
+        @cache_if("true", semantic={"max_error": 0.05}, store=runtime)
+        def answer(prompt: str) -> str:
+            topic, _, variant = prompt.partition("#")
+            return f"about {topic}" if int(topic[5:]) % 2 == 0 else f"about {prompt}"
+
+        for i in range(calls):
+            answer(f"topic{i % 8}#{i}")
+            runtime.semantic.drain()  # the link searches run before the next call, as in a serial replay
+        return [
+            (e.outcome, e.reason, None if e.semantic is None else e.semantic["explore"])
+            for e in runtime.events.events()
+        ]
+    finally:
+        runtime.close()
+
+
+def test_two_runtimes_built_with_the_same_rng_explore_the_same_calls():
+    first, second = _decisions(random.Random(7)), _decisions(random.Random(7))
+    assert first == second
+    reasons = {(outcome, reason) for outcome, reason, _ in first}
+    assert {("hit", "semantic"), ("miss", "semantic-explore")} <= reasons  # would-be hits served and explored
+    assert _decisions(random.Random(8)) != first  # another seed explores other calls
+
+
+def test_build_runtime_refuses_an_rng_that_is_not_a_random_random():
+    with pytest.raises(TypeError, match=r"build_runtime\(rng=\) takes a random.Random or None, got int"):
+        build_runtime(StoreConfig(), rng=7)  # type: ignore[arg-type]
