@@ -208,6 +208,27 @@ def test_the_sweep_removes_only_entries_whose_signed_expiry_passed(replicas, adm
     assert writer.sweep() == 0
 
 
+def test_a_sweep_that_meets_a_write_to_its_entries_leaves_them_for_the_next(replicas, admin, fake_clock):
+    sweeper, writer, follower = replicas(), replicas(), replicas()
+    vecs = random_unit(1, seed=8)
+    t0 = fake_clock()
+    writer.add(A, ["k"], vecs, expires_at=[t0 + 1])
+    fake_clock.advance(2)
+    real_hmget = sweeper._reader.hmget
+
+    def hmget_then_a_write(*args, **kwargs):  # the entry is stored again between the sweep's reads and its step
+        rows = real_hmget(*args, **kwargs)
+        writer.add(A, ["k"], vecs, expires_at=[fake_clock() + 100])
+        return rows
+
+    sweeper._reader.hmget = hmget_then_a_write
+    assert sweeper.sweep() == 0
+    sweeper._reader.hmget = real_hmget
+    assert sweeper.sweep() == 0  # the new deadline is ahead: nothing is due
+    assert admin.hkeys(entries_key(A)) == [b"k"]
+    assert follower.follow_once() == 2 and ids(follower.search(A, vecs, 1)) == [["k"]]  # two adds, no removal
+
+
 # -- replicas that hold the secret -------------------------------------------------------------------------
 
 

@@ -73,7 +73,7 @@ _SWEEP_BATCH = 512  # entries per scope per sweep step
 _SWEEP_SCOPES = 10_000  # scopes per sweep; the rest are due still and come next time
 
 # KEYS: entries hash, expiry zset, stream, the namespace's scopes hash, the namespaces set, the due zset.
-# ARGV: now (ms), ns, boundary digest, stream maxlen, the scope's member in the due zset, the boundary ('': no
+# ARGV: ns, boundary digest, stream maxlen, the scope's member in the due zset, the boundary ('': no
 # message), the JSON list of the ids to remove and its tag, n, then n pairs (id, its deadline as read), then
 # triples (id, deadline as read, deadline to set; '': none) of entries whose deadline the zset has wrong.
 # The caller has read the due entries and checked their records (``SharedIndex._sweep_scope``), and signed the
@@ -84,9 +84,9 @@ _SWEEP_SCOPES = 10_000  # scopes per sweep; the rest are due still and come next
 # All atomically: an add (one MULTI that registers, stores and sets the due time) lands either before (the
 # scope is not empty) or after (it registers it again).
 _SWEEP = """
-local n = tonumber(ARGV[9])
+local n = tonumber(ARGV[8])
 local ids = {}
-for i = 10, 9 + 2 * n, 2 do
+for i = 9, 8 + 2 * n, 2 do
   local seen = redis.call('ZSCORE', KEYS[2], ARGV[i])
   if not seen or tonumber(seen) ~= tonumber(ARGV[i + 1]) then
     return -1
@@ -96,12 +96,12 @@ end
 if #ids > 0 then
   redis.call('HDEL', KEYS[1], unpack(ids))
   redis.call('ZREM', KEYS[2], unpack(ids))
-  if ARGV[6] ~= '' and redis.call('HEXISTS', KEYS[4], ARGV[3]) == 1 then
-    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', 'op', 'del', 'ns', ARGV[2], 'bd', ARGV[6],
-               'ids', ARGV[7], 'tag', ARGV[8])
+  if ARGV[5] ~= '' and redis.call('HEXISTS', KEYS[4], ARGV[2]) == 1 then
+    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'op', 'del', 'ns', ARGV[1], 'bd', ARGV[5],
+               'ids', ARGV[6], 'tag', ARGV[7])
   end
 end
-for i = 10 + 2 * n, #ARGV - 2, 3 do
+for i = 9 + 2 * n, #ARGV - 2, 3 do
   local seen = redis.call('ZSCORE', KEYS[2], ARGV[i])
   if seen and tonumber(seen) == tonumber(ARGV[i + 1]) then
     if ARGV[i + 2] == '' then
@@ -113,15 +113,15 @@ for i = 10 + 2 * n, #ARGV - 2, 3 do
 end
 local next = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 if next[2] then
-  redis.call('ZADD', KEYS[6], next[2], ARGV[5])
+  redis.call('ZADD', KEYS[6], next[2], ARGV[4])
 else
-  redis.call('ZREM', KEYS[6], ARGV[5])
+  redis.call('ZREM', KEYS[6], ARGV[4])
 end
 if redis.call('HLEN', KEYS[1]) == 0 then
   redis.call('DEL', KEYS[2])
-  redis.call('HDEL', KEYS[4], ARGV[3])
+  redis.call('HDEL', KEYS[4], ARGV[2])
   if redis.call('HLEN', KEYS[4]) == 0 then
-    redis.call('SREM', KEYS[5], ARGV[2])
+    redis.call('SREM', KEYS[5], ARGV[1])
   end
 end
 return #ids
@@ -476,7 +476,7 @@ class SharedIndex:
         ids_json = json.dumps([raw_id.decode(errors="surrogateescape") for raw_id, _ in gone]).encode()
         tag = signer.removal(scope, ids_json) if scope is not None else b""
         keys = [base + ":e", base + ":x", self._stream, self._scopes_key(ns), self._ns_key, self._due_key]
-        args: list[Any] = [now_ms, ns, digest, self._maxlen, member]
+        args: list[Any] = [ns, digest, self._maxlen, member]
         args += [scope.boundary if scope is not None else "", ids_json, tag, len(gone)]
         for raw_id, score in gone:
             args += [raw_id, int(score)]
