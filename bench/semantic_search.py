@@ -6,11 +6,11 @@
 1. Search alone: ``VectorIndex`` (defaults: exact up to 10 k, then HNSW M=32, efConstruction=80, efSearch=64)
    over ``--n`` random unit vectors of dimension 384; one query per call, as on the request path; p50/p95/p99
    and recall@1 against exact search, for "near" queries (a stored vector moved to cosine ~0.9 of it: a
-   paraphrase) and "far" ones (fresh random vectors: nothing close, the HNSW worst case). Target (issue 4):
+   paraphrase) and "far" ones (fresh random vectors: nothing close, the HNSW worst case). The target is
    p50 <= 1 ms at 100 k.
 2. ``--real FILE ...``: the same over the real embeddings of the prompts of semantic streams
    (../shared/data/semantic/*.jsonl), indexed except the last ``--queries``, which are the queries.
-   Embeddings are cached under .evocache/bench-embeddings (keyed by model name and texts).
+   Embeddings are cached under .evocache/embeddings (keyed by model name and texts), as bench/semantic.py does.
 3. ``--redis URL``: sharing through Redis: the time a new replica takes to load ``--shared-n`` entries from
    Redis (``SharedIndex`` rebuild), and how long an add on one replica takes to be found on another that
    follows the stream (p50/p95 over ``--follow-adds`` adds). Uses the prefix ``evc-sem-bench`` and deletes it.

@@ -10,12 +10,14 @@ the Belady bound. The agent loop judges every policy change with it; `evocache b
 from ..errors import TraceError
 from ._access import Access
 from ._belady import belady_size, belady_unit
+from ._queue import QueueModel
 from ._readers import FORMATS, CsvColumns, ReadStats, read_trace
 from ._sim import ReplayResult, WorkingSet, replay, working_set
 
 __all__ = [
     "FORMATS",
     "Access",
+    "QueueModel",
     "CsvColumns",
     "ReadStats",
     "ReplayResult",
