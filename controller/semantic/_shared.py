@@ -21,9 +21,10 @@ to the scope it names, so nothing of one scope is ever loaded into another's ind
 Records and removal messages are signed under the deployment secret (``_signing.IndexSigner``): the tag binds
 a record to its scope, its entry id, and its vector, metadata and expiry. Every record is checked before it is
 decoded, on load, on follow and on sweep; one that fails (planted, altered, copied from another scope, signed
-under another secret) is skipped and counted (``stats().forged``), and deleted from its hash unless a write
-replaced it meanwhile; a message that fails is skipped and counted. So every replica sharing a Redis must use
-the same secret.
+under another secret) is skipped and counted (``stats().forged``), and left where it is: a replica started
+with the wrong secret sees every record fail, and must not wipe the index the others share (the sweep still
+removes a due entry whose record fails). A message that fails is skipped and counted. So every replica sharing
+a Redis must use the same secret.
 
 Failure behaviour: search never touches Redis. A failed write leaves the entry in the local index only, is
 counted (``stats().errors``) and logged, and opens a breaker: writes within ``retry_after`` seconds skip
@@ -129,19 +130,6 @@ return #ids
 
 # KEYS: entries hash, expiry zset. ARGV: pairs (id, stored record). Deletes each record that is still the one
 # given (a write since it was read is left alone); how many.
-_DROP = """
-local n = 0
-for i = 1, #ARGV, 2 do
-  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then
-    redis.call('HDEL', KEYS[1], ARGV[i])
-    redis.call('ZREM', KEYS[2], ARGV[i])
-    n = n + 1
-  end
-end
-return n
-"""
-
-
 class SharedStats(NamedTuple):
     errors: int  # Redis calls that failed (writes, reads, rebuilds, sweeps)
     corrupt: int  # records or messages skipped: failed their tag, or could not be decoded or indexed
@@ -274,7 +262,6 @@ class SharedIndex:
             retry=Retry(NoBackoff(), 0),
         )
         self._sweep_script = self._reader.register_script(_SWEEP)
-        self._drop_script = self._reader.register_script(_DROP)
         if not follow:
             self.sync()
         else:
@@ -672,8 +659,8 @@ class SharedIndex:
         self, reader: Any, scope: Scope, base: str, now: float
     ) -> tuple[list[str], np.ndarray, dict[str, SharedEntry]] | None:
         """The live entries of one scope's hash: ids, vectors (one row each) and what else is known of them.
-        Records that fail their tag are counted, skipped and deleted (unless rewritten meanwhile); records
-        that do not decode, or whose vector is not a unit row of the scope's dimension, are counted and
+        Records that fail their tag are counted and skipped, never deleted (under a wrong secret every record
+        fails, and one replica must not empty the index the others share); records that do not decode, or whose vector is not a unit row of the scope's dimension, are counted and
         skipped. ``None`` if none is left."""
         import numpy as np
 
@@ -682,12 +669,10 @@ class SharedIndex:
         ids: list[str] = []
         rows: list[np.ndarray] = []
         held: dict[str, SharedEntry] = {}
-        forged: list[bytes] = []
         for raw_id, raw in reader.hscan_iter(key, count=1000):
             record = self._signer.open(scope, raw_id, raw)
             if record is None:
                 self._forged(f"{key}/{raw_id!r}")
-                forged += [raw_id, raw]
                 continue
             try:
                 entry_id = raw_id.decode()
@@ -699,8 +684,6 @@ class SharedIndex:
                 ids.append(entry_id)
                 rows.append(vec)
                 held[entry_id] = SharedEntry(meta, deadline)
-        if forged:
-            self._drop_script(keys=[key, base + ":x"], args=forged)
         if not ids:
             return None
         # Checked all at once (a per-row check was a third of a 20 k-entry load): one dimension, finite, unit.
