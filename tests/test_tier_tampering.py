@@ -5,14 +5,17 @@ call of the key works."""
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
 import redis
 
 from evocache.controller._types import L2, L3, CacheKey, Entry, Namespace
+from evocache.controller.errors import StoreConfigError, TierUnavailable
 from evocache.controller.tiers._disk import DiskTier
 from evocache.controller.tiers._redis import RedisTier
 
@@ -186,3 +189,118 @@ def test_disk_entries_are_signed_with_the_key_file_beside_the_store(tmp_path: Pa
     assert third.get_one(NS, KEY) is None
     assert faults == [(L3, "corrupt")]
     third.close()
+
+
+# -- L3: links, special files and oversized files planted in the store directory -------------------------
+
+_VALUE_NAME = "ab/cd/" + "0" * 28 + ".val"
+
+
+def _value_file(directory: Path, name: str = _VALUE_NAME) -> Path:
+    path = directory / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["symlink-to-dev-zero", "fifo", "directory"])
+def test_a_value_file_that_is_no_regular_file_is_neither_read_nor_waited_on(tmp_path: Path, kind: str) -> None:
+    # A link to /dev/zero read whole exhausts memory; a FIFO blocks the read forever; neither is opened.
+    faults: list = []
+    tier = _disk(tmp_path, faults)
+    directory = tmp_path / "l3"
+    path = _value_file(directory)
+    if kind == "symlink-to-dev-zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    _plant(directory, f"{NS}:{KEY}", mode=2, value=None, filename=_VALUE_NAME)
+    assert tier.get_one(NS, KEY) is None
+    assert faults == [(L3, "corrupt")]
+    assert _rows(directory) == []
+    tier.close()
+
+
+def test_a_value_file_larger_than_the_store_is_not_read(tmp_path: Path) -> None:
+    faults: list = []
+    tier = DiskTier(tmp_path / "l3", size_limit=1 << 20, on_fault=lambda tier, kind: faults.append((tier, kind)))
+    with open(_value_file(tmp_path / "l3"), "wb") as fh:
+        fh.truncate(1 << 40)  # sparse: a terabyte that costs the planter nothing
+    _plant(tmp_path / "l3", f"{NS}:{KEY}", mode=2, value=None, filename=_VALUE_NAME)
+    assert tier.get_one(NS, KEY) is None
+    assert faults == [(L3, "corrupt")]
+    tier.close()
+
+
+def test_a_linked_directory_leads_no_read_and_no_removal_out_of_the_store(tmp_path: Path) -> None:
+    faults: list = []
+    tier = _disk(tmp_path, faults)
+    elsewhere = tmp_path / "elsewhere"
+    victim = _value_file(elsewhere, "cd/" + "0" * 28 + ".val")
+    victim.write_bytes(b"not the cache's")
+    (tmp_path / "l3" / "ab").symlink_to(elsewhere)
+    _plant(tmp_path / "l3", f"{NS}:{KEY}", mode=2, value=None, filename=_VALUE_NAME)
+    assert tier.get_one(NS, KEY) is None
+    assert faults == [(L3, "corrupt")]
+    assert victim.read_bytes() == b"not the cache's"
+    assert _rows(tmp_path / "l3") == []
+    tier.close()
+
+
+def test_values_are_never_written_through_a_linked_directory(tmp_path: Path) -> None:
+    tier = _disk(tmp_path, [])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for first in range(256):  # every first level diskcache may pick
+        (tmp_path / "l3" / f"{first:02x}").symlink_to(elsewhere)
+    with pytest.raises(TierUnavailable):
+        tier.set_many(NS, [(KEY, Entry(b"L" * 100_000, None, T0))])
+    assert list(elsewhere.iterdir()) == []
+    tier.set_many(NS, [(KEY, Entry(b"small", None, T0))])  # inline values need no file
+    assert tier.get_one(NS, KEY) == Entry(b"small", None, T0)
+    tier.close()
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("disk_foo", 1),  # would be handed to the Disk as a keyword
+        ("sqlite_temp_store_directory", "'/tmp'"),  # would run as PRAGMA temp_store_directory = '/tmp'
+    ],
+)
+def test_a_planted_setting_is_refused_at_open(tmp_path: Path, setting: str, value: object) -> None:
+    _disk(tmp_path, []).close()
+    with sqlite3.connect(tmp_path / "l3" / "cache.db") as db:
+        db.execute("INSERT OR REPLACE INTO Settings VALUES (?, ?)", (setting, value))
+    with pytest.raises(StoreConfigError, match=f"never writes.*{setting}"):
+        _disk(tmp_path, [])
+
+
+def test_planted_values_of_known_settings_are_overridden(tmp_path: Path) -> None:
+    _disk(tmp_path, []).close()
+    with sqlite3.connect(tmp_path / "l3" / "cache.db") as db:
+        db.executemany(
+            "UPDATE Settings SET value = ? WHERE key = ?",
+            [("x", "cull_limit"), (0, "disk_min_file_size"), ("1; DROP TABLE Cache", "sqlite_cache_size")],
+        )
+    tier = _disk(tmp_path, [])
+    tier.set_many(NS, [(KEY, Entry(b"small", None, T0))])  # a 'x' cull limit failed every write
+    assert tier.get_one(NS, KEY) == Entry(b"small", None, T0)
+    assert [mode for _, _, mode, _ in _rows(tmp_path / "l3")] == [1]  # inline again, as by default
+    tier.close()
+
+
+def test_settings_planted_while_open_reach_no_new_connection(tmp_path: Path) -> None:
+    # diskcache re-reads the sqlite_* settings for every new connection (a thread's first call).
+    tier = _disk(tmp_path, [])
+    tier.set_many(NS, [(KEY, Entry(b"value", None, T0))])
+    with sqlite3.connect(tmp_path / "l3" / "cache.db") as db:
+        db.execute("UPDATE Settings SET value = '1; DROP TABLE Cache' WHERE key = 'sqlite_cache_size'")
+        db.execute("INSERT INTO Settings VALUES (?, ?)", ("sqlite_temp_store_directory", "'/nonexistent'"))
+    found: list = []
+    reader = threading.Thread(target=lambda: found.append(tier.get_one(NS, KEY)))
+    reader.start()
+    reader.join()
+    assert found == [Entry(b"value", None, T0)]
+    tier.close()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import re
 import sqlite3
+import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -29,7 +32,8 @@ _VALUE_FILE_RE = re.compile(r"[0-9a-f]{2}[/\\][0-9a-f]{2}[/\\][0-9a-f]{28}\.val"
 
 class MalformedRow(ValueError):
     """A row of the disk index that this tier cannot have written: a mode other than raw bytes or a value file,
-    a value that is not bytes, a key stored pickled, or a file name outside the store."""
+    a value that is not bytes, a key stored pickled, or a value file that is not one this tier wrote (a name
+    outside the store, a link, a special file, a file larger than the store)."""
 
 
 class BytesDisk(diskcache.Disk):
@@ -38,9 +42,16 @@ class BytesDisk(diskcache.Disk):
 
     diskcache's own ``Disk`` unpickles any row whose mode column says pickle, so whoever can write the index
     file could run code in every process that reads it. Here every row that does not look like one this class
-    wrote raises ``MalformedRow`` on read, before any decoding, and a file name is only opened or removed when
-    it has the form ``Disk.filename`` gives (no path leads out of the directory).
+    wrote raises ``MalformedRow`` on read, before any decoding. A value file is only opened or removed when its
+    name has the form ``Disk.filename`` gives and both of its directory levels are directories of the store
+    itself, not links (no path leads out of the directory); it is read only when it is a regular file of at
+    most ``max_file_size`` bytes (a link to ``/dev/zero``, a FIFO or a sparse terabyte is never read), and
+    never through a link. A value is never written through a linked directory either.
     """
+
+    def __init__(self, directory: str, max_file_size: int = 2**30, **settings: int) -> None:
+        super().__init__(directory, **settings)
+        self.max_file_size = max_file_size
 
     def put(self, key: object) -> tuple[object, bool]:
         if type(key) is not str:
@@ -57,6 +68,14 @@ class BytesDisk(diskcache.Disk):
             raise TypeError(f"disk values are bytes, not {type(value).__name__}")
         return super().store(value, False, key)
 
+    def filename(self, key: object = diskcache.core.UNKNOWN, value: object = diskcache.core.UNKNOWN) -> tuple:
+        filename, full_path = super().filename(key, value)
+        for level in self._levels(filename):
+            if os.path.lexists(level) and not _is_directory(level):
+                # diskcache would create the file through it: a planted link would place values elsewhere.
+                raise OSError(errno.ENOTDIR, "a value directory of the store is not a directory", level)
+        return filename, full_path
+
     def fetch(self, mode: int, filename: str | None, value: object, read: bool) -> bytes:
         if read:
             raise TypeError("values are read whole")
@@ -65,15 +84,119 @@ class BytesDisk(diskcache.Disk):
                 raise MalformedRow(f"an inline value of type {type(value).__name__}")
             return value
         if mode == diskcache.core.MODE_BINARY:
-            if value is not None or not (isinstance(filename, str) and _VALUE_FILE_RE.fullmatch(filename)):
-                raise MalformedRow(f"a value file named {filename!r}")
-            return super().fetch(mode, filename, None, False)
+            if value is not None:
+                raise MalformedRow("a value file row that holds an inline value too")
+            return self._read(self._checked_path(filename))
         raise MalformedRow(f"a row of mode {mode!r} (only raw bytes, 1, and value files, 2, are written)")
 
     def remove(self, file_path: str) -> None:
         # Called with the file name of every deleted or culled row, planted ones included.
-        if isinstance(file_path, str) and _VALUE_FILE_RE.fullmatch(file_path):
-            super().remove(file_path)
+        try:
+            path = self._checked_path(file_path)
+        except (MalformedRow, OSError):
+            return
+        with contextlib.suppress(OSError):  # as diskcache: another process may have removed it first
+            os.remove(path)
+        for level in reversed(self._levels(file_path)):  # the two levels, if now empty; never the store
+            with contextlib.suppress(OSError):
+                os.rmdir(level)
+
+    def _levels(self, filename: str) -> tuple[str, str]:
+        first = os.path.join(self._directory, filename[:2])
+        return first, os.path.join(first, filename[3:5])
+
+    def _checked_path(self, filename: object) -> str:
+        """The full path of a value file name this class can have made; ``MalformedRow`` for any other name,
+        or one whose directory levels are not directories of the store (a link). ``OSError`` when absent."""
+        if not (isinstance(filename, str) and _VALUE_FILE_RE.fullmatch(filename)):
+            raise MalformedRow(f"a value file named {filename!r}")
+        for level in self._levels(filename):
+            if not _is_directory(level):
+                raise MalformedRow(f"a value file under {level!r}, which is not a directory of the store")
+        return os.path.join(self._directory, filename)
+
+    def _read(self, path: str) -> bytes:
+        """The bytes of the regular file at ``path``, at most ``max_file_size`` of them; ``MalformedRow`` for
+        a link, a special file or a larger file (checked before reading, so neither is waited on or read)."""
+        try:
+            fd = os.open(path, os.O_RDONLY | _NO_FOLLOW | _NON_BLOCKING)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise MalformedRow(f"a value file {path!r} that is a link") from exc
+            raise  # absent: deleted by another process meanwhile; diskcache reads that as a miss
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise MalformedRow(f"a value file {path!r} that is not a regular file")
+            if info.st_size > self.max_file_size:
+                raise MalformedRow(f"a value file of {info.st_size} bytes, more than the store holds")
+        except BaseException:
+            os.close(fd)
+            raise
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(self.max_file_size + 1)
+        if len(data) > self.max_file_size:
+            raise MalformedRow(f"a value file of over {self.max_file_size} bytes, more than the store holds")
+        return data
+
+
+_NO_FOLLOW = os.O_NOFOLLOW if hasattr(os, "O_NOFOLLOW") else 0  # POSIX; elsewhere _is_directory guards
+_NON_BLOCKING = os.O_NONBLOCK if hasattr(os, "O_NONBLOCK") else 0
+
+
+def _is_directory(path: str) -> bool:
+    """Whether ``path`` is a directory itself (a link to one is not); False when absent."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+# The settings diskcache keeps in its index's Settings table, and the values this tier opens it with. Every one
+# is given explicitly, so that none is read from the file; any other key there is refused at open (diskcache
+# would run a `sqlite_*` one as a PRAGMA and hand a `disk_*` one to the Disk).
+# The settings diskcache keeps in its index's Settings table. DiskTier opens the index with every one given,
+# so that no value is taken from the file, and refuses an index holding any other: diskcache would run a
+# `sqlite_*` one as a PRAGMA and hand a `disk_*` one to the Disk as a keyword.
+_KNOWN_SETTINGS = frozenset(diskcache.DEFAULT_SETTINGS) | frozenset(diskcache.core.METADATA) | {"disk_max_file_size"}
+
+
+class _Index(diskcache.Cache):
+    """diskcache's ``Cache``, taking no SQLite setting from the index file. Every new connection (each thread,
+    each process) re-applies the ``sqlite_*`` settings of the Settings table as PRAGMAs: here a known one runs
+    with the value ``DiskTier`` opens the index with, whatever the file says, and any other is skipped (a
+    planted ``temp_store_directory`` would put SQLite's files outside the store)."""
+
+    def reset(self, key: str, value: object = diskcache.core.ENOVAL, update: bool = True) -> object:
+        if key.startswith("sqlite_"):
+            if key not in diskcache.DEFAULT_SETTINGS:
+                log.warning("l3: the index names a setting diskcache never writes, %r; ignored", key)
+                return None
+            value = diskcache.DEFAULT_SETTINGS[key]
+        return super().reset(key, value, update)
+
+
+def _check_settings(directory: str) -> None:
+    """``StoreConfigError`` when the index in ``directory`` holds a setting diskcache never writes."""
+    path = os.path.join(directory, diskcache.core.DBNAME)
+    if not os.path.isfile(path):
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(path, timeout=1.0)) as db:
+            keys = [key for (key,) in db.execute("SELECT key FROM Settings")]
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return  # a new index: diskcache creates the table
+        raise StoreConfigError(f"cannot open the disk tier at {directory}: {exc}") from exc
+    except sqlite3.Error as exc:
+        raise StoreConfigError(f"cannot open the disk tier at {directory}: {exc}") from exc
+    unknown = sorted(str(key) for key in keys if key not in _KNOWN_SETTINGS)
+    if unknown:
+        raise StoreConfigError(
+            f"cannot open the disk tier at {directory}: its index holds settings diskcache never writes "
+            f"({', '.join(map(repr, unknown[:5]))}): the file was altered; remove {path} to start afresh"
+        )
+
 
 # Bytes held, read from diskcache's index. Values under its min_file_size sit inline in the `value` column
 # (their `size` column is 0); larger ones live in files whose length is the `size` column.
@@ -122,14 +245,19 @@ class DiskTier(BlobTier):
         if size_limit <= 0:
             raise ValueError(f"size_limit must be positive, not {size_limit}")
         try:
-            self._cache = diskcache.Cache(
+            _check_settings(os.fspath(directory))
+            self._cache = _Index(
                 os.fspath(directory),
-                size_limit=size_limit,
-                eviction_policy=eviction_policy,
                 timeout=timeout,
-                tag_index=True,
-                statistics=False,
                 disk=BytesDisk,
+                **{
+                    **diskcache.DEFAULT_SETTINGS,
+                    "size_limit": size_limit,
+                    "eviction_policy": eviction_policy,
+                    "tag_index": True,
+                    "statistics": False,
+                    "disk_max_file_size": size_limit,  # no value file is larger than the store
+                },
             )
         except _BACKEND_ERRORS as exc:
             raise StoreConfigError(f"cannot open the disk tier at {directory}: {exc}") from exc
