@@ -42,6 +42,7 @@ from ._keys import (
     Uncacheable,
     as_real,
     derive_key,
+    exact_str,
     namespace_for,
     normalise_params,
 )
@@ -160,7 +161,7 @@ current_tenant: contextvars.ContextVar[Tenant | None] = contextvars.ContextVar("
 def tenant_scope(tenant_id: str, tier: str = "default") -> Iterator[None]:
     """Calls inside the block are made for ``tenant_id`` (unless a ``tenant`` argument says otherwise)."""
     namespace_for(tenant_id)  # validates
-    token = current_tenant.set(Tenant(tenant_id, tier))
+    token = current_tenant.set(Tenant(exact_str(tenant_id), tier))
     try:
         yield
     finally:
@@ -169,11 +170,11 @@ def tenant_scope(tenant_id: str, tier: str = "default") -> Iterator[None]:
 
 def _tenant_of(value: Any) -> Tenant:
     if isinstance(value, Tenant):
-        return value
+        return Tenant(exact_str(value.id), value.tier)
     if isinstance(value, str):
-        return Tenant(value)
+        return Tenant(exact_str(value))
     if isinstance(value, Mapping) and isinstance(value.get("id"), str):
-        return Tenant(value["id"], str(value.get("tier", "default")))
+        return Tenant(exact_str(value["id"]), str(value.get("tier", "default")))
     raise TypeError(f"tenant must be a tenant id, a Tenant or a mapping with 'id', got {type(value).__qualname__}")
 
 
@@ -605,7 +606,7 @@ class Contract:
                 tenant, ns = scope, namespace_for(scope.id)
             else:
                 tenant, ns = DEFAULT_TENANT, ANONYMOUS_NS
-        except (TypeError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - a TypeError or ValueError, or the argument's own code raised
             # The function may accept what the cache cannot scope: serve it, uncached.
             log.warning("%s: tenant argument not usable for caching (%s); call not cached", self.identity, exc)
             return Plan(None, ANONYMOUS_NS, "contract", "bad-tenant")

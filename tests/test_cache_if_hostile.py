@@ -195,3 +195,134 @@ def test_the_anonymous_caller_and_tenant_default_never_share_an_entry(rt):
     ]
     assert whoami.cache_key("q") != whoami.cache_key("q", tenant="default")
 
+
+
+# -- arguments whose inspection itself fails, or costs more than the argument is large --------------------
+
+
+class _RaisingGetattr:
+    def __getattr__(self, name):
+        raise RuntimeError(f"no {name}")
+
+
+class _RaisingClass:
+    @property
+    def __class__(self):  # isinstance() reads it
+        raise RuntimeError("no class")
+
+
+class _HostileStr(str):
+    def __hash__(self):
+        raise RuntimeError("no hash")
+
+
+def _shared(depth: int) -> list:
+    """A list of 2**depth leaves in depth + 1 objects: each level holds the one below twice."""
+    node: list = []
+    for _ in range(depth):
+        node = [node, node]
+    return node
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        _RaisingGetattr,
+        _RaisingClass,
+        lambda: [_RaisingGetattr()],
+        lambda: {"k": _RaisingClass()},
+        lambda: _shared(40),  # 2**40 nodes to canonicalise: never finishes unbounded
+    ],
+    ids=["getattr", "class", "nested-getattr", "nested-class", "shared-sublists"],
+)
+def test_an_argument_that_defeats_canonicalisation_is_served_uncached(rt, make):
+    calls = []
+
+    @cache_if("true", store=rt)
+    def f(x) -> str:
+        calls.append(1)
+        return "answer"
+
+    assert f(make()) == "answer"
+    assert calls == [1]
+    assert events(rt) == [("bypass", "uncacheable-args")]
+    assert f.cache_info().bypasses == 1
+
+
+@pytest.mark.parametrize("make", [_RaisingGetattr, _RaisingClass, lambda: _HostileStr("0")],
+                         ids=["getattr", "class", "hash"])
+@pytest.mark.parametrize("param", ["temperature", "top_p", "seed"])
+def test_a_generation_param_whose_inspection_raises_is_served_uncached(rt, param, make):
+    @cache_if("true", store=rt)
+    def gen(prompt: str, temperature=0.0, top_p=1.0, seed=None) -> str:
+        return "answer"
+
+    assert gen("p", **{param: make()}) == "answer"
+    assert [outcome for outcome, _ in events(rt)] == ["bypass"]
+
+
+def test_huge_integers_are_keys_like_any_integer(rt):
+    # Past 4300 digits int -> str raises ValueError; the key must not depend on that conversion.
+    calls = []
+
+    @cache_if("true", store=rt)
+    def f(x: int, seed: int = 0) -> str:
+        calls.append(1)
+        return "answer"
+
+    big = 10**5000
+    assert f(big) == "answer" and f(big) == "answer"
+    assert f(big + 1) == "answer"
+    assert f(1, seed=big) == "answer" and f(1, seed=big) == "answer"
+    assert calls == [1, 1, 1]
+    assert f.cache_key(big) != f.cache_key(big + 1) != f.cache_key(-big)
+    assert f.cache_key(("x", big)) != f.cache_key(("x", hex(big)))
+
+
+class _Impostor(str):
+    """A tenant id that reads as one tenant and formats, encodes and compares as another."""
+
+    def __str__(self):
+        return "victim"
+
+    def __format__(self, spec):
+        return "victim"
+
+    def encode(self, *args, **kwargs):
+        return b"victim"
+
+    def __eq__(self, other):
+        return True
+
+    def __hash__(self):
+        return hash("victim")
+
+
+def test_a_str_subclass_tenant_id_is_its_own_text_never_another_tenant(rt):
+    calls = []
+
+    @cache_if("true", store=rt)
+    def f(prompt: str, tenant: str | None = None) -> str:
+        calls.append(prompt)
+        return f"answer for {prompt}"
+
+    with tenant_scope("victim"):
+        f("secret question")
+    with tenant_scope(_Impostor("attacker")):
+        f("secret question")
+    f("secret question", tenant=_Impostor("attacker"))
+    assert calls == ["secret question", "secret question"]  # the second, for "attacker", hit its own entry
+    lookups = [e for e in rt.events.events() if e.outcome in ("hit", "miss")]
+    assert [(e.outcome, e.ns) for e in lookups] == [("miss", "victim"), ("miss", "attacker"), ("hit", "attacker")]
+    assert all(type(e.ns) is str for e in lookups)
+
+
+@pytest.mark.parametrize("make", [_RaisingClass, lambda: {"id": _RaisingGetattr()}, lambda: 12],
+                         ids=["class", "mapping", "int"])
+def test_a_tenant_argument_the_cache_cannot_read_is_served_uncached(rt, make):
+    @cache_if("true", store=rt)
+    def f(prompt: str, tenant=None) -> str:
+        return "answer"
+
+    assert f("p", tenant=make()) == "answer"
+    assert events(rt) == [("bypass", "bad-tenant")]

@@ -152,13 +152,10 @@ def _is_directory(path: str) -> bool:
         return False
 
 
-# The settings diskcache keeps in its index's Settings table, and the values this tier opens it with. Every one
-# is given explicitly, so that none is read from the file; any other key there is refused at open (diskcache
-# would run a `sqlite_*` one as a PRAGMA and hand a `disk_*` one to the Disk).
 # The settings diskcache keeps in its index's Settings table. DiskTier opens the index with every one given,
 # so that no value is taken from the file, and refuses an index holding any other: diskcache would run a
 # `sqlite_*` one as a PRAGMA and hand a `disk_*` one to the Disk as a keyword.
-_KNOWN_SETTINGS = frozenset(diskcache.DEFAULT_SETTINGS) | frozenset(diskcache.core.METADATA) | {"disk_max_file_size"}
+_KNOWN_SETTINGS = frozenset((*diskcache.DEFAULT_SETTINGS, *diskcache.core.METADATA, "disk_max_file_size"))
 
 
 class _Index(diskcache.Cache):
