@@ -5,6 +5,11 @@ the environment variable ``EVOCACHE_SECRET``, and otherwise a key file of 32 ran
 first use, mode 0600: ``evocache.key`` in the disk tier's directory when there is one, else in the evocache
 state directory (``$EVOCACHE_STATE_DIR``, else ``$XDG_STATE_HOME/evocache``, else ``~/.local/state/evocache``).
 
+``EVOCACHE_SECRET`` counts once set, even empty (an empty or short secret is a ``StoreConfigError``, never a
+fall back to a key file), and its bytes are taken as they are, UTF-8 or not. A key file, given or made, that
+its group or others can write is refused (whoever writes the key can sign entries); one they can read is
+logged as a warning (secrets mounted into containers often are).
+
 Every process that shares a Redis must sign with the same secret. A key file serves processes on one host
 only, so a Redis store without a configured secret logs a warning: replicas elsewhere would miss every entry
 this one writes (never be served it wrongly: an entry signed under another secret is a counted miss).
@@ -51,16 +56,29 @@ def checked_secret(secret: bytes, source: str) -> bytes:
 
 def read_key_file(path: str | os.PathLike[str], source: str) -> bytes:
     """The secret in the key file at ``path`` (surrounding whitespace stripped). A missing, unreadable,
-    non-regular, oversized or too short file raises ``StoreConfigError`` naming ``source`` and the path."""
+    non-regular, oversized or too short file, or one writable by its group or others, raises
+    ``StoreConfigError`` naming ``source`` and the path; one readable by them is logged as a warning."""
     path = Path(path)
     try:
         # Non-blocking, so that a FIFO put in its place is refused instead of waited on.
         with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            mode = os.fstat(fh.fileno()).st_mode
+            if not stat.S_ISREG(mode):
                 raise StoreConfigError(f"{source}: {path} is not a regular file")
+            if mode & (stat.S_IWGRP | stat.S_IWOTH):
+                raise StoreConfigError(
+                    f"{source}: {path} is writable by others (mode {stat.S_IMODE(mode):o}): whoever can write "
+                    f"the key can sign entries every replica serves; chmod go-w {path}"
+                )
             data = fh.read(_MAX_KEY_FILE + 1)
     except OSError as exc:
         raise StoreConfigError(f"{source}: cannot read the key file {path}: {exc.strerror or exc}") from exc
+    if mode & (stat.S_IRGRP | stat.S_IROTH):
+        # Only a warning: mounted secrets are often group- or world-readable inside their container.
+        log.warning(
+            "%s: %s is readable by others (mode %o): whoever can read the key can sign entries; chmod go-r %s",
+            source, path, stat.S_IMODE(mode), path,
+        )
     if len(data) > _MAX_KEY_FILE:
         raise StoreConfigError(f"{source}: {path} is over {_MAX_KEY_FILE} bytes, not a key file")
     return checked_secret(data.strip(), f"{source} ({path})")
@@ -101,8 +119,9 @@ def entry_secret(config: StoreConfig) -> bytes:
     if redis is not None and redis.secret_file is not None:
         return read_key_file(redis.secret_file, "redis.secret_file")
     from_env = os.environ.get(SECRET_ENV)
-    if from_env:
-        return checked_secret(from_env.encode(), f"${SECRET_ENV}")
+    if from_env is not None:  # set, even empty (EVOCACHE_SECRET=$UNSET): a mistake, not "no secret"
+        # os.fsencode: the variable's own bytes, which need not be UTF-8 (Python holds others as surrogates).
+        return checked_secret(os.fsencode(from_env), f"${SECRET_ENV}")
     directory = Path(config.disk.path) if config.disk is not None else state_dir()
     if redis is not None:
         log.warning(

@@ -222,3 +222,47 @@ def test_a_short_secret_in_the_environment_is_a_config_error(monkeypatch, tmp_pa
     monkeypatch.setenv("EVOCACHE_SECRET", "too short")
     with pytest.raises(StoreConfigError, match=r"\$EVOCACHE_SECRET: the secret is 9 bytes; at least 16 needed"):
         build_runtime(StoreConfig(disk=DiskConfig(path=str(tmp_path / "l3"))))
+
+
+def test_a_secret_in_the_environment_that_is_not_utf8_is_its_bytes(monkeypatch, tmp_path):
+    monkeypatch.setitem(os.environb, b"EVOCACHE_SECRET", b"\xff\xfe" * 10)
+    assert entry_secret(StoreConfig(disk=DiskConfig(path=str(tmp_path / "l3")))) == b"\xff\xfe" * 10
+
+
+def test_an_empty_secret_in_the_environment_is_a_config_error(monkeypatch, tmp_path):
+    # Set but empty (EVOCACHE_SECRET=$UNSET): each host would sign with a key file of its own instead.
+    monkeypatch.setenv("EVOCACHE_SECRET", "")
+    with pytest.raises(StoreConfigError, match=r"\$EVOCACHE_SECRET: the secret is 0 bytes; at least 16 needed"):
+        entry_secret(StoreConfig(disk=DiskConfig(path=str(tmp_path / "l3"))))
+    assert not (tmp_path / "l3" / "evocache.key").exists()
+
+
+@pytest.mark.parametrize("mode", [0o620, 0o602, 0o666])
+def test_a_key_file_others_can_write_is_refused(tmp_path, mode):
+    # Whoever can write the key can sign entries that every replica serves.
+    key_file = tmp_path / "key"
+    key_file.write_bytes(b"a secret kept in a file\n")
+    key_file.chmod(mode)
+    config = StoreConfig(redis=RedisConfig(url="redis://h", secret_file=str(key_file)))
+    with pytest.raises(StoreConfigError, match=r"redis\.secret_file: .*key is writable by others .*chmod go-w"):
+        entry_secret(config)
+    auto = tmp_path / "l3" / "evocache.key"
+    entry_secret(StoreConfig(disk=DiskConfig(path=str(tmp_path / "l3"))))
+    auto.chmod(mode)
+    with pytest.raises(StoreConfigError, match=r"key file: .*evocache\.key is writable by others"):
+        entry_secret(StoreConfig(disk=DiskConfig(path=str(tmp_path / "l3"))))
+
+
+def test_a_key_file_others_can_read_warns(tmp_path, caplog):
+    key_file = tmp_path / "key"
+    key_file.write_bytes(b"a secret kept in a file\n")
+    key_file.chmod(0o644)
+    config = StoreConfig(redis=RedisConfig(url="redis://h", secret_file=str(key_file)))
+    with caplog.at_level(logging.WARNING, logger="evocache.controller.secret"):
+        assert entry_secret(config) == b"a secret kept in a file"
+    assert f"{key_file} is readable by others" in caplog.text
+    key_file.chmod(0o600)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="evocache.controller.secret"):
+        entry_secret(config)
+    assert "readable by others" not in caplog.text
