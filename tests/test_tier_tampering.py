@@ -17,6 +17,7 @@ import redis
 from evocache.controller._types import L2, L3, CacheKey, Entry, Namespace
 from evocache.controller.errors import StoreConfigError, TierUnavailable
 from evocache.controller.tiers._disk import DiskTier
+from evocache.controller.tiers._tiered import MISS, TieredStore
 from evocache.controller.tiers._redis import RedisTier
 
 NS = Namespace("tenant-a")
@@ -303,4 +304,22 @@ def test_settings_planted_while_open_reach_no_new_connection(tmp_path: Path) -> 
     reader.start()
     reader.join()
     assert found == [Entry(b"value", None, T0)]
+    tier.close()
+
+
+def test_duplicated_rows_are_a_counted_tier_failure_not_an_exception(tmp_path: Path) -> None:
+    # With diskcache's unique index dropped, one key can have two rows; diskcache then fails to unpack them.
+    tier = _disk(tmp_path, [])
+    tier.set_many(NS, [(KEY, Entry(b"value", None, T0))])
+    with sqlite3.connect(tmp_path / "l3" / "cache.db") as db:
+        db.execute("DROP INDEX Cache_key_raw")
+        db.execute("INSERT INTO Cache (key, raw, store_time, access_time, tag, size, mode, filename, value)"
+                   " SELECT key, raw, store_time, access_time, tag, size, mode, filename, value FROM Cache")
+    errors: list = []
+    store = TieredStore([tier], on_error=lambda tier, op, exc: errors.append((tier, op)))
+    assert store.get(NS, KEY) == MISS
+    assert store.set(NS, KEY, Entry(b"again", None, T0)) == ()
+    assert errors == [(L3, "get"), (L3, "set")]
+    with pytest.raises(TierUnavailable, match="l3: delete: ValueError"):
+        tier.delete(NS, [KEY])
     tier.close()

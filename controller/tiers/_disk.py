@@ -25,6 +25,9 @@ from ._blob import BlobTier
 log = logging.getLogger("evocache.controller.tiers.disk")
 
 _BACKEND_ERRORS = (diskcache.Timeout, sqlite3.Error, OSError)
+# What diskcache raises on an index altered behind its back: it unpacks the rows it selects as exactly one (two
+# rows for one key once its unique index is dropped) and adds up settings it reads back (a planted text value).
+_MALFORMED_INDEX = (ValueError, TypeError)
 
 # The value file names diskcache makes (Disk.filename): two hex directory levels, then 28 hex digits.
 _VALUE_FILE_RE = re.compile(r"[0-9a-f]{2}[/\\][0-9a-f]{2}[/\\][0-9a-f]{28}\.val")
@@ -216,7 +219,8 @@ class DiskTier(BlobTier):
     (``_codec.EntryCodec``); without one, the tier uses (and on first use creates) the key file
     ``evocache.key`` in ``directory``.
 
-    SQLite errors, OS errors (``ENOSPC`` included) and lock timeouts raise ``TierUnavailable``. A directory
+    SQLite errors, OS errors (``ENOSPC`` included), lock timeouts and an index diskcache cannot read (rows it
+    cannot have written, such as two for one key) raise ``TierUnavailable``. A directory
     that cannot be opened raises ``StoreConfigError`` at construction.
     """
 
@@ -323,5 +327,5 @@ class DiskTier(BlobTier):
     def _backend(self, op: str) -> Iterator[None]:
         try:
             yield
-        except _BACKEND_ERRORS as exc:
+        except (*_BACKEND_ERRORS, *_MALFORMED_INDEX) as exc:
             raise TierUnavailable(L3, f"{op}: {type(exc).__name__}: {exc}") from exc
