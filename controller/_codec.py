@@ -74,6 +74,11 @@ def check_ns(ns: Namespace) -> None:
         _checked_ns.add(ns)
 
 
+def is_ns(ns: object) -> bool:
+    """Whether ``ns`` is a valid namespace (``check_ns`` without the exception)."""
+    return isinstance(ns, str) and _NS_RE.fullmatch(ns) is not None
+
+
 def check_keys(keys: Sequence[CacheKey]) -> None:
     """Raise ``ValueError`` unless every key is a lower-case hex digest of 16 to 128 characters."""
     for key in keys:

@@ -323,3 +323,19 @@ def test_duplicated_rows_are_a_counted_tier_failure_not_an_exception(tmp_path: P
     with pytest.raises(TierUnavailable, match="l3: delete: ValueError"):
         tier.delete(NS, [KEY])
     tier.close()
+
+
+@pytest.mark.redis
+def test_usage_reads_past_foreign_bookkeeping(redis_url: str) -> None:
+    tier = RedisTier(redis_url, secret=SECRET, socket_timeout=1.0)
+    tier.set_many(NS, [(KEY, Entry(b"value", None, T0))])
+    used = tier.usage()
+    with redis.Redis.from_url(redis_url) as raw:
+        raw.sadd("evc:#namespaces", b"\xff\xfe", b"not:a namespace")  # no namespace this tier writes
+        assert tier.usage() == used
+        raw.set(f"evc:{NS}:#used", "another program's")
+    with pytest.raises(TierUnavailable, match=f"usage: the byte count of namespace {NS} is not a number"):
+        tier.usage(NS)
+    with pytest.raises(TierUnavailable, match="is not a number"):
+        tier.usage()
+    tier.close()

@@ -33,7 +33,7 @@ from redis.exceptions import DataError, NoScriptError, RedisError, ResponseError
 from redis.retry import Retry
 
 from .._breaker import Breaker
-from .._codec import check_keys, check_ns
+from .._codec import check_keys, check_ns, is_ns
 from .._types import L2, CacheKey, Entry, Namespace
 from ..errors import TierUnavailable
 from ._base import FaultHook, log_fault
@@ -289,14 +289,16 @@ class RedisTier(BlobTier):
             check_ns(ns)
         with self._backend("usage"):
             if ns is not None:
-                return int(self._usage_script(keys=self._books(ns), args=[self._entry_prefix(ns), ns]))
-            spaces = sorted(raw.decode() for raw in self._client.smembers(f"{self._prefix}:#namespaces"))
+                return _count(ns, self._usage_script(keys=self._books(ns), args=[self._entry_prefix(ns), ns]))
+            # Only members that are namespaces: this tier adds no other, and another is no name to build keys of.
+            raws = self._client.smembers(f"{self._prefix}:#namespaces")
+            spaces = sorted(space for space in (raw.decode("utf-8", "replace") for raw in raws) if is_ns(space))
             pipe = self._client.pipeline(transaction=False)
             for space in spaces:
                 self._usage_script(
                     keys=self._books(space), args=[self._entry_prefix(space), space], client=pipe
                 )
-            return sum(int(n) for n in pipe.execute())
+            return sum(_count(space, n) for space, n in zip(spaces, pipe.execute(), strict=True))
 
     def close(self) -> None:
         if self._owns_client:
@@ -382,6 +384,14 @@ def _server_wide(exc: BaseException) -> bool:
     if isinstance(exc, (OutOfMemoryError, ReadOnlyError)):
         return True
     return str(exc).split(" ", 1)[0] in _SERVER_WIDE_CODES
+
+
+def _count(ns: Namespace, reply: object) -> int:
+    """The usage script's reply: a byte count. ``nil`` when the namespace's ``#used`` holds something else
+    (written by another program): the figure is unknown, a ``TierUnavailable``."""
+    if type(reply) is not int:
+        raise TierUnavailable(L2, f"usage: the byte count of namespace {ns} is not a number")
+    return reply
 
 
 class _Guard:
