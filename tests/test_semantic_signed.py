@@ -133,6 +133,21 @@ def test_a_changed_bit_of_a_record_makes_it_skipped(replicas, admin, fake_clock,
     assert admin.hget(entries_key(A), "a0") == bytes(sealed)  # skipped, left as it is
 
 
+def test_bookkeeping_that_is_not_utf8_is_skipped_on_load_and_on_sweep(replicas, admin):
+    def plant() -> None:
+        admin.sadd("evc-sem:#ns", b"\xff\xfe")  # a namespace no replica writes
+        digest = hashlib.sha256(A.boundary.encode()).hexdigest()
+        admin.hset(f"evc-sem:{A.namespace}:#scopes", b"\xff" + digest.encode()[1:], b"\xff")
+        admin.zadd("evc-sem:#due", {b"\xff\xfe:" + b"0" * 64: 0, b"short": 0})
+
+    replica, vecs = loaded_with(replicas, admin, plant)
+    assert sorted(ids(replica.search(A, vecs[:1], 5))[0]) == ["a0", "a1", "a2"]
+    assert replica.stats().corrupt == 2 and replica.stats().forged == 0
+    replica.sweep()
+    assert replica.stats().corrupt == 4
+    assert admin.zscore("evc-sem:#due", b"short") is None and admin.zscore("evc-sem:#due", b"\xff\xfe:" + b"0" * 64) is None
+
+
 # -- stream messages ---------------------------------------------------------------------------------------
 
 

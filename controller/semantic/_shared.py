@@ -420,6 +420,11 @@ class SharedIndex:
             # Only the scopes whose earliest expiry has passed (or that a removal may have emptied).
             due = self._reader.zrangebyscore(self._due_key, "-inf", now_ms, start=0, num=_SWEEP_SCOPES)
             for member in due:
+                if _text(member) is None or len(member) < 66:
+                    # Not a member any replica writes (namespace ':' digest): bookkeeping, dropped.
+                    self._corrupt(f"due scope {member!r}", ValueError("not a scope of this index"))
+                    self._reader.zrem(self._due_key, member)
+                    continue
                 removed += self._sweep_scope(member, now_ms)
         except self._redis_errors as exc:
             self._failed("sweep", exc)
@@ -631,13 +636,21 @@ class SharedIndex:
         entries: dict[Scope, dict[str, SharedEntry]] = {}
         now = self._clock()
         registered: dict[str, int] = {}
-        for ns in sorted(m.decode() for m in reader.smembers(f"{self._prefix}:#ns")):
-            for digest, boundary in reader.hgetall(self._scopes_key(ns)).items():
-                registered[f"{ns}:{digest.decode()}"] = 0
-                scope = self._loaded_scope(ns, digest.decode(), boundary.decode())
+        for raw_ns in sorted(reader.smembers(f"{self._prefix}:#ns")):
+            ns = _text(raw_ns)
+            if ns is None:
+                self._corrupt(f"namespace {raw_ns!r}", ValueError("not UTF-8"))
+                continue
+            for raw_digest, raw_boundary in reader.hgetall(self._scopes_key(ns)).items():
+                digest, boundary = _text(raw_digest), _text(raw_boundary)
+                if digest is None or boundary is None:
+                    self._corrupt(f"scope {ns}/{raw_digest!r}", ValueError("not UTF-8"))
+                    continue
+                registered[f"{ns}:{digest}"] = 0
+                scope = self._loaded_scope(ns, digest, boundary)
                 if scope is None:
                     continue
-                loaded = self._load_scope(reader, scope, f"{self._prefix}:{ns}:{digest.decode()}", now)
+                loaded = self._load_scope(reader, scope, f"{self._prefix}:{ns}:{digest}", now)
                 if loaded is not None:
                     ids, vecs, held = loaded
                     index.add(scope, ids, vecs)
@@ -841,3 +854,11 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 def _id_key(stream_id: bytes) -> tuple[int, int]:
     ms, _, seq = stream_id.partition(b"-")
     return int(ms), int(seq or 0)
+
+
+def _text(raw: bytes) -> str | None:
+    """``raw`` as UTF-8 text, or None: Redis holds bytes, and anyone who can write to it can plant others."""
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return None
