@@ -348,3 +348,11 @@ def test_the_eviction_bench_writes_a_result_file_per_part(tmp_path: Path, monkey
     assert speed.command.endswith(f"--results {tmp_path / 'results'} --parts c")
     assert sorted(p.name for p in (tmp_path / "results").iterdir()) == [
         "eviction-mooncake-output-lengths.json", "eviction-mooncake.json", "eviction-throughput.json"]
+
+
+def test_the_committed_page_and_readme_block_are_what_the_committed_results_generate(report: ModuleType) -> None:
+    """docs/benchmarks.md and the README's headline table are never edited by hand: regenerated from
+    bench/results/ they come out exactly as committed (`make bench-report` after a benchmark run)."""
+    argv = ["--results", str(ROOT / "bench" / "results"), "--doc", str(ROOT / "docs" / "benchmarks.md"),
+            "--readme", str(ROOT / "README.md")]
+    assert report.main([*argv, "--check"]) == 0
