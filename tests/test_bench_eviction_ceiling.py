@@ -3,7 +3,9 @@ be computed another way computed so."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import math
 from pathlib import Path
@@ -23,7 +25,8 @@ RETRAIN = 1000
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_eviction_ceiling", ROOT / "bench" / "eviction_ceiling.py")
+    path = ROOT / "bench" / "eviction_ceiling.py"
+    spec = importlib.util.spec_from_file_location("bench_eviction_ceiling", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -37,9 +40,6 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str]:
     with TRACE.open(encoding="utf-8") as f:
         prefix.write_text("".join(next(f) for _ in range(REQUESTS)), encoding="utf-8")
     out = tmp / "out.json"
-    import contextlib
-    import io
-
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         code = _script().main(["--trace", str(prefix), "--sizes", ",".join(map(str, SIZES)), "--slices-at", "0.05",
