@@ -114,7 +114,8 @@ class TraceIndex(NamedTuple):
     """The trace as arrays: per access the next access's index (inf: none), whether it is the block's first
     access, its request's row in the per-request arrays; per request its start, its head's row, its output
     length and its new part's length; per head its request starts (in order). A NamedTuple, not a dataclass:
-    tests load this script by path, outside ``sys.modules``, where a dataclass cannot resolve its annotations."""
+    tests load this script by path, outside ``sys.modules``, where a dataclass cannot resolve its
+    annotations."""
 
     next_access: np.ndarray
     first_access: np.ndarray
@@ -175,7 +176,7 @@ def slice_rows(ix: TraceIndex, rows: np.ndarray, horizons: np.ndarray, length: i
     positions = np.arange(n)
     labels = ix.next_access - positions <= horizons
     head = ix.head_of[ix.request_of]
-    # The next request of each access's document after the access's own request: requests of one head in order.
+    # The next request of each access's document after the access's own request (a head's requests in order).
     next_start = np.full(len(ix.starts), np.inf)
     for starts_of_head in ix.head_starts:
         if len(starts_of_head) > 1:
@@ -236,7 +237,8 @@ def second_access_distance(ix: TraceIndex) -> float | None:
 def run(trace: list[Access], sizes: list[float], slices_at: float, length: int, training: LearnedTraining,
         output_lengths: bool) -> dict[str, Any]:
     ix = index(trace)
-    policies = {**EVICTION_POLICIES, WatchedLearned.name: WatchedLearned, OracleClassifier.name: OracleClassifier}
+    policies = {**EVICTION_POLICIES, WatchedLearned.name: WatchedLearned,
+                OracleClassifier.name: OracleClassifier}
     replayed = trace if output_lengths else [a._replace(req_out=-1) for a in trace]
     objects = working_set(trace).objects
     result: dict[str, Any] = {"accesses": len(trace), "objects": objects,
@@ -255,13 +257,15 @@ def run(trace: list[Access], sizes: list[float], slices_at: float, length: int, 
 
         lru = replay(replayed, "lru", capacity_objects=capacity).hit_ratio
         best = belady_unit(replayed, capacity).hit_ratio
-        learned = replay(replayed, build(WatchedLearned.name, training=training), capacity_objects=capacity).hit_ratio
+        learned = replay(replayed, build(WatchedLearned.name, training=training),
+                         capacity_objects=capacity).hit_ratio
         oracle = replay(replayed, build(OracleClassifier.name, training=training, next_access=ix.next_access),
                         capacity_objects=capacity).hit_ratio
         policy = watched[0]
         aucs = [a for a in policy.aucs if not math.isnan(a)]
         result["sizes"].append({
-            "size": size, "capacity": capacity, "lru": lru, "belady": best, "learned": learned, "oracle": oracle,
+            "size": size, "capacity": capacity, "lru": lru, "belady": best, "learned": learned,
+            "oracle": oracle,
             "learned_gap": gap(learned, lru, best), "oracle_gap": gap(oracle, lru, best),
             "model_auc": aucs,
         })
@@ -285,43 +289,53 @@ def _num(value: float | None, digits: int = 2) -> str:
 
 def _size_line(row: dict[str, Any]) -> str:
     aucs = row["model_auc"]
-    model = (f"{min(aucs):.2f}-{max(aucs):.2f}, median {float(np.median(aucs)):.2f} over {len(aucs)} trainings"
-             if aucs else "-")
-    return (f"size {row['size']:g} (capacity {row['capacity']}): lru {row['lru']:.4f} belady {row['belady']:.4f} "
+    model = "-"
+    if aucs:
+        median = float(np.median(aucs))
+        model = f"{min(aucs):.2f}-{max(aucs):.2f}, median {median:.2f} over {len(aucs)} trainings"
+    return (f"size {row['size']:g} (capacity {row['capacity']}): "
+            f"lru {row['lru']:.4f} belady {row['belady']:.4f} "
             f"learned {row['learned']:.4f} ({_pct(row['learned_gap'])} of the gap, model AUC {model}) "
             f"oracle classifier {row['oracle']:.4f} ({_pct(row['oracle_gap'])} of the gap)")
 
 
 def report(result: dict[str, Any]) -> str:
-    lines = [f"{result['accesses']} accesses, {result['objects']} distinct blocks; median distance from a block's "
-             f"first access to its second: {_num(result['second_access_distance'], 0)} accesses"]
+    lines = [f"{result['accesses']} accesses, {result['objects']} distinct blocks; median distance from a "
+             f"block's first access to its second: {_num(result['second_access_distance'], 0)} accesses"]
     sliced = result["slices"]
-    lines += ["", f"per slice of {sliced['slice']} accesses, at size {sliced['size']:g}: reuse within the horizon, "
-              "the ROC AUC of each feature, of the head oracle and of the documents' lifetime rate",
+    lines += ["", f"per slice of {sliced['slice']} accesses, at size {sliced['size']:g}: reuse within the "
+              "horizon, the ROC AUC of each feature, of the head oracle and of the documents' lifetime rate",
               "| feature | " + " | ".join(f"{r['start']}-{r['end']}" for r in sliced["rows"]) + " |",
               "|---" * (len(sliced["rows"]) + 1) + "|",
               "| reuse | " + " | ".join(f"{100 * r['reuse']:.1f} %" for r in sliced["rows"]) + " |"]
     for name in (*FEATURES, "head", "rate"):
         cells = [r["auc"][name] if name in r["auc"] else r[name] for r in sliced["rows"]]
         lines.append(f"| {name} | " + " | ".join(_num(c) for c in cells) + " |")
-    lines.append("| best single feature, either direction | " + " | ".join(
-        "-" if r["best"] is None else f"{r['best']['feature']} {r['best']['auc']:.2f}" for r in sliced["rows"]) + " |")
+    best = ["-" if r["best"] is None else f"{r['best']['feature']} {r['best']['auc']:.2f}"
+            for r in sliced["rows"]]
+    lines.append("| best single feature, either direction | " + " | ".join(best) + " |")
     docs = result["documents"]
     lines += ["", f"{docs['documents']} documents; median coefficient of variation of the gaps between a "
-              f"document's requests: {_num(docs['median_gap_cv'])} ({docs['documents_with_4_requests']} documents "
-              f"with at least 4 requests); head_requests at the accesses, quartiles: "
+              f"document's requests: {_num(docs['median_gap_cv'])} "
+              f"({docs['documents_with_4_requests']} documents with at least 4 requests); "
+              "head_requests at the accesses, quartiles: "
               + " / ".join(f"{q:g}" for q in docs["head_requests_quartiles"])]
     tables = result["new_blocks"]
     if tables is not None:
-        for title, rows, unit in (("new blocks ever accessed again, by output length", tables["by_output_length"],
-                                   "tokens"),
-                                  (f"new blocks of short answers (< {SHORT_ANSWER} tokens) ever accessed again, by "
-                                   "the length of the request's new part", tables["short_answer_by_new_part"],
-                                   "blocks")):
+        short = (f"new blocks of short answers (< {SHORT_ANSWER} tokens) ever accessed again, by the "
+                 "length of the request's new part")
+        for title, rows, unit in (
+            ("new blocks ever accessed again, by output length", tables["by_output_length"], "tokens"),
+            (short, tables["short_answer_by_new_part"], "blocks"),
+        ):
             lines += ["", title]
             for r in rows:
-                span = (f">= {r['low']:g}" if r["high"] is None else f"{r['low']:g}" if r["high"] == r["low"] + 1
-                        else f"{r['low']:g}-{r['high'] - 1:g}")
+                if r["high"] is None:
+                    span = f">= {r['low']:g}"
+                elif r["high"] == r["low"] + 1:
+                    span = f"{r['low']:g}"
+                else:
+                    span = f"{r['low']:g}-{r['high'] - 1:g}"
                 share = "-" if r["returning"] is None else f"{100 * r['returning']:.0f} %"
                 lines.append(f"  {unit} {span}: {share} of {r['blocks']}")
     return "\n".join(lines)
@@ -331,13 +345,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", default="bench/data/mooncake_synthetic_trace.jsonl")
     parser.add_argument("--sizes", default="0.01,0.05,0.1", help="fractions of the distinct blocks")
-    parser.add_argument("--slices-at", type=float, default=0.05, help="the size (one of --sizes) of the slices")
+    parser.add_argument("--slices-at", type=float, default=0.05,
+                        help="the size (one of --sizes) of the slices")
     parser.add_argument("--slice", type=int, default=20_000, help="accesses per slice")
     parser.add_argument("--retrain-every", type=int, default=LearnedTraining().retrain_every,
                         help="the learned policy's retraining period, in accesses")
     parser.add_argument("--output-lengths", action="store_true",
                         help="tell the policies each request's output length at its completion")
-    parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write the figures as JSON")
+    parser.add_argument("--json", type=Path, default=None, metavar="OUT",
+                        help="also write the figures as JSON")
     args = parser.parse_args(argv)
     sizes = [float(s) for s in args.sizes.split(",")]
     if args.slices_at not in sizes:

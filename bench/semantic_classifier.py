@@ -1,8 +1,10 @@
-"""The answer classifier against the nearest neighbour's cosine: the share of queries each serves at a precision.
+"""The answer classifier against the nearest neighbour's cosine: the share of queries each serves at a
+precision.
 
 The analysis behind docs/semantic.md, 'Answer classifier'.
 
-    .venv/bin/python bench/semantic_classifier.py [--streams banking77,clinc150] [--precision 0.98] [--json OUT]
+    .venv/bin/python bench/semantic_classifier.py [--streams banking77,clinc150] [--precision 0.98]
+        [--json OUT]
 
 Per stream, in order, with the true answer groups as labels (which a cache never has): the first half's
 prompts train the model the cache fits per scope (``fit_clusters``: a softmax regression over the MiniLM
@@ -118,8 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         table = VectorTable(texts, embed_cached(texts, embedder, args.embed_cache), embedder.name)
         found = compare([r.group for r in rows], table.embed([r.prompt for r in rows]), args.precision)
         rows_out.append({"stream": name, "precision": args.precision, **found})
-        print(f"| {name} | {found['train']} | {found['queries']} | {found['classes']} | {found['classifier']:.2f} | "
-              f"{found['nearest']:.2f} | {1000 * found['shares_median_s']:.3f} ms |", flush=True)
+        cost = f"{1000 * found['shares_median_s']:.3f} ms"
+        print(f"| {name} | {found['train']} | {found['queries']} | {found['classes']} | "
+              f"{found['classifier']:.2f} | {found['nearest']:.2f} | {cost} |", flush=True)
     if args.json is not None:
         args.json.write_text(json.dumps(rows_out, indent=2) + "\n", encoding="utf-8")
     return 0
