@@ -93,13 +93,14 @@ def machine() -> dict[str, Any]:
 
 
 def shown(arg: str) -> str:
-    """An argument as a reader would type it in the repository root: paths under it relative to it."""
+    """An argument as a reader would type it in the repository root: paths under it relative to it, and the
+    development data beside the checkout as ``../shared/...``; any other path as it was given."""
     option, equals, value = arg.partition("=")
     if equals and option.startswith("--"):
         return f"{option}={shown(value)}"
     path = Path(arg)
     if path.is_absolute():
-        for base, prefix in ((ROOT, ""), (ROOT.parent, "../")):
+        for base, prefix in ((ROOT, ""), (ROOT.parent / "shared", "../shared/")):
             if path == base:
                 return prefix.rstrip("/") or "."
             if path.is_relative_to(base):

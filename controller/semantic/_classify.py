@@ -4,8 +4,8 @@ The nearest neighbours of a prompt say which stored answers are *near* it; a cla
 scope's entries says which answer cluster its embedding *belongs to*: a softmax (multinomial logistic)
 regression from an entry's embedding to its cluster, the clusters being what the judge linked (never labels).
 With MiniLM embeddings, such a classifier ranks "this stored answer is right" far better than the cosine of
-the nearest neighbour (the ceiling analysis in docs/semantic.md, 'Ceiling', measures by how much on Banking77
-and CLINC150). The cache's error model reads the share the classifier gives
+the nearest neighbour (docs/semantic.md, 'Answer classifier', gives by how much on Banking77 and CLINC150
+and the command that measures it). The cache's error model reads the share the classifier gives
 the candidate's cluster as one more feature (``neighbourhood(..., shares=)``), and learns from the verdicts
 how far to trust it: clusters built by the judge are fragments of the true answers, and the classifier is
 refitted only every ``every`` inserts.
