@@ -128,6 +128,16 @@ def as_real(value: Any) -> float | None:
 
 
 def _real(value: Any) -> float | None:
+    kind = type(value)
+    if kind is float:  # the common cases first: the checks below go through the numbers ABCs
+        return value
+    if kind is int or kind is bool:
+        try:
+            return float(value)
+        except OverflowError:
+            return None
+    if value is None:
+        return None
     np = sys.modules.get("numpy")  # not imported: no argument can be a numpy value
     if np is not None and isinstance(value, np.ndarray):
         if value.shape != ():
