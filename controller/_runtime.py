@@ -1,4 +1,4 @@
-"""Store configuration and the runtime that decorated functions use.
+"""The runtime that decorated functions use, built from a ``StoreConfig`` (``controller._store_config``).
 
 A ``CacheRuntime`` is what a call needs besides its own contract: the tiered store, the event sink, the metrics
 and (optionally) the policy in force. It is immutable; applying a new policy or configuration builds a new one

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("evocache.controller.semantic")
 
 TEXT_PARAMS = ("prompt", "query", "text")
-"""Parameters taken as the prompt text when ``semantic_text`` is not given, in this order."""
+"""Parameters taken as the prompt text when ``SemanticOptions.text`` is not given, in this order."""
 
 Judge = Callable[[Any, Any], bool]
 
