@@ -126,7 +126,8 @@ def replay(
     capacity, unit = _capacity(trace, capacity_bytes, capacity_objects, fraction, fraction_of)
     if isinstance(policy, str):
         name = policy
-        factory: PolicyFactory = lambda **kw: make_eviction_policy(name, capacity=capacity, **kw)
+        factory: PolicyFactory = lambda *, clock, rng: make_eviction_policy(name, capacity=capacity, clock=clock,
+                                                                            rng=rng)
     elif callable(policy):
         name, factory = "", policy
     else:

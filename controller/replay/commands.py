@@ -28,10 +28,11 @@ from .._commands import usage as _usage
 from .._commands import writable as _writable
 
 if TYPE_CHECKING:
+    import random
     from types import ModuleType
 
     from ._access import Access
-    from ..eviction import EvictionPolicy
+    from ..eviction import Clock, EvictionPolicy
     from ._queue import QueueModel
     from ._readers import CsvColumns
     from ._sim import PolicyFactory, ReplayResult
@@ -463,10 +464,10 @@ def _policy(name: str, capacity: int) -> str | PolicyFactory:
     if not base:
         return name
 
-    def factory(**kwargs: Any) -> EvictionPolicy:
+    def factory(*, clock: Clock, rng: random.Random) -> EvictionPolicy:
         from ..eviction import make_eviction_policy
 
-        policy = make_eviction_policy(head, capacity=capacity, base=base, **kwargs)
+        policy = make_eviction_policy(head, capacity=capacity, base=base, clock=clock, rng=rng)
         policy.name = name  # the row's name in the table and the JSON
         return policy
 
