@@ -32,10 +32,8 @@ def main() -> None:
     parser.add_argument("--train-speed", type=int, default=0, metavar="N",
                         help="instead: time one training on N samples collected by replaying the trace")
     args = parser.parse_args()
-    kwargs = {}
-    if args.csv_columns:
-        kwargs["csv_columns"] = CsvColumns(**dict(p.split("=") for p in args.csv_columns.split(",")))
-    trace = list(read_trace(args.trace, args.format, **kwargs))
+    columns = CsvColumns(**dict(p.split("=") for p in args.csv_columns.split(","))) if args.csv_columns else None
+    trace = list(read_trace(args.trace, args.format, csv_columns=columns))
     options = {k: _value(v) for k, v in (o.split("=", 1) for o in args.opt)}
     ws = working_set(trace)
     if args.train_speed:
