@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from evocache.controller._policy_commands import add_commands as add_policy_store_commands
 from evocache.controller.replay.commands import eviction as bench_eviction
 from evocache.controller.semantic.commands import semantic as bench_semantic
 from evocache.dsl.commands import make_app as make_policy_app
@@ -27,7 +28,8 @@ def controller_can_enforce(policy: Policy) -> None:
 
 
 def make_app() -> typer.Typer:
-    """A new `evocache` command: `policy` (the dsl room's commands, its `check` asking the controller too),
+    """A new `evocache` command: `policy` (the dsl room's commands, its `check` asking the controller too, and
+    the controller's policy store commands),
     `bench` (replay's `eviction` and the semantic layer's `semantic`) and `version`."""
     root = typer.Typer(
         name="evocache",
@@ -36,8 +38,10 @@ def make_app() -> typer.Typer:
         add_completion=False,
         pretty_exceptions_enable=False,
     )
-    root.add_typer(make_policy_app(checks=(controller_can_enforce,)), name="policy",
-                   help="Check, compare and show policy documents.")
+    policy = make_policy_app(checks=(controller_can_enforce,))
+    add_policy_store_commands(policy)
+    root.add_typer(policy, name="policy",
+                   help="Check, compare and show policy documents; apply, promote and roll them back in a store.")
     bench = typer.Typer(no_args_is_help=True, add_completion=False,
                         help="Replay traces and prompt streams against the cache's policies.")
     bench.command("eviction")(bench_eviction)

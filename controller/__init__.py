@@ -8,12 +8,25 @@
 Public names are re-exported here; the modules behind them are private.
 """
 
-from ._blocks import MAX_BLOCK_TOKENS, BlockHash, block_hashes
 from ._cache_if import CacheInfo, cache_if
 from ._contract import Admission, SemanticOptions, Tenant, tenant_scope
 from ._events import AccessEvent, EventSink, JsonlSink, RedisStreamSink, RingSink, read_events
 from ._keys import derive_key, namespace_for
 from ._metrics import CacheMetrics
+from ._policy_store import (
+    FilePolicyStore,
+    PolicyFollower,
+    PolicyState,
+    PolicyStatus,
+    PolicyStore,
+    PolicyStoreConfig,
+    PolicyStoreError,
+    RedisPolicyStore,
+    ReplicaReport,
+    Rollout,
+    canary_for,
+    open_policy_store,
+)
 from ._runtime import (
     CacheRuntime,
     build_runtime,
@@ -51,7 +64,6 @@ from .tiers import DiskTier, Lookup, MemoryTier, RedisTier, Tier, TieredStore
 __all__ = [
     "AccessEvent",
     "Admission",
-    "BlockHash",
     "CacheInfo",
     "CacheKey",
     "CacheMetrics",
@@ -69,6 +81,7 @@ __all__ = [
     "EventSink",
     "EventsConfig",
     "EvictionPolicy",
+    "FilePolicyStore",
     "JsonSerializer",
     "JsonlSink",
     "L1",
@@ -76,15 +89,23 @@ __all__ = [
     "L2",
     "L3",
     "LearnedModelError",
-    "MAX_BLOCK_TOKENS",
     "Lookup",
     "MemoryTier",
     "Namespace",
     "PickleSerializer",
+    "PolicyFollower",
+    "PolicyState",
+    "PolicyStatus",
+    "PolicyStore",
+    "PolicyStoreConfig",
+    "PolicyStoreError",
     "RedisConfig",
+    "RedisPolicyStore",
     "RedisStreamSink",
     "RedisTier",
+    "ReplicaReport",
     "RingSink",
+    "Rollout",
     "SemanticConfig",
     "SemanticError",
     "SemanticOptions",
@@ -97,9 +118,9 @@ __all__ = [
     "TierName",
     "TierUnavailable",
     "TieredStore",
-    "block_hashes",
     "build_runtime",
     "cache_if",
+    "canary_for",
     "check_policy",
     "configure",
     "current_runtime",
@@ -107,6 +128,7 @@ __all__ = [
     "derive_key",
     "make_eviction_policy",
     "namespace_for",
+    "open_policy_store",
     "read_events",
     "set_policy",
     "tenant_scope",

@@ -1,0 +1,157 @@
+"""`evocache policy apply | status | promote | rollback`: the policy store's commands.
+
+The store: ``--redis URL``, else ``--store DIR``, else ``$EVOCACHE_POLICY_STORE`` (a directory, or a
+``redis://``, ``rediss://`` or ``unix://`` URL), else ``.evocache/policies`` under the working directory.
+Exit codes: 0 done; 1 an invalid document (each issue printed) or an operation the store refuses (a version not
+above the active one, nothing to promote or roll back); 2 a usage error or a file or store that cannot be read.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, TypeVar
+
+import typer
+
+from ._commands import EXIT_FAILED, EXIT_USAGE, Failed, error, usage
+
+if TYPE_CHECKING:
+    from ._policy_store import PolicyState, PolicyStore
+
+T = TypeVar("T")
+_URL_SCHEMES = ("redis://", "rediss://", "unix://")
+_EPILOG = ("The store: --redis URL, else --store DIR, else $EVOCACHE_POLICY_STORE (a directory or a redis:// "
+           "URL), else .evocache/policies under the working directory. Exit codes: 0 done; 1 {one}; 2 a usage "
+           "error, or a file or store that cannot be read.")
+_REFUSED = "an operation the store refuses"
+
+StoreOption = Annotated[Path | None, typer.Option("--store", metavar="DIR", help="An embedded store's directory.")]
+RedisOption = Annotated[str | None, typer.Option("--redis", metavar="URL", help="A Redis policy store's URL.")]
+PrefixOption = Annotated[str, typer.Option("--prefix", help="The Redis store's key prefix.")]
+
+
+def _open(store: Path | None, redis_url: str | None, prefix: str) -> PolicyStore:
+    from ._policy_store import DEFAULT_DIRECTORY, POLICY_STORE_ENV, PolicyStoreConfig, open_policy_store
+    from .errors import StoreConfigError
+
+    if store is not None and redis_url is not None:
+        raise usage("--store/--redis", "give one store, not both")
+    if store is None and redis_url is None:
+        named = os.environ.get(POLICY_STORE_ENV) or DEFAULT_DIRECTORY
+        redis_url, store = (named, None) if named.startswith(_URL_SCHEMES) else (None, Path(named))
+    try:
+        config = PolicyStoreConfig(directory=None if store is None else str(store), redis_url=redis_url,
+                                   prefix=prefix)
+    except StoreConfigError as exc:
+        raise usage("--store/--redis", str(exc)) from None
+    try:
+        return open_policy_store(config)
+    except OSError as exc:
+        raise error(f"error: {store}: {exc.strerror or exc}", EXIT_USAGE) from None
+
+
+def _run(store: PolicyStore, operation: Callable[[PolicyStore], T]) -> T:
+    """``operation(store)``, its refusal exiting 1 and a store it cannot reach exiting 2; the store closed."""
+    import redis
+
+    from ._policy_store import PolicyStoreError
+
+    try:
+        return operation(store)
+    except PolicyStoreError as exc:
+        raise error(f"error: {exc}", EXIT_FAILED) from None
+    except (OSError, redis.RedisError) as exc:
+        raise error(f"error: the policy store: {exc}", EXIT_USAGE) from None
+    finally:
+        store.close()
+
+
+def _when(at: float) -> str:
+    return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _print_state(state: PolicyState) -> None:
+    typer.echo(f"active: {state.active or 'none'}")
+    typer.echo(f"canary: {state.canary} on {state.fraction:g} of requests" if state.canary else "canary: none")
+
+
+def apply(
+    file: Annotated[Path, typer.Argument(metavar="FILE", help="The policy document to put in force.")],
+    canary: Annotated[float | None, typer.Option(
+        "--canary", min=0.0, max=1.0, help="Run it as the canary on this fraction of requests (0 < f < 1).")] = None,
+    store: StoreOption = None,
+    redis_url: RedisOption = None,
+    prefix: PrefixOption = "evc:policy",
+) -> None:
+    """Validate FILE whole and put it in force: as the active policy, or with --canary beside it."""
+    from ..dsl import PolicyError, load_policy
+    from ._runtime import check_policy
+    from .errors import StoreConfigError
+
+    try:
+        try:
+            policy = load_policy(file)
+        except PolicyError as exc:
+            for issue in exc.issues:
+                typer.echo(str(issue))
+            raise Failed(EXIT_FAILED) from None
+        except OSError as exc:
+            raise error(f"error: {file}: {exc.strerror or exc}", EXIT_USAGE) from None
+        try:
+            check_policy(policy)
+        except StoreConfigError as exc:
+            raise error(f"{file}: {exc}", EXIT_FAILED) from None
+        if canary is not None and not 0.0 < canary < 1.0:
+            raise usage("--canary", f"{canary:g} must be above 0 and below 1")
+        state = _run(_open(store, redis_url, prefix), lambda s: s.apply(policy, canary))
+    except Failed as failed:
+        raise typer.Exit(failed.code) from None
+    _print_state(state)
+
+
+def promote(store: StoreOption = None, redis_url: RedisOption = None, prefix: PrefixOption = "evc:policy") -> None:
+    """Make the canary the active policy."""
+    try:
+        state = _run(_open(store, redis_url, prefix), lambda s: s.promote())
+    except Failed as failed:
+        raise typer.Exit(failed.code) from None
+    _print_state(state)
+
+
+def rollback(store: StoreOption = None, redis_url: RedisOption = None, prefix: PrefixOption = "evc:policy") -> None:
+    """Drop the canary; with none, go back to the version active before this one."""
+    try:
+        state = _run(_open(store, redis_url, prefix), lambda s: s.rollback())
+    except Failed as failed:
+        raise typer.Exit(failed.code) from None
+    _print_state(state)
+
+
+def status(store: StoreOption = None, redis_url: RedisOption = None, prefix: PrefixOption = "evc:policy") -> None:
+    """Print the active policy, the canary, the history, and the version each replica reports running."""
+    try:
+        result = _run(_open(store, redis_url, prefix), lambda s: s.status())
+    except Failed as failed:
+        raise typer.Exit(failed.code) from None
+    _print_state(result.state)
+    typer.echo("history:" if result.state.history else "history: none")
+    for entry in result.state.history:
+        typer.echo(f"  {_when(entry['at'])} {entry['action']} {entry['ref']}")
+    typer.echo("replicas:" if result.replicas else "replicas: none reported")
+    for report in result.replicas:
+        runs = (report.ref or "none") if report.canary is None else f"{report.ref} + canary {report.canary}"
+        health = "ok" if report.ok else f"failed: {report.error}"
+        stale = " (stale)" if report.stale else ""
+        typer.echo(f"  {report.replica_id} {runs} {health} at {_when(report.at)}{stale}")
+
+
+def add_commands(group: typer.Typer) -> None:
+    """Add apply, status, promote and rollback to the `policy` command ``group``."""
+    group.command(epilog=_EPILOG.format(one="an invalid document (each issue printed) or " + _REFUSED
+                                        + " (a version not above the active one)"))(apply)
+    group.command(epilog=_EPILOG.format(one="a store whose contents cannot be read"))(status)
+    group.command(epilog=_EPILOG.format(one=_REFUSED + " (no canary)"))(promote)
+    group.command(epilog=_EPILOG.format(one=_REFUSED + " (nothing to roll back to)"))(rollback)

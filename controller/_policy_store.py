@@ -1,0 +1,571 @@
+"""The policy store: one source of truth for the active policy and an optional canary, shared by every replica.
+
+    store = open_policy_store(PolicyStoreConfig(directory=".evocache/policies"))   # or redis_url="redis://..."
+    store.apply(text, canary=0.1)        # validated whole (dsl + check_policy) before anything is written
+    store.promote(); store.rollback(); store.status()
+
+Two implementations of ``PolicyStore``: ``FilePolicyStore`` (embedded: one file per version and a JSON state
+file, each written to a temporary file, fsynced and renamed over, so a crash mid-write leaves the old file) and
+``RedisPolicyStore`` (cluster: a key per version, a state key changed under WATCH, a hash of replica reports and
+a pub/sub channel for changes; every key carries the prefix as its hash tag, so one store lives in one slot of a
+Redis Cluster). A replica follows the store with ``PolicyFollower``: it keeps the last rollout it could load and
+reports why a newer one could not be. Stored documents are YAML text, parsed safely; nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from pydantic import Field, model_validator
+
+from ..dsl import Policy, parse_policy, policy_to_yaml
+from ._runtime import check_policy
+from ._store_config import _Part
+from .errors import ControllerError
+
+__all__ = [
+    "POLICY_STORE_ENV",
+    "FilePolicyStore",
+    "PolicyFollower",
+    "PolicyState",
+    "PolicyStatus",
+    "PolicyStore",
+    "PolicyStoreConfig",
+    "PolicyStoreError",
+    "RedisPolicyStore",
+    "ReplicaReport",
+    "Rollout",
+    "canary_for",
+    "open_policy_store",
+]
+
+POLICY_STORE_ENV = "EVOCACHE_POLICY_STORE"
+DEFAULT_DIRECTORY = ".evocache/policies"
+_REPLICA_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+_REF = re.compile(r"^[A-Za-z0-9_.-]+@[0-9]+$")
+
+
+class PolicyStoreError(ControllerError, ValueError):
+    """A policy store operation refused (a version not above the active one, nothing to promote) or a store
+    whose contents cannot be read (named with the key or file)."""
+
+
+class PolicyStoreConfig(_Part):
+    """Where the policy store lives: ``directory`` (embedded) or ``redis_url`` (cluster), exactly one.
+
+    ``prefix`` is the Redis key prefix, used as the hash tag of every key. A replica report older than
+    ``stale_after_s`` is shown as stale; ``poll_interval_s`` is how often a follower re-reads the state (with
+    Redis, also the bound on how late a lost change message makes it).
+    """
+
+    _part: ClassVar[str] = "policy_store"
+
+    directory: str | None = Field(None, min_length=1)
+    redis_url: str | None = None
+    prefix: str = Field("evc:policy", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    stale_after_s: float = Field(30.0, gt=0)
+    poll_interval_s: float = Field(1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _one_place(self) -> PolicyStoreConfig:
+        if (self.directory is None) == (self.redis_url is None):
+            raise ValueError("give directory or redis_url, exactly one")
+        return self
+
+
+def canary_for(request_key: bytes | str, fraction: float) -> bool:
+    """Whether the request with ``request_key`` runs the canary: the first 8 bytes of sha256(key), as a number
+    in [0, 1), below ``fraction``. Stable by key, so one conversation stays on one version."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"canary fraction {fraction!r} is not between 0 and 1")
+    data = request_key.encode() if isinstance(request_key, str) else request_key
+    point = int.from_bytes(hashlib.sha256(data).digest()[:8], "big") / 2.0**64
+    return point < fraction
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """What the store holds in force: ``active`` and ``canary`` refs (``name@version``), the canary's
+    ``fraction``, ``previous`` (the refs that were active before, oldest first, which rollback returns to),
+    ``history`` (one ``{"action", "ref", "at"}`` per operation) and ``serial``, raised by every change."""
+
+    active: str | None = None
+    canary: str | None = None
+    fraction: float = 0.0
+    previous: tuple[str, ...] = ()
+    history: tuple[dict[str, Any], ...] = ()
+    serial: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps({"active": self.active, "canary": self.canary, "fraction": self.fraction,
+                           "previous": list(self.previous), "history": list(self.history),
+                           "serial": self.serial}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes, where: str) -> PolicyState:
+        try:
+            data = json.loads(text)
+            state = cls(active=data["active"], canary=data["canary"], fraction=float(data["fraction"]),
+                        previous=tuple(data["previous"]), history=tuple(data["history"]),
+                        serial=int(data["serial"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PolicyStoreError(f"{where}: not a policy store state: {exc}") from None
+        for ref in (state.active, state.canary, *state.previous):
+            if ref is not None and not (isinstance(ref, str) and _REF.match(ref)):
+                raise PolicyStoreError(f"{where}: {ref!r} is not a policy ref (name@version)")
+        return state
+
+
+@dataclass(frozen=True)
+class ReplicaReport:
+    """What one replica last said it runs: ``ref`` (its active version) and ``canary``, whether it loaded the
+    latest state (``ok``) and, if not, ``error``; ``at`` is the store's clock when it reported."""
+
+    replica_id: str
+    ref: str | None
+    canary: str | None
+    ok: bool
+    error: str | None
+    at: float
+    stale: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps({"replica_id": self.replica_id, "ref": self.ref, "canary": self.canary, "ok": self.ok,
+                           "error": self.error, "at": self.at}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes, where: str) -> ReplicaReport:
+        try:
+            data = json.loads(text)
+            return cls(replica_id=str(data["replica_id"]), ref=data["ref"], canary=data["canary"],
+                       ok=bool(data["ok"]), error=data["error"], at=float(data["at"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PolicyStoreError(f"{where}: not a replica report: {exc}") from None
+
+
+@dataclass(frozen=True)
+class PolicyStatus:
+    """``status()``: the state and every replica's latest report (sorted by id; stale ones marked)."""
+
+    state: PolicyState
+    replicas: tuple[ReplicaReport, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """The policies a replica enforces: ``active``, and ``canary`` on ``fraction`` of request keys."""
+
+    active: Policy
+    canary: Policy | None = None
+    fraction: float = 0.0
+
+    def policy_for(self, request_key: bytes | str) -> Policy:
+        if self.canary is not None and canary_for(request_key, self.fraction):
+            return self.canary
+        return self.active
+
+
+def _validated(document: str | Policy) -> Policy:
+    """The document parsed by the dsl room (if text) and checked by the controller; raises ``PolicyError`` or
+    ``StoreConfigError`` for one that cannot be enforced."""
+    policy = parse_policy(document) if isinstance(document, str) else document
+    if not isinstance(policy, Policy):
+        raise TypeError(f"apply takes policy text or a Policy, not {type(document).__name__}")
+    check_policy(policy)
+    return policy
+
+
+def _check_fraction(canary: float | None) -> None:
+    if canary is not None and not 0.0 < canary < 1.0:
+        raise PolicyStoreError(f"canary fraction {canary!r} must be above 0 and below 1")
+
+
+def _version(ref: str) -> int:
+    return int(ref.rpartition("@")[2])
+
+
+def _after_apply(state: PolicyState, policy: Policy, canary: float | None, now: float) -> PolicyState:
+    """The state once ``policy`` is applied (as the canary on ``canary`` of requests, or as the active one)."""
+    ref = str(policy.ref)
+    for role, held in (("active", state.active), ("canary", state.canary)):
+        if held is None:
+            continue
+        name = held.rpartition("@")[0]
+        if name != policy.name:
+            raise PolicyStoreError(f"policy {ref}: this store holds policy {name!r} (the {role} {held})")
+        if policy.version <= _version(held):
+            raise PolicyStoreError(f"policy {ref}: version {policy.version} is not above the {role} {held}")
+    if canary is not None:
+        if state.active is None:
+            raise PolicyStoreError(f"policy {ref}: no active policy for a canary to run beside; apply it first "
+                                   "without a canary")
+        return replace(state, canary=ref, fraction=canary, serial=state.serial + 1,
+                       history=(*state.history, {"action": "canary", "ref": ref, "fraction": canary, "at": now}))
+    previous = (*state.previous, state.active) if state.active is not None else state.previous
+    return replace(state, active=ref, canary=None, fraction=0.0, previous=previous, serial=state.serial + 1,
+                   history=(*state.history, {"action": "apply", "ref": ref, "at": now}))
+
+
+def _after_promote(state: PolicyState, now: float) -> PolicyState:
+    if state.canary is None:
+        raise PolicyStoreError("nothing to promote: there is no canary")
+    previous = (*state.previous, state.active) if state.active is not None else state.previous
+    return replace(state, active=state.canary, canary=None, fraction=0.0, previous=previous,
+                   serial=state.serial + 1,
+                   history=(*state.history, {"action": "promote", "ref": state.canary, "at": now}))
+
+
+def _after_rollback(state: PolicyState, now: float) -> PolicyState:
+    if state.canary is not None:
+        return replace(state, canary=None, fraction=0.0, serial=state.serial + 1,
+                       history=(*state.history, {"action": "rollback", "ref": state.canary, "at": now}))
+    if not state.previous:
+        raise PolicyStoreError(f"nothing to roll back to: no canary, and no version was active before "
+                               f"{state.active or 'none'}")
+    return replace(state, active=state.previous[-1], previous=state.previous[:-1], serial=state.serial + 1,
+                   history=(*state.history, {"action": "rollback", "ref": state.active, "at": now}))
+
+
+class PolicyStore(Protocol):
+    """One source of truth for the active policy and a canary (see the module docstring)."""
+
+    def apply(self, document: str | Policy, canary: float | None = None) -> PolicyState: ...
+    def promote(self) -> PolicyState: ...
+    def rollback(self) -> PolicyState: ...
+    def state(self) -> PolicyState: ...
+    def status(self) -> PolicyStatus: ...
+    def load(self, ref: str) -> Policy: ...
+    def report(self, replica_id: str, ref: str | None, ok: bool, error: str | None = None,
+               canary: str | None = None) -> None: ...
+    def wait(self, timeout: float) -> bool: ...
+    def close(self) -> None: ...
+
+
+class _StoreBase:
+    """What both stores share: the operations as state transitions over ``_change``, and the report list."""
+
+    def __init__(self, clock: Callable[[], float], stale_after_s: float) -> None:
+        self.clock = clock
+        self.stale_after_s = stale_after_s
+
+    def apply(self, document: str | Policy, canary: float | None = None) -> PolicyState:
+        """Validate ``document`` whole, then store it: as the active policy, or as the canary on ``canary`` of
+        requests. Raises ``PolicyError``/``StoreConfigError`` (invalid) or ``PolicyStoreError`` (refused); in
+        either case nothing changed."""
+        _check_fraction(canary)
+        policy = _validated(document)
+        text = policy_to_yaml(policy)
+        return self._change(lambda state: _after_apply(state, policy, canary, self.clock()), (str(policy.ref), text))
+
+    def promote(self) -> PolicyState:
+        return self._change(lambda state: _after_promote(state, self.clock()), None)
+
+    def rollback(self) -> PolicyState:
+        return self._change(lambda state: _after_rollback(state, self.clock()), None)
+
+    def report(self, replica_id: str, ref: str | None, ok: bool, error: str | None = None,
+               canary: str | None = None) -> None:
+        if not _REPLICA_ID.match(replica_id):
+            raise PolicyStoreError(f"replica id {replica_id!r} must match {_REPLICA_ID.pattern}")
+        self._put_report(ReplicaReport(replica_id, ref, canary, ok, error, self.clock()))
+
+    def status(self) -> PolicyStatus:
+        now = self.clock()
+        reports = sorted(self._reports(), key=lambda r: r.replica_id)
+        return PolicyStatus(self.state(), tuple(replace(r, stale=now - r.at > self.stale_after_s) for r in reports))
+
+    def _stored(self, ref: str, text: str, where: str) -> Policy:
+        policy = parse_policy(text, source=where)
+        if str(policy.ref) != ref:
+            raise PolicyStoreError(f"{where}: holds {policy.ref}, not {ref}")
+        return policy
+
+    def _new_version(self, ref: str, text: str, existing: str | None) -> None:
+        if existing is not None and existing != text:
+            raise PolicyStoreError(f"policy {ref} was stored before with other content; give it a new version")
+
+    # Implemented by each store.
+    def _change(self, step: Callable[[PolicyState], PolicyState], version: tuple[str, str] | None) -> PolicyState:
+        raise NotImplementedError
+
+    def state(self) -> PolicyState:
+        raise NotImplementedError
+
+    def _put_report(self, report: ReplicaReport) -> None:
+        raise NotImplementedError
+
+    def _reports(self) -> list[ReplicaReport]:
+        raise NotImplementedError
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, fsync it, rename it over ``path``, fsync the
+    directory: a reader sees the old file or the new one, never a part."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class FilePolicyStore(_StoreBase):
+    """The embedded store in ``directory``: ``versions/<name>@<version>.yaml``, ``state.json``,
+    ``replicas/<id>.json``; changes are serialised by an exclusive lock on ``.lock``. ``wait`` polls the state
+    file every ``interval`` seconds through ``sleep`` (both injectable)."""
+
+    def __init__(self, directory: str | os.PathLike[str], *, clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], None] = time.sleep, stale_after_s: float = 30.0,
+                 interval: float = 1.0) -> None:
+        super().__init__(clock, stale_after_s)
+        self.directory = Path(directory)
+        self.sleep = sleep
+        self.interval = interval
+        for sub in ("versions", "replicas"):
+            (self.directory / sub).mkdir(parents=True, exist_ok=True)
+        self._state_path = self.directory / "state.json"
+        self._seen = self._stamp()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with open(self.directory / ".lock", "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _version_path(self, ref: str) -> Path:
+        return self.directory / "versions" / f"{ref}.yaml"
+
+    def state(self) -> PolicyState:
+        try:
+            text = self._state_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return PolicyState()
+        return PolicyState.from_json(text, str(self._state_path))
+
+    def _change(self, step: Callable[[PolicyState], PolicyState], version: tuple[str, str] | None) -> PolicyState:
+        with self._locked():
+            new = step(self.state())
+            if version is not None:
+                ref, text = version
+                path = self._version_path(ref)
+                existing = path.read_text(encoding="utf-8") if path.exists() else None
+                self._new_version(ref, text, existing)
+                if existing is None:
+                    _write_atomically(path, text)
+            _write_atomically(self._state_path, new.to_json())
+            return new
+
+    def load(self, ref: str) -> Policy:
+        if not _REF.match(ref):
+            raise PolicyStoreError(f"{ref!r} is not a policy ref (name@version)")
+        path = self._version_path(ref)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise PolicyStoreError(f"{path}: no stored version {ref}") from None
+        return self._stored(ref, text, str(path))
+
+    def _put_report(self, report: ReplicaReport) -> None:
+        _write_atomically(self.directory / "replicas" / f"{report.replica_id}.json", report.to_json())
+
+    def _reports(self) -> list[ReplicaReport]:
+        return [ReplicaReport.from_json(path.read_text(encoding="utf-8"), str(path))
+                for path in sorted((self.directory / "replicas").glob("*.json"))]
+
+    def _stamp(self) -> tuple[int, int] | None:
+        try:
+            info = self._state_path.stat()
+        except FileNotFoundError:
+            return None
+        return info.st_mtime_ns, info.st_size
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to ``timeout`` seconds in steps of ``interval``; True as soon as the state file changed
+        since the last call (compared by mtime and size; the follower re-reads the state either way)."""
+        waited = 0.0
+        while True:
+            stamp = self._stamp()
+            if stamp != self._seen:
+                self._seen = stamp
+                return True
+            if waited >= timeout:
+                return False
+            step = min(self.interval, timeout - waited)
+            self.sleep(step)
+            waited += step
+
+    def close(self) -> None:
+        """Nothing to release: every file is closed after each operation."""
+
+
+class RedisPolicyStore(_StoreBase):
+    """The cluster store: ``{prefix}:v:<ref>`` per version, ``{prefix}:state``, the ``{prefix}:replicas`` hash
+    and the ``{prefix}:changes`` channel (the braces make the prefix the hash tag: one slot). The state changes
+    under WATCH in a MULTI with the version's key, so two applies never both win."""
+
+    def __init__(self, url: str, prefix: str = "evc:policy", *, clock: Callable[[], float] = time.time,
+                 stale_after_s: float = 30.0, client: Any = None) -> None:
+        import redis
+
+        super().__init__(clock, stale_after_s)
+        self._redis = redis
+        self.client = client or redis.Redis.from_url(url)
+        self.prefix = prefix
+        tag = "{" + prefix + "}"
+        self._state_key, self._replicas_key = f"{tag}:state", f"{tag}:replicas"
+        self.channel = f"{tag}:changes"
+        self._version_prefix = f"{tag}:v:"
+        self._pubsub: Any = None
+
+    def state(self) -> PolicyState:
+        raw = self.client.get(self._state_key)
+        return PolicyState() if raw is None else PolicyState.from_json(raw, self._state_key)
+
+    def _change(self, step: Callable[[PolicyState], PolicyState], version: tuple[str, str] | None) -> PolicyState:
+        while True:
+            with self.client.pipeline() as pipe:
+                try:
+                    keys = [self._state_key] + ([self._version_prefix + version[0]] if version else [])
+                    pipe.watch(*keys)
+                    raw = pipe.get(self._state_key)
+                    new = step(PolicyState() if raw is None else PolicyState.from_json(raw, self._state_key))
+                    existing = None if version is None else pipe.get(self._version_prefix + version[0])
+                    if version is not None:
+                        self._new_version(version[0], version[1], None if existing is None else existing.decode())
+                    pipe.multi()
+                    if version is not None and existing is None:
+                        pipe.set(self._version_prefix + version[0], version[1].encode())
+                    pipe.set(self._state_key, new.to_json())
+                    pipe.publish(self.channel, str(new.serial))
+                    pipe.execute()
+                    return new
+                except self._redis.WatchError:
+                    continue
+
+    def load(self, ref: str) -> Policy:
+        if not _REF.match(ref):
+            raise PolicyStoreError(f"{ref!r} is not a policy ref (name@version)")
+        key = self._version_prefix + ref
+        raw = self.client.get(key)
+        if raw is None:
+            raise PolicyStoreError(f"{key}: no stored version {ref}")
+        try:
+            text = raw.decode()
+        except UnicodeDecodeError:
+            raise PolicyStoreError(f"{key}: not UTF-8 text") from None
+        return self._stored(ref, text, key)
+
+    def _put_report(self, report: ReplicaReport) -> None:
+        self.client.hset(self._replicas_key, report.replica_id, report.to_json())
+
+    def _reports(self) -> list[ReplicaReport]:
+        return [ReplicaReport.from_json(raw, f"{self._replicas_key}[{name.decode(errors='replace')}]")
+                for name, raw in self.client.hgetall(self._replicas_key).items()]
+
+    def wait(self, timeout: float) -> bool:
+        """Up to ``timeout`` seconds for a change message; True when one came. The first call subscribes.
+        A follower re-reads the state after every wait, so a lost message costs at most one interval."""
+        if self._pubsub is None:
+            self._pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            self._pubsub.subscribe(self.channel)
+        message = self._pubsub.get_message(timeout=timeout)
+        return message is not None
+
+    def close(self) -> None:
+        if self._pubsub is not None:
+            self._pubsub.close()
+        self.client.close()
+
+
+def open_policy_store(config: PolicyStoreConfig, *, clock: Callable[[], float] = time.time) -> PolicyStore:
+    """The store ``config`` names."""
+    if config.redis_url is not None:
+        return RedisPolicyStore(config.redis_url, config.prefix, clock=clock, stale_after_s=config.stale_after_s)
+    assert config.directory is not None  # the config's validator: exactly one of the two
+    return FilePolicyStore(config.directory, clock=clock, stale_after_s=config.stale_after_s,
+                           interval=config.poll_interval_s)
+
+
+class PolicyFollower:
+    """Keeps a replica on the store's rollout: ``poll()`` reads the state and, when it changed, loads the
+    versions and calls ``on_policy(rollout)``. If loading or ``on_policy`` raises, the replica keeps its last
+    good rollout and reports the error (once per state; it tries again when the state changes). Every poll
+    reports what the replica runs, so status shows it as fresh."""
+
+    def __init__(self, store: PolicyStore, replica_id: str, on_policy: Callable[[Rollout], None],
+                 interval: float = 1.0) -> None:
+        self.store = store
+        self.replica_id = replica_id
+        self.on_policy = on_policy
+        self.interval = interval
+        self.rollout: Rollout | None = None
+        self.error: str | None = None
+        self._serial: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def poll(self) -> Rollout | None:
+        state = self.store.state()
+        if state.serial != self._serial:
+            self._serial = state.serial
+            self.error = None
+            if state.active is not None and (self.rollout is None or self._refs(self.rollout) !=
+                                             (state.active, state.canary, state.fraction)):
+                try:
+                    rollout = Rollout(self.store.load(state.active),
+                                      None if state.canary is None else self.store.load(state.canary),
+                                      state.fraction)
+                    self.on_policy(rollout)
+                except Exception as exc:  # reported to the store; the replica keeps its last good rollout
+                    self.error = f"{state.canary or state.active}: {exc}"
+                else:
+                    self.rollout = rollout
+        running = (None, None, 0.0) if self.rollout is None else self._refs(self.rollout)
+        self.store.report(self.replica_id, running[0], self.error is None, self.error, canary=running[1])
+        return self.rollout
+
+    @staticmethod
+    def _refs(rollout: Rollout) -> tuple[str, str | None, float]:
+        return (str(rollout.active.ref), None if rollout.canary is None else str(rollout.canary.ref),
+                rollout.fraction)
+
+    def run(self) -> None:
+        """Poll, then wait for a change (or ``interval``), until ``stop()``."""
+        while not self._stop.is_set():
+            self.poll()
+            self.store.wait(self.interval)
+
+    def start(self) -> PolicyFollower:
+        self._thread = threading.Thread(target=self.run, name=f"policy-follower-{self.replica_id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
