@@ -298,3 +298,26 @@ def test_cli_against_redis(redis_url: str, tmp_path: Path) -> None:
     assert RedisPolicyStore(redis_url).state().active == "chat@1"
     result = CliRunner().invoke(make_app(), ["policy", "status", "--redis", "redis://127.0.0.1:1/0"])
     assert result.exit_code == 2 and result.stderr.startswith("error: the policy store: ")
+
+
+def test_a_started_follower_picks_up_a_new_version(open_store: Callable[[], PolicyStore]) -> None:
+    import threading
+
+    store, writer = open_store(), open_store()
+    writer.apply(doc(1))
+    versions: list[int] = []
+    second = threading.Event()
+
+    def on_policy(rollout: Rollout) -> None:
+        versions.append(rollout.active.version)
+        if rollout.active.version == 2:
+            second.set()
+
+    follower = PolicyFollower(store, "r1", on_policy, interval=0.05).start()
+    try:
+        writer.apply(doc(2))
+        assert second.wait(timeout=30)
+    finally:
+        follower.stop()
+    assert versions[-1] == 2 and set(versions) <= {1, 2}
+    assert [(r.replica_id, r.ref, r.ok) for r in writer.status().replicas] == [("r1", "chat@2", True)]
