@@ -2,8 +2,9 @@
 
 The store: ``--redis URL``, else ``--store DIR``, else ``$EVOCACHE_POLICY_STORE`` (a directory, or a
 ``redis://``, ``rediss://`` or ``unix://`` URL), else ``.evocache/policies`` under the working directory.
-Exit codes: 0 done; 1 an invalid document (each issue printed) or an operation the store refuses (a version not
-above the active one, nothing to promote or roll back); 2 a usage error or a file or store that cannot be read.
+Exit codes: 0 done; 1 an invalid document (each issue printed) or an operation the store refuses (a version
+not above the active one, nothing to promote or roll back); 2 a usage error or a file or store that cannot be
+read.
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 _URL_SCHEMES = ("redis://", "rediss://", "unix://")
 _EPILOG = ("The store: --redis URL, else --store DIR, else $EVOCACHE_POLICY_STORE (a directory or a redis:// "
-           "URL), else .evocache/policies under the working directory. Exit codes: 0 done; 1 {one}; 2 a usage "
-           "error, or a file or store that cannot be read.")
+           "URL), else .evocache/policies under the working directory. Exit codes: 0 done; 1 {one}; 2 a "
+           "usage error, or a file or store that cannot be read.")
 _REFUSED = "an operation the store refuses"
 
-StoreOption = Annotated[Path | None, typer.Option("--store", metavar="DIR", help="An embedded store's directory.")]
-RedisOption = Annotated[str | None, typer.Option("--redis", metavar="URL", help="A Redis policy store's URL.")]
+StoreOption = Annotated[Path | None,
+                        typer.Option("--store", metavar="DIR", help="An embedded store's directory.")]
+RedisOption = Annotated[str | None,
+                        typer.Option("--redis", metavar="URL", help="A Redis policy store's URL.")]
 PrefixOption = Annotated[str, typer.Option("--prefix", help="The Redis store's key prefix.")]
 
 
@@ -75,13 +78,15 @@ def _when(at: float) -> str:
 
 def _print_state(state: PolicyState) -> None:
     typer.echo(f"active: {state.active or 'none'}")
-    typer.echo(f"canary: {state.canary} on {state.fraction:g} of requests" if state.canary else "canary: none")
+    canary = f"{state.canary} on {state.fraction:g} of requests" if state.canary else "none"
+    typer.echo(f"canary: {canary}")
 
 
 def apply(
     file: Annotated[Path, typer.Argument(metavar="FILE", help="The policy document to put in force.")],
     canary: Annotated[float | None, typer.Option(
-        "--canary", min=0.0, max=1.0, help="Run it as the canary on this fraction of requests (0 < f < 1).")] = None,
+        "--canary", min=0.0, max=1.0,
+        help="Run it as the canary on this fraction of requests (0 < f < 1).")] = None,
     store: StoreOption = None,
     redis_url: RedisOption = None,
     prefix: PrefixOption = "evc:policy",
@@ -112,7 +117,9 @@ def apply(
     _print_state(state)
 
 
-def promote(store: StoreOption = None, redis_url: RedisOption = None, prefix: PrefixOption = "evc:policy") -> None:
+def promote(
+    store: StoreOption = None, redis_url: RedisOption = None, prefix: PrefixOption = "evc:policy"
+) -> None:
     """Make the canary the active policy."""
     try:
         state = _run(_open(store, redis_url, prefix), lambda s: s.promote())
@@ -121,7 +128,9 @@ def promote(store: StoreOption = None, redis_url: RedisOption = None, prefix: Pr
     _print_state(state)
 
 
-def rollback(store: StoreOption = None, redis_url: RedisOption = None, prefix: PrefixOption = "evc:policy") -> None:
+def rollback(
+    store: StoreOption = None, redis_url: RedisOption = None, prefix: PrefixOption = "evc:policy"
+) -> None:
     """Drop the canary; with none, go back to the version active before this one."""
     try:
         state = _run(_open(store, redis_url, prefix), lambda s: s.rollback())
@@ -130,7 +139,9 @@ def rollback(store: StoreOption = None, redis_url: RedisOption = None, prefix: P
     _print_state(state)
 
 
-def status(store: StoreOption = None, redis_url: RedisOption = None, prefix: PrefixOption = "evc:policy") -> None:
+def status(
+    store: StoreOption = None, redis_url: RedisOption = None, prefix: PrefixOption = "evc:policy"
+) -> None:
     """Print the active policy, the canary, the history, and the version each replica reports running."""
     try:
         result = _run(_open(store, redis_url, prefix), lambda s: s.status())

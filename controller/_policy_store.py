@@ -1,15 +1,16 @@
-"""The policy store: one source of truth for the active policy and an optional canary, shared by every replica.
+"""The policy store: one source of truth for the active policy and an optional canary, shared by replicas.
 
-    store = open_policy_store(PolicyStoreConfig(directory=".evocache/policies"))   # or redis_url="redis://..."
+    store = open_policy_store(PolicyStoreConfig(directory=".evocache/policies"))  # or redis_url="redis://..."
     store.apply(text, canary=0.1)        # validated whole (dsl + check_policy) before anything is written
     store.promote(); store.rollback(); store.status()
 
 Two implementations of ``PolicyStore``: ``FilePolicyStore`` (embedded: one file per version and a JSON state
-file, each written to a temporary file, fsynced and renamed over, so a crash mid-write leaves the old file) and
-``RedisPolicyStore`` (cluster: a key per version, a state key changed under WATCH, a hash of replica reports and
-a pub/sub channel for changes; every key carries the prefix as its hash tag, so one store lives in one slot of a
-Redis Cluster). A replica follows the store with ``PolicyFollower``: it keeps the last rollout it could load and
-reports why a newer one could not be. Stored documents are YAML text, parsed safely; nothing is unpickled.
+file, each written to a temporary file, fsynced and renamed over, so a crash mid-write leaves the old file)
+and ``RedisPolicyStore`` (cluster: a key per version, a state key changed under WATCH, a hash of replica
+reports and a pub/sub channel for changes; every key carries the prefix as its hash tag, so one store lives in
+one slot of a Redis Cluster). A replica follows the store with ``PolicyFollower``: it keeps the last rollout
+it could load and reports why a newer one could not be. Stored documents are YAML text, parsed safely;
+nothing is unpickled.
 """
 
 from __future__ import annotations
@@ -128,6 +129,10 @@ class PolicyState:
         return state
 
 
+Step = Callable[[PolicyState], PolicyState]
+"""One operation of the store: the state before -> the state after (``PolicyStoreError`` refuses it)."""
+
+
 @dataclass(frozen=True)
 class ReplicaReport:
     """What one replica last said it runs: ``ref`` (its active version) and ``canary``, whether it loaded the
@@ -142,8 +147,8 @@ class ReplicaReport:
     stale: bool = False
 
     def to_json(self) -> str:
-        return json.dumps({"replica_id": self.replica_id, "ref": self.ref, "canary": self.canary, "ok": self.ok,
-                           "error": self.error, "at": self.at}, sort_keys=True)
+        return json.dumps({"replica_id": self.replica_id, "ref": self.ref, "canary": self.canary,
+                           "ok": self.ok, "error": self.error, "at": self.at}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes, where: str) -> ReplicaReport:
@@ -197,7 +202,7 @@ def _version(ref: str) -> int:
 
 
 def _after_apply(state: PolicyState, policy: Policy, canary: float | None, now: float) -> PolicyState:
-    """The state once ``policy`` is applied (as the canary on ``canary`` of requests, or as the active one)."""
+    """The state once ``policy`` is applied (as the canary on ``canary`` of requests, or as the active)."""
     ref = str(policy.ref)
     for role, held in (("active", state.active), ("canary", state.canary)):
         if held is None:
@@ -209,10 +214,11 @@ def _after_apply(state: PolicyState, policy: Policy, canary: float | None, now: 
             raise PolicyStoreError(f"policy {ref}: version {policy.version} is not above the {role} {held}")
     if canary is not None:
         if state.active is None:
-            raise PolicyStoreError(f"policy {ref}: no active policy for a canary to run beside; apply it first "
-                                   "without a canary")
+            raise PolicyStoreError(f"policy {ref}: no active policy for a canary to run beside; apply it "
+                                   "first without a canary")
         return replace(state, canary=ref, fraction=canary, serial=state.serial + 1,
-                       history=(*state.history, {"action": "canary", "ref": ref, "fraction": canary, "at": now}))
+                       history=(*state.history,
+                                {"action": "canary", "ref": ref, "fraction": canary, "at": now}))
     previous = (*state.previous, state.active) if state.active is not None else state.previous
     return replace(state, active=ref, canary=None, fraction=0.0, previous=previous, serial=state.serial + 1,
                    history=(*state.history, {"action": "apply", "ref": ref, "at": now}))
@@ -267,7 +273,8 @@ class _StoreBase:
         _check_fraction(canary)
         policy = _validated(document)
         text = policy_to_yaml(policy)
-        return self._change(lambda state: _after_apply(state, policy, canary, self.clock()), (str(policy.ref), text))
+        return self._change(lambda state: _after_apply(state, policy, canary, self.clock()),
+                            (str(policy.ref), text))
 
     def promote(self) -> PolicyState:
         return self._change(lambda state: _after_promote(state, self.clock()), None)
@@ -284,7 +291,8 @@ class _StoreBase:
     def status(self) -> PolicyStatus:
         now = self.clock()
         reports = sorted(self._reports(), key=lambda r: r.replica_id)
-        return PolicyStatus(self.state(), tuple(replace(r, stale=now - r.at > self.stale_after_s) for r in reports))
+        marked = tuple(replace(r, stale=now - r.at > self.stale_after_s) for r in reports)
+        return PolicyStatus(self.state(), marked)
 
     def _stored(self, ref: str, text: str, where: str) -> Policy:
         policy = parse_policy(text, source=where)
@@ -294,10 +302,11 @@ class _StoreBase:
 
     def _new_version(self, ref: str, text: str, existing: str | None) -> None:
         if existing is not None and existing != text:
-            raise PolicyStoreError(f"policy {ref} was stored before with other content; give it a new version")
+            raise PolicyStoreError(f"policy {ref} was stored before with other content; give it a new "
+                                   "version")
 
     # Implemented by each store.
-    def _change(self, step: Callable[[PolicyState], PolicyState], version: tuple[str, str] | None) -> PolicyState:
+    def _change(self, step: Step, version: tuple[str, str] | None) -> PolicyState:
         raise NotImplementedError
 
     def state(self) -> PolicyState:
@@ -367,7 +376,7 @@ class FilePolicyStore(_StoreBase):
             return PolicyState()
         return PolicyState.from_json(text, str(self._state_path))
 
-    def _change(self, step: Callable[[PolicyState], PolicyState], version: tuple[str, str] | None) -> PolicyState:
+    def _change(self, step: Step, version: tuple[str, str] | None) -> PolicyState:
         with self._locked():
             new = step(self.state())
             if version is not None:
@@ -425,8 +434,8 @@ class FilePolicyStore(_StoreBase):
 
 class RedisPolicyStore(_StoreBase):
     """The cluster store: ``{prefix}:v:<ref>`` per version, ``{prefix}:state``, the ``{prefix}:replicas`` hash
-    and the ``{prefix}:changes`` channel (the braces make the prefix the hash tag: one slot). The state changes
-    under WATCH in a MULTI with the version's key, so two applies never both win."""
+    and the ``{prefix}:changes`` channel (the braces make the prefix the hash tag: one slot). The state
+    changes under WATCH in a MULTI with the version's key, so two applies never both win."""
 
     def __init__(self, url: str, prefix: str = "evc:policy", *, clock: Callable[[], float] = time.time,
                  stale_after_s: float = 30.0, client: Any = None) -> None:
@@ -446,7 +455,7 @@ class RedisPolicyStore(_StoreBase):
         raw = self.client.get(self._state_key)
         return PolicyState() if raw is None else PolicyState.from_json(raw, self._state_key)
 
-    def _change(self, step: Callable[[PolicyState], PolicyState], version: tuple[str, str] | None) -> PolicyState:
+    def _change(self, step: Step, version: tuple[str, str] | None) -> PolicyState:
         while True:
             with self.client.pipeline() as pipe:
                 try:
@@ -456,7 +465,8 @@ class RedisPolicyStore(_StoreBase):
                     new = step(PolicyState() if raw is None else PolicyState.from_json(raw, self._state_key))
                     existing = None if version is None else pipe.get(self._version_prefix + version[0])
                     if version is not None:
-                        self._new_version(version[0], version[1], None if existing is None else existing.decode())
+                        old = None if existing is None else existing.decode()
+                        self._new_version(version[0], version[1], old)
                     pipe.multi()
                     if version is not None and existing is None:
                         pipe.set(self._version_prefix + version[0], version[1].encode())
@@ -505,7 +515,8 @@ class RedisPolicyStore(_StoreBase):
 def open_policy_store(config: PolicyStoreConfig, *, clock: Callable[[], float] = time.time) -> PolicyStore:
     """The store ``config`` names."""
     if config.redis_url is not None:
-        return RedisPolicyStore(config.redis_url, config.prefix, clock=clock, stale_after_s=config.stale_after_s)
+        return RedisPolicyStore(config.redis_url, config.prefix, clock=clock,
+                                stale_after_s=config.stale_after_s)
     assert config.directory is not None  # the config's validator: exactly one of the two
     return FilePolicyStore(config.directory, clock=clock, stale_after_s=config.stale_after_s,
                            interval=config.poll_interval_s)
@@ -561,7 +572,8 @@ class PolicyFollower:
             self.store.wait(self.interval)
 
     def start(self) -> PolicyFollower:
-        self._thread = threading.Thread(target=self.run, name=f"policy-follower-{self.replica_id}", daemon=True)
+        name = f"policy-follower-{self.replica_id}"
+        self._thread = threading.Thread(target=self.run, name=name, daemon=True)
         self._thread.start()
         return self
 
