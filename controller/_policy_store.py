@@ -498,13 +498,23 @@ class RedisPolicyStore(_StoreBase):
                 for name, raw in self.client.hgetall(self._replicas_key).items()]
 
     def wait(self, timeout: float) -> bool:
-        """Up to ``timeout`` seconds for a change message; True when one came. The first call subscribes.
-        A follower re-reads the state after every wait, so a lost message costs at most one interval."""
+        """Up to ``timeout`` seconds for a change message; True when one came. The first call subscribes (and
+        returns once Redis confirmed it, so every later change is published to this store). A follower
+        re-reads the state after every wait, so a lost message costs at most one interval."""
         if self._pubsub is None:
-            self._pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-            self._pubsub.subscribe(self.channel)
+            pubsub = self.client.pubsub()
+            pubsub.subscribe(self.channel)
+            while True:  # the confirmation is the first message on the connection
+                confirmation = pubsub.get_message(timeout=max(timeout, 1.0))
+                if confirmation is not None and confirmation["type"] == "subscribe":
+                    break
+                if confirmation is None:
+                    pubsub.close()
+                    raise self._redis.TimeoutError(f"{self.channel}: no subscribe confirmation from Redis")
+            self._pubsub = pubsub
+            return False
         message = self._pubsub.get_message(timeout=timeout)
-        return message is not None
+        return message is not None and message["type"] == "message"
 
     def close(self) -> None:
         if self._pubsub is not None:
