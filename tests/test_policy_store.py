@@ -321,3 +321,23 @@ def test_a_started_follower_picks_up_a_new_version(open_store: Callable[[], Poli
         follower.stop()
     assert versions[-1] == 2 and set(versions) <= {1, 2}
     assert [(r.replica_id, r.ref, r.ok) for r in writer.status().replicas] == [("r1", "chat@2", True)]
+
+
+def test_a_write_that_fails_midway_leaves_the_old_state_and_no_temporary_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    store = FilePolicyStore(tmp_path)
+    before = store.apply(doc(1))
+    state_text = (tmp_path / "state.json").read_text()
+
+    def crash(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", crash)
+    with pytest.raises(OSError, match="No space left on device"):
+        store.apply(doc(2))
+    monkeypatch.undo()
+    assert (tmp_path / "state.json").read_text() == state_text and store.state() == before
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == [".lock", "chat@1.yaml", "state.json"]
+    assert FilePolicyStore(tmp_path).apply(doc(2)).active == "chat@2"
