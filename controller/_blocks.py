@@ -70,14 +70,17 @@ def block_hashes(
     if type(block_size) is not int or block_size < 1:
         raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
     if len(token_ids) > MAX_BLOCK_TOKENS:
-        raise ValueError(f"token_ids has {len(token_ids)} tokens, more than the {MAX_BLOCK_TOKENS} hashed per call")
+        raise ValueError(
+            f"token_ids has {len(token_ids)} tokens, more than the {MAX_BLOCK_TOKENS} hashed per call"
+        )
     salt = first_salt.encode("utf-8") if isinstance(first_salt, str) else bytes(first_salt)
     extras = _encode_extras(extra_keys)
     parent = b"\x00" + _u32(len(salt)) + salt
     hashes: list[BlockHash] = []
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         tokens = _encode_tokens(token_ids[start : start + block_size], start)
-        digest = hashlib.blake2b(parent + extras + tokens, digest_size=BLOCK_HASH_BYTES, person=_PERSON).digest()
+        data = parent + extras + tokens
+        digest = hashlib.blake2b(data, digest_size=BLOCK_HASH_BYTES, person=_PERSON).digest()
         hashes.append(BlockHash(digest))
         parent = b"\x01" + digest
     return tuple(hashes)

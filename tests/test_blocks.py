@@ -34,7 +34,8 @@ def test_the_first_block_is_the_documented_encoding():
 
 
 def test_a_str_salt_is_its_utf8_bytes():
-    assert block_hashes(TOKENS, 4, EXTRAS, "tenant-é") == block_hashes(TOKENS, 4, EXTRAS, "tenant-é".encode())
+    as_bytes = "tenant-é".encode()
+    assert block_hashes(TOKENS, 4, EXTRAS, "tenant-é") == block_hashes(TOKENS, 4, EXTRAS, as_bytes)
 
 
 @pytest.mark.parametrize(
@@ -85,7 +86,8 @@ def test_block_size_is_part_of_the_hash():
 
 def test_work_is_bounded_by_the_token_cap():
     assert len(block_hashes([0] * MAX_BLOCK_TOKENS, 4096, (), "t")) == MAX_BLOCK_TOKENS // 4096
-    with pytest.raises(ValueError, match=f"{MAX_BLOCK_TOKENS + 1} tokens, more than the {MAX_BLOCK_TOKENS}"):
+    too_many = f"{MAX_BLOCK_TOKENS + 1} tokens, more than the {MAX_BLOCK_TOKENS}"
+    with pytest.raises(ValueError, match=too_many):
         block_hashes([0] * (MAX_BLOCK_TOKENS + 1), 4096, (), "t")
 
 

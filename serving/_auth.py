@@ -1,0 +1,248 @@
+"""Tenants from a verified identity: ``Authorization: Bearer <key>`` -> the key's tenant and tier.
+
+The tenant is only ever what the key maps to; no request field can choose it. Keys are kept as their
+SHA-256 digests, looked up by digest and compared with ``hmac.compare_digest``, so neither the key file
+in memory nor the comparison reveals a key.
+
+Key file (YAML or JSON, loaded with ``yaml.safe_load``)::
+
+    keys:
+      - sha256: 9f86d081884c7d65...   # hex digest of the key (preferred), or
+        tenant: acme
+        tier: pro
+      - key: sk-plain-text            # the key itself, hashed on load
+        tenant: globex
+
+A Redis hash holds the same records: field = hex digest, value = ``{"tenant": ..., "tier": ...}`` (JSON).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import stat
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import pydantic
+import redis
+import yaml
+
+from evocache.controller import Tenant, namespace_for
+
+from .errors import RateLimited, ServingConfigError, Unauthenticated, Unavailable
+
+MAX_KEY_FILE_BYTES = 1 << 20
+MAX_KEY_CHARS = 256
+DEFAULT_REDIS_KEY = "evocache:api-keys"
+
+
+def key_digest(key: str) -> bytes:
+    """The SHA-256 digest under which an API key is stored."""
+    return hashlib.sha256(key.encode("utf-8")).digest()
+
+
+def bearer_key(authorization: str | None) -> str:
+    """The key in an ``Authorization: Bearer <key>`` header; ``Unauthenticated`` when absent or malformed."""
+    if authorization is None:
+        raise Unauthenticated("missing Authorization header: send 'Authorization: Bearer <api key>'")
+    scheme, _, key = authorization.strip().partition(" ")
+    key = key.strip()
+    if scheme.lower() != "bearer" or not key:
+        raise Unauthenticated("malformed Authorization header: expected 'Bearer <api key>'")
+    if len(key) > MAX_KEY_CHARS or not key.isascii() or not key.isprintable() or " " in key:
+        raise Unauthenticated("malformed API key")
+    return key
+
+
+class KeyStore(Protocol):
+    """Maps an API key to its tenant; raises ``Unauthenticated`` for a key it does not hold."""
+
+    def tenant_for(self, key: str) -> Tenant: ...
+
+
+def authenticate(store: KeyStore, authorization: str | None) -> Tenant:
+    """The tenant of the request whose ``Authorization`` header is ``authorization``."""
+    return store.tenant_for(bearer_key(authorization))
+
+
+class _Record(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    tenant: str
+    tier: str = "default"
+
+    @pydantic.field_validator("tenant")
+    @classmethod
+    def _valid_tenant(cls, value: str) -> str:
+        namespace_for(value)  # raises ValueError naming what is wrong
+        return value
+
+    def as_tenant(self) -> Tenant:
+        return Tenant(self.tenant, self.tier)
+
+
+class _FileRecord(_Record):
+    sha256: str | None = pydantic.Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
+    key: str | None = pydantic.Field(default=None, min_length=1, max_length=MAX_KEY_CHARS)
+
+    @pydantic.model_validator(mode="after")
+    def _one_key(self) -> _FileRecord:
+        if (self.sha256 is None) == (self.key is None):
+            raise ValueError("give exactly one of 'sha256' and 'key'")
+        return self
+
+    def digest(self) -> bytes:
+        return bytes.fromhex(self.sha256) if self.sha256 is not None else key_digest(self.key or "")
+
+
+class _KeyFile(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    keys: list[_FileRecord]
+
+
+def _issues(exc: pydantic.ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or '(document)'}: {e['msg']}" for e in exc.errors()
+    )
+
+
+def _match(table: Mapping[bytes, Tenant], key: str) -> Tenant:
+    digest = key_digest(key)
+    for stored, tenant in table.items() if digest in table else ():
+        if hmac.compare_digest(stored, digest):
+            return tenant
+    raise Unauthenticated("unknown API key")
+
+
+@dataclass(frozen=True)
+class FileKeyStore:
+    """API keys read once from a file (see the module docstring for its shape)."""
+
+    table: Mapping[bytes, Tenant]
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], max_bytes: int = MAX_KEY_FILE_BYTES) -> FileKeyStore:
+        """Reads ``path``; ``ServingConfigError`` when it is not a regular file, is group- or world-writable,
+        is larger than ``max_bytes`` or does not hold valid records."""
+        path = Path(path)
+        try:
+            with path.open("rb") as handle:
+                info = os.fstat(handle.fileno())
+                if not stat.S_ISREG(info.st_mode):
+                    raise ServingConfigError(f"{path}: not a regular file")
+                if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                    raise ServingConfigError(
+                        f"{path}: group- or world-writable (mode {stat.filemode(info.st_mode)}); "
+                        "an API-key file must be writable by its owner only (chmod 600)"
+                    )
+                data = handle.read(max_bytes + 1)
+        except OSError as exc:
+            raise ServingConfigError(f"{path}: cannot read the API-key file: {exc.strerror}") from exc
+        if len(data) > max_bytes:
+            raise ServingConfigError(f"{path}: larger than {max_bytes} bytes")
+        try:
+            document: Any = yaml.safe_load(data.decode("utf-8"))
+        except (UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise ServingConfigError(f"{path}: not valid YAML or JSON: {exc}") from exc
+        try:
+            records = _KeyFile.model_validate(document).keys
+        except pydantic.ValidationError as exc:
+            raise ServingConfigError(f"{path}: {_issues(exc)}") from exc
+        table: dict[bytes, Tenant] = {}
+        for i, record in enumerate(records):
+            digest = record.digest()
+            if digest in table:
+                raise ServingConfigError(f"{path}: keys.{i}: the same key is listed twice")
+            table[digest] = record.as_tenant()
+        return cls(table)
+
+    def tenant_for(self, key: str) -> Tenant:
+        return _match(self.table, key)
+
+
+@dataclass(frozen=True)
+class RedisKeyStore:
+    """API keys in a Redis hash (field: the key's hex SHA-256; value: ``{"tenant", "tier"}`` as JSON), read on
+    every lookup so that a key added or revoked takes effect at once."""
+
+    client: redis.Redis
+    hash_key: str = DEFAULT_REDIS_KEY
+
+    def add(self, key: str, tenant: Tenant) -> None:
+        record = _Record(tenant=tenant.id, tier=tenant.tier)
+        self.client.hset(self.hash_key, key_digest(key).hex(), record.model_dump_json())
+
+    def revoke(self, key: str) -> None:
+        self.client.hdel(self.hash_key, key_digest(key).hex())
+
+    def tenant_for(self, key: str) -> Tenant:
+        digest = key_digest(key).hex()
+        try:
+            raw = self.client.hget(self.hash_key, digest)
+        except redis.RedisError as exc:
+            raise Unavailable(f"the API-key store cannot be reached: {exc}") from exc
+        if raw is None:
+            raise Unauthenticated("unknown API key")
+        try:
+            record = _Record.model_validate(json.loads(raw))
+        except (ValueError, pydantic.ValidationError) as exc:
+            raise ServingConfigError(
+                f"redis hash {self.hash_key!r}, field {digest[:12]}...: invalid record: {exc}"
+            ) from exc
+        return record.as_tenant()
+
+
+@dataclass(frozen=True)
+class Rate:
+    """``per_second`` requests refilled each second, up to ``burst`` at once."""
+
+    per_second: float
+    burst: float
+
+    def __post_init__(self) -> None:
+        if not self.per_second > 0 or not self.burst >= 1:
+            raise ValueError(f"a rate needs per_second > 0 and burst >= 1, got {self}")
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    stamp: float
+
+
+@dataclass
+class RateLimiter:
+    """A token bucket per tenant: ``acquire(tenant)`` takes one request's token or raises ``RateLimited``.
+
+    ``default`` applies to every tenant not in ``per_tenant``. Tenants come from verified keys, so the
+    number of buckets is bounded by the key store. ``clock`` returns seconds (monotonic in production).
+    """
+
+    default: Rate
+    clock: Callable[[], float]
+    per_tenant: Mapping[str, Rate] = field(default_factory=dict)
+    _buckets: dict[str, _Bucket] = field(default_factory=dict, init=False, repr=False)
+
+    def acquire(self, tenant: str) -> None:
+        rate = self.per_tenant.get(tenant, self.default)
+        now = self.clock()
+        bucket = self._buckets.get(tenant)
+        if bucket is None:
+            bucket = self._buckets[tenant] = _Bucket(rate.burst, now)
+        elapsed = max(0.0, now - bucket.stamp)
+        bucket.tokens = min(rate.burst, bucket.tokens + elapsed * rate.per_second)
+        bucket.stamp = now
+        if bucket.tokens < 1.0:
+            retry_after = (1.0 - bucket.tokens) / rate.per_second
+            raise RateLimited(
+                f"tenant {tenant!r} is over its rate of {rate.per_second:g} requests/s "
+                f"(burst {rate.burst:g}); retry in {retry_after:.3g}s",
+                retry_after,
+            )
+        bucket.tokens -= 1.0

@@ -1,0 +1,171 @@
+"""Tenants from verified API keys (serving/_auth.py) and the per-tenant rate limiter."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import redis
+
+from evocache.controller import Tenant
+from evocache.serving import (
+    FileKeyStore,
+    Rate,
+    RateLimited,
+    RateLimiter,
+    RedisKeyStore,
+    ServingConfigError,
+    Unauthenticated,
+    authenticate,
+    bearer_key,
+)
+
+
+def _key_file(tmp_path, text, mode=0o600, name="keys.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+KEYS = f"""
+keys:
+  - sha256: {hashlib.sha256(b"sk-acme").hexdigest()}
+    tenant: acme
+    tier: pro
+  - key: sk-globex
+    tenant: globex
+"""
+
+
+def test_a_key_file_maps_bearer_keys_to_tenants(tmp_path):
+    store = FileKeyStore.load(_key_file(tmp_path, KEYS))
+    assert authenticate(store, "Bearer sk-acme") == Tenant("acme", "pro")
+    assert authenticate(store, "bearer  sk-globex ") == Tenant("globex", "default")
+    assert set(store.table) == {hashlib.sha256(b"sk-acme").digest(), hashlib.sha256(b"sk-globex").digest()}
+
+
+def test_a_json_key_file_is_read_the_same(tmp_path):
+    document = {"keys": [{"key": "sk-1", "tenant": "t1", "tier": "free"}]}
+    store = FileKeyStore.load(_key_file(tmp_path, json.dumps(document), name="keys.json"))
+    assert store.tenant_for("sk-1") == Tenant("t1", "free")
+
+
+@pytest.mark.parametrize(
+    ("header", "match"),
+    [
+        (None, "missing Authorization header"),
+        ("", "malformed Authorization header"),
+        ("Basic c2stYWNtZQ==", "malformed Authorization header"),
+        ("Bearer", "malformed Authorization header"),
+        ("Bearer sk acme", "malformed API key"),
+        ("Bearer " + "k" * 257, "malformed API key"),
+        ("Bearer sk-\x00acme", "malformed API key"),
+        ("Bearer sk-unknown", "unknown API key"),
+        ("Bearer SK-ACME", "unknown API key"),
+    ],
+)
+def test_missing_malformed_or_unknown_keys_are_unauthenticated(tmp_path, header, match):
+    store = FileKeyStore.load(_key_file(tmp_path, KEYS))
+    with pytest.raises(Unauthenticated, match=match) as caught:
+        authenticate(store, header)
+    assert (caught.value.status, caught.value.code) == (401, "invalid_api_key")
+
+
+def test_bearer_key_reads_the_key():
+    assert bearer_key("Bearer sk-123") == "sk-123"
+
+
+@pytest.mark.parametrize("mode", [0o620, 0o602, 0o666])
+def test_a_group_or_world_writable_key_file_is_refused(tmp_path, mode):
+    with pytest.raises(ServingConfigError, match="group- or world-writable"):
+        FileKeyStore.load(_key_file(tmp_path, KEYS, mode=mode))
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("keys: [{tenant: a}]", "keys.0: Value error, give exactly one of 'sha256' and 'key'"),
+        ("keys: [{key: k, sha256: '" + "0" * 64 + "', tenant: a}]", "give exactly one"),
+        ("keys: [{sha256: abc, tenant: a}]", "keys.0.sha256: String should match pattern"),
+        ("keys: [{key: k, tenant: a, teir: pro}]", "keys.0.teir: Extra inputs are not permitted"),
+        ("keys: [{key: k, tenant: ''}]", "keys.0.tenant"),
+        ("keys: [{key: k, tenant: a}, {key: k, tenant: b}]", "keys.1: the same key is listed twice"),
+        ("keys: [{key: k, tenant: 7}]", "keys.0.tenant: Input should be a valid string"),
+        ("- just a list", r"\(document\): Input should be a valid dictionary"),
+        ("keys: [{key: k, tenant: !!python/object:os.system a}]", "not valid YAML or JSON"),
+        ("keys: [unclosed", "not valid YAML or JSON"),
+    ],
+)
+def test_an_invalid_key_file_names_the_place(tmp_path, text, match):
+    with pytest.raises(ServingConfigError, match=match):
+        FileKeyStore.load(_key_file(tmp_path, text))
+
+
+def test_a_key_file_over_the_size_bound_is_refused(tmp_path):
+    with pytest.raises(ServingConfigError, match="larger than 64 bytes"):
+        FileKeyStore.load(_key_file(tmp_path, KEYS), max_bytes=64)
+
+
+def test_a_missing_key_file_is_a_config_error(tmp_path):
+    with pytest.raises(ServingConfigError, match="cannot read the API-key file"):
+        FileKeyStore.load(tmp_path / "absent.yaml")
+
+
+@pytest.mark.redis
+def test_a_redis_hash_maps_keys_to_tenants(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    store = RedisKeyStore(client)
+    store.add("sk-acme", Tenant("acme", "pro"))
+    assert authenticate(store, "Bearer sk-acme") == Tenant("acme", "pro")
+    assert client.hkeys(store.hash_key) == [hashlib.sha256(b"sk-acme").hexdigest().encode()]
+    with pytest.raises(Unauthenticated, match="unknown API key"):
+        authenticate(store, "Bearer sk-other")
+    store.revoke("sk-acme")
+    with pytest.raises(Unauthenticated, match="unknown API key"):
+        authenticate(store, "Bearer sk-acme")
+
+
+@pytest.mark.redis
+def test_an_invalid_redis_record_is_a_config_error(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    store = RedisKeyStore(client)
+    client.hset(store.hash_key, hashlib.sha256(b"sk-bad").hexdigest(), b'{"tenant": 3}')
+    with pytest.raises(ServingConfigError, match="invalid record"):
+        store.tenant_for("sk-bad")
+
+
+def test_the_rate_limiter_allows_the_burst_then_refills_at_the_rate(fake_clock):
+    limiter = RateLimiter(Rate(per_second=2.0, burst=3.0), clock=fake_clock)
+    for _ in range(3):
+        limiter.acquire("acme")
+    with pytest.raises(RateLimited) as caught:
+        limiter.acquire("acme")
+    error = caught.value
+    assert (error.status, error.code, error.retry_after) == (429, "rate_limit_exceeded", 0.5)
+    limiter.acquire("globex")  # another tenant has its own bucket
+    fake_clock.advance(0.5)
+    limiter.acquire("acme")
+    with pytest.raises(RateLimited):
+        limiter.acquire("acme")
+    fake_clock.advance(100.0)  # refill stops at the burst
+    for _ in range(3):
+        limiter.acquire("acme")
+    with pytest.raises(RateLimited):
+        limiter.acquire("acme")
+
+
+def test_a_tenant_can_have_its_own_rate(fake_clock):
+    limiter = RateLimiter(Rate(1.0, 1.0), clock=fake_clock, per_tenant={"acme": Rate(1.0, 2.0)})
+    limiter.acquire("acme")
+    limiter.acquire("acme")
+    limiter.acquire("globex")
+    with pytest.raises(RateLimited, match="tenant 'globex' is over its rate of 1 requests/s"):
+        limiter.acquire("globex")
+
+
+@pytest.mark.parametrize(("per_second", "burst"), [(0.0, 1.0), (-1.0, 1.0), (1.0, 0.5)])
+def test_a_bad_rate_is_refused(per_second, burst):
+    with pytest.raises(ValueError, match="a rate needs per_second > 0 and burst >= 1"):
+        Rate(per_second, burst)
