@@ -1,6 +1,7 @@
 """WHERE the policy is enforced: Ray Serve deployments, the request router, the KV prefix cache.
 
-The modules here so far need no Ray: tenants from verified API keys and a per-tenant rate limiter.
+The modules here so far need no Ray: the OpenAI wire format, tenants from verified API keys and a
+per-tenant rate limiter.
 See docs/architecture.md.
 """
 
@@ -14,6 +15,36 @@ from ._auth import (
     bearer_key,
     key_digest,
 )
+from ._protocol import (
+    IGNORED_CHAT_FIELDS,
+    IGNORED_COMPLETION_FIELDS,
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChunkChoice,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionRequest,
+    CompletionResponse,
+    ContentPart,
+    Delta,
+    ErrorDetail,
+    ErrorResponse,
+    Limits,
+    Message,
+    ModelCard,
+    ModelList,
+    PromptTokensDetails,
+    StreamOptions,
+    ToolCall,
+    ToolCallFunction,
+    Usage,
+    error_response,
+    parse_request,
+    validation_error,
+)
 from .errors import (
     ApiError,
     BadRequest,
@@ -26,18 +57,46 @@ from .errors import (
 
 __all__ = [
     "ApiError",
+    "AssistantMessage",
     "BadRequest",
+    "ChatChoice",
+    "ChatCompletionChunk",
+    "ChatCompletionRequest",
+    "ChatCompletionResponse",
+    "ChunkChoice",
+    "CompletionChoice",
+    "CompletionChunk",
+    "CompletionRequest",
+    "CompletionResponse",
+    "ContentPart",
+    "Delta",
+    "ErrorDetail",
+    "ErrorResponse",
     "FileKeyStore",
+    "IGNORED_CHAT_FIELDS",
+    "IGNORED_COMPLETION_FIELDS",
     "KeyStore",
+    "Limits",
+    "Message",
+    "ModelCard",
+    "ModelList",
+    "PromptTokensDetails",
     "Rate",
     "RateLimited",
     "RateLimiter",
     "RedisKeyStore",
     "ServingConfigError",
     "ServingError",
+    "StreamOptions",
+    "ToolCall",
+    "ToolCallFunction",
     "Unauthenticated",
     "Unavailable",
+    "Usage",
     "authenticate",
     "bearer_key",
+    "error_response",
     "key_digest",
+    "parse_request",
+    "validation_error",
 ]
