@@ -8,6 +8,7 @@
 Public names are re-exported here; the modules behind them are private.
 """
 
+from ._blocks import MAX_BLOCK_TOKENS, BlockHash, block_hashes
 from ._cache_if import CacheInfo, cache_if
 from ._contract import Admission, SemanticOptions, Tenant, tenant_scope
 from ._events import AccessEvent, EventSink, JsonlSink, RedisStreamSink, RingSink, read_events
@@ -64,6 +65,7 @@ from .tiers import DiskTier, Lookup, MemoryTier, RedisTier, Tier, TieredStore
 __all__ = [
     "AccessEvent",
     "Admission",
+    "BlockHash",
     "CacheInfo",
     "CacheKey",
     "CacheMetrics",
@@ -89,6 +91,7 @@ __all__ = [
     "L2",
     "L3",
     "LearnedModelError",
+    "MAX_BLOCK_TOKENS",
     "Lookup",
     "MemoryTier",
     "Namespace",
@@ -118,6 +121,7 @@ __all__ = [
     "TierName",
     "TierUnavailable",
     "TieredStore",
+    "block_hashes",
     "build_runtime",
     "cache_if",
     "canary_for",
