@@ -480,7 +480,7 @@ class Decision:
 
     ``cache`` is False for ``cache: bypass``. ``semantic`` is None when semantic matching is off, else the
     rule's ``semantic`` resolved (``SemanticSpec.resolved``: ``mode`` and ``explore`` filled in);
-    ``kv_reuse`` is None when KV reuse is off. ``skipped`` names the rules before this one whose ``when``
+    ``kv`` is None when KV reuse is off (no ``kv``, or ``reuse: none``), else the rule's ``kv``. ``skipped`` names the rules before this one whose ``when``
     could not be evaluated on the view (see ``Policy.decide``).
     """
 
@@ -493,8 +493,7 @@ class Decision:
     allow_sampling: bool
     stream: bool
     semantic: SemanticSpec | None
-    kv_reuse: str | None
-    kv_rope_shift: bool = False
+    kv: KvSpec | None
     skipped: tuple[str, ...] = ()
 
 
@@ -505,7 +504,6 @@ def _resolve(defaults: Defaults, rule: Rule | None) -> Decision:
 
     semantic: SemanticSpec | None = pick("semantic")
     kv: KvSpec | None = pick("kv")
-    kv_on = kv is not None and kv.reuse != "none"
     return Decision(
         rule=rule.name if rule is not None else DEFAULT_RULE,
         cache=pick("cache") == "response",
@@ -516,8 +514,7 @@ def _resolve(defaults: Defaults, rule: Rule | None) -> Decision:
         allow_sampling=pick("allow_sampling"),
         stream=pick("stream"),
         semantic=None if semantic is None else semantic.resolved(),
-        kv_reuse=kv.reuse if kv_on else None,
-        kv_rope_shift=kv_on and kv.rope_shift,
+        kv=None if kv is None or kv.reuse == "none" else kv,
     )
 
 

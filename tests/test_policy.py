@@ -11,6 +11,7 @@ import yaml
 from evocache.dsl import (
     STANDARD_SCHEMA,
     Decision,
+    KvSpec,
     Policy,
     PolicyError,
     PolicyIssue,
@@ -148,7 +149,7 @@ def test_minimal_document_gets_every_default() -> None:
         allow_sampling=False,
         stream=True,
         semantic=None,
-        kv_reuse=None,
+        kv=None,
     )
 
 
@@ -301,8 +302,7 @@ def test_first_matching_rule_decides_with_rule_values_over_defaults(chat_prod: P
         allow_sampling=False,
         stream=True,
         semantic=SemanticSpec(max_error=0.02, mode="bounded", explore=0.05),
-        kv_reuse="prefix",
-        kv_rope_shift=False,
+        kv=KvSpec(reuse="prefix", rope_shift=False),
     )
     # long and greedy AND free tier: the first rule wins
     assert chat_prod.decide(view(input_ids=[7] * 600, tenant={"id": "f", "tier": "free"})).rule == (
@@ -318,7 +318,7 @@ def test_first_matching_rule_decides_with_rule_values_over_defaults(chat_prod: P
         allow_sampling=False,
         stream=True,
         semantic=None,
-        kv_reuse=None,
+        kv=None,
     )
     sampled = chat_prod.decide(view(temperature=0.7))
     assert (sampled.rule, sampled.cache, sampled.ttl) == ("sampled", False, 300.0)
@@ -332,7 +332,7 @@ def test_first_matching_rule_decides_with_rule_values_over_defaults(chat_prod: P
         allow_sampling=False,
         stream=True,
         semantic=None,
-        kv_reuse=None,
+        kv=None,
     )
 
 
@@ -364,18 +364,12 @@ def test_overrides_switch_semantic_and_kv_off() -> None:
         )
     )
     exact = p.decide(view(top_k=1))
-    assert (exact.semantic, exact.kv_reuse, exact.kv_rope_shift, exact.sliding) == (
-        None,
-        None,
-        False,
-        True,
-    )
+    assert (exact.semantic, exact.kv, exact.sliding) == (None, None, True)
     assert exact.max_entry_bytes == 100
     other = p.decide(view(top_k=3))
-    assert (other.semantic, other.kv_reuse, other.kv_rope_shift, other.sliding) == (
+    assert (other.semantic, other.kv, other.sliding) == (
         SemanticSpec(max_error=0.05, mode="bounded", explore=0.05),
-        "prefix",
-        True,
+        KvSpec(reuse="prefix", rope_shift=True),
         False,
     )
 
