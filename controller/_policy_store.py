@@ -15,6 +15,7 @@ nothing is unpickled.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import fcntl
 import hashlib
@@ -259,7 +260,7 @@ class PolicyStore(Protocol):
     def close(self) -> None: ...
 
 
-class _StoreBase:
+class _StoreBase(abc.ABC):
     """What both stores share: the operations as state transitions over ``_change``, and the report list."""
 
     def __init__(self, clock: Callable[[], float], stale_after_s: float) -> None:
@@ -305,18 +306,18 @@ class _StoreBase:
             raise PolicyStoreError(f"policy {ref} was stored before with other content; give it a new "
                                    "version")
 
-    # Implemented by each store.
-    def _change(self, step: Step, version: tuple[str, str] | None) -> PolicyState:
-        raise NotImplementedError
+    # What each store implements: where the state, the versions and the reports live.
+    @abc.abstractmethod
+    def _change(self, step: Step, version: tuple[str, str] | None) -> PolicyState: ...
 
-    def state(self) -> PolicyState:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def state(self) -> PolicyState: ...
 
-    def _put_report(self, report: ReplicaReport) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _put_report(self, report: ReplicaReport) -> None: ...
 
-    def _reports(self) -> list[ReplicaReport]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _reports(self) -> list[ReplicaReport]: ...
 
 
 def _write_atomically(path: Path, text: str) -> None:
