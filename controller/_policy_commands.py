@@ -121,19 +121,21 @@ def promote(
     store: StoreOption = None, redis_url: RedisOption = None, prefix: PrefixOption = "evc:policy"
 ) -> None:
     """Make the canary the active policy."""
-    try:
-        state = _run(_open(store, redis_url, prefix), lambda s: s.promote())
-    except Failed as failed:
-        raise typer.Exit(failed.code) from None
-    _print_state(state)
+    _change_and_print(store, redis_url, prefix, lambda s: s.promote())
 
 
 def rollback(
     store: StoreOption = None, redis_url: RedisOption = None, prefix: PrefixOption = "evc:policy"
 ) -> None:
     """Drop the canary; with none, go back to the version active before this one."""
+    _change_and_print(store, redis_url, prefix, lambda s: s.rollback())
+
+
+def _change_and_print(store: Path | None, redis_url: str | None, prefix: str,
+                      operation: Callable[[PolicyStore], PolicyState]) -> None:
+    """Run one state change on the store the options name and print the state after it; a failure exits."""
     try:
-        state = _run(_open(store, redis_url, prefix), lambda s: s.rollback())
+        state = _run(_open(store, redis_url, prefix), operation)
     except Failed as failed:
         raise typer.Exit(failed.code) from None
     _print_state(state)
