@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ._codec import MIN_SECRET_BYTES
+from ._files import NotARegularFile, read_bounded
 from .errors import StoreConfigError
 
 if TYPE_CHECKING:
@@ -60,19 +61,16 @@ def read_key_file(path: str | os.PathLike[str], source: str) -> bytes:
     ``StoreConfigError`` naming ``source`` and the path; one readable by them is logged as a warning."""
     path = Path(path)
     try:
-        # Non-blocking, so that a FIFO put in its place is refused instead of waited on.
-        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
-            mode = os.fstat(fh.fileno()).st_mode
-            if not stat.S_ISREG(mode):
-                raise StoreConfigError(f"{source}: {path} is not a regular file")
-            if mode & (stat.S_IWGRP | stat.S_IWOTH):
-                raise StoreConfigError(
-                    f"{source}: {path} is writable by others (mode {stat.S_IMODE(mode):o}): whoever can write "
-                    f"the key can sign entries every replica serves; chmod go-w {path}"
-                )
-            data = fh.read(_MAX_KEY_FILE + 1)
+        data, mode = read_bounded(path, _MAX_KEY_FILE)
+    except NotARegularFile:
+        raise StoreConfigError(f"{source}: {path} is not a regular file") from None
     except OSError as exc:
         raise StoreConfigError(f"{source}: cannot read the key file {path}: {exc.strerror or exc}") from exc
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise StoreConfigError(
+            f"{source}: {path} is writable by others (mode {stat.S_IMODE(mode):o}): whoever can write "
+            f"the key can sign entries every replica serves; chmod go-w {path}"
+        )
     if mode & (stat.S_IRGRP | stat.S_IROTH):
         # Only a warning: mounted secrets are often group- or world-readable inside their container.
         log.warning(

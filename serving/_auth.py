@@ -33,6 +33,7 @@ import redis
 import yaml
 
 from evocache.controller import Tenant, namespace_for
+from evocache.controller._files import NotARegularFile, read_bounded
 
 from .errors import RateLimited, ServingConfigError, Unauthenticated, Unavailable
 
@@ -132,18 +133,16 @@ class FileKeyStore:
         is larger than ``max_bytes`` or does not hold valid records."""
         path = Path(path)
         try:
-            with path.open("rb") as handle:
-                info = os.fstat(handle.fileno())
-                if not stat.S_ISREG(info.st_mode):
-                    raise ServingConfigError(f"{path}: not a regular file")
-                if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                    raise ServingConfigError(
-                        f"{path}: group- or world-writable (mode {stat.filemode(info.st_mode)}); "
-                        "an API-key file must be writable by its owner only (chmod 600)"
-                    )
-                data = handle.read(max_bytes + 1)
+            data, mode = read_bounded(path, max_bytes)
+        except NotARegularFile:
+            raise ServingConfigError(f"{path}: not a regular file") from None
         except OSError as exc:
             raise ServingConfigError(f"{path}: cannot read the API-key file: {exc.strerror}") from exc
+        if mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise ServingConfigError(
+                f"{path}: group- or world-writable (mode {stat.filemode(mode)}); "
+                "an API-key file must be writable by its owner only (chmod 600)"
+            )
         if len(data) > max_bytes:
             raise ServingConfigError(f"{path}: larger than {max_bytes} bytes")
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 import pytest
 import redis
@@ -106,6 +107,14 @@ def test_an_invalid_key_file_names_the_place(tmp_path, text, match):
 def test_a_key_file_over_the_size_bound_is_refused(tmp_path):
     with pytest.raises(ServingConfigError, match="larger than 64 bytes"):
         FileKeyStore.load(_key_file(tmp_path, KEYS), max_bytes=64)
+
+
+def test_a_key_file_that_is_a_fifo_or_a_directory_is_refused_without_waiting(tmp_path):
+    fifo = tmp_path / "keys.fifo"
+    os.mkfifo(fifo)  # no writer: opening it for reading the usual way would wait for one
+    for path in (fifo, tmp_path):
+        with pytest.raises(ServingConfigError, match="not a regular file"):
+            FileKeyStore.load(path)
 
 
 def test_a_missing_key_file_is_a_config_error(tmp_path):
