@@ -150,7 +150,7 @@ def cache_if(
     (default: the process runtime, see ``configure``, which a replica sets); ``serializer`` (``"json"``, or
     ``"pickle"`` for trusted stores, or a ``Serializer``) turns results into payloads.
 
-    Semantic matching (sync and async functions): after an exact miss, a similar earlier prompt's answer may
+    Semantic matching (every kind of function; a stream's answer is its chunk list): after an exact miss, a similar earlier prompt's answer may
     be served while the estimated error stays within ``max_error`` (``controller._semantic``). ``semantic``
     (``SemanticOptions``, or a mapping of its fields: ``{"max_error": 0.02, "judge": same_answer}``) turns it
     on without a policy and says which parameter is the prompt and how answers are compared; with a policy, its
@@ -264,8 +264,9 @@ class CachedFunction:
         self._streams = self.kind in ("gen", "asyncgen")
         # Streams are stored as their chunk list; everything else through the serializer.
         self._decode = load_chunks if self._streams else serializer.loads
-        # Semantic matching serves whole answers: streams keep to exact matching.
-        self._semantic_kinds = not self._streams
+        # Semantic matching serves a neighbour's whole answer; for a stream that is its stored chunk list,
+        # replayed like an exact hit (the judge compares chunk lists).
+        self._semantic_kinds = True
         functools.update_wrapper(wrapper, fn)
         wrapper.cache_info = self.cache_info  # type: ignore[attr-defined]
         wrapper.cache_key = self.cache_key  # type: ignore[attr-defined]

@@ -284,7 +284,7 @@ class Admission:
 
 @dataclass(frozen=True, slots=True)
 class SemanticOptions:
-    """Semantic matching for one function (sync and async functions; streams keep to exact matching).
+    """Semantic matching for one function (for a stream, answers are chunk lists: the judge compares those).
 
     ``max_error``, ``mode``, ``explore``, ``threshold``: the decorator's own setting, the fields of a policy
     rule's ``semantic:`` (``controller._semantic``), used when no policy is in force; ``max_error=None`` (or 0)

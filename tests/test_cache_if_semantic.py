@@ -596,3 +596,22 @@ def test_past_max_entries_the_oldest_semantic_entry_leaves_the_index(srt):
     assert answer(PARAPHRASE) == f"answer to {PARAPHRASE}"  # no neighbour left to serve it from
     assert calls[-1] == PARAPHRASE
     assert answer(ASK) == f"answer to {ASK}" and calls.count(ASK) == 1  # its exact entry is still cached
+
+
+def test_a_stream_is_served_a_neighbours_stream_chunk_for_chunk(srt):
+    calls = []
+
+    @cache_if("true", semantic=STATIC, store=srt)
+    def answer(prompt: str):
+        calls.append(prompt)
+        yield "answer "
+        yield "to "
+        yield prompt
+
+    first = list(answer(ASK))
+    assert first == ["answer ", "to ", ASK]
+    assert list(answer(PARAPHRASE)) == first  # the neighbour's chunks, replayed; the model was not called
+    assert list(answer(UNRELATED)) == ["answer ", "to ", UNRELATED]
+    assert calls == [ASK, UNRELATED]
+    hit = [e for e in _events(srt) if e.outcome == "hit"]
+    assert len(hit) == 1 and hit[0].reason == "semantic"
