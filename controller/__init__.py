@@ -36,6 +36,7 @@ from ._runtime import (
     current_runtime,
     default_runtime,
     set_policy,
+    use_runtime,
 )
 from ._serialize import JsonSerializer, PickleSerializer, Serializer
 from ._store_config import (
@@ -136,4 +137,5 @@ __all__ = [
     "read_events",
     "set_policy",
     "tenant_scope",
+    "use_runtime",
 ]

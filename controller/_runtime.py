@@ -11,12 +11,14 @@ another one for the whole process.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -151,6 +153,19 @@ class CacheRuntime:
         self.tenants.policy = policy
         if new_l1 is not None:
             self.l1.replace_policy(new_l1)
+        return replace(self, policy=policy, generation=next(_generation))
+
+    def with_rules(self, policy: Policy | None) -> CacheRuntime:
+        """A runtime on this one's store whose calls ``policy``'s rules decide: a canary's or a shadow's arm.
+
+        It shares the store, events, metrics, semantic layer and tenant holder, so quotas and eviction stay
+        those of the policy activated on the store (``activate``); only the rules differ. Its ``policy_ref``
+        is ``policy``'s, so every access event it emits names the version that decided, and it is a new
+        generation, so no plan memoised under other rules is reused. ``StoreConfigError`` for a policy this
+        store cannot enforce (``check_policy``); nothing is built then.
+        """
+        _policy_or_none("with_rules", policy)
+        check_policy(policy, self.config)
         return replace(self, policy=policy, generation=next(_generation))
 
     def flush(self) -> None:
@@ -327,11 +342,32 @@ _SINKS: dict[str, Callable[[StoreConfig], EventSink]] = {
 # interleave (each activation compares against the runtime actually in force).
 _lock = threading.RLock()
 _default: CacheRuntime | None = None
+# A runtime for the calls of one context (use_runtime): a replica runs each request on its rollout arm. A
+# ContextVar, so asyncio tasks and threads started with a copied context inherit it and nothing else sees it.
+_override: contextvars.ContextVar[CacheRuntime | None] = contextvars.ContextVar("evocache_runtime", default=None)
+_override_get = _override.get
 
 
 def current_runtime() -> CacheRuntime:
-    """The process runtime (the request path's accessor: one global read once it exists)."""
-    return _default or default_runtime()
+    """The runtime of this context (``use_runtime``), else the process runtime. The request path's accessor:
+    one ContextVar read and one global read once the process runtime exists."""
+    return _override_get() or _default or default_runtime()
+
+
+@contextlib.contextmanager
+def use_runtime(rt: CacheRuntime) -> Iterator[CacheRuntime]:
+    """Calls made inside the block by ``@cache_if`` functions without a store of their own run on ``rt``
+    (their plans, lookups, stores and events); outside it nothing changes. Tasks and ``asyncio.to_thread``
+    calls started inside it inherit it (they copy the context); a plain ``threading.Thread`` does not. A stream
+    takes its runtime when it is called, so one created inside the block keeps ``rt``. Blocks nest; the
+    innermost wins. Anything but a ``CacheRuntime`` is a ``TypeError``."""
+    if not isinstance(rt, CacheRuntime):
+        raise TypeError(f"use_runtime() takes a CacheRuntime, got {type(rt).__qualname__}")
+    token = _override.set(rt)
+    try:
+        yield rt
+    finally:
+        _override.reset(token)
 
 
 def default_runtime() -> CacheRuntime:
