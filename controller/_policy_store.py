@@ -66,6 +66,8 @@ class PolicyStoreError(ControllerError, ValueError):
 
 class PolicyStoreConfig(_Part):
     """Where the policy store lives: ``directory`` (embedded) or ``redis_url`` (cluster), exactly one.
+    ``redis_url`` may name a single Redis (``redis://host:6379/0``) or a Redis Cluster
+    (``redis+cluster://host:6379[,host2:6379...]``; ``controller._redis_client``).
 
     ``prefix`` is the Redis key prefix, used as the hash tag of every key. A replica report older than
     ``stale_after_s`` is shown as stale; ``poll_interval_s`` is how often a follower re-reads the state (with
@@ -442,9 +444,11 @@ class RedisPolicyStore(_StoreBase):
                  stale_after_s: float = 30.0, client: Any = None) -> None:
         import redis
 
+        from ._redis_client import connect
+
         super().__init__(clock, stale_after_s)
         self._redis = redis
-        self.client = client or redis.Redis.from_url(url)
+        self.client = client or connect(url)  # redis+cluster://...: a RedisCluster client
         self.prefix = prefix
         tag = "{" + prefix + "}"
         self._state_key, self._replicas_key = f"{tag}:state", f"{tag}:replicas"
@@ -458,7 +462,7 @@ class RedisPolicyStore(_StoreBase):
 
     def _change(self, step: Step, version: tuple[str, str] | None) -> PolicyState:
         while True:
-            with self.client.pipeline() as pipe:
+            with self.client.pipeline(transaction=True) as pipe:  # a cluster's pipelines default to none
                 try:
                     keys = [self._state_key] + ([self._version_prefix + version[0]] if version else [])
                     pipe.watch(*keys)
@@ -472,7 +476,9 @@ class RedisPolicyStore(_StoreBase):
                     if version is not None and existing is None:
                         pipe.set(self._version_prefix + version[0], version[1].encode())
                     pipe.set(self._state_key, new.to_json())
-                    pipe.publish(self.channel, str(new.serial))
+                    # PUBLISH as a raw command: redis-py's cluster pipeline refuses its publish() though a
+                    # cluster broadcasts a message published on any node (and the channel is in the slot).
+                    pipe.execute_command("PUBLISH", self.channel, str(new.serial))
                     pipe.execute()
                     return new
                 except self._redis.WatchError:
