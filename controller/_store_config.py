@@ -85,6 +85,11 @@ class L1Config(_Part):
 class RedisConfig(_Part):
     """L2, and where the Redis event stream and the shared semantic index live.
 
+    ``url`` names one Redis (``redis://host:6379/0``, ``rediss://``, ``unix://``) or a Redis Cluster
+    (``redis+cluster://host:6379``, several nodes comma-separated, ``rediss+cluster://`` over TLS; database 0
+    only): ``controller._redis_client``. On a cluster each tenant's L2 entries and quota bookkeeping share one
+    hash slot, and so does the whole shared semantic index and the event stream.
+
     ``l2_bytes`` is evocache's share of Redis memory: tenant quotas in L2 are the policy's ``l2_share`` of it
     (without it L2 has no per-tenant quota and Redis's own maxmemory policy governs). ``timeout_s`` bounds each
     call; after a failure Redis is left alone for ``retry_after_s`` (``controller._breaker``).
@@ -109,6 +114,15 @@ class RedisConfig(_Part):
     def _a_redis_url(cls, url: str) -> str:
         from redis.connection import parse_url
 
+        from ._redis_client import cluster_url, is_cluster
+
+        if is_cluster(url):
+            try:
+                cluster_url(url)
+                parse_url(cluster_url(url)[1])
+            except ValueError as exc:
+                raise ValueError(str(exc)) from None
+            return url
         try:
             parse_url(url)
         except ValueError as exc:

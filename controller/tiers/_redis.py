@@ -10,8 +10,13 @@ Layout under ``prefix`` (``p``) for a namespace ``ns``::
     p:ns:#seq       STRING the sequence counter behind #order
     p:#namespaces   SET   namespaces ever written, for usage() over all of them
 
-Keys are hex digests and namespaces cannot contain ``:`` or ``#``, so no entry name can collide with the
-bookkeeping names. The bookkeeping changes only inside Lua scripts, so it moves atomically with the entries:
+On a Redis Cluster (a ``redis+cluster://`` URL) the namespace is a hash tag, ``p:{ns}:<key>``, ``p:{ns}:#sizes``
+and so on, so that a namespace's entries and its bookkeeping share one slot (the scripts below touch them
+together); ``p:#namespaces`` lives elsewhere and is updated beside the store script rather than in it. A
+tenant's L2 is then held by one primary; tenants spread over the cluster.
+
+Keys are hex digests and namespaces cannot contain ``:``, ``#`` or braces, so no entry name can collide with
+the bookkeeping names. The bookkeeping changes only inside Lua scripts, so it moves atomically with the entries:
 a store, a delete and a quota eviction are each one script call. Redis expires entries on its own; the sizes
 of entries it expired are removed when a script meets them (``#exp`` due, or reached by an eviction walk).
 The bookkeeping keys carry no TTL: under a ``maxmemory`` policy, use a ``volatile-*`` one so that Redis evicts
@@ -28,12 +33,13 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 import redis
-from redis.backoff import NoBackoff
-from redis.exceptions import DataError, NoScriptError, RedisError, ResponseError
-from redis.retry import Retry
+from redis.cluster import RedisCluster
+from redis.exceptions import DataError, NoScriptError, ResponseError
 
 from .._breaker import Breaker
 from .._codec import check_keys, check_ns, is_ns
+from .._redis_client import REDIS_ERRORS as _ERRORS
+from .._redis_client import connect, hash_tag
 from .._types import L2, CacheKey, Entry, Namespace
 from ..errors import TierUnavailable
 from ._base import FaultHook, log_fault
@@ -60,7 +66,7 @@ _PURGE_ON_USAGE = 10_000
 # years) and keeps its own expiry in its header.
 _MAX_PX = 2**53 - 1
 
-# KEYS: sizes, order, exp, used, seq, namespaces.  ARGV[1]: the entry key prefix "p:ns:", ARGV[2]: ns.
+# KEYS: sizes, order, exp, used, seq, namespaces (absent on a cluster: another slot).  ARGV[1]: the entry key prefix "p:ns:", ARGV[2]: ns.
 _PRELUDE = """
 local sizes, order, exp, used, seq, spaces = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local prefix = ARGV[1]
@@ -92,7 +98,7 @@ _STORE = (
     + f"purge({_PURGE_ON_STORE})"
     + """
 local quota = tonumber(ARGV[3])
-redis.call('SADD', spaces, ARGV[2])
+if spaces then redis.call('SADD', spaces, ARGV[2]) end
 for i = 4, #ARGV, 3 do
   local member, blob, px = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   -- An entry larger than the whole quota would evict everything and then itself: leave the namespace alone.
@@ -174,8 +180,12 @@ class RedisTier(BlobTier):
     ``secret`` signs every entry (``_codec.EntryCodec``): processes that share ``url`` and ``prefix`` must share
     it, and an entry that fails its check (written under another key, namespace or secret) is dropped.
 
-    ``client`` replaces the client built from ``url`` and the timeouts (it must not decode responses);
-    ``close()`` closes only a client the tier built itself.
+    ``url`` names one Redis or a Redis Cluster (``redis+cluster://host:port[,host:port...]``: module
+    docstring, ``controller._redis_client``). On a cluster the breaker is the tier's, not a node's: a dead
+    primary opens it like a dead server, and the call after ``retry_after`` tries again.
+
+    ``client`` replaces the client built from ``url`` and the timeouts (a ``redis.Redis`` or a
+    ``RedisCluster``; it must not decode responses); ``close()`` closes only a client the tier built itself.
     """
 
     name = L2
@@ -192,7 +202,7 @@ class RedisTier(BlobTier):
         quota: Quota | None = None,
         clock: Callable[[], float] = time.time,
         on_fault: FaultHook = log_fault,
-        client: redis.Redis | None = None,
+        client: redis.Redis | RedisCluster | None = None,
     ) -> None:
         super().__init__(secret=secret, clock=clock, on_fault=on_fault)
         if not _PREFIX_RE.fullmatch(prefix):
@@ -208,17 +218,13 @@ class RedisTier(BlobTier):
         if client is None:
             # No redis-py retries: a retry doubles the time a dead Redis costs a request, and the circuit
             # breaker below already decides when to try again.
-            client = redis.Redis.from_url(
-                url,
-                socket_timeout=socket_timeout,
-                socket_connect_timeout=connect_timeout,
-                retry=Retry(NoBackoff(), 0),
-            )
+            client = connect(url, socket_timeout=socket_timeout, connect_timeout=connect_timeout, retries=0)
         self._client = client
+        self._cluster = isinstance(client, RedisCluster)
         # A client of our own is a plain redis.Redis over a connection pool: the request path's GET can then
         # go to a pooled connection directly (see _get), skipping redis-py's per-command wrapper (retries we
         # turned off, observability hooks), which costs more than everything else an L2 hit does.
-        self._pool = client.connection_pool if self._owns_client else None
+        self._pool = client.connection_pool if self._owns_client and not self._cluster else None
         self._store_script = client.register_script(_STORE)
         self._delete_script = client.register_script(_DELETE)
         self._touch_script = client.register_script(_TOUCH)
@@ -228,7 +234,8 @@ class RedisTier(BlobTier):
     # -- the tier interface -------------------------------------------------------------------------------
 
     def _fetch(self, ns: Namespace, keys: Sequence[CacheKey]) -> list[bytes | None]:
-        names = [f"{self._prefix}:{ns}:{key}" for key in keys]
+        entry_prefix = self._entry_prefix(ns)
+        names = [entry_prefix + key for key in keys]
         with self._backend("get"):
             if self._limit(ns) is None:
                 return self._client.mget(names)
@@ -245,8 +252,8 @@ class RedisTier(BlobTier):
             guard.refuse_if_open()
         try:
             # GET: its bulk reply parses faster than MGET's array, and this is the request path.
-            blob = self._get(f"{self._prefix}:{ns}:{key}")
-        except (RedisError, OSError) as exc:
+            blob = self._get(self._entry_prefix(ns) + key)
+        except _ERRORS as exc:
             guard.trip(exc)
         if breaker.open_until and breaker.trips == trips:
             breaker.open_until = 0.0  # Breaker.succeeded, inlined
@@ -293,12 +300,18 @@ class RedisTier(BlobTier):
             # Only members that are namespaces: this tier adds no other, and another is no name to build keys of.
             raws = self._client.smembers(f"{self._prefix}:#namespaces")
             spaces = sorted(space for space in (raw.decode("utf-8", "replace") for raw in raws) if is_ns(space))
-            pipe = self._client.pipeline(transaction=False)
+            pipe = self._client.pipeline(transaction=False)  # on a cluster: one batch per node
             for space in spaces:
-                self._usage_script(
-                    keys=self._books(space), args=[self._entry_prefix(space), space], client=pipe
-                )
-            return sum(_count(space, n) for space, n in zip(spaces, pipe.execute(), strict=True))
+                self._queue_script(pipe, self._usage_script, self._books(space), [self._entry_prefix(space), space])
+            replies = pipe.execute(raise_on_error=False)
+            total = 0
+            for space, reply in zip(spaces, replies, strict=True):
+                if isinstance(reply, NoScriptError):  # Redis restarted since the script was loaded
+                    reply = self._usage_script(keys=self._books(space), args=[self._entry_prefix(space), space])
+                elif isinstance(reply, Exception):
+                    raise reply
+                total += _count(space, reply)
+            return total
 
     def close(self) -> None:
         if self._owns_client:
@@ -310,29 +323,35 @@ class RedisTier(BlobTier):
         return None if self._quota is None else self._quota(ns)
 
     def _entry_prefix(self, ns: str) -> str:
-        return f"{self._prefix}:{ns}:"
+        return f"{self._prefix}:{hash_tag(ns) if self._cluster else ns}:"
 
     def _books(self, ns: str) -> list[str]:
-        base = f"{self._prefix}:{ns}:#"
-        return [
-            base + "sizes",
-            base + "order",
-            base + "exp",
-            base + "used",
-            base + "seq",
-            f"{self._prefix}:#namespaces",
-        ]
+        base = self._entry_prefix(ns) + "#"
+        books = [base + "sizes", base + "order", base + "exp", base + "used", base + "seq"]
+        if not self._cluster:  # on a cluster the namespaces set is in another slot: _store adds to it
+            books.append(self._namespaces_key)
+        return books
+
+    @property
+    def _namespaces_key(self) -> str:
+        return f"{self._prefix}:#namespaces"
+
+    @staticmethod
+    def _queue_script(pipe: object, script: object, keys: list[str], args: list) -> None:
+        # EVALSHA as a raw command: redis-py's pipelined Script objects add a SCRIPT EXISTS round trip to
+        # every execute, and its cluster pipeline refuses evalsha() (the keys here share one slot).
+        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[attr-defined]
 
     def _mget_and_touch(
         self, ns: Namespace, names: list[str], keys: Sequence[CacheKey]
     ) -> list[bytes | None]:
-        # EVALSHA straight into the pipeline: redis-py's pipelined Script objects add a SCRIPT EXISTS round
-        # trip to every execute. The script is missing only after a Redis restart; it is then loaded here.
+        # One slot (a namespace's), so one node and one round trip on a cluster too. MGET as a raw command for
+        # the reason of _queue_script. The script is missing only after a Redis restart; it is then loaded here.
         books = self._books(ns)
         args = [self._entry_prefix(ns), ns, *keys]
         pipe = self._client.pipeline(transaction=False)
-        pipe.mget(names)
-        pipe.evalsha(self._touch_script.sha, len(books), *books, *args)
+        pipe.execute_command("MGET", *names)
+        self._queue_script(pipe, self._touch_script, books, args)
         blobs, touched = pipe.execute(raise_on_error=False)
         if isinstance(blobs, Exception):
             raise blobs
@@ -355,6 +374,8 @@ class RedisTier(BlobTier):
                 px = max(math.ceil(left_ms), 1) if left_ms < _MAX_PX else _MAX_PX  # NaN and inf: the cap
             args += [key, self._codec.encode(ns, key, entry), px]
         with self._backend("set"):
+            if self._cluster:
+                self._client.sadd(self._namespaces_key, ns)
             evicted = self._store_script(keys=self._books(ns), args=args)
         if evicted:
             log.debug("namespace %s over its L2 quota: evicted %d entries", ns, len(evicted))
@@ -419,7 +440,7 @@ class _Guard:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
         if exc is None:
             self.breaker.succeeded(self.trips)
-        elif isinstance(exc, (RedisError, OSError)):
+        elif isinstance(exc, _ERRORS):
             self.trip(exc)
         return False
 
