@@ -165,12 +165,12 @@ class RedisStreamSink:
                  socket_timeout: float = 0.05, batch: int = 256, interval: float = 0.05,
                  retry_after: float = 1.0, max_buffer: int = 100_000,
                  clock: Callable[[], float] = time.monotonic, client: Any = None) -> None:
-        import redis
+        from ._redis_client import REDIS_ERRORS, connect
 
-        self._redis_errors = (redis.RedisError, OSError)
-        self.client = client or redis.Redis.from_url(
-            url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
-        )
+        self._redis_errors = REDIS_ERRORS
+        # One key: on a Redis Cluster (a redis+cluster:// url) the stream lives in one slot, and a batch is
+        # one pipeline to its primary.
+        self.client = client or connect(url, socket_timeout=socket_timeout, connect_timeout=socket_timeout)
         self.stream = stream
         self.maxlen = maxlen
         self.errors = 0

@@ -31,9 +31,11 @@ from typing import Any, Protocol
 import pydantic
 import redis
 import yaml
+from redis.cluster import RedisCluster
 
 from evocache.controller import Tenant, namespace_for
 from evocache.controller._files import NotARegularFile, read_bounded
+from evocache.controller._redis_client import REDIS_ERRORS, connect
 
 from .errors import RateLimited, ServingConfigError, Unauthenticated, Unavailable
 
@@ -168,10 +170,21 @@ class FileKeyStore:
 @dataclass(frozen=True)
 class RedisKeyStore:
     """API keys in a Redis hash (field: the key's hex SHA-256; value: ``{"tenant", "tier"}`` as JSON), read on
-    every lookup so that a key added or revoked takes effect at once."""
+    every lookup so that a key added or revoked takes effect at once. One key, so on a Redis Cluster the hash
+    lives on one primary; ``from_url`` takes either kind of URL (``redis+cluster://`` for a cluster)."""
 
-    client: redis.Redis
+    client: redis.Redis | RedisCluster
     hash_key: str = DEFAULT_REDIS_KEY
+
+    @classmethod
+    def from_url(cls, url: str, hash_key: str = DEFAULT_REDIS_KEY, *, timeout_s: float = 1.0) -> RedisKeyStore:
+        """The store in the Redis (or Redis Cluster) at ``url``; ``timeout_s`` bounds each lookup. A cluster none
+        of whose nodes answers raises ``Unavailable``."""
+        try:
+            client = connect(url, socket_timeout=timeout_s, connect_timeout=timeout_s)
+        except REDIS_ERRORS as exc:
+            raise Unavailable(f"the API-key store cannot be reached: {exc}") from exc
+        return cls(client, hash_key)
 
     def add(self, key: str, tenant: Tenant) -> None:
         record = _Record(tenant=tenant.id, tier=tenant.tier)
@@ -184,7 +197,7 @@ class RedisKeyStore:
         digest = key_digest(key).hex()
         try:
             raw = self.client.hget(self.hash_key, digest)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise Unavailable(f"the API-key store cannot be reached: {exc}") from exc
         if raw is None:
             raise Unauthenticated("unknown API key")

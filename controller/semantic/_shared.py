@@ -14,6 +14,10 @@ Layout under ``prefix`` (``p``), for a namespace ``ns`` and a boundary whose SHA
     p:ns:b:x        ZSET   entry id -> expiry deadline (ms) of entries stored with one
     p:#stream       STREAM {op: add, ns, bd, id, rec (sealed)} | {op: del, ns, bd, ids (JSON list), tag}
 
+On a Redis Cluster (a ``redis+cluster://`` url) ``p`` is written as the hash tag ``{p}``: every key of the
+index is in one slot, since a write is one transaction over a scope's keys, the registries and the stream
+(one primary holds the index; its reads are the followers' loads and stream reads, never a request's).
+
 A write and its stream message go in one MULTI transaction, so a follower never sees one without the other.
 Every key of a scope is built from its own namespace and boundary digest, and a stream message is applied
 to the scope it names, so nothing of one scope is ever loaded into another's index.
@@ -48,6 +52,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._breaker import Breaker
+from .._redis_client import server_run_id
 from ._index import (
     NORM_TOLERANCE,
     Change,
@@ -215,6 +220,7 @@ class SharedIndex:
             raise TypeError("SharedIndex(url) needs secret=, the deployment secret that signs the shared index")
         self._signer = None if secret is None else IndexSigner(check_secret(secret, "SharedIndex secret"))
         self._prefix = prefix
+        self._keys = prefix  # what every Redis key starts with: the prefix, or on a cluster its hash tag
         self._clock = clock
         self._retry_after = retry_after
         self._block_ms = block_ms
@@ -242,24 +248,18 @@ class SharedIndex:
         self._reader: redis.Redis | None = None
         if url is None:
             return
-        import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
+        from .._redis_client import REDIS_ERRORS, connect, hash_tag, is_cluster
 
-        self._redis_errors = (redis.RedisError, OSError)
+        self._redis_errors = REDIS_ERRORS
+        if is_cluster(url):
+            # Every write is one MULTI over a scope's keys, the namespace registry and the one stream, and a
+            # sweep is one script over the same: on a cluster the whole index is one hash slot.
+            self._keys = hash_tag(prefix)
         # Writes are on the request path: short timeouts, no redis-py retries (the breaker decides when to
         # try again). The follower blocks in XREAD, so its client waits longer than a block.
-        self._client = redis.Redis.from_url(
-            url,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=connect_timeout,
-            retry=Retry(NoBackoff(), 0),
-        )
-        self._reader = redis.Redis.from_url(
-            url,
-            socket_timeout=block_ms / 1000 + 2.0,
-            socket_connect_timeout=max(connect_timeout, 1.0),
-            retry=Retry(NoBackoff(), 0),
+        self._client = connect(url, socket_timeout=socket_timeout, connect_timeout=connect_timeout, retries=0)
+        self._reader = connect(
+            url, socket_timeout=block_ms / 1000 + 2.0, connect_timeout=max(connect_timeout, 1.0), retries=0
         )
         self._sweep_script = self._reader.register_script(_SWEEP)
         if not follow:
@@ -439,7 +439,7 @@ class SharedIndex:
         reader, signer = self._reader, self._signer
         assert reader is not None and signer is not None
         ns, digest = member.decode()[:-65], member.decode()[-64:]
-        base = f"{self._prefix}:{ns}:{digest}"
+        base = f"{self._keys}:{ns}:{digest}"
         seen = reader.zrangebyscore(base + ":x", "-inf", now_ms, start=0, num=_SWEEP_BATCH, withscores=True)
         raw_boundary = reader.hget(self._scopes_key(ns), digest)
         scope = self._registered_scope(ns, digest, raw_boundary)
@@ -480,30 +480,30 @@ class SharedIndex:
 
     @property
     def _stream(self) -> str:
-        return f"{self._prefix}:#stream"
+        return f"{self._keys}:#stream"
 
     @property
     def _due_key(self) -> str:
-        return f"{self._prefix}:#due"
+        return f"{self._keys}:#due"
 
     @property
     def _ns_key(self) -> str:
-        return f"{self._prefix}:#ns"
+        return f"{self._keys}:#ns"
 
     def _due_member(self, scope: Scope) -> str:
         return f"{scope.namespace}:{boundary_digest(scope.boundary)}"
 
     def _scopes_key(self, ns: str) -> str:
-        return f"{self._prefix}:{ns}:#scopes"
+        return f"{self._keys}:{ns}:#scopes"
 
     def _scope_base(self, scope: Scope) -> str:
-        return f"{self._prefix}:{scope.namespace}:{boundary_digest(scope.boundary)}"
+        return f"{self._keys}:{scope.namespace}:{boundary_digest(scope.boundary)}"
 
     def _queue_add(
         self, pipe: Any, scope: Scope, ids: list[str], records: list[bytes], deadlines: list
     ) -> None:
         base = self._scope_base(scope)
-        pipe.sadd(f"{self._prefix}:#ns", scope.namespace)
+        pipe.sadd(f"{self._keys}:#ns", scope.namespace)
         pipe.hset(self._scopes_key(scope.namespace), boundary_digest(scope.boundary), scope.boundary)
         pipe.hset(base + ":e", mapping=dict(zip(ids, records, strict=True)))
         timed = {i: int(d * 1000) for i, d in zip(ids, deadlines, strict=True) if d is not None}
@@ -615,7 +615,7 @@ class SharedIndex:
 
     def _recover(self) -> None:
         """Go on from the last position if the server and stream are the same, else rebuild."""
-        run_id = self._reader.info("server")["run_id"]
+        run_id = server_run_id(self._reader, self._stream)
         first = self._reader.xrange(self._stream, count=1)
         trimmed = bool(first) and _id_key(first[0][0]) > _id_key(self._last_id) and self._last_id != b"0-0"
         if run_id != self._run_id or trimmed:
@@ -627,7 +627,7 @@ class SharedIndex:
         """Load every scope from Redis into a fresh local index and swap it in; then follow from that point."""
         reader = self._reader
         assert reader is not None
-        run_id = reader.info("server")["run_id"]
+        run_id = server_run_id(reader, self._stream)
         # The stream position first: anything written after it is applied again on top of the snapshot, and
         # every operation is idempotent, so the result is the state at the end of the stream.
         last = reader.xrevrange(self._stream, count=1)
@@ -636,7 +636,7 @@ class SharedIndex:
         entries: dict[Scope, dict[str, SharedEntry]] = {}
         now = self._clock()
         registered: dict[str, int] = {}
-        for raw_ns in sorted(reader.smembers(f"{self._prefix}:#ns")):
+        for raw_ns in sorted(reader.smembers(f"{self._keys}:#ns")):
             ns = _text(raw_ns)
             if ns is None:
                 self._corrupt(f"namespace {raw_ns!r}", ValueError("not UTF-8"))
@@ -650,7 +650,7 @@ class SharedIndex:
                 scope = self._loaded_scope(ns, digest, boundary)
                 if scope is None:
                     continue
-                loaded = self._load_scope(reader, scope, f"{self._prefix}:{ns}:{digest}", now)
+                loaded = self._load_scope(reader, scope, f"{self._keys}:{ns}:{digest}", now)
                 if loaded is not None:
                     ids, vecs, held = loaded
                     index.add(scope, ids, vecs)
