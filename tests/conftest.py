@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from _redis_server import RedisServer
+from _redis_server import RedisClusterServers, RedisServer
 
 from evocache.controller import CacheRuntime, StoreConfig, build_runtime
 
@@ -84,3 +84,16 @@ def restartable_redis() -> Iterator[RedisServer]:
     server = _new_server().start()
     yield server
     server.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisClusterServers]:
+    """One 3-master Redis Cluster for the session, on free loopback ports (``redis_cluster.url`` is its
+    ``redis+cluster://`` URL). Tests that kill a node start a cluster of their own."""
+    try:
+        cluster = RedisClusterServers(3)
+    except FileNotFoundError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    cluster.start()
+    yield cluster
+    cluster.close()
