@@ -217,6 +217,76 @@ class KvSpec(_Model):
     rope_shift: Bool = False
 
 
+SLO_WINDOW = 60.0  # seconds of measurements a rule is judged on, when its slo says nothing
+SLO_MIN_SAMPLES = 20  # fewer measurements than this in the window judge nothing
+SLO_COOL_DOWN = 30.0  # seconds a tripped rule runs in safe mode before it is probed
+SLO_PROBE = 0.1  # fraction of a half-open rule's requests that run normally, as probes
+MAX_SLO_SPAN = 86_400.0  # a window or cool-down longer than a day would judge, or punish, yesterday's traffic
+MAX_SLO_SAMPLES = 1_000_000
+
+
+def _slo_span(value: object) -> float:
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError(f"must be a positive duration; got {brief(value)}")
+    if seconds > MAX_SLO_SPAN:
+        raise ValueError(f"may be at most {format_duration(MAX_SLO_SPAN)}; got {brief(value)}")
+    return seconds
+
+
+SloSpan = Annotated[
+    float,
+    BeforeValidator(_slo_span),
+    PlainSerializer(format_duration, return_type=str, when_used="json"),
+]
+TripTo = Literal["semantic-off", "bypass"]
+
+
+class SloSpec(_Model):
+    """Service objectives: the policy loop watches them during a canary, and the controller enforces them per
+    rule (``controller._slo``).
+
+    Over the last ``window`` of a rule's requests, with at least ``min_samples`` measurements, the rule trips
+    when the share of wrong answers among the semantic verdicts exceeds ``max_error_rate`` or the p99 of its
+    lookup latency exceeds ``p99_ms``. A tripped rule runs in safe mode for ``cool_down`` (``trip_to``:
+    ``semantic-off`` keeps exact caching and drops semantic lookups, ``bypass`` skips the cache), then a
+    fraction ``probe`` of its requests run normally until their measurements say whether it closes or opens
+    again. The policy's ``slo`` applies to every rule; a rule's own ``slo`` overrides it field by field.
+
+    Every field stays None when not written, so the normalised document shows only what was written;
+    ``over`` merges a rule's spec over the policy's and ``resolved`` fills in the defaults (``SLO_*``).
+    """
+
+    p99_ms: Annotated[Number, Field(gt=0, allow_inf_nan=False)] | None = None
+    max_error_rate: Share | None = None
+    window: SloSpan | None = None
+    min_samples: Annotated[Int, Field(ge=1, le=MAX_SLO_SAMPLES)] | None = None
+    cool_down: SloSpan | None = None
+    trip_to: TripTo | None = None
+    probe: Annotated[Number, Field(gt=0, le=1)] | None = None
+
+    @property
+    def objectives(self) -> bool:
+        """Whether this spec sets an objective to enforce (``p99_ms`` or ``max_error_rate``)."""
+        return self.p99_ms is not None or self.max_error_rate is not None
+
+    def over(self, base: SloSpec) -> SloSpec:
+        """This spec's written fields over ``base``'s: a rule's ``slo`` over the policy's."""
+        written = self.model_dump(exclude_none=True)
+        return base.model_copy(update=written) if written else base
+
+    def resolved(self) -> SloSpec:
+        """This spec with every field but the objectives filled in (``SLO_WINDOW``, ``SLO_MIN_SAMPLES``,
+        ``SLO_COOL_DOWN``, ``semantic-off``, ``SLO_PROBE``) where not written."""
+        return self.model_copy(update={
+            "window": SLO_WINDOW if self.window is None else self.window,
+            "min_samples": SLO_MIN_SAMPLES if self.min_samples is None else self.min_samples,
+            "cool_down": SLO_COOL_DOWN if self.cool_down is None else self.cool_down,
+            "trip_to": self.trip_to or "semantic-off",
+            "probe": SLO_PROBE if self.probe is None else self.probe,
+        })
+
+
 class Defaults(_Model):
     """Values for requests no rule matches, and for every setting a matching rule leaves out."""
 
@@ -245,6 +315,7 @@ class Rule(_Model):
     stream: Bool | None = None
     semantic: SemanticSpec | None = None
     kv: KvSpec | None = None
+    slo: SloSpec | None = None  # over the policy's slo, field by field (SloSpec.over)
 
     @model_validator(mode="before")
     @classmethod
@@ -283,11 +354,30 @@ class Rule(_Model):
 
 
 class TenantSpec(_Model):
-    """A tenant's shares of the L1 and L2 capacity (1.0: no quota) and its weight against other tenants."""
+    """A tenant's shares of the L1 and L2 capacity (1.0: no quota), its weight against other tenants, and
+    its request rate: ``rate`` requests per second, ``burst`` at once (a token bucket; default
+    ``max(1, rate)``, filled in when a rate is written). No ``rate``: the tenant is not rate-limited, and a
+    ``burst`` without one is an error."""
 
     l1_share: Share = 1.0
     l2_share: Share = 1.0
     weight: Annotated[Number, Field(gt=0)] = 1.0
+    rate: Annotated[Number, Field(gt=0, allow_inf_nan=False)] | None = None
+    burst: Annotated[Number, Field(ge=1, allow_inf_nan=False)] | None = None
+
+    @field_validator("burst")
+    @classmethod
+    def _burst_needs_rate(cls, value: float | None, info: ValidationInfo) -> float | None:
+        # "rate" is absent from info.data when it was written but invalid: that is reported at rate alone.
+        if value is not None and "rate" in info.data and info.data["rate"] is None:
+            raise ValueError("burst needs a rate (requests per second) to refill it")
+        return value
+
+    @model_validator(mode="after")
+    def _default_burst(self) -> TenantSpec:
+        if self.rate is not None and self.burst is None:
+            object.__setattr__(self, "burst", max(1.0, self.rate))
+        return self
 
 
 class EvictionSpec(_Model):
@@ -302,13 +392,6 @@ class EvictionSpec(_Model):
     def per_tier(self) -> dict[str, str]:
         """``{tier: policy name}`` for the tiers this spec sets (``fallback`` is not a tier)."""
         return {tier: name for tier in TIERS if (name := getattr(self, tier)) is not None}
-
-
-class SloSpec(_Model):
-    """Service objectives the policy loop watches during a canary."""
-
-    p99_ms: Annotated[Number, Field(gt=0)] | None = None
-    max_error_rate: Share | None = None
 
 
 class AutoApprove(_Model):
@@ -346,6 +429,7 @@ class Policy(_Model):
     _plan: tuple[tuple[Expression, Decision], ...] = PrivateAttr()
     _fallthrough: Decision = PrivateAttr()
     _hash: str | None = PrivateAttr(default=None)
+    _slos: Mapping[str, SloSpec] | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _prepare(self) -> Policy:
@@ -430,6 +514,20 @@ class Policy(_Model):
     @property
     def ref(self) -> PolicyRef:
         return PolicyRef(f"{self.name}@{self.version}")
+
+    @property
+    def slos(self) -> Mapping[str, SloSpec]:
+        """``{rule name: resolved SloSpec}`` of every rule whose slo (its own over the policy's, field by
+        field) sets an objective, and ``"default"`` (requests no rule matches) when the policy's does: what
+        the controller enforces, each rule measured on its own."""
+        if self._slos is None:
+            slos = {DEFAULT_RULE: self.slo}
+            for rule in self.rules:
+                slos[rule.name] = self.slo if rule.slo is None else rule.slo.over(self.slo)
+            self._slos = MappingProxyType(
+                {name: spec.resolved() for name, spec in slos.items() if spec.objectives}
+            )
+        return self._slos
 
     def decide(self, view: Mapping[str, Any]) -> Decision:
         """The decision for one request view: the first rule whose ``when`` holds, merged over the defaults;

@@ -392,7 +392,7 @@ BROKEN_EXPECTED = {
             5,
             "rules[0].tll",
             "unknown field 'tll'; known fields: name, when, cache, ttl, sliding, tiers, "
-            "max_entry_bytes, allow_sampling, stream, semantic, kv",
+            "max_entry_bytes, allow_sampling, stream, semantic, kv, slo",
         ),
     ],
     "unknown-name.yaml": [
