@@ -80,6 +80,7 @@ def _print_state(state: PolicyState) -> None:
     typer.echo(f"active: {state.active or 'none'}")
     canary = f"{state.canary} on {state.fraction:g} of requests" if state.canary else "none"
     typer.echo(f"canary: {canary}")
+    typer.echo(f"shadow: {state.shadow or 'none'}")
 
 
 def apply(
@@ -87,11 +88,15 @@ def apply(
     canary: Annotated[float | None, typer.Option(
         "--canary", min=0.0, max=1.0,
         help="Run it as the canary on this fraction of requests (0 < f < 1).")] = None,
+    shadow: Annotated[bool, typer.Option(
+        "--shadow", help="Make it the shadow: planned beside every call and counted where it would decide "
+                         "otherwise, never acted on.")] = False,
     store: StoreOption = None,
     redis_url: RedisOption = None,
     prefix: PrefixOption = "evc:policy",
 ) -> None:
-    """Validate FILE whole and put it in force: as the active policy, or with --canary beside it."""
+    """Validate FILE whole and put it in force: as the active policy, with --canary beside it, or with
+    --shadow as the shadow (applying the shadow's FILE again puts it in force, as canary or active)."""
     from ..dsl import PolicyError, load_policy
     from ._runtime import check_policy
     from .errors import StoreConfigError
@@ -111,7 +116,9 @@ def apply(
             raise error(f"{file}: {exc}", EXIT_FAILED) from None
         if canary is not None and not 0.0 < canary < 1.0:
             raise usage("--canary", f"{canary:g} must be above 0 and below 1")
-        state = _run(_open(store, redis_url, prefix), lambda s: s.apply(policy, canary))
+        if canary is not None and shadow:
+            raise usage("--canary/--shadow", "apply a policy as the canary or as the shadow, not both")
+        state = _run(_open(store, redis_url, prefix), lambda s: s.apply(policy, canary, shadow=shadow))
     except Failed as failed:
         raise typer.Exit(failed.code) from None
     _print_state(state)
@@ -120,14 +127,14 @@ def apply(
 def promote(
     store: StoreOption = None, redis_url: RedisOption = None, prefix: PrefixOption = "evc:policy"
 ) -> None:
-    """Make the canary the active policy."""
+    """Make the canary the active policy (a shadow is put in force by applying its FILE again)."""
     _change_and_print(store, redis_url, prefix, lambda s: s.promote())
 
 
 def rollback(
     store: StoreOption = None, redis_url: RedisOption = None, prefix: PrefixOption = "evc:policy"
 ) -> None:
-    """Drop the canary; with none, go back to the version active before this one."""
+    """Drop the canary and the shadow; with neither, go back to the version active before this one."""
     _change_and_print(store, redis_url, prefix, lambda s: s.rollback())
 
 
@@ -144,7 +151,8 @@ def _change_and_print(store: Path | None, redis_url: str | None, prefix: str,
 def status(
     store: StoreOption = None, redis_url: RedisOption = None, prefix: PrefixOption = "evc:policy"
 ) -> None:
-    """Print the active policy, the canary, the history, and the version each replica reports running."""
+    """Print the active policy, the canary, the shadow, the history, and the versions each replica reports
+    running."""
     try:
         result = _run(_open(store, redis_url, prefix), lambda s: s.status())
     except Failed as failed:
@@ -155,7 +163,9 @@ def status(
         typer.echo(f"  {_when(entry['at'])} {entry['action']} {entry['ref']}")
     typer.echo("replicas:" if result.replicas else "replicas: none reported")
     for report in result.replicas:
-        runs = (report.ref or "none") if report.canary is None else f"{report.ref} + canary {report.canary}"
+        runs = report.ref or "none"
+        runs += f" + canary {report.canary}" if report.canary is not None else ""
+        runs += f" + shadow {report.shadow}" if report.shadow is not None else ""
         health = "ok" if report.ok else f"failed: {report.error}"
         stale = " (stale)" if report.stale else ""
         typer.echo(f"  {report.replica_id} {runs} {health} at {_when(report.at)}{stale}")

@@ -1,8 +1,14 @@
-"""The policy store: one source of truth for the active policy and an optional canary, shared by replicas.
+"""The policy store: one source of truth for the active policy, an optional canary and an optional shadow,
+shared by replicas.
 
     store = open_policy_store(PolicyStoreConfig(directory=".evocache/policies"))  # or redis_url="redis://..."
     store.apply(text, canary=0.1)        # validated whole (dsl + check_policy) before anything is written
+    store.apply(text, shadow=True)       # planned beside every call, never acted on (controller._rollout)
     store.promote(); store.rollback(); store.status()
+
+``promote`` makes the canary the active; a shadow is put in force by applying its document again (as the
+canary or the active). ``rollback`` drops the canary and the shadow, or with neither returns to the version
+active before.
 
 Two implementations of ``PolicyStore``: ``FilePolicyStore`` (embedded: one file per version and a JSON state
 file, each written to a temporary file, fsynced and renamed over, so a crash mid-write leaves the old file)
@@ -103,7 +109,9 @@ def canary_for(request_key: bytes | str, fraction: float) -> bool:
 class PolicyState:
     """What the store holds in force: ``active`` and ``canary`` refs (``name@version``), the canary's
     ``fraction``, ``previous`` (the refs that were active before, oldest first, which rollback returns to),
-    ``history`` (one ``{"action", "ref", "at"}`` per operation) and ``serial``, raised by every change."""
+    ``history`` (one ``{"action", "ref", "at"}`` per operation), ``serial``, raised by every change, and
+    ``shadow``: a version every replica plans beside each call, to count where it would decide otherwise,
+    without acting on it. A shadow's version is above the active's and the canary's."""
 
     active: str | None = None
     canary: str | None = None
@@ -111,11 +119,12 @@ class PolicyState:
     previous: tuple[str, ...] = ()
     history: tuple[dict[str, Any], ...] = ()
     serial: int = 0
+    shadow: str | None = None
 
     def to_json(self) -> str:
         return json.dumps({"active": self.active, "canary": self.canary, "fraction": self.fraction,
                            "previous": list(self.previous), "history": list(self.history),
-                           "serial": self.serial}, sort_keys=True)
+                           "serial": self.serial, "shadow": self.shadow}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes, where: str) -> PolicyState:
@@ -123,10 +132,11 @@ class PolicyState:
             data = json.loads(text)
             state = cls(active=data["active"], canary=data["canary"], fraction=float(data["fraction"]),
                         previous=tuple(data["previous"]), history=tuple(data["history"]),
-                        serial=int(data["serial"]))
-        except (ValueError, KeyError, TypeError) as exc:
+                        serial=int(data["serial"]),
+                        shadow=data.get("shadow"))  # absent from a state written before shadows
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise PolicyStoreError(f"{where}: not a policy store state: {exc}") from None
-        for ref in (state.active, state.canary, *state.previous):
+        for ref in (state.active, state.canary, state.shadow, *state.previous):
             if ref is not None and not (isinstance(ref, str) and _REF.match(ref)):
                 raise PolicyStoreError(f"{where}: {ref!r} is not a policy ref (name@version)")
         return state
@@ -138,8 +148,8 @@ Step = Callable[[PolicyState], PolicyState]
 
 @dataclass(frozen=True)
 class ReplicaReport:
-    """What one replica last said it runs: ``ref`` (its active version) and ``canary``, whether it loaded the
-    latest state (``ok``) and, if not, ``error``; ``at`` is the store's clock when it reported."""
+    """What one replica last said it runs: ``ref`` (its active version), ``canary`` and ``shadow``, whether it
+    loaded the latest state (``ok``) and, if not, ``error``; ``at`` is the store's clock when it reported."""
 
     replica_id: str
     ref: str | None
@@ -148,18 +158,21 @@ class ReplicaReport:
     error: str | None
     at: float
     stale: bool = False
+    shadow: str | None = None
 
     def to_json(self) -> str:
         return json.dumps({"replica_id": self.replica_id, "ref": self.ref, "canary": self.canary,
-                           "ok": self.ok, "error": self.error, "at": self.at}, sort_keys=True)
+                           "ok": self.ok, "error": self.error, "at": self.at, "shadow": self.shadow},
+                          sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes, where: str) -> ReplicaReport:
         try:
             data = json.loads(text)
             return cls(replica_id=str(data["replica_id"]), ref=data["ref"], canary=data["canary"],
-                       ok=bool(data["ok"]), error=data["error"], at=float(data["at"]))
-        except (ValueError, KeyError, TypeError) as exc:
+                       ok=bool(data["ok"]), error=data["error"], at=float(data["at"]),
+                       shadow=data.get("shadow"))  # absent: a report written before shadows
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise PolicyStoreError(f"{where}: not a replica report: {exc}") from None
 
 
@@ -173,11 +186,13 @@ class PolicyStatus:
 
 @dataclass(frozen=True)
 class Rollout:
-    """The policies a replica enforces: ``active``, and ``canary`` on ``fraction`` of request keys."""
+    """The policies a replica enforces: ``active``, and ``canary`` on ``fraction`` of request keys; ``shadow``
+    is planned beside each call and never acts (``controller._rollout``)."""
 
     active: Policy
     canary: Policy | None = None
     fraction: float = 0.0
+    shadow: Policy | None = None
 
     def policy_for(self, request_key: bytes | str) -> Policy:
         if self.canary is not None and canary_for(request_key, self.fraction):
@@ -204,32 +219,46 @@ def _version(ref: str) -> int:
     return int(ref.rpartition("@")[2])
 
 
-def _after_apply(state: PolicyState, policy: Policy, canary: float | None, now: float) -> PolicyState:
-    """The state once ``policy`` is applied (as the canary on ``canary`` of requests, or as the active)."""
+def _after_apply(state: PolicyState, policy: Policy, canary: float | None, shadow: bool,
+                 now: float) -> PolicyState:
+    """The state once ``policy`` is applied: as the shadow, as the canary on ``canary`` of requests, or as
+    the active. Its version must be above every version held, but the shadow's own: applying the shadow's
+    document again (as the canary or the active) is how a shadow is put in force. Either way the shadow is
+    dropped, since nothing held then is newer than it."""
     ref = str(policy.ref)
-    for role, held in (("active", state.active), ("canary", state.canary)):
+    for role, held in (("active", state.active), ("canary", state.canary), ("shadow", state.shadow)):
         if held is None:
             continue
         name = held.rpartition("@")[0]
         if name != policy.name:
             raise PolicyStoreError(f"policy {ref}: this store holds policy {name!r} (the {role} {held})")
+        if role == "shadow" and ref == held and not shadow:
+            continue  # the content is compared with the stored version's by _new_version
         if policy.version <= _version(held):
             raise PolicyStoreError(f"policy {ref}: version {policy.version} is not above the {role} {held}")
+    role = "shadow" if shadow else "canary" if canary is not None else None
+    if role is not None and state.active is None:
+        raise PolicyStoreError(f"policy {ref}: no active policy for a {role} to run beside; apply it "
+                               f"first without a {role}")
+    serial = state.serial + 1
+    if shadow:
+        return replace(state, shadow=ref, serial=serial,
+                       history=(*state.history, {"action": "shadow", "ref": ref, "at": now}))
     if canary is not None:
-        if state.active is None:
-            raise PolicyStoreError(f"policy {ref}: no active policy for a canary to run beside; apply it "
-                                   "first without a canary")
-        return replace(state, canary=ref, fraction=canary, serial=state.serial + 1,
+        return replace(state, canary=ref, fraction=canary, shadow=None, serial=serial,
                        history=(*state.history,
                                 {"action": "canary", "ref": ref, "fraction": canary, "at": now}))
     previous = (*state.previous, state.active) if state.active is not None else state.previous
-    return replace(state, active=ref, canary=None, fraction=0.0, previous=previous, serial=state.serial + 1,
-                   history=(*state.history, {"action": "apply", "ref": ref, "at": now}))
+    return replace(state, active=ref, canary=None, fraction=0.0, shadow=None, previous=previous,
+                   serial=serial, history=(*state.history, {"action": "apply", "ref": ref, "at": now}))
 
 
 def _after_promote(state: PolicyState, now: float) -> PolicyState:
+    """The canary becomes the active; a shadow (newer than both) stays."""
     if state.canary is None:
-        raise PolicyStoreError("nothing to promote: there is no canary")
+        hint = (f" (the shadow {state.shadow} is put in force by applying its document again, as the canary "
+                "or the active)") if state.shadow is not None else ""
+        raise PolicyStoreError(f"nothing to promote: there is no canary{hint}")
     previous = (*state.previous, state.active) if state.active is not None else state.previous
     return replace(state, active=state.canary, canary=None, fraction=0.0, previous=previous,
                    serial=state.serial + 1,
@@ -237,27 +266,31 @@ def _after_promote(state: PolicyState, now: float) -> PolicyState:
 
 
 def _after_rollback(state: PolicyState, now: float) -> PolicyState:
-    if state.canary is not None:
-        return replace(state, canary=None, fraction=0.0, serial=state.serial + 1,
-                       history=(*state.history, {"action": "rollback", "ref": state.canary, "at": now}))
+    """The canary and the shadow dropped (one history entry each); with neither, the previous active back."""
+    dropped = tuple(ref for ref in (state.canary, state.shadow) if ref is not None)
+    if dropped:
+        return replace(state, canary=None, fraction=0.0, shadow=None, serial=state.serial + 1,
+                       history=(*state.history,
+                                *({"action": "rollback", "ref": ref, "at": now} for ref in dropped)))
     if not state.previous:
-        raise PolicyStoreError(f"nothing to roll back to: no canary, and no version was active before "
-                               f"{state.active or 'none'}")
+        raise PolicyStoreError(f"nothing to roll back to: no canary or shadow, and no version was active "
+                               f"before {state.active or 'none'}")
     return replace(state, active=state.previous[-1], previous=state.previous[:-1], serial=state.serial + 1,
                    history=(*state.history, {"action": "rollback", "ref": state.active, "at": now}))
 
 
 class PolicyStore(Protocol):
-    """One source of truth for the active policy and a canary (see the module docstring)."""
+    """One source of truth for the active policy, a canary and a shadow (see the module docstring)."""
 
-    def apply(self, document: str | Policy, canary: float | None = None) -> PolicyState: ...
+    def apply(self, document: str | Policy, canary: float | None = None, *,
+              shadow: bool = False) -> PolicyState: ...
     def promote(self) -> PolicyState: ...
     def rollback(self) -> PolicyState: ...
     def state(self) -> PolicyState: ...
     def status(self) -> PolicyStatus: ...
     def load(self, ref: str) -> Policy: ...
     def report(self, replica_id: str, ref: str | None, ok: bool, error: str | None = None,
-               canary: str | None = None) -> None: ...
+               canary: str | None = None, shadow: str | None = None) -> None: ...
     def wait(self, timeout: float) -> bool: ...
     def close(self) -> None: ...
 
@@ -269,14 +302,20 @@ class _StoreBase(abc.ABC):
         self.clock = clock
         self.stale_after_s = stale_after_s
 
-    def apply(self, document: str | Policy, canary: float | None = None) -> PolicyState:
-        """Validate ``document`` whole, then store it: as the active policy, or as the canary on ``canary`` of
-        requests. Raises ``PolicyError``/``StoreConfigError`` (invalid) or ``PolicyStoreError`` (refused); in
-        either case nothing changed."""
+    def apply(self, document: str | Policy, canary: float | None = None, *,
+              shadow: bool = False) -> PolicyState:
+        """Validate ``document`` whole, then store it: as the active policy, as the canary on ``canary`` of
+        requests, or (``shadow=True``) as the shadow, which replicas plan beside each call and never act on.
+        Raises ``PolicyError``/``StoreConfigError`` (invalid) or ``PolicyStoreError`` (refused: both
+        ``canary`` and ``shadow``, a version not above those held); in either case nothing changed."""
+        if not isinstance(shadow, bool):
+            raise TypeError(f"apply(shadow=) takes a bool, not {type(shadow).__name__}")
+        if shadow and canary is not None:
+            raise PolicyStoreError("a policy is applied as the canary or as the shadow, not both")
         _check_fraction(canary)
         policy = _validated(document)
         text = policy_to_yaml(policy)
-        return self._change(lambda state: _after_apply(state, policy, canary, self.clock()),
+        return self._change(lambda state: _after_apply(state, policy, canary, shadow, self.clock()),
                             (str(policy.ref), text))
 
     def promote(self) -> PolicyState:
@@ -286,10 +325,10 @@ class _StoreBase(abc.ABC):
         return self._change(lambda state: _after_rollback(state, self.clock()), None)
 
     def report(self, replica_id: str, ref: str | None, ok: bool, error: str | None = None,
-               canary: str | None = None) -> None:
+               canary: str | None = None, shadow: str | None = None) -> None:
         if not _REPLICA_ID.match(replica_id):
             raise PolicyStoreError(f"replica id {replica_id!r} must match {_REPLICA_ID.pattern}")
-        self._put_report(ReplicaReport(replica_id, ref, canary, ok, error, self.clock()))
+        self._put_report(ReplicaReport(replica_id, ref, canary, ok, error, self.clock(), shadow=shadow))
 
     def status(self) -> PolicyStatus:
         now = self.clock()
@@ -563,24 +602,30 @@ class PolicyFollower:
             self._serial = state.serial
             self.error = None
             if state.active is not None and (self.rollout is None or self._refs(self.rollout) !=
-                                             (state.active, state.canary, state.fraction)):
+                                             (state.active, state.canary, state.fraction, state.shadow)):
+                blame = state.active  # the version named in the error: the one that failed to load
                 try:
-                    rollout = Rollout(self.store.load(state.active),
-                                      None if state.canary is None else self.store.load(state.canary),
-                                      state.fraction)
+                    active = self.store.load(state.active)
+                    blame = state.canary
+                    canary = None if state.canary is None else self.store.load(state.canary)
+                    blame = state.shadow
+                    shadow = None if state.shadow is None else self.store.load(state.shadow)
+                    rollout = Rollout(active, canary, state.fraction, shadow)
+                    blame = state.shadow or state.canary or state.active  # on_policy: the newest change
                     self.on_policy(rollout)
                 except Exception as exc:  # reported to the store; the replica keeps its last good rollout
-                    self.error = f"{state.canary or state.active}: {exc}"
+                    self.error = f"{blame}: {exc}"
                 else:
                     self.rollout = rollout
-        running = (None, None, 0.0) if self.rollout is None else self._refs(self.rollout)
-        self.store.report(self.replica_id, running[0], self.error is None, self.error, canary=running[1])
+        running = (None, None, 0.0, None) if self.rollout is None else self._refs(self.rollout)
+        self.store.report(self.replica_id, running[0], self.error is None, self.error, canary=running[1],
+                          shadow=running[3])
         return self.rollout
 
     @staticmethod
-    def _refs(rollout: Rollout) -> tuple[str, str | None, float]:
+    def _refs(rollout: Rollout) -> tuple[str, str | None, float, str | None]:
         return (str(rollout.active.ref), None if rollout.canary is None else str(rollout.canary.ref),
-                rollout.fraction)
+                rollout.fraction, None if rollout.shadow is None else str(rollout.shadow.ref))
 
     def run(self) -> None:
         """Poll, then wait for a change (or ``interval``), until ``stop()``."""

@@ -80,8 +80,8 @@ def test_each_operation_leaves_the_exact_state(open_store: Callable[[], PolicySt
     assert s6.history[-1] == {"action": "rollback", "ref": "chat@2", "at": T0 + 20}
     assert len(s6.history) == 6
     assert store.load("chat@2") == parse_policy(doc(2, ttl="10m"))
-    with pytest.raises(PolicyStoreError, match=r"^nothing to roll back to: no canary, and no version was active "
-                                               r"before chat@1$"):
+    with pytest.raises(PolicyStoreError, match=r"^nothing to roll back to: no canary or shadow, and no "
+                                               r"version was active before chat@1$"):
         store.rollback()
     with pytest.raises(PolicyStoreError, match=r"^nothing to promote: there is no canary$"):
         store.promote()
@@ -266,27 +266,29 @@ def test_cli_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
         result = runner.invoke(app, ["policy", *args])
         return result.exit_code, result.stdout, result.stderr
 
-    assert run("apply", "v1.yaml") == (0, "active: chat@1\ncanary: none\n", "")
+    assert run("apply", "v1.yaml") == (0, "active: chat@1\ncanary: none\nshadow: none\n", "")
     assert (tmp_path / ".evocache" / "policies" / "versions" / "chat@1.yaml").is_file()
-    assert run("apply", "v2.yaml", "--canary", "0.1") == (0, "active: chat@1\ncanary: chat@2 on 0.1 of requests\n",
-                                                          "")
+    assert run("apply", "v2.yaml", "--canary", "0.1") == (
+        0, "active: chat@1\ncanary: chat@2 on 0.1 of requests\nshadow: none\n", "")
     code, out, err = run("apply", "bad.yaml")
     assert code == 1 and "eviction.l1: unknown eviction policy 'clairvoyant'" in err and out == ""
     assert run("apply", "v1.yaml") == (1, "", "error: policy chat@1: version 1 is not above the active chat@1\n")
     assert run("apply", "missing.yaml")[0] == 2
     assert run("apply", "v3.yaml", "--store", "a", "--redis", "redis://localhost:1/0") == (
         2, "", "error: --store/--redis: give one store, not both\n")
-    assert run("promote") == (0, "active: chat@2\ncanary: none\n", "")
+    assert run("promote") == (0, "active: chat@2\ncanary: none\nshadow: none\n", "")
     assert run("promote") == (1, "", "error: nothing to promote: there is no canary\n")
-    assert run("rollback") == (0, "active: chat@1\ncanary: none\n", "")
+    assert run("rollback") == (0, "active: chat@1\ncanary: none\nshadow: none\n", "")
     FilePolicyStore(tmp_path / ".evocache" / "policies", clock=lambda: T0).report("r1", "chat@1", True)
     code, out, _ = run("status")
-    assert code == 0 and out.splitlines()[:3] == ["active: chat@1", "canary: none", "history:"]
-    assert [line.split()[1:] for line in out.splitlines()[3:7]] == [
+    assert code == 0
+    assert out.splitlines()[:4] == ["active: chat@1", "canary: none", "shadow: none", "history:"]
+    assert [line.split()[1:] for line in out.splitlines()[4:8]] == [
         ["apply", "chat@1"], ["canary", "chat@2"], ["promote", "chat@2"], ["rollback", "chat@2"]]
-    assert out.splitlines()[7:] == ["replicas:", "  r1 chat@1 ok at 2023-11-14T22:13:20Z (stale)"]
+    assert out.splitlines()[8:] == ["replicas:", "  r1 chat@1 ok at 2023-11-14T22:13:20Z (stale)"]
     monkeypatch.setenv("EVOCACHE_POLICY_STORE", str(tmp_path / "elsewhere"))
-    assert run("status") == (0, "active: none\ncanary: none\nhistory: none\nreplicas: none reported\n", "")
+    assert run("status") == (
+        0, "active: none\ncanary: none\nshadow: none\nhistory: none\nreplicas: none reported\n", "")
 
 
 def test_cli_against_redis(redis_url: str, tmp_path: Path) -> None:
@@ -294,7 +296,7 @@ def test_cli_against_redis(redis_url: str, tmp_path: Path) -> None:
 
     (tmp_path / "v1.yaml").write_text(doc(1))
     result = CliRunner().invoke(make_app(), ["policy", "apply", str(tmp_path / "v1.yaml"), "--redis", redis_url])
-    assert (result.exit_code, result.stdout) == (0, "active: chat@1\ncanary: none\n")
+    assert (result.exit_code, result.stdout) == (0, "active: chat@1\ncanary: none\nshadow: none\n")
     assert RedisPolicyStore(redis_url).state().active == "chat@1"
     result = CliRunner().invoke(make_app(), ["policy", "status", "--redis", "redis://127.0.0.1:1/0"])
     assert result.exit_code == 2 and result.stderr.startswith("error: the policy store: ")
@@ -341,3 +343,144 @@ def test_a_write_that_fails_midway_leaves_the_old_state_and_no_temporary_file(
     assert (tmp_path / "state.json").read_text() == state_text and store.state() == before
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == [".lock", "chat@1.yaml", "state.json"]
     assert FilePolicyStore(tmp_path).apply(doc(2)).active == "chat@2"
+
+
+# --- the shadow ---------------------------------------------------------------------------------------------
+
+
+def test_a_shadow_is_held_beside_the_active_and_the_canary(open_store: Callable[[], PolicyStore],
+                                                            fake_clock: FakeClock) -> None:
+    store = open_store()
+    store.apply(doc(1))
+    store.apply(doc(2), canary=0.2)
+    fake_clock.advance(5)
+    s3 = store.apply(doc(3, ttl="1h"), shadow=True)
+    assert (s3.active, s3.canary, s3.fraction, s3.shadow, s3.serial) == ("chat@1", "chat@2", 0.2, "chat@3", 3)
+    assert s3.history[-1] == {"action": "shadow", "ref": "chat@3", "at": T0 + 5}
+    assert store.state() == s3 and store.status().state.shadow == "chat@3"
+    assert store.load("chat@3") == parse_policy(doc(3, ttl="1h"))
+    s4 = store.promote()  # the canary; the shadow, newer than both, stays
+    assert (s4.active, s4.canary, s4.shadow, s4.previous) == ("chat@2", None, "chat@3", ("chat@1",))
+    with pytest.raises(PolicyStoreError, match=r"^nothing to promote: there is no canary \(the shadow "
+                                               r"chat@3 is put in force by applying its document again, as "
+                                               r"the canary or the active\)$"):
+        store.promote()
+    s5 = store.apply(doc(3, ttl="1h"), canary=0.5)  # the shadow's own version, now as the canary
+    assert (s5.active, s5.canary, s5.fraction, s5.shadow) == ("chat@2", "chat@3", 0.5, None)
+    s6 = store.apply(doc(4), shadow=True)
+    s7 = store.rollback()  # drops the canary and the shadow, one entry each
+    assert (s6.canary, s6.shadow) == ("chat@3", "chat@4")
+    assert (s7.active, s7.canary, s7.fraction, s7.shadow, s7.previous) == (
+        "chat@2", None, 0.0, None, ("chat@1",))
+    assert s7.history[-2:] == ({"action": "rollback", "ref": "chat@3", "at": T0 + 5},
+                               {"action": "rollback", "ref": "chat@4", "at": T0 + 5})
+    store.apply(doc(5), shadow=True)
+    s9 = store.apply(doc(5))  # the shadow's version as the active
+    assert (s9.active, s9.shadow, s9.previous) == ("chat@5", None, ("chat@1", "chat@2"))
+    s10 = store.apply(doc(6), shadow=True)
+    s11 = store.rollback()  # only a shadow: dropped; the active stays
+    assert (s10.shadow, s11.active, s11.shadow, s11.history[-1]["ref"]) == (
+        "chat@6", "chat@5", None, "chat@6")
+
+
+def test_shadow_refusals_change_nothing(open_store: Callable[[], PolicyStore]) -> None:
+    store = open_store()
+    with pytest.raises(PolicyStoreError, match=r"^policy chat@1: no active policy for a shadow to run "
+                                               r"beside; apply it first without a shadow$"):
+        store.apply(doc(1), shadow=True)
+    store.apply(doc(1))
+    before = store.apply(doc(3), shadow=True)
+    with pytest.raises(PolicyStoreError,
+                       match=r"^a policy is applied as the canary or as the shadow, not both$"):
+        store.apply(doc(4), canary=0.1, shadow=True)
+    with pytest.raises(PolicyStoreError, match=r"^policy chat@2: version 2 is not above the shadow chat@3$"):
+        store.apply(doc(2), canary=0.1)
+    with pytest.raises(PolicyStoreError, match=r"^policy chat@3: version 3 is not above the shadow chat@3$"):
+        store.apply(doc(3), shadow=True)
+    with pytest.raises(PolicyStoreError, match=r"^policy chat@3 was stored before with other content"):
+        store.apply(doc(3, ttl="1m"), canary=0.1)  # the shadow's version, but another document
+    with pytest.raises(TypeError, match=r"^apply\(shadow=\) takes a bool, not str$"):
+        store.apply(doc(4), shadow="yes")  # type: ignore[arg-type]
+    assert store.state() == before
+
+
+def test_state_and_reports_written_before_shadows_still_read(tmp_path: Path) -> None:
+    store = FilePolicyStore(tmp_path)
+    (tmp_path / "state.json").write_text('{"active": "chat@1", "canary": null, "fraction": 0.0, '
+                                         '"previous": [], "history": [], "serial": 4}')
+    (tmp_path / "replicas" / "r1.json").write_text('{"replica_id": "r1", "ref": "chat@1", "canary": null, '
+                                                   '"ok": true, "error": null, "at": 1.0}')
+    assert store.state() == PolicyState(active="chat@1", serial=4)
+    [report] = store.status().replicas
+    assert (report.ref, report.canary, report.shadow) == ("chat@1", None, None)
+    (tmp_path / "state.json").write_text('{"active": "chat@1", "canary": null, "fraction": 0.0, '
+                                         '"previous": [], "history": [], "serial": 4, "shadow": "chat 2"}')
+    with pytest.raises(PolicyStoreError, match=r"state.json: 'chat 2' is not a policy ref \(name@version\)$"):
+        store.state()
+
+
+def test_a_follower_loads_the_shadow_and_reports_it(open_store: Callable[[], PolicyStore]) -> None:
+    store = open_store()
+    seen: list[Rollout] = []
+    follower = PolicyFollower(store, "r1", seen.append)
+    store.apply(doc(1))
+    store.apply(doc(2), canary=0.1)
+    store.apply(doc(3), shadow=True)
+    rollout = follower.poll()
+    assert rollout == Rollout(parse_policy(doc(1)), parse_policy(doc(2)), 0.1, parse_policy(doc(3)))
+    assert seen == [rollout]
+    [report] = store.status().replicas
+    assert (report.ref, report.canary, report.shadow, report.ok) == ("chat@1", "chat@2", "chat@3", True)
+    store.rollback()
+    assert follower.poll() == Rollout(parse_policy(doc(1)))
+    [report] = store.status().replicas
+    assert (report.ref, report.canary, report.shadow) == ("chat@1", None, None)
+
+
+def test_a_shadow_that_does_not_load_is_reported_and_the_last_rollout_kept(tmp_path: Path) -> None:
+    store = FilePolicyStore(tmp_path)
+    store.apply(doc(1))
+    follower = PolicyFollower(store, "r1", lambda rollout: None)
+    good = follower.poll()
+    store.apply(doc(2), shadow=True)
+    (tmp_path / "versions" / "chat@2.yaml").write_text(doc(7))
+    assert follower.poll() is good
+    [report] = store.status().replicas
+    assert (report.ref, report.shadow, report.ok) == ("chat@1", None, False)
+    assert report.error == f"chat@2: {tmp_path}/versions/chat@2.yaml: holds chat@7, not chat@2"
+
+
+def test_cli_shadow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from evocache.cli.app import make_app
+
+    app, runner = make_app(), CliRunner()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("EVOCACHE_POLICY_STORE", raising=False)
+    for version in (1, 2, 3):
+        (tmp_path / f"v{version}.yaml").write_text(doc(version))
+
+    def run(*args: str) -> tuple[int, str, str]:
+        result = runner.invoke(app, ["policy", *args])
+        return result.exit_code, result.stdout, result.stderr
+
+    assert run("apply", "v1.yaml", "--shadow") == (
+        1, "", "error: policy chat@1: no active policy for a shadow to run beside; apply it first without a "
+               "shadow\n")
+    assert run("apply", "v1.yaml")[0] == 0
+    assert run("apply", "v2.yaml", "--canary", "0.1", "--shadow") == (
+        2, "", "error: --canary/--shadow: apply a policy as the canary or as the shadow, not both\n")
+    assert run("apply", "v3.yaml", "--shadow") == (0, "active: chat@1\ncanary: none\nshadow: chat@3\n", "")
+    assert run("promote") == (1, "", "error: nothing to promote: there is no canary (the shadow chat@3 is "
+                                     "put in force by applying its document again, as the canary or the "
+                                     "active)\n")
+    opened = FilePolicyStore(tmp_path / ".evocache" / "policies", clock=lambda: T0)
+    opened.report("r1", "chat@1", True, shadow="chat@3")
+    opened.report("r2", "chat@1", True)
+    code, out, _ = run("status")
+    assert code == 0 and out.splitlines()[:3] == ["active: chat@1", "canary: none", "shadow: chat@3"]
+    assert out.splitlines()[-3:] == ["replicas:",
+                                     "  r1 chat@1 + shadow chat@3 ok at 2023-11-14T22:13:20Z (stale)",
+                                     "  r2 chat@1 ok at 2023-11-14T22:13:20Z (stale)"]
+    assert run("apply", "v3.yaml", "--canary", "0.25") == (
+        0, "active: chat@1\ncanary: chat@3 on 0.25 of requests\nshadow: none\n", "")
+    assert run("rollback") == (0, "active: chat@1\ncanary: none\nshadow: none\n", "")
