@@ -73,6 +73,12 @@ class CacheMetrics:
             "evocache_tier_faults", "Entries dropped as corrupt or undecodable, by tier.",
             ["tier", "kind"], registry=self.registry,
         )
+        # Counted by controller._rollout.RolloutRuntimes.compare, off the L1 hit path.
+        self.shadow_decisions = Counter(
+            "evocache_shadow_decisions", "Calls planned under the shadow policy beside the policy that served "
+            "them, by the rule of each and whether they decided alike.",
+            ["base_rule", "shadow_rule", "agree"], registry=self.registry,
+        )
 
     def record(self, rule: str, tier: str | None, outcome: str, seconds: float) -> None:
         # Inlined on the request path (controller._cache_if: CachedFunction._emit and the L1 hit path): keep
