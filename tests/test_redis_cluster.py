@@ -33,7 +33,6 @@ from evocache.controller.errors import TierUnavailable
 from evocache.controller.semantic import Scope, SharedEntry, SharedIndex
 from evocache.controller.tiers import MemoryTier, RedisTier, TieredStore
 from evocache.dsl import parse_policy
-from evocache.serving._auth import RedisKeyStore
 
 pytestmark = pytest.mark.redis
 
@@ -287,12 +286,13 @@ def test_the_shared_semantic_index_is_shared_through_the_cluster(cluster: RedisC
 
 
 def test_api_keys_in_a_cluster(cluster: RedisClusterServers) -> None:
+    from evocache.serving._auth import RedisKeyStore  # the serving room's: imported by its test alone
+    from evocache.serving.errors import Unauthenticated
+
     store = RedisKeyStore.from_url(cluster.url)
     store.add("sk-alpha", Tenant("acme", "pro"))
     assert store.tenant_for("sk-alpha") == Tenant("acme", "pro")
     store.revoke("sk-alpha")
-    from evocache.serving.errors import Unauthenticated
-
     with pytest.raises(Unauthenticated):
         store.tenant_for("sk-alpha")
     store.client.close()
