@@ -68,8 +68,8 @@ class SemanticPlan(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class SharedRedis:
-    """The Redis a ``SharedIndex`` keeps the semantic entries in (the store's, under its own ``prefix``; ``url``
-    may name a Redis Cluster, ``redis+cluster://``, where the whole index is one hash slot), and
+    """The Redis a ``SharedIndex`` keeps the semantic entries in (the store's, under its own ``prefix``;
+    ``url`` may name a Redis Cluster, ``redis+cluster://``, where the whole index is one hash slot), and
     ``secret``: the deployment secret (bytes, at least 16) that signs them, the one the store's entries are
     signed with (``controller._secret``). Left out of the repr."""
 

@@ -177,9 +177,11 @@ class RedisKeyStore:
     hash_key: str = DEFAULT_REDIS_KEY
 
     @classmethod
-    def from_url(cls, url: str, hash_key: str = DEFAULT_REDIS_KEY, *, timeout_s: float = 1.0) -> RedisKeyStore:
-        """The store in the Redis (or Redis Cluster) at ``url``; ``timeout_s`` bounds each lookup. A cluster none
-        of whose nodes answers raises ``Unavailable``."""
+    def from_url(
+        cls, url: str, hash_key: str = DEFAULT_REDIS_KEY, *, timeout_s: float = 1.0
+    ) -> RedisKeyStore:
+        """The store in the Redis (or Redis Cluster) at ``url``; ``timeout_s`` bounds each lookup. A
+        cluster none of whose nodes answers raises ``Unavailable``."""
         try:
             client = connect(url, socket_timeout=timeout_s, connect_timeout=timeout_s)
         except REDIS_ERRORS as exc:

@@ -214,7 +214,8 @@ class RedisClusterServers:
         )
         if created.returncode != 0:
             self.close()
-            raise RuntimeError(f"redis-cli --cluster create failed: {created.stdout[-2000:]}{created.stderr[-2000:]}")
+            output = created.stdout[-2000:] + created.stderr[-2000:]
+            raise RuntimeError(f"redis-cli --cluster create failed: {output}")
         self._wait_ok(timeout)
         return self
 

@@ -99,7 +99,9 @@ def test_a_cluster_none_of_whose_nodes_answers_is_a_connection_error() -> None:
 
 def test_l2_set_get_delete_over_namespaces_in_different_slots(cluster: RedisClusterServers, admin) -> None:
     tier = tier_on(cluster.url)
-    entries = {(ns, key_of(i)): Entry(f"{ns}/{i}".encode(), None, 0.0) for ns in NAMESPACES for i in range(20)}
+    entries = {
+        (ns, key_of(i)): Entry(f"{ns}/{i}".encode(), None, 0.0) for ns in NAMESPACES for i in range(20)
+    }
     for ns in NAMESPACES:
         tier.set_many(ns, [(key, e) for (space, key), e in entries.items() if space == ns])
     # The namespaces are spread over every primary; each one's entries and bookkeeping share its slot.
@@ -212,7 +214,9 @@ def test_two_replicas_share_l2_through_the_cluster(cluster: RedisClusterServers)
 
 def test_events_are_written_to_and_read_back_from_the_cluster(cluster: RedisClusterServers) -> None:
     sink = RedisStreamSink(cluster.url, stream="evc:events", socket_timeout=1.0)
-    events = [AccessEvent(1.0 + i, key_of(i), "tenant-a", "r", "p@1", "miss", None, 10, 0.1, 0.0) for i in range(300)]
+    events = [
+        AccessEvent(1.0 + i, key_of(i), "tenant-a", "r", "p@1", "miss", None, 10, 0.1, 0.0) for i in range(300)
+    ]
     for event in events:
         sink.emit(event)
     sink.flush()
@@ -244,7 +248,8 @@ def test_policy_store_operations_and_a_follower_on_a_cluster(cluster: RedisClust
         assert writer.rollback().active == "chat@1"
         assert watcher.state() == writer.state() and writer.state().serial == 4
         assert [r.replica_id for r in writer.status().replicas] == ["r1"]
-        assert sorted(k.decode() for k in admin.scan_iter(match="*", target_nodes=RedisCluster.PRIMARIES)) == [
+        names = admin.scan_iter(match="*", target_nodes=RedisCluster.PRIMARIES)  # every primary
+        assert sorted(k.decode() for k in names) == [
             "{t:policy}:replicas", "{t:policy}:state", "{t:policy}:v:chat@1", "{t:policy}:v:chat@2"
         ]
         assert isinstance(writer.state(), PolicyState)
@@ -306,7 +311,9 @@ def test_a_killed_node_is_a_counted_miss_never_a_failed_call() -> None:
     try:
         now = [1_700_000_000.0]
         clock = lambda: now[0]  # noqa: E731
-        l2 = RedisTier(own.url, secret=SECRET, clock=clock, socket_timeout=0.5, connect_timeout=0.5, retry_after=1.0)
+        l2 = RedisTier(
+            own.url, secret=SECRET, clock=clock, socket_timeout=0.5, connect_timeout=0.5, retry_after=1.0
+        )
         store = TieredStore([MemoryTier(1 << 20, clock=clock), l2], clock=clock)
         with own.client() as admin:
             owner = {ns: admin.get_node_from_key(f"evc:{{{ns}}}:x").port for ns in NAMESPACES}

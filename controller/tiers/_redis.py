@@ -10,10 +10,10 @@ Layout under ``prefix`` (``p``) for a namespace ``ns``::
     p:ns:#seq       STRING the sequence counter behind #order
     p:#namespaces   SET   namespaces ever written, for usage() over all of them
 
-On a Redis Cluster (a ``redis+cluster://`` URL) the namespace is a hash tag, ``p:{ns}:<key>``, ``p:{ns}:#sizes``
-and so on, so that a namespace's entries and its bookkeeping share one slot (the scripts below touch them
-together); ``p:#namespaces`` lives elsewhere and is updated beside the store script rather than in it. A
-tenant's L2 is then held by one primary; tenants spread over the cluster.
+On a Redis Cluster (a ``redis+cluster://`` URL) the namespace is a hash tag, ``p:{ns}:<key>``,
+``p:{ns}:#sizes`` and so on, so that a namespace's entries and its bookkeeping share one slot (the scripts
+below touch them together); ``p:#namespaces`` lives elsewhere and is updated beside the store script rather
+than in it. A tenant's L2 is then held by one primary; tenants spread over the cluster.
 
 Keys are hex digests and namespaces cannot contain ``:``, ``#`` or braces, so no entry name can collide with
 the bookkeeping names. The bookkeeping changes only inside Lua scripts, so it moves atomically with the entries:
@@ -66,7 +66,8 @@ _PURGE_ON_USAGE = 10_000
 # years) and keeps its own expiry in its header.
 _MAX_PX = 2**53 - 1
 
-# KEYS: sizes, order, exp, used, seq, namespaces (absent on a cluster: another slot).  ARGV[1]: the entry key prefix "p:ns:", ARGV[2]: ns.
+# KEYS: sizes, order, exp, used, seq, namespaces (absent on a cluster: another slot).
+# ARGV[1]: the entry key prefix "p:ns:", ARGV[2]: ns.
 _PRELUDE = """
 local sizes, order, exp, used, seq, spaces = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local prefix = ARGV[1]
@@ -302,12 +303,14 @@ class RedisTier(BlobTier):
             spaces = sorted(space for space in (raw.decode("utf-8", "replace") for raw in raws) if is_ns(space))
             pipe = self._client.pipeline(transaction=False)  # on a cluster: one batch per node
             for space in spaces:
-                self._queue_script(pipe, self._usage_script, self._books(space), [self._entry_prefix(space), space])
+                args = [self._entry_prefix(space), space]
+                self._queue_script(pipe, self._usage_script, self._books(space), args)
             replies = pipe.execute(raise_on_error=False)
             total = 0
             for space, reply in zip(spaces, replies, strict=True):
                 if isinstance(reply, NoScriptError):  # Redis restarted since the script was loaded
-                    reply = self._usage_script(keys=self._books(space), args=[self._entry_prefix(space), space])
+                    args = [self._entry_prefix(space), space]
+                    reply = self._usage_script(keys=self._books(space), args=args)
                 elif isinstance(reply, Exception):
                     raise reply
                 total += _count(space, reply)
@@ -346,7 +349,7 @@ class RedisTier(BlobTier):
         self, ns: Namespace, names: list[str], keys: Sequence[CacheKey]
     ) -> list[bytes | None]:
         # One slot (a namespace's), so one node and one round trip on a cluster too. MGET as a raw command for
-        # the reason of _queue_script. The script is missing only after a Redis restart; it is then loaded here.
+        # the reason of _queue_script. The script is missing only after a Redis restart; it is loaded here.
         books = self._books(ns)
         args = [self._entry_prefix(ns), ns, *keys]
         pipe = self._client.pipeline(transaction=False)
