@@ -11,7 +11,7 @@ matches that prompt in full; any other match is found at the deepest checkpoint 
 * ``BlockLedger``: kept by each model replica; ``served(blocks)`` after a request, ``stats(queue_len)`` for
   the deployment's ``record_routing_stats`` (a small JSON-friendly dict that Ray sends to every router).
 * ``parse_report``: reads such a dict back; the router's only way in, so the wire format lives in one module.
-* ``AffinityIndex``: a router's view: what it routed itself (fresh) and what replicas reported (seconds stale);
+* ``AffinityIndex``: a router's view: what it routed itself (fresh) and what replicas reported (stale);
   ``holders(blocks, candidates)`` ranks the candidates holding the longest leading run of ``blocks``.
 * ``rendezvous_order``: highest-random-weight hashing, so independent routers agree on a fresh prefix's home.
 
@@ -64,7 +64,9 @@ class BlockLedger:
 
     def __init__(self, capacity_blocks: int = 256) -> None:
         if type(capacity_blocks) is not int or not 1 <= capacity_blocks <= MAX_REPORT_BLOCKS:
-            raise ValueError(f"capacity_blocks must be an int in [1, {MAX_REPORT_BLOCKS}], got {capacity_blocks!r}")
+            raise ValueError(
+                f"capacity_blocks must be an int in [1, {MAX_REPORT_BLOCKS}], got {capacity_blocks!r}"
+            )
         self._capacity = capacity_blocks
         self._recent: OrderedDict[bytes, None] = OrderedDict()  # oldest first
         self._lock = threading.Lock()
@@ -73,7 +75,7 @@ class BlockLedger:
         """Record a served request's block hashes. Raises ``TypeError`` when they are not 32-byte hashes."""
         _checked(blocks, "BlockLedger.served")
         with self._lock:
-            # Deepest first, so the leading blocks (shared by the most prompts) are the newest and evicted last.
+            # Deepest first: the leading blocks (shared by the most prompts) end newest, so are evicted last.
             for i in reversed(list(checkpoints(len(blocks)))):
                 self._recent[blocks[i]] = None
                 self._recent.move_to_end(blocks[i])
@@ -81,7 +83,8 @@ class BlockLedger:
                 self._recent.popitem(last=False)
 
     def stats(self, queue_len: int) -> dict[str, object]:
-        """The report for ``record_routing_stats``: ``{"blocks": [hex, newest first], "queue": queue_len}``."""
+        """The report for ``record_routing_stats``: ``{"blocks": [hex, newest first], "queue": queue_len}``.
+        """
         if type(queue_len) is not int or queue_len < 0:
             raise ValueError(f"queue_len must be an int >= 0, got {queue_len!r}")
         with self._lock:
@@ -109,7 +112,9 @@ def parse_report(stats: object) -> ReplicaReport:
     if not isinstance(hexes, list | tuple):
         raise ValueError(f"routing stats {STATS_BLOCKS!r} must be a list of hex strings")
     if len(hexes) > MAX_REPORT_BLOCKS:
-        raise ValueError(f"routing stats {STATS_BLOCKS!r} holds {len(hexes)} hashes, more than {MAX_REPORT_BLOCKS}")
+        raise ValueError(
+            f"routing stats {STATS_BLOCKS!r} holds {len(hexes)} hashes, more than {MAX_REPORT_BLOCKS}"
+        )
     blocks = set()
     for i, text in enumerate(hexes):
         if not isinstance(text, str) or len(text) != 2 * BLOCK_HASH_BYTES:
@@ -129,8 +134,8 @@ def rendezvous_order(key: bytes, replicas: Iterable[str]) -> list[str]:
     for the same names, and removing a replica moves only the keys it was first for."""
 
     def weight(name: str) -> tuple[bytes, str]:
-        digest = hashlib.blake2b(key + b"\x00" + name.encode("utf-8"), digest_size=8, person=_RENDEZVOUS_PERSON)
-        return digest.digest(), name
+        data = key + b"\x00" + name.encode("utf-8")
+        return hashlib.blake2b(data, digest_size=8, person=_RENDEZVOUS_PERSON).digest(), name
 
     return sorted(replicas, key=weight, reverse=True)
 

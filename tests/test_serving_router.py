@@ -70,7 +70,7 @@ class Replica(RunningReplica):
         self.queue_len = queue_len
 
     def report(self, stats: dict) -> None:
-        """What a controller broadcast does: a new replica info carrying the replica's latest routing stats."""
+        """What a controller broadcast does: a new replica info carrying the replica's latest stats."""
         self._replica_info = dataclasses.replace(self._replica_info, routing_stats=stats)
 
     async def get_queue_len(self, *, deadline_s: float) -> int:
@@ -126,7 +126,7 @@ def winner(blocks: tuple[bytes, ...], names: list[str]) -> str:
 NAMES = ["r-a", "r-b", "r-c", "r-d"]
 
 
-# -- the routing decision ---------------------------------------------------------------------------------------
+# -- the routing decision ------------------------------------------------------------------------------------
 
 
 def test_same_prefix_goes_to_the_same_replica() -> None:
@@ -155,7 +155,8 @@ def test_two_routers_agree_on_fresh_prefixes_whatever_their_replica_order() -> N
     async def run() -> tuple[list[str], list[str]]:
         one = make_router([Replica(n) for n in NAMES])
         two = make_router([Replica(n) for n in reversed(NAMES)])
-        return [await route(one, request(p)) for p in prompts], [await route(two, request(p)) for p in prompts]
+        first = [await route(one, request(p)) for p in prompts]
+        return first, [await route(two, request(p)) for p in prompts]
 
     first, second = asyncio.run(run())
     assert first == second
@@ -303,17 +304,19 @@ def test_no_candidates_no_tiers() -> None:
 def test_a_full_preferred_replica_leaves_two_other_choices() -> None:
     blocks = prompt("t", 4, 4)
 
-    async def run() -> list[list[str]]:
+    async def run() -> tuple[list[list[str]], bool]:
         router = make_router([Replica(n) for n in NAMES])
-        tiers = await router.choose_replicas(router._replicas_list, pending(request(blocks)))
-        return [[r.replica_id.unique_id for r in tier] for tier in tiers]
+        pr = pending(request(blocks))
+        tiers = await router.choose_replicas(router._replicas_list, pr)
+        return [[r.replica_id.unique_id for r in tier] for tier in tiers], pr.routing_context.should_backoff
 
-    tiers = asyncio.run(run())
+    tiers, backs_off = asyncio.run(run())
+    assert backs_off  # else Ray's loop retries a request whose every tier is full without pausing
     assert tiers[0] == [winner(blocks, NAMES)]
     assert len(tiers) == 2 and len(tiers[1]) == 2 and winner(blocks, NAMES) not in tiers[1]
 
 
-# -- replica reports --------------------------------------------------------------------------------------------
+# -- replica reports -----------------------------------------------------------------------------------------
 
 
 def test_a_replica_report_draws_its_prefixes_and_a_new_report_replaces_it() -> None:
@@ -391,7 +394,7 @@ def test_router_kwargs_are_validated() -> None:
     assert config.request_routing_stats_period_s == 0.5
 
 
-# -- the ledger and the index -----------------------------------------------------------------------------------
+# -- the ledger and the index --------------------------------------------------------------------------------
 
 
 def test_checkpoints() -> None:
@@ -406,7 +409,7 @@ def test_ledger_reports_newest_first_leading_blocks_last_to_go_and_stays_bounded
     ledger = BlockLedger(capacity_blocks=4)
     a = prompt("t", 1, n_blocks=9)  # checkpoints 0, 1, 3, 7, 8
     ledger.served(a)
-    assert ledger.stats(queue_len=2) == {"blocks": [a[0].hex(), a[1].hex(), a[3].hex(), a[7].hex()], "queue": 2}
+    assert ledger.stats(queue_len=2) == {"blocks": [a[i].hex() for i in (0, 1, 3, 7)], "queue": 2}
     b = prompt("u", 1, n_blocks=2)
     ledger.served(b)
     report = ledger.stats(queue_len=0)
@@ -472,7 +475,7 @@ def test_rendezvous_moves_only_the_keys_of_a_removed_replica() -> None:
     assert {k for k in keys if before[k] != after[k]} == {k for k in keys if before[k] == "r-d"}
 
 
-# -- one deployment on a real local Ray ---------------------------------------------------------------------------
+# -- one deployment on a real local Ray ----------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -514,7 +517,9 @@ def model_handle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
 
 def test_a_real_deployment_routes_by_prefix(model_handle) -> None:
-    shared = [model_handle.generate.remote(request(prompt("tenant-a", 1, 2, 3, tail))).result() for tail in range(8)]
+    shared = [
+        model_handle.generate.remote(request(prompt("tenant-a", 1, 2, 3, tail))).result() for tail in range(8)
+    ]
     assert len(set(shared)) == 1
 
     fresh = [prompt(f"tenant-{i}", 4, 5) for i in range(16)]
