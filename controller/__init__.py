@@ -28,6 +28,7 @@ from ._policy_store import (
     canary_for,
     open_policy_store,
 )
+from ._rollout import RolloutArm, RolloutRuntimes, ShadowComparison
 from ._runtime import (
     CacheRuntime,
     build_runtime,
@@ -110,10 +111,13 @@ __all__ = [
     "ReplicaReport",
     "RingSink",
     "Rollout",
+    "RolloutArm",
+    "RolloutRuntimes",
     "SemanticConfig",
     "SemanticError",
     "SemanticOptions",
     "Serializer",
+    "ShadowComparison",
     "StoreConfig",
     "StoreConfigError",
     "Tenant",
