@@ -289,7 +289,8 @@ class SemanticOptions:
     ``max_error``, ``mode``, ``explore``, ``threshold``: the decorator's own setting, the fields of a policy
     rule's ``semantic:`` (``controller._semantic``), used when no policy is in force; ``max_error=None`` (or 0)
     leaves matching off unless a rule turns it on. ``text`` names the prompt parameter (default: ``prompt``,
-    ``query`` or ``text``). ``judge(new_answer, cached_answer) -> bool`` says whether two answers are
+    ``query`` or ``text``); ``text_forms`` names parameters that carry the same prompt in another form (its token
+ids), so they are left out of the semantic boundary with it. ``judge(new_answer, cached_answer) -> bool`` says whether two answers are
     equivalent (default ``==``): it is how the cache learns which prompts share an answer. ``judge_links``
     bounds the other answer clusters a miss's answer is judged against (None: all of them, up to 9; 0: the
     candidate only).
@@ -302,6 +303,7 @@ class SemanticOptions:
     explore: float | None = None
     threshold: float | None = None
     text: str | None = None
+    text_forms: tuple[str, ...] = ()
     judge: Callable[[Any, Any], bool] | None = None
     judge_links: int | None = None
     spec: SemanticSpec | None = field(init=False, default=None, repr=False, compare=False)
@@ -321,6 +323,10 @@ class SemanticOptions:
             object.__setattr__(self, "spec", spec.resolved())
         if self.text is not None and not isinstance(self.text, str):
             raise ContractError(f"semantic: text must be a parameter name, got {self.text!r}")
+        forms = self.text_forms
+        if isinstance(forms, str) or not all(isinstance(f, str) for f in forms):
+            raise ContractError(f"semantic: text_forms must be a sequence of parameter names, got {forms!r}")
+        object.__setattr__(self, "text_forms", tuple(forms))
         if self.judge is not None and not callable(self.judge):
             raise ContractError(f"semantic: judge must be callable, got {self.judge!r}")
         links = self.judge_links
@@ -458,6 +464,7 @@ class Contract:
         template: str,
         ignore: frozenset[str],
         semantic_text: str | None = None,
+        semantic_text_forms: tuple[str, ...] = (),
     ) -> None:
         self.identity = identity
         self.options = options
@@ -479,6 +486,14 @@ class Contract:
             raise ContractError(f"@cache_if condition must be an expression or a callable, got {condition!r}")
         self._tenant_param = "tenant" in self.signature.parameters
         self.semantic_text = self._semantic_text(semantic_text)
+        for form in semantic_text_forms:
+            if form not in self.signature.parameters or form in self.ignore or form == self.semantic_text:
+                raise ContractError(
+                    f"@cache_if on {self.identity}: semantic text_forms {form!r} is not another parameter the "
+                    f"key sees; parameters: {[p for p in self.signature.parameters if p not in self.ignore]}"
+                )
+        # The prompt and its other forms: what a semantic neighbour may differ in.
+        self._prompt_params = frozenset((self.semantic_text, *semantic_text_forms))
         # Generation parameters go into the key normalised; with **kwargs any of them may arrive.
         has_var_kw = any(p.kind is p.VAR_KEYWORD for p in self.signature.parameters.values())
         self._generation_params = tuple(
@@ -690,7 +705,7 @@ class Contract:
                     "exact matching only", self.identity, rule, name,
                 )
             return None
-        others = {k: v for k, v in rest.items() if k != name}
+        others = {k: v for k, v in rest.items() if k not in self._prompt_params}
         boundary = derive_key(**parts, args=others)  # cannot raise: a subset of what just hashed
         return SemanticPlan(text, boundary, spec, tuple(tiers))
 
