@@ -138,7 +138,8 @@ class RolloutRuntimes:
     ``use(key)`` give a request its arm; ``compare`` plans a call under the shadow. Until the first
     ``apply``, every request runs on ``base`` with whatever policy it has. ``base`` itself is not replaced:
     calls outside ``use`` still run on it (or on the process runtime), with the active policy's quotas and
-    eviction, which live in the shared store, but its own rules. So a replica runs each request inside ``use``.
+    eviction, which live in the shared store, but its own rules. So a replica runs each request inside
+    ``use``.
     """
 
     def __init__(self, base: CacheRuntime) -> None:
