@@ -212,3 +212,41 @@ def test_help_is_plain_text_and_explains_each_argument(command: str, arguments: 
     assert "FILE..." not in text
     for help_text in arguments:
         assert help_text in text
+
+
+def test_installed_entry_point_applies_a_shadow_and_shows_it(tmp_path: Path) -> None:
+    store = tmp_path / "policies"
+    docs = []
+    for version in (1, 2):
+        doc = tmp_path / f"v{version}.yaml"
+        doc.write_text(f"policy: chat\nversion: {version}\nrules: []\n")
+        docs.append(str(doc))
+
+    def evocache(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([evocache_command(), "policy", *args, "--store", str(store)],
+                              capture_output=True, text=True, timeout=120)
+
+    assert evocache("apply", docs[0]).returncode == 0
+    shadowed = evocache("apply", docs[1], "--shadow")
+    assert (shadowed.returncode, shadowed.stdout) == (0, "active: chat@1\ncanary: none\nshadow: chat@2\n")
+    both = evocache("apply", docs[1], "--shadow", "--canary", "0.5")
+    assert both.returncode == 2
+    assert both.stderr == ("error: --canary/--shadow: apply a policy as the canary or as the shadow, "
+                           "not both\n")
+    status = evocache("status")
+    assert status.returncode == 0
+    assert status.stdout.splitlines()[:3] == ["active: chat@1", "canary: none", "shadow: chat@2"]
+    assert [line.split()[1:] for line in status.stdout.splitlines()[4:6]] == [
+        ["apply", "chat@1"], ["shadow", "chat@2"]]
+
+
+def test_apply_help_explains_the_shadow() -> None:
+    from evocache.cli.app import app as evocache
+
+    result = CliRunner().invoke(evocache, ["policy", "apply", "--help"], terminal_width=200)
+    text = " ".join(result.stdout.replace("\u2502", " ").split())  # the help is boxed and wrapped
+    assert result.exit_code == 0 and "`" not in text
+    assert ("Make it the shadow: planned beside every call and counted where it would decide otherwise, "
+            "never acted on.") in text
+    assert "with --shadow as the shadow (applying the shadow's FILE again puts it in force, as canary or " \
+           "active)." in text
