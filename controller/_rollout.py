@@ -45,7 +45,8 @@ class RolloutArm(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class ShadowComparison:
     """One call planned under the runtime that served it and under the shadow: each plan's rule, and the parts
-    of the decision that differ (``DECISION_PARTS`` order; empty when they agree)."""
+    of the decision that differ, empty when they agree: ``cache`` (one caches, the other bypasses) and
+    ``rule``, or, when both cache, those of ``DECISION_PARTS`` (in its order)."""
 
     base_rule: str
     shadow_rule: str
