@@ -1,10 +1,18 @@
-"""WHERE the policy is enforced: Ray Serve deployments, the request router, the KV prefix cache.
+"""WHERE the policy is enforced: Ray Serve deployments, the OpenAI-compatible ingress, the request router.
 
-The modules here so far need no Ray: the OpenAI wire format, tenants from verified API keys and a
-per-tenant rate limiter.
-See docs/architecture.md.
+    from evocache.serving import ServingConfig, build_app      # a Ray Serve application
+    evocache serve                                              # the embedded app on a local Ray
+
+The replica's work (``ModelServer``), the HTTP API (``Api``, ``build_fastapi``), the wire format and the
+tenants need no Ray; ``build_app`` and the deployments import it when called. See docs/serving.md.
 """
 
+import importlib as _importlib
+from typing import Any as _Any
+
+from ._affinity import BlockLedger
+from ._model import ByteTokenizer, CallableGenerator, GenerationParams, HFGenerator, ModelConfig, load_tokenizer
+from ._request import Completion, Decision, Finish, GenerateRequest
 from ._auth import (
     FileKeyStore,
     KeyStore,
@@ -55,8 +63,53 @@ from .errors import (
     Unavailable,
 )
 
+# Imported on first use: the HTTP app (FastAPI), the replica (the controller's runtime) and the application
+# builder, so `evocache policy check` and other light commands do not pay for them.
+_LAZY = {
+    "Api": "._ingress", "Backend": "._ingress", "build_fastapi": "._ingress",
+    "LocalBackend": "._local",
+    "merge_expositions": "._metrics",
+    "ModelServer": "._server", "ServerSpec": "._server",
+    "ApiKeysConfig": "._app", "DeploymentConfig": "._app", "RateConfig": "._app", "ServingConfig": "._app",
+    "build_app": "._app", "start_local": "._app",
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> _Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
 __all__ = [
+    "Api",
     "ApiError",
+    "ApiKeysConfig",
+    "Backend",
+    "BlockLedger",
+    "ByteTokenizer",
+    "CallableGenerator",
+    "Completion",
+    "Decision",
+    "DeploymentConfig",
+    "Finish",
+    "GenerateRequest",
+    "GenerationParams",
+    "HFGenerator",
+    "LocalBackend",
+    "ModelConfig",
+    "ModelServer",
+    "RateConfig",
+    "ServerSpec",
+    "ServingConfig",
+    "build_app",
+    "build_fastapi",
+    "load_tokenizer",
+    "merge_expositions",
+    "start_local",
     "AssistantMessage",
     "BadRequest",
     "ChatChoice",

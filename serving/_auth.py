@@ -260,3 +260,13 @@ class RateLimiter:
                 retry_after,
             )
         bucket.tokens -= 1.0
+
+
+def tenant_rates(policy: Any, default: Rate | None) -> tuple[Rate | None, dict[str, Rate]]:
+    """Per-tenant rates from a policy's tenant section (``rate``, ``burst``); its ``default`` tenant replaces
+    ``default`` when it sets a rate. ``policy`` is an ``evocache.dsl.Policy``."""
+    rates: dict[str, Rate] = {}
+    for name, spec in policy.tenants.items():
+        if spec.rate is not None:
+            rates[name] = Rate(float(spec.rate), float(spec.burst or max(1.0, spec.rate)))
+    return rates.pop("default", default), rates

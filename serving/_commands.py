@@ -1,0 +1,207 @@
+"""`evocache serve`: the embedded application on a local Ray, answering the OpenAI API on 127.0.0.1.
+
+Embedded set-up, all under ``--workdir`` (default ``.evocache/serve``): L1 per replica plus an L3 disk tier
+shared by the replicas, and access events to ``events.jsonl``; the policy store where ``evocache policy``
+looks by default (``--store``/``--redis``, else ``$EVOCACHE_POLICY_STORE``, else ``.evocache/policies``), the policy from ``--policy`` applied when it
+is newer than the store's active one, and API keys from ``--keys`` (or a key generated once into
+``api-keys.yaml``, printed at start). The model is the example tiny Llama (``examples/tiny-llama``: random
+weights from its config, the packaged WordPiece tokenizer) unless ``--model`` names another folder, or
+``--callable`` a function. ``--config FILE`` instead reads a whole ``ServingConfig`` (YAML).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+DEFAULT_MODEL = "examples/tiny-llama"
+DEFAULT_POLICY = "examples/policies/serve.yaml"
+DEFAULT_WORKDIR = ".evocache/serve"
+
+
+def _abs(path: str | Path) -> str:
+    return str(Path(path).expanduser().resolve())
+
+
+def _key_file(workdir: Path) -> tuple[Path, str | None]:
+    """``workdir/api-keys.yaml``, created with one fresh key for tenant ``default`` (returned, shown once)."""
+    path = workdir / "api-keys.yaml"
+    if path.exists():
+        return path, None
+    key = "sk-evc-" + secrets.token_urlsafe(24)
+    import hashlib  # noqa: PLC0415
+
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"keys:\n  - sha256: {digest}\n    tenant: default\n    tier: default\n")
+    return path, key
+
+
+def serve(
+    model: Annotated[Path, typer.Option(help="A model folder (config.json; weights optional).")] = Path(DEFAULT_MODEL),
+    model_id: Annotated[str, typer.Option(help="The model name clients send.")] = "tiny-llama",
+    tokenizer: Annotated[str | None, typer.Option(help="'minilm', 'bytes' or a tokenizer folder.")] = None,
+    callable_: Annotated[str | None, typer.Option("--callable", metavar="MODULE:FUNCTION",
+                                                  help="Serve a Python function instead of a model.")] = None,
+    contract: Annotated[str, typer.Option(help="The @cache_if contract every request must meet.")] = "true",
+    policy: Annotated[Path | None, typer.Option(help="A policy file to apply at start.")] = None,
+    store: Annotated[Path | None, typer.Option("--store", metavar="DIR", help="The policy store's directory.")]
+    = None,
+    redis_url: Annotated[str | None, typer.Option("--redis", metavar="URL",
+                                                  help="Redis for L2, events and the policy store.")] = None,
+    keys: Annotated[Path | None, typer.Option(help="The API-key file (default: one generated key).")] = None,
+    replicas: Annotated[int, typer.Option(help="Model replicas.")] = 1,
+    num_cpus: Annotated[float, typer.Option(help="CPUs per model replica (fractions allowed).")] = 0.5,
+    max_ongoing_requests: Annotated[int, typer.Option(help="Requests a replica runs at once.")] = 8,
+    host: Annotated[str, typer.Option(help="The HTTP address.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="The HTTP port.")] = 8000,
+    workdir: Annotated[Path, typer.Option(help="Where the embedded set-up keeps its state.")] = Path(DEFAULT_WORKDIR),
+    config: Annotated[Path | None, typer.Option(help="A whole ServingConfig (YAML) instead of the options.")]
+    = None,
+) -> None:
+    """Serve a model with evocache behind an OpenAI-compatible API on a local Ray."""
+    from evocache.controller._commands import Failed, usage  # noqa: PLC0415
+
+    try:
+        try:
+            serving_config, generated, policy_file = _config(
+                model=model, model_id=model_id, tokenizer=tokenizer, callable_=callable_, contract=contract,
+                policy=policy, store=store, redis_url=redis_url, keys=keys, replicas=replicas,
+                num_cpus=num_cpus, max_ongoing_requests=max_ongoing_requests, host=host, port=port,
+                workdir=workdir, config=config)
+        except (ValueError, OSError) as exc:
+            raise usage("serve", str(exc)) from None
+        ref = _apply_policy(serving_config, policy_file)
+    except Failed as failed:
+        raise typer.Exit(failed.code) from None
+    from ray import serve as ray_serve  # noqa: PLC0415 - Ray starts here
+
+    from ._app import start_local  # noqa: PLC0415
+
+    typer.echo("starting a local Ray and the model replicas (this takes a few seconds) ...")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        start_local(serving_config)
+        _banner(serving_config, ref, generated)
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        ray_serve.shutdown()
+
+
+def _config(*, model: Path, model_id: str, tokenizer: str | None, callable_: str | None, contract: str,
+            policy: Path | None, store: Path | None, redis_url: str | None, keys: Path | None, replicas: int,
+            num_cpus: float, max_ongoing_requests: int, host: str, port: int, workdir: Path,
+            config: Path | None) -> tuple[Any, str | None, Path | None]:
+    import yaml  # noqa: PLC0415
+
+    from evocache.controller import (  # noqa: PLC0415
+        DiskConfig,
+        EventsConfig,
+        PolicyStoreConfig,
+        RedisConfig,
+        StoreConfig,
+    )
+    from evocache.controller._policy_store import DEFAULT_DIRECTORY, POLICY_STORE_ENV  # noqa: PLC0415
+
+    from ._app import ApiKeysConfig, DeploymentConfig, ServingConfig  # noqa: PLC0415
+    from ._model import MINILM, ModelConfig  # noqa: PLC0415
+    from ._server import ServerSpec  # noqa: PLC0415
+
+    if config is not None:
+        document = yaml.safe_load(config.read_text(encoding="utf-8"))
+        return ServingConfig.model_validate(document), None, policy
+    workdir.mkdir(parents=True, exist_ok=True)
+    if callable_ is not None:
+        model_config = ModelConfig(kind="callable", id=model_id, callable=callable_, tokenizer=tokenizer)
+    else:
+        if not (model / "config.json").is_file():
+            raise ValueError(f"--model {model}: no config.json there (run from the repository root for the "
+                             f"example {DEFAULT_MODEL}, or name a model folder)")
+        has_tokenizer = (model / "tokenizer.json").is_file() or (model / "vocab.txt").is_file()
+        model_config = ModelConfig(kind="hf", id=model_id, path=_abs(model),
+                                   tokenizer=tokenizer or (None if has_tokenizer else MINILM))
+    if redis_url:
+        store_config = StoreConfig(redis=RedisConfig(url=redis_url), disk=DiskConfig(path=_abs(workdir / "l3")),
+                                   events=EventsConfig(sink="redis"))
+        policy_store = PolicyStoreConfig(redis_url=redis_url)
+    else:
+        store_config = StoreConfig(disk=DiskConfig(path=_abs(workdir / "l3")),
+                                   events=EventsConfig(sink="jsonl", path=_abs(workdir / "events.jsonl")))
+        # The policy commands' own default, so `evocache policy status` finds this store with no options.
+        named = store or Path(os.environ.get(POLICY_STORE_ENV) or DEFAULT_DIRECTORY)
+        policy_store = PolicyStoreConfig(directory=_abs(named))
+    generated = None
+    if keys is None:
+        keys, generated = _key_file(workdir)
+    if policy is None and Path(DEFAULT_POLICY).is_file():
+        policy = Path(DEFAULT_POLICY)
+    serving_config = ServingConfig(
+        server=ServerSpec(model=model_config, contract=contract, store=store_config, policy_store=policy_store),
+        api_keys=ApiKeysConfig(file=_abs(keys)),
+        deployment=DeploymentConfig(replicas=replicas, num_cpus=num_cpus,
+                                    max_ongoing_requests=max_ongoing_requests),
+        host=host, port=port,
+    )
+    return serving_config, generated, policy
+
+
+def _apply_policy(config: Any, policy_file: Path | None) -> str | None:
+    """Apply ``policy_file`` when the store has none active or an older version; the active ref after."""
+    from evocache.controller import PolicyStoreError, open_policy_store  # noqa: PLC0415
+    from evocache.controller._commands import EXIT_FAILED, error  # noqa: PLC0415
+    from evocache.dsl import PolicyError, load_policy  # noqa: PLC0415
+
+    spec = config.server.policy_store
+    if spec is None:
+        return None
+    store = open_policy_store(spec)
+    try:
+        state = store.state()
+        if policy_file is not None:
+            try:
+                policy = load_policy(policy_file)
+            except PolicyError as exc:
+                raise error(f"error: {exc}", EXIT_FAILED) from None
+            active = store.load(state.active) if state.active else None
+            if active is None or policy.version > active.version:
+                state = store.apply(policy)
+            elif active.content_hash != policy.content_hash and policy.version <= active.version:
+                typer.echo(f"note: the store runs {state.active}; {policy_file} (version {policy.version}) "
+                           "is not newer, so it was not applied")
+        return state.active
+    except PolicyStoreError as exc:
+        raise error(f"error: {exc}", EXIT_FAILED) from None
+    finally:
+        store.close()
+
+
+def _banner(config: Any, ref: str | None, generated: str | None) -> None:
+    base = f"http://{config.host}:{config.port}"
+    key = generated or "<your API key>"
+    model = config.server.model.id
+    typer.echo(f"""
+evocache is serving {model} at {base}/v1  (policy {ref or 'none: the contract alone decides'})
+{"API key (generated, shown once; its digest is in " + str(config.api_keys.file) + "): " + generated
+ if generated else "API keys: " + str(config.api_keys.file)}
+
+  curl {base}/v1/completions -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\
+       -d '{{"model": "{model}", "prompt": "Hello", "max_tokens": 16, "temperature": 0}}'
+
+  from openai import OpenAI
+  client = OpenAI(base_url="{base}/v1", api_key="{key}")
+  for chunk in client.chat.completions.create(model="{model}", temperature=0, stream=True,
+                                              messages=[{{"role": "user", "content": "Hello"}}]):
+      print(chunk.choices[0].delta.content or "", end="")
+
+  evocache policy status      (which version each replica runs; apply / promote / rollback likewise)
+Ctrl-C stops.""")

@@ -1,0 +1,167 @@
+"""The Ray Serve side: the model deployment, the FastAPI ingress deployment, and the metrics hub.
+
+``ModelDeployment`` replicas each hold a ``ModelServer`` (their own L1; L2, events and the policy store shared
+through ``StoreConfig``/``PolicyStoreConfig``) and are routed by ``PrefixAffinityRouter``, which reads the
+``GenerateRequest`` the ingress passes as the first argument and the ``record_routing_stats`` each replica
+reports. ``IngressDeployment`` serves the OpenAI API (``serving._ingress``) and calls the model deployment
+through a handle: the HTTP proxy's raw requests carry no parsed prompt, so the router lives on the model
+deployment, behind the ingress.
+
+Every replica pushes its Prometheus exposition to one ``MetricsHub`` actor every ``METRICS_PERIOD_S`` (off the
+request path), and writes out its buffered access events as often; ``GET /metrics`` reads the hub and merges
+what is fresh. Ray is imported here only.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import ray
+from ray import serve
+
+from evocache.controller import PolicyFollower, open_policy_store
+
+from ._auth import FileKeyStore, KeyStore, Rate, RedisKeyStore, tenant_rates
+from ._ingress import Api, build_fastapi
+from ._metrics import merge_expositions
+from ._model import load_tokenizer
+from ._request import Completion, Decision, Finish, GenerateRequest
+from ._server import ModelServer, ServerSpec
+
+log = logging.getLogger("evocache.serving")
+
+METRICS_PERIOD_S = 1.0
+METRICS_STALE_S = 10.0
+
+
+@ray.remote(num_cpus=0)
+class MetricsHub:
+    """The latest exposition of every replica that pushed one recently."""
+
+    def __init__(self) -> None:
+        self._parts: dict[str, tuple[float, bytes]] = {}
+
+    def put(self, replica: str, exposition: bytes) -> None:
+        self._parts[replica] = (time.monotonic(), exposition)
+
+    def snapshot(self) -> dict[str, bytes]:
+        now = time.monotonic()
+        self._parts = {r: p for r, p in self._parts.items() if now - p[0] <= METRICS_STALE_S}
+        return {r: p[1] for r, p in self._parts.items()}
+
+
+def metrics_hub(app_name: str) -> Any:
+    return MetricsHub.options(name=f"evocache-metrics-{app_name}", get_if_exists=True,
+                              lifetime="detached").remote()
+
+
+class ModelDeployment:
+    """One model replica (the class ``serving.app.build`` deploys; see the module docstring)."""
+
+    def __init__(self, spec: ServerSpec) -> None:
+        context = serve.get_replica_context()
+        self.replica_id = context.replica_id.unique_id
+        self.server = ModelServer(spec, self.replica_id)
+        self._hub = metrics_hub(context.app_name)
+        self._stop = threading.Event()
+        threading.Thread(target=self._housekeeping, name="evocache-replica", daemon=True).start()
+
+    def _housekeeping(self) -> None:
+        """Every period: write out buffered access events, push the metrics to the hub."""
+        while not self._stop.wait(METRICS_PERIOD_S):
+            self.server.runtime.flush()
+            try:
+                self._hub.put.remote(self.replica_id, self.server.metrics())
+            except Exception as exc:  # noqa: BLE001 - a hub that went away is found again next period
+                log.info("metrics push failed: %s", exc)
+                self._hub = metrics_hub(serve.get_replica_context().app_name)
+
+    # Sync methods run in Ray Serve's thread pool, so the model never blocks the replica's event loop.
+    def generate(self, request: GenerateRequest) -> Iterator[Decision | str | Finish]:
+        yield from self.server.stream(request)
+
+    def complete(self, request: GenerateRequest) -> Completion:
+        return self.server.complete(request)
+
+    def ready(self) -> bool:
+        return True
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        return self.server.routing_stats()
+
+    def policy(self) -> dict[str, Any]:
+        """What this replica enforces: the active version, the follower's last error, the shadow tally."""
+        follower = self.server.follower
+        return {"replica": self.replica_id, "policy": self.server.policy_ref(),
+                "error": follower.error if follower is not None else None,
+                "shadow": self.server.rollouts.shadow_tally()}
+
+    def __del__(self) -> None:
+        self._stop.set()
+        self.server.close()
+
+
+class RayBackend:
+    """The ingress's ``Backend`` over the model deployment's handle."""
+
+    def __init__(self, handle: Any, app_name: str) -> None:
+        self.handle = handle
+        self.streaming = handle.options(stream=True)
+        self.app_name = app_name
+        self._hub: Any = None
+
+    async def complete(self, request: GenerateRequest) -> Completion:
+        return await self.handle.complete.remote(request)
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[Decision | str | Finish]:
+        async for item in self.streaming.generate.remote(request):
+            yield item
+
+    async def ready(self) -> bool:
+        return bool(await self.handle.ready.remote())
+
+    async def metrics(self) -> bytes:
+        if self._hub is None:
+            self._hub = metrics_hub(self.app_name)
+        return merge_expositions(await self._hub.snapshot.remote())
+
+
+def key_store(spec: dict[str, Any]) -> KeyStore:
+    """``{"file": path}`` or ``{"redis_url": url, "hash_key": ...}``: where API keys map to tenants."""
+    if spec.get("file"):
+        return FileKeyStore.load(spec["file"])
+    return RedisKeyStore(spec["redis_url"], **({"hash_key": spec["hash_key"]} if spec.get("hash_key") else {}))
+
+
+@serve.ingress()
+class IngressDeployment:
+    """The OpenAI API in front of the model deployment (see ``serving._ingress``)."""
+
+    def __init__(self, model: Any, spec: ServerSpec, keys: dict[str, Any], options: dict[str, Any]) -> None:
+        context = serve.get_replica_context()
+        tokenizer = load_tokenizer(spec.model.tokenizer_source)
+        rate = options.get("rate")
+        self.api = Api(
+            model_id=spec.model.id, model_revision=spec.model.revision, tokenizer=tokenizer,
+            backend=RayBackend(model, context.app_name), keys=key_store(keys), block_size=spec.block_size,
+            default_max_tokens=spec.model.max_tokens, ready_timeout_s=options.get("ready_timeout_s", 30.0),
+            rate=Rate(**rate) if rate else None,
+        )
+        self._default_rate = self.api.limiter.default if self.api.limiter is not None else None
+        self.follower = None
+        if spec.policy_store is not None:
+            store = open_policy_store(spec.policy_store)
+            self.follower = PolicyFollower(store, f"ingress:{context.replica_id.unique_id}", self._rates,
+                                           interval=spec.policy_store.poll_interval_s)
+            self.follower.poll()
+            self.follower.start()
+
+    def _rates(self, rollout: Any) -> None:
+        self.api.set_tenant_rates(*tenant_rates(rollout.active, self._default_rate))
+
+    def __serve_build_asgi_app__(self) -> Any:
+        return build_fastapi(self.api)

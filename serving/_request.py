@@ -1,0 +1,91 @@
+"""What the ingress hands a model replica, and what the replica sends back.
+
+The ingress parses and authenticates the HTTP request, renders and tokenises the prompt and hashes its leading
+blocks; a replica gets a ``GenerateRequest``, a plain frozen dataclass (cheap to pickle across Ray), as the first
+argument of every call, where the prefix-affinity router reads ``blocks``. The tenant in it comes from the
+verified API key, never from the body.
+
+A replica answers with a ``Decision`` (what the cache did: the ``x-evocache-*`` headers) followed by text
+pieces and a ``Finish`` (streaming), or with one ``Completion`` (not streaming).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Literal
+
+from evocache.controller import BlockHash
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    request_id: str
+    endpoint: Literal["completions", "chat"]
+    model: str
+    prompt: str
+    input_ids: tuple[int, ...]
+    blocks: tuple[BlockHash, ...]
+    tenant: str
+    tenant_tier: str
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop: tuple[str, ...]
+    stream: bool = False
+    include_usage: bool = False
+    created: int = 0
+
+    @property
+    def rollout_key(self) -> bytes:
+        """What picks the canary arm: the first block's hash (a conversation keeps its leading block, so it
+        stays on one version), or for prompts shorter than a block a digest of tenant and prompt."""
+        if self.blocks:
+            return bytes(self.blocks[0])
+        data = f"{len(self.tenant)}:{self.tenant}:{self.prompt}".encode()
+        return hashlib.blake2b(data, digest_size=16).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the cache did for one request: outcome (``hit``, ``miss``, ``bypass``), the tier of a hit, the rule
+    and the policy version that decided, the arm (``active`` or ``canary``), the replica, and why (a bypass's
+    reason, ``semantic`` for a semantic hit)."""
+
+    outcome: str
+    tier: str
+    rule: str
+    policy: str
+    arm: str
+    replica: str
+    reason: str = ""
+    cached_tokens: int = 0
+
+    def headers(self) -> dict[str, str]:
+        headers = {
+            "x-evocache-outcome": self.outcome,
+            "x-evocache-tier": self.tier or "none",
+            "x-evocache-rule": self.rule or "none",
+            "x-evocache-policy": self.policy or "none",
+            "x-evocache-arm": self.arm,
+            "x-evocache-replica": self.replica,
+        }
+        if self.reason:
+            headers["x-evocache-reason"] = self.reason
+        return headers
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    finish_reason: Literal["stop", "length"]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    decision: Decision
+    text: str
+    finish: Finish

@@ -1,0 +1,245 @@
+"""One model replica's work, without Ray: enforce the contract and the policy rollout on every request.
+
+``ModelServer`` is what each Ray Serve replica of the model deployment holds (``serving._deployment``); it runs
+in-process just as well, which is how most of its behaviour is tested. It owns:
+
+* the replica's ``CacheRuntime``: its own L1, and the L2 (Redis), L3, event sink and semantic index of the
+  ``StoreConfig``, shared with the other replicas through Redis;
+* the model's answer function, decorated with ``@cache_if(contract)``: the request view is ``prompt``,
+  ``input_ids``, ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop`` and ``endpoint``, plus
+  ``tenant``, ``model`` and ``model_revision``, so a policy's rules and the contract can use any of them;
+* the rollout: a ``PolicyFollower`` keeps the replica on the policy store's active version and canary, and each
+  request runs on the arm its rollout key picks (``GenerateRequest.rollout_key``); a shadow version's decision
+  is evaluated beside the active one and only counted;
+* what the router reads: the block hashes it served (``BlockLedger``) and its queue.
+
+The answer is a stream of text pieces, stored as its chunk list: a streamed request and a plain one share an
+entry, and a hit replays the pieces the first answer streamed.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from evocache.controller import (
+    Admission,
+    CacheRuntime,
+    PolicyFollower,
+    PolicyStoreConfig,
+    RolloutRuntimes,
+    SemanticOptions,
+    StoreConfig,
+    build_runtime,
+    cache_if,
+    open_policy_store,
+    tenant_scope,
+    use_runtime,
+)
+
+from ._affinity import BlockLedger
+from ._model import GenerationParams, Generator, ModelConfig, Tokenizer, apply_stop, load_generator, load_tokenizer
+from ._request import Completion, Decision, Finish, GenerateRequest
+
+log = logging.getLogger("evocache.serving")
+
+_DECISIONS = frozenset({"hit", "miss", "bypass"})
+
+
+class ServerSpec(BaseModel):
+    """What a model replica is built from: the model, the contract its calls must meet, the store, where the
+    policy comes from, and the block size the router hashes prompts with."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: ModelConfig
+    contract: str = "true"
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    policy_store: PolicyStoreConfig | None = None
+    block_size: int = Field(16, ge=1, le=4096)
+    ledger_blocks: int = Field(512, ge=1, le=4096)  # what each routing report carries
+
+
+def same_answer(a: list[str], b: list[str]) -> bool:
+    """The semantic judge: two answers agree when their texts do, however they were split into pieces."""
+    return "".join(a) == "".join(b)
+
+
+# The records of the call in progress (see DecisionTap): set around each step of a call, never across a yield.
+_slot: contextvars.ContextVar[list | None] = contextvars.ContextVar("evocache_serving_decision", default=None)
+
+
+class DecisionTap:
+    """An event sink in front of the replica's own: it also hands each record to the call that made it, so the
+    call can say in its response headers what the cache did."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self._record = inner.record
+
+    @property
+    def errors(self) -> int:
+        return self.inner.errors
+
+    def record(self, rec: tuple) -> None:
+        slot = _slot.get()
+        if slot is not None:
+            slot.append(rec)
+        self._record(rec)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:  # what a sink offers besides the protocol (RingSink.events)
+        return getattr(self.inner, name)
+
+
+_END = object()
+
+
+def _step(it: Iterator[str], slot: list) -> Any:
+    token = _slot.set(slot)
+    try:
+        return next(it, _END)
+    finally:
+        _slot.reset(token)
+
+
+class ModelServer:
+    def __init__(self, spec: ServerSpec, replica_id: str, *, generator: Generator | None = None,
+                 tokenizer: Tokenizer | None = None, runtime: CacheRuntime | None = None) -> None:
+        self.spec = spec
+        self.replica_id = replica_id
+        self.tokenizer = tokenizer or load_tokenizer(spec.model.tokenizer_source)
+        self.generator = generator or load_generator(spec.model, self.tokenizer)
+        base = runtime or build_runtime(spec.store)
+        self.tap = DecisionTap(base.events)
+        self.runtime = replace(base, events=self.tap)
+        self.rollouts = RolloutRuntimes(self.runtime)
+        self.ledger = BlockLedger(capacity_blocks=spec.ledger_blocks)
+        self._inflight = 0
+        self._inflight_lock = threading.Lock()
+        model = spec.model
+        self.answer = cache_if(
+            spec.contract,
+            model=model.id,
+            model_revision=model.revision,
+            name=f"evocache.serving:{model.id}",
+            admission=Admission(stream=True),
+            semantic=SemanticOptions(text="prompt", text_forms=("input_ids",), judge=same_answer),
+        )(self._answer)
+        self.policy_store = None
+        self.follower: PolicyFollower | None = None
+        if spec.policy_store is not None:
+            self.policy_store = open_policy_store(spec.policy_store)
+            self.follower = PolicyFollower(self.policy_store, replica_id, self.rollouts.apply,
+                                           interval=spec.policy_store.poll_interval_s)
+            self.follower.poll()  # the first rollout before the first request
+            self.follower.start()
+
+    # The function the contract is enforced on; its parameters are the request view.
+    def _answer(self, prompt: str, input_ids: list[int], max_tokens: int, temperature: float, top_p: float,
+                seed: int | None, stop: list[str], endpoint: str) -> Iterator[str]:
+        params = GenerationParams(max_tokens, temperature, top_p, seed, tuple(stop))
+        yield from apply_stop(self.generator.stream(prompt, input_ids, params), stop)
+
+    # -- requests ----------------------------------------------------------------------------------------
+
+    def stream(self, request: GenerateRequest) -> Iterator[Decision | str | Finish]:
+        """The ``Decision`` first (once the cache has looked up), then the answer's pieces, then ``Finish``."""
+        with self._inflight_lock:
+            self._inflight += 1
+        try:
+            arm, rt = self.rollouts.arm_for(request.rollout_key)
+            kwargs = {"prompt": request.prompt, "input_ids": list(request.input_ids),
+                      "max_tokens": request.max_tokens, "temperature": request.temperature,
+                      "top_p": request.top_p, "seed": request.seed, "stop": list(request.stop),
+                      "endpoint": request.endpoint}
+            slot: list = []
+            token = _slot.set(slot)
+            try:
+                with use_runtime(rt), tenant_scope(request.tenant, request.tenant_tier):
+                    pieces = iter(self.answer(**kwargs))
+                    self.rollouts.compare(self.answer, (), kwargs, base=rt)
+            finally:
+                _slot.reset(token)
+            first = _step(pieces, slot)
+            yield self._decision(slot, arm, rt)
+            text = []
+            piece = first
+            while piece is not _END:
+                text.append(piece)
+                yield piece
+                piece = _step(pieces, slot)
+            completion = len(self.tokenizer.encode("".join(text))) if text else 0
+            self.ledger.served(request.blocks)
+            yield Finish("length" if completion >= request.max_tokens else "stop", len(request.input_ids),
+                         completion)
+        finally:
+            with self._inflight_lock:
+                self._inflight -= 1
+
+    def complete(self, request: GenerateRequest) -> Completion:
+        decision: Decision | None = None
+        finish: Finish | None = None
+        text: list[str] = []
+        for item in self.stream(request):
+            if isinstance(item, str):
+                text.append(item)
+            elif isinstance(item, Decision):
+                decision = item
+            else:
+                finish = item
+        assert decision is not None and finish is not None  # stream() always yields both
+        return Completion(decision, "".join(text), finish)
+
+    def _decision(self, slot: list, arm: str, rt: CacheRuntime) -> Decision:
+        for rec in slot:
+            if rec[5] in _DECISIONS:
+                return Decision(outcome=rec[5], tier=rec[6] or "", rule=rec[3], policy=rec[4], arm=arm,
+                                replica=self.replica_id, reason=rec[11] or "")
+        # No decision recorded: the call raised before its lookup; the model is still asked (the stream does).
+        return Decision("miss", "", "", rt.policy_ref, arm, self.replica_id, "no-decision")
+
+    # -- what the router, health checks and /metrics read -------------------------------------------------
+
+    @property
+    def queue_len(self) -> int:
+        return self._inflight
+
+    def routing_stats(self) -> dict[str, Any]:
+        return self.ledger.stats(self._inflight)
+
+    def policy_ref(self) -> str:
+        """The active version this replica enforces (``""`` before the first policy)."""
+        return self.rollouts.active.policy_ref
+
+    def metrics(self) -> bytes:
+        return self.runtime.metrics.exposition()
+
+    def close(self) -> None:
+        if self.follower is not None:
+            self.follower.stop()
+        if self.policy_store is not None:
+            self.policy_store.close()
+        self.runtime.close()
+
+
+def wait_for(condition: Any, timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``condition()`` until true or ``timeout`` seconds pass (used by the app's start-up checks)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return bool(condition())

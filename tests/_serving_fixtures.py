@@ -1,0 +1,74 @@
+"""Pieces the serving tests share: test models, an API-key file, a policy store, and a uvicorn server thread.
+
+The models here are plain functions a ``ModelConfig(kind="callable")`` can import (the Ray tests put this
+directory on the workers' PYTHONPATH): deterministic, instant, and counting their calls in-process.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import uvicorn
+
+CALLS: list[str] = []
+
+KEYS = {"sk-acme-test-key-0001": ("acme", "pro"), "sk-globex-test-key-02": ("globex", "free")}
+
+
+def echo_model(prompt: str, max_tokens: int) -> Iterator[str]:
+    """Answers with the prompt's words, reversed, one piece per word (at most ``max_tokens``)."""
+    CALLS.append(prompt)
+    words = prompt.split()[::-1][:max_tokens]
+    for i, word in enumerate(words):
+        yield word if i == 0 else " " + word
+
+
+def slow_echo_model(prompt: str, max_tokens: int) -> Iterator[str]:
+    time.sleep(0.05)
+    yield from echo_model(prompt, max_tokens)
+
+
+def write_keys(path: Path) -> Path:
+    lines = ["keys:"]
+    for key, (tenant, tier) in KEYS.items():
+        lines += [f"  - key: {key}", f"    tenant: {tenant}", f"    tier: {tier}"]
+    path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class UvicornThread:
+    """An ASGI app served by uvicorn on a loopback port, in a daemon thread."""
+
+    def __init__(self, app: object) -> None:
+        self.port = free_port()
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> UvicornThread:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start within 10 s")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)

@@ -1,0 +1,247 @@
+"""The serving application on a real local Ray: two model replicas behind the FastAPI ingress and Serve's HTTP
+proxy, L2 and events on the suite's kind of redis-server, the policy in a file store, called with the official
+``openai`` client.
+
+One Ray and one application serve the whole module (starting them costs ~15 s on two cores); each test uses
+prompts of its own, so entries never leak between tests.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from _redis_server import RedisServer
+from _serving_fixtures import KEYS, free_port, write_keys
+
+from evocache.controller import (
+    EventsConfig,
+    PolicyStoreConfig,
+    PolicyStoreError,
+    RedisConfig,
+    StoreConfig,
+    open_policy_store,
+    read_events,
+)
+from evocache.dsl import PolicyError
+from evocache.serving import ApiKeysConfig, DeploymentConfig, ModelConfig, ServerSpec, ServingConfig
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+ACME, GLOBEX = list(KEYS)
+TESTS = Path(__file__).resolve().parent
+POLICY = """
+policy: ray-test
+version: {version}
+fields: {{endpoint: str}}
+defaults: {{ttl: 10m, tiers: [l1, l2]}}
+rules:
+  - name: sampled
+    when: temperature > 0
+    cache: bypass
+  - name: {rule}
+    when: true
+"""
+
+
+def policy(version: int, rule: str = "all") -> str:
+    return POLICY.format(version=version, rule=rule)
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    ray = pytest.importorskip("ray")  # a dependency: importorskip only names it if the install is broken
+    from ray import serve
+
+    from evocache.serving import start_local
+
+    work = tmp_path_factory.mktemp("serving")
+    redis_server = RedisServer().start()
+    store_config = PolicyStoreConfig(directory=str(work / "policies"), poll_interval_s=0.2)
+    store = open_policy_store(store_config)
+    store.apply(policy(1))
+    port = free_port()
+    config = ServingConfig(
+        server=ServerSpec(
+            model=ModelConfig(kind="callable", id="echo", callable="_serving_fixtures:slow_echo_model"),
+            store=StoreConfig(redis=RedisConfig(url=redis_server.url, timeout_s=0.2, retry_after_s=0.5,
+                                                secret="serving-test-secret-0123456789"),
+                              events=EventsConfig(sink="jsonl", path=str(work / "events.jsonl"))),
+            policy_store=store_config, block_size=4,
+        ),
+        api_keys=ApiKeysConfig(file=str(write_keys(work / "keys.yaml"))),
+        deployment=DeploymentConfig(replicas=2, num_cpus=0.25, ingress_num_cpus=0.25, max_ongoing_requests=16,
+                                    imbalance_threshold=8, routing_stats_period_s=0.5),
+        port=port,
+    )
+    # Ray's workers import the test models from this directory.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+    ray_dir = Path("/tmp") / f"evc-ray-{uuid.uuid4().hex[:6]}"
+    start_local(config, num_cpus=2, temp_dir=str(ray_dir), auth=False)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while httpx.get(f"{base}/healthz", timeout=5).status_code != 200:
+        assert time.monotonic() < deadline, "the application did not become healthy"
+        time.sleep(0.2)
+    yield {"base": base, "store": store, "redis": redis_server, "work": work}
+    serve.shutdown()
+    ray.shutdown()
+    store.close()
+    redis_server.close()
+
+
+def client(app, key=ACME):
+    return openai.OpenAI(base_url=f"{app['base']}/v1", api_key=key, max_retries=0, timeout=30)
+
+
+def ask(app, prompt, key=ACME, **kwargs):
+    return client(app, key).completions.with_raw_response.create(model="echo", prompt=prompt, temperature=0,
+                                                                 max_tokens=16, **kwargs)
+
+
+def fresh(label: str) -> str:
+    """A prompt of its own, unique from its first block on (the router homes a fresh prefix by that block)."""
+    return f"{uuid.uuid4().hex} {label} alpha beta gamma"
+
+
+def test_an_exact_hit_through_ray_carries_the_decision_headers(app):
+    prompt = fresh("exact")
+    first, second = ask(app, prompt), ask(app, prompt)
+    assert first.headers["x-evocache-outcome"] == "miss"
+    assert second.headers["x-evocache-outcome"] == "hit"
+    assert second.headers["x-evocache-tier"] in ("l1", "l2")
+    assert second.headers["x-evocache-policy"].startswith("ray-test@")
+    assert second.parse().choices[0].text == first.parse().choices[0].text
+
+
+def _without_ids(line: str) -> object:
+    """An SSE line's chunk without its per-response id and timestamp (or the line itself: ``[DONE]``)."""
+    if line == "data: [DONE]":
+        return line
+    data = json.loads(line.removeprefix("data: "))
+    return {k: v for k, v in data.items() if k not in ("id", "created")}
+
+
+def test_a_streamed_hit_replays_the_first_stream(app):
+    prompt = fresh("stream")
+
+    def stream():
+        with client(app).completions.with_streaming_response.create(
+                model="echo", prompt=prompt, temperature=0, stream=True,
+                stream_options={"include_usage": True}) as response:
+            return response.headers["x-evocache-outcome"], [
+                _without_ids(line) for line in response.iter_lines() if line]
+
+    outcome1, lines1 = stream()
+    outcome2, lines2 = stream()
+    assert (outcome1, outcome2) == ("miss", "hit")
+    assert lines1 == lines2 and lines1[-1] == "data: [DONE]"
+
+
+def test_requests_sharing_a_prefix_go_to_one_replica_and_fresh_prefixes_spread(app):
+    shared = f"{uuid.uuid4().hex} conversation " * 2
+    replicas = {ask(app, shared + f" turn {i}").headers["x-evocache-replica"] for i in range(6)}
+    assert len(replicas) == 1
+    spread = {ask(app, fresh(f"spread {i}")).headers["x-evocache-replica"] for i in range(12)}
+    assert len(spread) == 2
+
+
+def test_tenants_never_share_even_through_the_shared_l2(app):
+    prompt = fresh("tenants")
+    assert ask(app, prompt, ACME).headers["x-evocache-outcome"] == "miss"
+    assert ask(app, prompt, GLOBEX).headers["x-evocache-outcome"] == "miss"
+    assert ask(app, prompt, GLOBEX).headers["x-evocache-outcome"] == "hit"
+    with pytest.raises(openai.AuthenticationError):
+        client(app, "sk-unknown-key-123456").completions.create(model="echo", prompt=prompt, temperature=0)
+
+
+def _replicas_on(store, ref, timeout=2.0):
+    """Seconds until every model replica reports ``ref`` as active (``None`` if not within ``timeout``)."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        reports = [r for r in store.status().replicas if not r.replica_id.startswith("ingress:") and not r.stale]
+        if len(reports) >= 2 and all(r.ref == ref for r in reports):
+            return time.monotonic() - start
+        time.sleep(0.05)
+    return None
+
+
+def test_policy_apply_canary_promote_rollback_reach_every_replica(app):
+    store = app["store"]
+    active = store.state().active
+    version = int(active.rsplit("@", 1)[1])
+    with pytest.raises(PolicyError):
+        store.apply("policy: ray-test\nversion: 99\nrules: [{name: x, when: 'nosuchfield > 1'}]\n")
+    assert store.state().active == active  # the invalid document reached no replica
+    with pytest.raises(PolicyStoreError):
+        store.apply(policy(version))  # not above the active version
+
+    store.apply(policy(version + 1, "v-next"))
+    assert _replicas_on(store, f"ray-test@{version + 1}") is not None, store.status()
+    headers = ask(app, fresh("after-apply")).headers
+    assert headers["x-evocache-policy"] == f"ray-test@{version + 1}" and headers["x-evocache-rule"] == "v-next"
+
+    store.apply(policy(version + 2, "canary"), canary=0.5)
+    time.sleep(1.0)
+    arms = {}
+    for i in range(16):
+        h = ask(app, fresh(f"canary {i}")).headers
+        arms.setdefault(h["x-evocache-arm"], set()).add(h["x-evocache-policy"])
+    assert arms["canary"] == {f"ray-test@{version + 2}"} and arms["active"] == {f"ray-test@{version + 1}"}
+    same = fresh("one conversation")
+    assert len({ask(app, same + f" {i}").headers["x-evocache-arm"] for i in range(4)}) == 1
+
+    store.promote()
+    assert _replicas_on(store, f"ray-test@{version + 2}") is not None
+    store.rollback()
+    assert _replicas_on(store, f"ray-test@{version + 1}") is not None
+    events = list(read_events(app["work"] / "events.jsonl"))
+    assert {e.policy for e in events} >= {f"ray-test@{version + 1}", f"ray-test@{version + 2}"}
+
+
+def test_redis_killed_and_restarted_under_load_fails_no_request(app):
+    redis_server = app["redis"]
+    stop = time.monotonic() + 6
+
+    def worker(n):
+        failures, done = 0, 0
+        c = client(app)
+        i = 0
+        while time.monotonic() < stop:
+            i += 1
+            try:
+                c.completions.create(model="echo", prompt=f"load {n} {i % 5} a b c", temperature=0)
+                done += 1
+            except openai.APIError:
+                failures += 1
+        return failures, done
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(worker, n) for n in range(8)]
+        time.sleep(1.5)
+        redis_server.stop()
+        time.sleep(2.0)
+        redis_server.start()
+        results = [f.result() for f in futures]
+    assert sum(f for f, _ in results) == 0
+    assert all(done > 0 for _, done in results)
+
+
+def test_metrics_cover_every_replica(app):
+    ask(app, fresh("metrics"))
+    deadline = time.monotonic() + 10
+    while True:
+        text = httpx.get(f"{app['base']}/metrics").text
+        replicas = {line.split('replica="')[1].split('"')[0] for line in text.splitlines()
+                    if 'replica="' in line}
+        if len(replicas) == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(replicas) == 2 and "evocache_http_requests_total" in text
