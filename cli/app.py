@@ -14,6 +14,7 @@ from evocache.controller._policy_commands import add_commands as add_policy_stor
 from evocache.controller.replay.commands import eviction as bench_eviction
 from evocache.controller.semantic.commands import semantic as bench_semantic
 from evocache.dsl.commands import make_app as make_policy_app
+from evocache.serving._commands import serve
 
 if TYPE_CHECKING:
     from evocache.dsl import Policy
@@ -30,7 +31,8 @@ def controller_can_enforce(policy: Policy) -> None:
 def make_app() -> typer.Typer:
     """A new `evocache` command: `policy` (the dsl room's commands, its `check` asking the controller too, and
     the controller's policy store commands),
-    `bench` (replay's `eviction` and the semantic layer's `semantic`) and `version`."""
+    `bench` (replay's `eviction` and the semantic layer's `semantic`), `serve` (serving's embedded app) and
+    `version`."""
     root = typer.Typer(
         name="evocache",
         help="evocache: a cache controller for LLM serving.",
@@ -47,6 +49,7 @@ def make_app() -> typer.Typer:
     bench.command("eviction")(bench_eviction)
     bench.command("semantic")(bench_semantic)
     root.add_typer(bench, name="bench")
+    root.command()(serve)
     root.command()(version)
     return root
 

@@ -55,7 +55,7 @@ class MetricsHub:
 
 
 def metrics_hub(app_name: str) -> Any:
-    return MetricsHub.options(name=f"evocache-metrics-{app_name}", get_if_exists=True,
+    return MetricsHub.options(name=f"evocache-metrics-{app_name}", namespace="serve", get_if_exists=True,
                               lifetime="detached").remote()
 
 

@@ -154,11 +154,16 @@ def load_tokenizer(source: str) -> Tokenizer:
 
 
 class Generator(Protocol):
+    # True when each piece is one generated token (so the pieces count the completion tokens).
+    pieces_are_tokens: bool
+
     def stream(self, prompt: str, input_ids: Sequence[int], params: GenerationParams) -> Iterator[str]: ...
 
 
 class CallableGenerator:
     """A user's function: called with the parameters it declares; a str result is one piece."""
+
+    pieces_are_tokens = False
 
     def __init__(self, fn: Callable[..., Any], where: str) -> None:
         if getattr(fn, "cached_function", None) is not None:
@@ -210,6 +215,8 @@ def import_callable(spec: str) -> Callable[..., Any]:
 class HFGenerator:
     """A causal LM decoding one token at a time with its KV cache; greedy at temperature 0, else sampled
     (top-p) from a generator seeded by the request's ``seed`` (unseeded without one)."""
+
+    pieces_are_tokens = True
 
     def __init__(self, config: ModelConfig, tokenizer: Tokenizer) -> None:
         import torch  # noqa: PLC0415

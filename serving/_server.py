@@ -181,13 +181,19 @@ class ModelServer:
                 text.append(piece)
                 yield piece
                 piece = _step(pieces, slot)
-            completion = len(self.tokenizer.encode("".join(text))) if text else 0
+            completion = self._completion_tokens(text, bool(request.stop))
             self.ledger.served(request.blocks)
             yield Finish("length" if completion >= request.max_tokens else "stop", len(request.input_ids),
                          completion)
         finally:
             with self._inflight_lock:
                 self._inflight -= 1
+
+    def _completion_tokens(self, pieces: list[str], stopped: bool) -> int:
+        """A model's pieces are its tokens (unless stop sequences re-cut them); else the text's token count."""
+        if getattr(self.generator, "pieces_are_tokens", False) and not stopped:
+            return len(pieces)
+        return len(self.tokenizer.encode("".join(pieces))) if pieces else 0
 
     def complete(self, request: GenerateRequest) -> Completion:
         decision: Decision | None = None

@@ -227,3 +227,33 @@ def test_a_new_policy_version_reaches_the_replica_without_a_restart(served):
             break
         time.sleep(0.05)
     assert r.headers["x-evocache-policy"] == "api-test@2" and r.headers["x-evocache-rule"] == "everything"
+
+
+class _NoReplica:
+    """A backend with no replica ready: calls wait (as Ray's handle does while no replica runs)."""
+
+    async def complete(self, request):
+        await asyncio.sleep(60)
+
+    async def stream(self, request):
+        await asyncio.sleep(60)
+        yield None
+
+    async def ready(self):
+        return False
+
+    async def metrics(self):
+        return b""
+
+
+def test_no_ready_replica_is_a_503_in_openais_error_shape(tmp_path):
+    api = Api(model_id="echo", model_revision="", tokenizer=ByteTokenizer(), backend=_NoReplica(),
+              keys=FileKeyStore.load(write_keys(tmp_path / "keys.yaml")), ready_timeout_s=0.3)
+    with UvicornThread(build_fastapi(api)) as http:
+        for stream in (False, True):
+            with pytest.raises(openai.InternalServerError) as err:
+                list_or_one = client(http).completions.create(model="echo", prompt="x", temperature=0,
+                                                              stream=stream)
+                list(list_or_one) if stream else None
+            assert err.value.status_code == 503 and err.value.body["code"] == "service_unavailable"
+        assert httpx.get(f"{http.url}/healthz").status_code == 503
