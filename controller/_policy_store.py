@@ -26,6 +26,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import tempfile
@@ -58,6 +59,8 @@ __all__ = [
     "canary_for",
     "open_policy_store",
 ]
+
+log = logging.getLogger("evocache.controller")
 
 POLICY_STORE_ENV = "EVOCACHE_POLICY_STORE"
 DEFAULT_DIRECTORY = ".evocache/policies"
@@ -628,10 +631,20 @@ class PolicyFollower:
                 rollout.fraction, None if rollout.shadow is None else str(rollout.shadow.ref))
 
     def run(self) -> None:
-        """Poll, then wait for a change (or ``interval``), until ``stop()``."""
+        """Poll, then wait for a change (or ``interval``), until ``stop()``. A store that cannot be reached (Redis
+        down, a file being replaced) is tried again every ``interval``: the replica keeps its rollout and the
+        error is kept in ``error`` (and reported once the store answers)."""
         while not self._stop.is_set():
-            self.poll()
-            self.store.wait(self.interval)
+            try:
+                self.poll()
+                self.store.wait(self.interval)
+            except Exception as exc:  # noqa: BLE001 - the follower outlives any store failure
+                message = f"policy store unreachable: {type(exc).__name__}: {exc}"
+                if message != self.error:
+                    log.warning("replica %s: %s", self.replica_id, message)
+                self.error = message
+                self._serial = None  # read the whole state again once the store answers
+                self._stop.wait(self.interval)
 
     def start(self) -> PolicyFollower:
         name = f"policy-follower-{self.replica_id}"
