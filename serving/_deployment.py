@@ -90,6 +90,10 @@ class ModelDeployment:
     def ready(self) -> bool:
         return True
 
+    def describe(self) -> dict[str, str]:
+        """Where this replica runs: its id and its Ray node's id (for operators and placement checks)."""
+        return {"replica": self.replica_id, "node": ray.get_runtime_context().get_node_id()}
+
     def record_routing_stats(self) -> dict[str, Any]:
         return self.server.routing_stats()
 
@@ -134,7 +138,7 @@ def key_store(spec: dict[str, Any]) -> KeyStore:
     """``{"file": path}`` or ``{"redis_url": url, "hash_key": ...}``: where API keys map to tenants."""
     if spec.get("file"):
         return FileKeyStore.load(spec["file"])
-    return RedisKeyStore(spec["redis_url"], **({"hash_key": spec["hash_key"]} if spec.get("hash_key") else {}))
+    return RedisKeyStore.from_url(spec["redis_url"], **({"hash_key": spec["hash_key"]} if spec.get("hash_key") else {}))
 
 
 @serve.ingress()
