@@ -257,3 +257,22 @@ def test_no_ready_replica_is_a_503_in_openais_error_shape(tmp_path):
                 list(list_or_one) if stream else None
             assert err.value.status_code == 503 and err.value.body["code"] == "service_unavailable"
         assert httpx.get(f"{http.url}/healthz").status_code == 503
+
+
+def test_a_shadow_version_is_planned_beside_every_call_and_never_serves(served):
+    http, server, store = served
+    shadow_doc = POLICY.replace("version: 1", "version: 2").replace(
+        "  - name: completions\n    when: true", "  - name: completions\n    when: true\n    cache: bypass")
+    store.apply(shadow_doc, shadow=True)
+    end = time.monotonic() + 5
+    while server.rollouts.shadow is None and time.monotonic() < end:
+        time.sleep(0.05)
+    assert server.rollouts.shadow is not None
+    for prompt in ("shadow one", "shadow two", "shadow one"):
+        r = client(http).completions.with_raw_response.create(model="echo", prompt=prompt, temperature=0)
+        assert r.headers["x-evocache-policy"] == "api-test@1"  # the active version decides and serves
+    assert r.headers["x-evocache-outcome"] == "hit"  # the shadow's bypass did not act
+    tally = server.rollouts.shadow_tally()
+    assert tally["shadow"] == "api-test@2" and tally["compared"] == 3 and tally["agreed"] == 0
+    metrics = httpx.get(f"{http.url}/metrics").text
+    assert "evocache_shadow_decisions_total" in metrics and 'agree="false"' in metrics

@@ -245,3 +245,31 @@ def test_metrics_cover_every_replica(app):
             break
         time.sleep(0.5)
     assert len(replicas) == 2 and "evocache_http_requests_total" in text
+
+
+def test_the_policy_commands_drive_the_running_replicas(app, tmp_path):
+    from typer.testing import CliRunner
+
+    from evocache.cli.app import make_app
+
+    store, runner, cli = app["store"], CliRunner(), make_app()
+    directory = str(app["work"] / "policies")
+    version = 1 + max(int(h["ref"].rsplit("@", 1)[1]) for h in store.state().history)  # above any stored
+    doc = tmp_path / "next.yaml"
+    doc.write_text(policy(version, "from-cli"))
+    applied = runner.invoke(cli, ["policy", "apply", str(doc), "--store", directory, "--canary", "0.25"])
+    assert applied.exit_code == 0, applied.output
+    assert _replicas_on(store, store.state().active) is not None
+    end = time.monotonic() + 5
+    while time.monotonic() < end:
+        status = runner.invoke(cli, ["policy", "status", "--store", directory])
+        model_lines = [ln for ln in status.output.splitlines() if f"ray-test@{version}" in ln and "ingress" not in ln]
+        if len(model_lines) >= 3:  # the canary line, and both model replicas running it as their canary
+            break
+        time.sleep(0.1)
+    assert f"canary: ray-test@{version}" in status.output, status.output
+    promoted = runner.invoke(cli, ["policy", "promote", "--store", directory])
+    assert promoted.exit_code == 0 and _replicas_on(store, f"ray-test@{version}") is not None
+    rolled = runner.invoke(cli, ["policy", "rollback", "--store", directory])
+    assert rolled.exit_code == 0 and _replicas_on(store, store.state().active) is not None
+    assert store.state().active != f"ray-test@{version}"
