@@ -6,7 +6,8 @@ in-process just as well, which is how most of its behaviour is tested. It owns:
 * the replica's ``CacheRuntime``: its own L1, and the L2 (Redis), L3, event sink and semantic index of the
   ``StoreConfig``, shared with the other replicas through Redis;
 * the model's answer function, decorated with ``@cache_if(contract)``: the request view is ``prompt``,
-  ``input_ids``, ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop`` and ``endpoint``, plus
+  ``input_ids``, ``max_tokens``, ``temperature``, ``top_p``, ``top_k`` (0: the OpenAI API has none), ``seed``,
+  ``stop`` and ``endpoint``, plus
   ``tenant``, ``model`` and ``model_revision``, so a policy's rules and the contract can use any of them;
 * the rollout: a ``PolicyFollower`` keeps the replica on the policy store's active version and canary, and each
   request runs on the arm its rollout key picks (``GenerateRequest.rollout_key``); a shadow version's decision
@@ -149,7 +150,7 @@ class ModelServer:
 
     # The function the contract is enforced on; its parameters are the request view.
     def _answer(self, prompt: str, input_ids: list[int], max_tokens: int, temperature: float, top_p: float,
-                seed: int | None, stop: list[str], endpoint: str) -> Iterator[str]:
+                top_k: int, seed: int | None, stop: list[str], endpoint: str) -> Iterator[str]:
         params = GenerationParams(max_tokens, temperature, top_p, seed, tuple(stop))
         yield from apply_stop(self.generator.stream(prompt, input_ids, params), stop)
 
@@ -163,7 +164,7 @@ class ModelServer:
             arm, rt = self.rollouts.arm_for(request.rollout_key)
             kwargs = {"prompt": request.prompt, "input_ids": list(request.input_ids),
                       "max_tokens": request.max_tokens, "temperature": request.temperature,
-                      "top_p": request.top_p, "seed": request.seed, "stop": list(request.stop),
+                      "top_p": request.top_p, "top_k": 0, "seed": request.seed, "stop": list(request.stop),
                       "endpoint": request.endpoint}
             slot: list = []
             token = _slot.set(slot)
