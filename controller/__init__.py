@@ -40,6 +40,7 @@ from ._runtime import (
     use_runtime,
 )
 from ._serialize import JsonSerializer, PickleSerializer, Serializer
+from ._slo import SloBreaker, SloBreakers
 from ._store_config import (
     DiskConfig,
     EmbedderConfig,
@@ -118,6 +119,8 @@ __all__ = [
     "SemanticOptions",
     "Serializer",
     "ShadowComparison",
+    "SloBreaker",
+    "SloBreakers",
     "StoreConfig",
     "StoreConfigError",
     "Tenant",

@@ -54,6 +54,7 @@ from ._metrics import LATENCY_BUCKETS
 from ._runtime import CacheRuntime, StoreConfig, build_runtime, current_runtime
 from ._semantic import Served
 from ._serialize import SERIALIZERS, Serializer, Unserializable, dump_chunks, load_chunks
+from ._slo import SLO_REASON
 from ._types import L1, CacheKey, Entry, Namespace
 from .errors import ContractError
 from .tiers._memory import READ_BUFFER_DRAIN
@@ -248,10 +249,10 @@ class CachedFunction:
         self._epoch_floor = 0
         self._invalidated: dict[tuple[Namespace, CacheKey], int] = {}
         self._epoch_lock = threading.Lock()
-        # (ns, key) of a call -> (semantic cache, neighbour id, decision) that served it last: for feedback().
-        self._served: collections.OrderedDict[tuple[Namespace, CacheKey], tuple[Any, str, Any]] = (
-            collections.OrderedDict()
-        )
+        # (ns, key) of a call -> ((semantic cache, neighbour id, decision) that served it last, the SLO
+        # breaker's mark of its rule then (SloBreakers.mark)): for feedback() and its verdict.
+        self._served: collections.OrderedDict[tuple[Namespace, CacheKey], tuple[tuple[Any, str, Any], Any]]
+        self._served = collections.OrderedDict()
         self._served_lock = threading.Lock()
         if inspect.isasyncgenfunction(fn):
             self.kind, wrapper = "asyncgen", self._wrap_asyncgen()
@@ -287,6 +288,12 @@ class CachedFunction:
         cells = metrics.decisions.get(labels) or metrics.cells(labels)
         cells[0 if seconds <= LATENCY_BUCKETS[0] else bisect_left(LATENCY_BUCKETS, seconds)] += 1
         cells[-1] += seconds
+        # The rule's SLO breaker measures its lookups, but not the decisions it made in safe mode (a reason).
+        breakers = rt.slo.by_rule
+        if breakers and (outcome == "hit" or outcome == "miss") and not plan.reason:
+            breaker = breakers.get(plan.rule)
+            if breaker is not None:
+                breaker.observe(seconds, outcome == "hit" and tier == L1)
         # A plain tuple in AccessEvent field order (see controller._events).
         rt.events.record((
             rt.clock(), plan.key or "", plan.ns, plan.rule, rt.policy_ref, outcome, tier, size,
@@ -330,10 +337,12 @@ class CachedFunction:
                 kw = ()
             if not issimple(types_):
                 return full_path(rt, args, kwargs, None, None)
-            generation, entries_get, append, reads, note_reads, clock, record, policy_ref = rt.hot
+            generation, entries_get, append, reads, note_reads, clock, record, policy_ref, bypassing = rt.hot
             memo_key = (args, kw, types_, tenant_get(), generation)
             plan = memo_get(memo_key)
-            if plan is None or not plan.l1_first:  # l1_first: this runtime has an L1
+            # l1_first: this runtime has an L1. A rule its SLO breaker tripped to bypass takes the full path,
+            # where the breaker decides; the set is empty while every rule holds.
+            if plan is None or not plan.l1_first or (bypassing and plan.rule in bypassing):
                 return full_path(rt, args, kwargs, plan, memo_key)
             now = clock()
             slot = plan.slot
@@ -405,7 +414,7 @@ class CachedFunction:
         served = outcome.served
         if served is not None:
             with self._served_lock:
-                self._served[plan.slot] = outcome.verdict
+                self._served[plan.slot] = (outcome.verdict, rt.slo.mark(plan.rule))
                 self._served.move_to_end(plan.slot)
                 if len(self._served) > _SERVED_MAX:
                     self._served.popitem(last=False)
@@ -435,8 +444,13 @@ class CachedFunction:
         return Served(value, found.tier, len(entry.value), entry.saved_ms)
 
     def _semantic_learn(self, rt: CacheRuntime, plan: Plan, value: Any, stored: bool, learning: Any) -> None:
-        """After the model answered a semantic miss (``SemanticLayer.learn``); never raises."""
-        rt.semantic.learn(self.identity, plan.ns, plan.key, plan.semantic, plan.ttl, value, stored, learning)
+        """After the model answered a semantic miss (``SemanticLayer.learn``); never raises. An exploration's
+        verdict counts in the rule's SLO breaker."""
+        wrong = rt.semantic.learn(
+            self.identity, plan.ns, plan.key, plan.semantic, plan.ttl, value, stored, learning
+        )
+        if wrong is not None:
+            rt.slo.verdict(plan.rule, wrong)
 
     def _admit(
         self, rt: CacheRuntime, plan: Plan, payload: bytes | None, saved_ms: float, reason: str, epoch: int
@@ -526,6 +540,14 @@ class CachedFunction:
         if plan.key is None:
             self._bypass(rt, plan, started)
             return None
+        tripped = rt.slo.tripped
+        if tripped and plan.rule in tripped:  # after the memo: a plan outlives the breaker's state
+            safe = rt.slo.admit(plan)
+            if safe is None:
+                self.counters.bypasses += 1
+                self._emit(rt, plan, "bypass", None, 0, time.perf_counter() - started, reason=SLO_REASON)
+                return None
+            plan = safe
         learning = None
         if refresh_epoch is not None:
             epoch = refresh_epoch
@@ -725,8 +747,11 @@ class CachedFunction:
             served = self._served.pop(plan.slot, None)
         if served is None:
             return False
-        cache, entry_id, decision = served
+        (cache, entry_id, decision), mark = served
         cache.feedback(entry_id, bool(correct), decision=decision)  # the verdict is on that very lookup
+        if mark is not None:  # the breaker of the rule that served it, if it is still that rule's state
+            breaker, transitions = mark
+            breaker.verdict(not correct, transitions)
         return True
 
     def refresh(self, *args: Any, **kwargs: Any) -> Any:

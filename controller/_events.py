@@ -8,8 +8,10 @@
 the contract or rule said no, the call samples, or an argument has no canonical form; ``reason`` says which),
 ``store`` (written to the tiers in ``tier``, comma-separated: those that took the write, not those a rule
 named) and ``reject`` (computed but not admitted: too large, unserializable, a stream that failed, or no tier
-took the write, ``reason`` ``not-stored``). A sink that fails never fails a call: its errors are
-logged and counted in ``errors``.
+took the write, ``reason`` ``not-stored``). A rule's SLO breaker (``controller._slo``) records its transitions
+as ``slo-open``, ``slo-half-open`` and ``slo-closed``, with the rule and a ``reason``, and no key; the
+decisions of a rule it tripped carry reason ``slo-breaker``. A sink that fails never fails a call: its errors
+are logged and counted in ``errors``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ._breaker import Breaker
 
 log = logging.getLogger("evocache.controller.events")
 
-OUTCOMES = ("hit", "miss", "bypass", "store", "reject")
+OUTCOMES = ("hit", "miss", "bypass", "store", "reject", "slo-open", "slo-half-open", "slo-closed")
 
 
 class AccessEvent(NamedTuple):

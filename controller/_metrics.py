@@ -6,7 +6,8 @@ turns the dicts into ``evocache_requests_total`` and ``evocache_lookup_seconds``
 not locked: under the GIL a lost update needs a thread switch between the read and the write of one dict item,
 so a count can be short by a few under heavy multi-threaded load, never over.
 
-Rare events (tier errors, dropped entries) use ordinary prometheus counters.
+Rare events (tier errors, dropped entries, SLO breaker transitions) use ordinary prometheus counters and
+gauges.
 Each ``CacheMetrics`` owns a ``CollectorRegistry`` unless given one (``prometheus_client.REGISTRY`` exposes on
 the process default).
 """
@@ -14,9 +15,10 @@ the process default).
 from __future__ import annotations
 
 import bisect
+import contextlib
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
@@ -80,6 +82,16 @@ class CacheMetrics:
             ["base_rule", "shadow_rule", "agree"], registry=self.registry,
         )
 
+        # Set by controller._slo on each breaker transition, off the request path.
+        self.slo_states = Gauge(
+            "evocache_slo_state", "SLO breaker state per policy and rule: 0 closed, 1 half-open, 2 open "
+            "(from the rule's first transition).", ["policy", "rule"], registry=self.registry,
+        )
+        self.slo_transitions = Counter(
+            "evocache_slo_transitions", "SLO breaker transitions, by policy, rule and the state entered.",
+            ["policy", "rule", "state"], registry=self.registry,
+        )
+
     def record(self, rule: str, tier: str | None, outcome: str, seconds: float) -> None:
         # Inlined on the request path (controller._cache_if: CachedFunction._emit and the L1 hit path): keep
         # them in step.
@@ -101,6 +113,15 @@ class CacheMetrics:
 
     def tier_fault(self, tier: str, kind: str) -> None:
         self.tier_faults.labels(tier, kind).inc()
+
+    def slo_transition(self, policy: str, rule: str, state: str, value: int) -> None:
+        self.slo_transitions.labels(policy, rule, state).inc()
+        self.slo_states.labels(policy, rule).set(value)
+
+    def slo_forget(self, policy: str, rule: str) -> None:
+        """Drop a rule's state gauge (its policy left; its transitions stay counted)."""
+        with contextlib.suppress(KeyError):
+            self.slo_states.remove(policy, rule)
 
     def value(self, name: str, **labels: str) -> float:
         """A sample's current value (0.0 when never set): for reports and tests."""

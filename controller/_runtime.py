@@ -28,6 +28,7 @@ from ._keys import namespace_for
 from ._metrics import CacheMetrics
 from ._secret import entry_secret
 from ._semantic import SemanticLayer, SharedRedis
+from ._slo import SloBreakers
 from ._store_config import EventsConfig, StoreConfig
 from ._types import Namespace, TierName
 from .errors import StoreConfigError, TierUnavailable
@@ -108,8 +109,11 @@ class CacheRuntime:
     l1: MemoryTier | None = field(init=False, default=None)
     # The semantic side (embedder, index, per-function error models): shared by every generation, like store.
     semantic: SemanticLayer | None = field(default=None, compare=False)
+    # The SLO breakers of the policy's rules (controller._slo); built for `policy` when not given, and anew by
+    # `activate`. Stateful, so carried by every `replace` that keeps the policy.
+    slo: SloBreakers | None = field(default=None, compare=False)
     # What the L1 hit path reads, in one flat tuple: (generation, *l1.hot_read (Nones without an L1), clock,
-    # events.record, policy_ref).
+    # events.record, policy_ref, slo.bypassing).
     hot: tuple = field(init=False, default=())
 
     def __post_init__(self) -> None:
@@ -118,9 +122,14 @@ class CacheRuntime:
         l1 = first if isinstance(first, MemoryTier) else None
         object.__setattr__(self, "policy_ref", policy_ref)
         object.__setattr__(self, "l1", l1)
+        slo = self.slo
+        if slo is None or not slo.serves(self.policy, self.clock, self.metrics, self.events):
+            slo = SloBreakers(self.policy, clock=self.clock, metrics=self.metrics, events=self.events)
+            object.__setattr__(self, "slo", slo)
         hot_read = l1.hot_read if l1 is not None else (None, None, None, None)
         object.__setattr__(
-            self, "hot", (self.generation, *hot_read, self.clock, self.events.record, policy_ref)
+            self, "hot",
+            (self.generation, *hot_read, self.clock, self.events.record, policy_ref, slo.bypassing),
         )
 
     @property
@@ -134,8 +143,9 @@ class CacheRuntime:
         ``StoreConfigError`` and changes nothing. Then, together: tenant quotas and weights switch (tiers read
         them through the shared holder), L1 and L3 switch eviction if the policy names another one (L1's new
         policy is told of every held entry, oldest first), and the returned runtime is a new generation, so
-        memoised decisions of the old rules are not reused. The store is shared: this runtime object keeps the
-        old rules but sees the new quotas, so build candidates with the replay simulator, not here.
+        memoised decisions of the old rules are not reused. The new rules' SLO breakers start closed, and this
+        runtime's are retired (they stop deciding). The store is shared: this runtime object keeps the old
+        rules but sees the new quotas, so build candidates with the replay simulator, not here.
         """
         check_policy(policy, self.config)
         l1_name = _l1_eviction(self.config, policy)
@@ -153,7 +163,9 @@ class CacheRuntime:
         self.tenants.policy = policy
         if new_l1 is not None:
             self.l1.replace_policy(new_l1)
-        return replace(self, policy=policy, generation=next(_generation))
+        self.slo.retire()
+        slo = SloBreakers(policy, clock=self.clock, metrics=self.metrics, events=self.events)
+        return replace(self, policy=policy, generation=next(_generation), slo=slo)
 
     def with_rules(self, policy: Policy | None) -> CacheRuntime:
         """A runtime on this one's store whose calls ``policy``'s rules decide: a canary's or a shadow's arm.
@@ -311,6 +323,7 @@ def build_runtime(
     events = _SINKS[config.events.sink](config)
     return CacheRuntime(
         store=store, events=events, metrics=metrics, policy=policy, clock=clock, tenants=holder, config=config,
+        slo=SloBreakers(policy, clock=clock, metrics=metrics, events=events),
         semantic=SemanticLayer(
             config.semantic, redis=_semantic_redis(config, secret), embedder=embedder, clock=clock, rng=rng,
             on_error=lambda op, exc: metrics.tier_error("semantic", op, exc),

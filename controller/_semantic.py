@@ -317,11 +317,15 @@ class SemanticLayer:
     def learn(
         self, identity: str, ns: Namespace, key: CacheKey, plan: SemanticPlan, ttl: float, value: Any,
         stored: bool, learning: Learning,
-    ) -> None:
+    ) -> bool | None:
         """After the model answered a semantic miss: index the new entry under its exact ``key`` (when it was
         stored) and let the judge compare its answer with the neighbour's. Failures are logged and told to
-        ``on_error``, never raised."""
+        ``on_error``, never raised.
+
+        Returns an exploration's verdict, whether serving the neighbour would have been wrong (the rule's SLO
+        breaker counts it); None for a miss that was no exploration, or that nothing judged."""
         cache, scope, decision = learning
+        same = None
         try:
             if stored:
                 # The semantic entry expires with its answer's exact entry (one with a sliding TTL may then
@@ -330,12 +334,13 @@ class SemanticLayer:
                 self.inserted(cache, scope, key)
             # An answer that was not stored (too large, unencodable, invalidated meanwhile) is still a verdict,
             # but no entry carries it: its links would otherwise wait for the prompt's next stored answer.
-            cache.judge_miss(scope, plan.text, _Fresh(value), decision, link=stored, defer=self.later)
+            same = cache.judge_miss(scope, plan.text, _Fresh(value), decision, link=stored, defer=self.later)
         except Gone:
             pass  # the neighbour's answer left the tiers before it could be judged: no observation
         except Exception as exc:  # noqa: BLE001 - the embedder, index or the user's judge: never fail the call
             log.warning("%s: semantic update failed: %s: %s", identity, type(exc).__name__, exc)
             self._failed("learn", exc)
+        return None if same is None or not decision.explore else not same
 
     def _failed(self, op: str, exc: BaseException) -> None:
         if self._on_error is not None:

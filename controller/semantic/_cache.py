@@ -503,7 +503,7 @@ class SemanticCache:
         *,
         link: bool = True,
         defer: Callable[[Callable[[], None]], bool] | None = None,
-    ) -> None:
+    ) -> bool | None:
         """After a miss (or an exploration) the model answered ``prompt``: the judge compares the answer with
         the candidate neighbour's. The verdict is an observation for the error model (and the exploration
         sample), recorded before anything else is judged. Then the answer is linked to answer clusters: to the
@@ -525,16 +525,18 @@ class SemanticCache:
         callable, to run later on another thread, so that the caller does not wait for it; it returns False
         when it cannot take more (the links are then not judged: counted in ``links_dropped``). The candidate's
         own link is made at once.
+
+        Returns the verdict (True: the answers are the same), or None when nothing was judged.
         """
         if decision.neighbour is None or not self._policy.learns:
-            return
+            return None
         with self._lock:
             pending = self._pending.pop(decision.token, None) if decision.token is not None else None
             if pending is None or pending.candidate is None or pending.scope != scope:
-                return
+                return None
             neighbour_ref = self._ref_of(scope, decision.neighbour)
         if neighbour_ref is None:
-            return  # removed since the lookup: its answer is gone
+            return None  # removed since the lookup: its answer is gone
         same = bool(self._judge(new_answer_ref, neighbour_ref))
         self._prepare()
         with self._lock:
@@ -548,19 +550,20 @@ class SemanticCache:
                 self._evidence[decision.neighbour] = (wrong + (not same), right + same)
             self._policy.observe(pending.candidate, not same, pending.est_error, explored=pending.explored)
         if not link:
-            return
+            return same
         links = [(decision.neighbour, neighbour_ref)] if same else []
         if same and not self._merge:  # the candidate's link is the only one wanted: no more judging
             self._apply_links(scope, prompt, new_answer_ref, links)
-            return
+            return same
         search = functools.partial(self._link, scope, prompt, new_answer_ref, decision, pending.neighbours, links)
         if defer is None:
             search()
-            return
+            return same
         self._apply_links(scope, prompt, new_answer_ref, links)  # the candidate's now; the others later
         if not defer(search):
             with self._lock:
                 self._counts["links_dropped"] += 1
+        return same
 
     def _link(
         self, scope: Scope, prompt: str, answer: Any, decision: SemanticDecision, neighbours: Sequence[Neighbour],
