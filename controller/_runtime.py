@@ -6,7 +6,8 @@ and swaps it in whole, so a call sees either the old runtime or the new one, nev
 
 With no set-up, ``default_runtime()`` is process memory only (64 MiB, LRU) with events in a memory ring:
 ``@cache_if`` works in a plain script at once. ``configure(StoreConfig(...))`` (or a Ray replica) installs
-another one for the whole process.
+another one for the whole process; ``use_runtime(rt)`` runs one block's calls on another (a replica's rollout
+arm: ``controller._rollout``).
 """
 
 from __future__ import annotations
@@ -357,7 +358,9 @@ _lock = threading.RLock()
 _default: CacheRuntime | None = None
 # A runtime for the calls of one context (use_runtime): a replica runs each request on its rollout arm. A
 # ContextVar, so asyncio tasks and threads started with a copied context inherit it and nothing else sees it.
-_override: contextvars.ContextVar[CacheRuntime | None] = contextvars.ContextVar("evocache_runtime", default=None)
+_override: contextvars.ContextVar[CacheRuntime | None] = contextvars.ContextVar(
+    "evocache_runtime", default=None
+)
 _override_get = _override.get
 
 
@@ -371,9 +374,9 @@ def current_runtime() -> CacheRuntime:
 def use_runtime(rt: CacheRuntime) -> Iterator[CacheRuntime]:
     """Calls made inside the block by ``@cache_if`` functions without a store of their own run on ``rt``
     (their plans, lookups, stores and events); outside it nothing changes. Tasks and ``asyncio.to_thread``
-    calls started inside it inherit it (they copy the context); a plain ``threading.Thread`` does not. A stream
-    takes its runtime when it is called, so one created inside the block keeps ``rt``. Blocks nest; the
-    innermost wins. Anything but a ``CacheRuntime`` is a ``TypeError``."""
+    calls started inside it inherit it (they copy the context); a plain ``threading.Thread`` does not. A
+    stream takes its runtime when it is called, so one created inside the block keeps ``rt``. Blocks nest;
+    the innermost wins. Anything but a ``CacheRuntime`` is a ``TypeError``."""
     if not isinstance(rt, CacheRuntime):
         raise TypeError(f"use_runtime() takes a CacheRuntime, got {type(rt).__qualname__}")
     token = _override.set(rt)
