@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip install -c constraints.txt
 export HF_HUB_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: demo test bench bench-eviction bench-semantic bench-report venv clean redis-server
+.PHONY: demo test bench bench-eviction bench-semantic bench-serving bench-report venv clean redis-server
 
 $(VENV)/.stamp-base: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,10 @@ bench-eviction: $(VENV)/.stamp-test
 bench-semantic: $(VENV)/.stamp-test
 	$(PY) bench/semantic.py --seeds 0,1,2 --shuffled 1 --pairs-seeds 0,1,2,3,4 --results $(RESULTS)
 	$(PY) bench/semantic_search.py --e2e
+
+# Local Ray Serve, evocache against bare Ray Serve side by side (bench/serving.py): about 6 minutes on two cores.
+bench-serving: $(VENV)/.stamp-test
+	$(PY) bench/serving.py --results $(RESULTS)
 
 bench-report: $(VENV)/.stamp-base
 	$(PY) bench/report.py
