@@ -184,6 +184,7 @@ def cache_if(
             template=template_hash(prompt_template),
             ignore=frozenset(ignore),
             semantic_text=matching.text,
+            semantic_text_forms=matching.text_forms,
         )
         runtime = build_runtime(store) if isinstance(store, StoreConfig) else store
         return CachedFunction(fn, contract, _serializer(serializer), runtime, judge=matching.judge or operator.eq,

@@ -105,14 +105,36 @@ class RingSink:
         return None
 
 
+class _AppendOnly:
+    """A file descriptor opened for appending, written whole: ``write`` retries a short write, so a batch
+    is one line-aligned ``write`` call unless the kernel splits it (a full disk, a signal)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view):]
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            os.close(self.fd)
+
+
 class JsonlSink:
     """Appends one JSON line per event to ``path``; lines are buffered and flushed every ``flush_every`` events
-    and on ``flush()``/``close()``. A write error (disk full) drops the buffered events and counts them."""
+    and on ``flush()``/``close()``. A write error (disk full) drops the buffered events and counts them.
+
+    Each flush is one ``write`` on a descriptor opened with ``O_APPEND``, so several processes (the replicas of
+    one deployment) can append to one file without interleaving their lines."""
 
     def __init__(self, path: str | os.PathLike[str], *, flush_every: int = 256) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._file = _AppendOnly(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
         self._lock = threading.Lock()
         self._buffer: list[EventRecord] = []
         self._flush_every = flush_every
@@ -137,8 +159,7 @@ class JsonlSink:
         records, self._buffer = self._buffer, []
         try:
             lines = [AccessEvent._make(r).to_json() for r in records]
-            self._file.write("\n".join(lines) + "\n")
-            self._file.flush()
+            self._file.write(("\n".join(lines) + "\n").encode("utf-8"))
         except OSError as exc:
             self.errors += len(records)
             log.warning("event sink %s: %d events dropped: %s", self.path, len(records), exc)

@@ -70,7 +70,7 @@ def test_a_misspelt_option_is_a_type_error_listing_the_options():
         cache_if("true", semantic={"max_eror": 0.02})
     assert str(err.value) == (
         "semantic: unknown option(s) ['max_eror']; known: ['max_error', 'mode', 'explore', 'threshold', 'text', "
-        "'judge', 'judge_links']"
+        "'text_forms', 'judge', 'judge_links']"
     )
 
 

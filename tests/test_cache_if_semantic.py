@@ -615,3 +615,23 @@ def test_a_stream_is_served_a_neighbours_stream_chunk_for_chunk(srt):
     assert calls == [ASK, UNRELATED]
     hit = [e for e in _events(srt) if e.outcome == "hit"]
     assert len(hit) == 1 and hit[0].reason == "semantic"
+
+
+def test_text_forms_leave_the_prompts_token_ids_out_of_the_semantic_boundary(srt):
+    @cache_if("true", semantic={**STATIC, "text_forms": ("input_ids",)}, store=srt)
+    def answer(prompt: str, input_ids: list[int]) -> str:
+        return f"answer to {prompt}"
+
+    @cache_if("true", semantic=STATIC, store=srt, name="without-forms")
+    def strict(prompt: str, input_ids: list[int]) -> str:
+        return f"answer to {prompt}"
+
+    def ids(text):
+        return list(text.encode())
+
+    answer(ASK, ids(ASK))
+    assert answer(PARAPHRASE, ids(PARAPHRASE)) == f"answer to {ASK}"
+    strict(ASK, ids(ASK))
+    assert strict(PARAPHRASE, ids(PARAPHRASE)) == f"answer to {PARAPHRASE}"  # other ids: another scope
+    with pytest.raises(ContractError, match="text_forms"):
+        cache_if("true", semantic={**STATIC, "text_forms": ("nope",)}, store=srt)(answer.__wrapped__)

@@ -120,3 +120,30 @@ def test_jsonl_sink_writes_every_flush_every_events_and_nothing_after_close(tmp_
     assert len(path.read_text().splitlines()) == 4
     sink.emit(EVENT)  # after close: counted, not kept
     assert sink.errors == 1 and sink._buffer == []
+
+
+def _append_events(path: str, tag: str, n: int) -> None:
+    from evocache.controller import AccessEvent, JsonlSink
+
+    sink = JsonlSink(path, flush_every=64)
+    for i in range(n):
+        sink.emit(AccessEvent(t=float(i), key=f"{tag}-{i}" + "k" * 200, ns="ns", rule="r", policy="p@1",
+                              outcome="miss", tier=None, size=0, latency_ms=0.1, saved_ms=0.0, fn="f",
+                              reason="", semantic=None))
+    sink.close()
+
+
+def test_processes_appending_to_one_jsonl_file_never_interleave_lines(tmp_path):
+    import multiprocessing
+
+    from evocache.controller import read_events
+
+    path = str(tmp_path / "events.jsonl")
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_append_events, args=(path, tag, 3000)) for tag in ("a", "b")]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    keys = [e.key.split("-")[0] for e in read_events(path)]  # a torn line would not parse
+    assert sorted(set(keys)) == ["a", "b"] and len(keys) == 6000
