@@ -1,0 +1,35 @@
+"""The KV prefix cache's parts that move cached keys and values between requests.
+
+    from evocache.serving.kv import RopeShift
+    shift = RopeShift.from_model(model)    # or RopeShift.for_config(config); refuses what is inexact
+    keys = shift.shift(cache.layers[i].keys[..., start:stop, :], delta)   # the chunk moved by delta
+
+``RopeShift`` needs torch and transformers and imports them when first used; the errors need neither. The
+math, and which RoPE scalings are exact and why, are in serving/kv/_rope.py.
+"""
+
+import importlib as _importlib
+from typing import Any as _Any
+
+from .errors import KvReuseError, RopeShiftUnsupported
+
+# torch is imported on first use, so `import evocache.serving.kv` stays light.
+_LAZY = {"EXACT_ROPE_TYPES": "._rope", "ROTARY_EMBEDDINGS": "._rope", "RopeShift": "._rope"}
+
+
+def __getattr__(name: str) -> _Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "EXACT_ROPE_TYPES",
+    "KvReuseError",
+    "ROTARY_EMBEDDINGS",
+    "RopeShift",
+    "RopeShiftUnsupported",
+]
