@@ -242,6 +242,17 @@ def test_half_precision_keys_come_back_in_their_dtype_computed_in_fp32(shift):
     assert torch.equal(moved, shift.shift(k.float(), 57).to(torch.bfloat16))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_model_the_shift_runs_there_and_matches_the_cpu(shift):
+    on_gpu = RopeShift.from_model(llama(SCALINGS["llama3"]).to("cuda"))
+    assert on_gpu.inv_freq.device.type == "cuda"
+    k, per_sequence = keys(2, 2, CHUNK, 16), torch.tensor([3, -5])[:, None, None]
+    for delta, on_device in ((-17, -17), (per_sequence, per_sequence.to("cuda"))):
+        moved = on_gpu.shift(k.to("cuda"), on_device)
+        assert moved.device.type == "cuda"
+        assert worst(moved.cpu(), shift.shift(k, delta)) <= 1e-6
+
+
 @pytest.mark.parametrize(
     ("args", "error", "says"),
     [
