@@ -15,6 +15,7 @@ import pytest
         "evocache.controller.replay",
         "evocache.controller.semantic",
         "evocache.serving",
+        "evocache.serving.kv",
     ],
 )
 def test_all_is_exact_and_importable(room):
