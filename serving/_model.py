@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -241,31 +243,74 @@ class HFGenerator:
         # transformers renamed the forward's cache argument (past_key_values -> cache); take the one it has.
         names = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in names else "past_key_values"
+        # One forward at a time: requests waiting here are the replica's queue (prefetch and eviction read it).
+        self._lock = threading.Lock()
 
-    def stream(self, prompt: str, input_ids: Sequence[int], params: GenerationParams) -> Iterator[str]:
+    def attach_kv(self, kv: Any) -> None:
+        """Serve prompts' cached prefixes from ``kv`` (a ``serving.kv.KvPrefixCache`` for this model)."""
+        self.kv = kv
+
+    kv: Any = None
+
+    def stream(self, prompt: str, input_ids: Sequence[int], params: GenerationParams, kv_plan: Any = None,
+               usage: Any = None) -> Iterator[str]:
+        """The answer's pieces, one per generated token. With a KV cache attached and ``kv_plan`` enabled, the
+        prompt's longest cached prefix is loaded and only the rest is computed (``usage``: what it reused)."""
         torch = self._torch
-        from transformers import DynamicCache  # noqa: PLC0415
 
         ids = list(input_ids) or [self.tokenizer.eos_id or 0]
         rng = None
         if params.temperature > 0:
             rng = torch.Generator(device=self.device)
             rng.manual_seed(params.seed if params.seed is not None else torch.seed())
-        cache = DynamicCache(config=self.model.config)
-        step = torch.tensor([ids], device=self.device)
         produced: list[int] = []
         text = ""
         with torch.no_grad():
-            for _ in range(params.max_tokens):
-                out = self.model(input_ids=step, use_cache=True, **{self._cache_arg: cache})
-                token = _pick(torch, out.logits[0, -1], params, rng)
+            cache, logits = self._prefill(ids, kv_plan, usage)
+            for i in range(params.max_tokens):
+                if i:
+                    step = torch.tensor([[produced[-1]]], device=self.device)
+                    with self._lock:
+                        logits = self.model(input_ids=step, use_cache=True, **{self._cache_arg: cache}).logits
+                token = _pick(torch, logits[0, -1], params, rng)
                 if token == self.tokenizer.eos_id:
                     return
                 produced.append(token)
                 full = self.tokenizer.decode(produced)
                 piece, text = full[len(text):], full
                 yield piece
-                step = torch.tensor([[token]], device=self.device)
+
+    def _prefill(self, ids: list[int], kv_plan: Any, usage: Any) -> tuple[Any, Any]:
+        """The cache after the prompt, and the prompt's last logits: from the KV prefix cache's longest prefix
+        plus the rest computed, or all computed."""
+        from transformers import DynamicCache  # noqa: PLC0415
+
+        torch = self._torch
+        kv = self.kv if kv_plan is not None and kv_plan.enabled else None
+        if kv is None:
+            cache = DynamicCache(config=self.model.config)
+            with self._lock:
+                out = self.model(input_ids=torch.tensor([ids], device=self.device), use_cache=True,
+                                 **{self._cache_arg: cache})
+            return cache, out.logits
+        hashes = kv.hashes(ids, kv_plan.salt)
+        ticket = kv.enqueue(hashes)
+        prefetch = kv.start_prefetch(kv_plan, hashes) if kv.config.prefetch else None
+        waited = time.perf_counter()
+        with self._lock:
+            waited = time.perf_counter() - waited
+            kv.dequeue(ticket)
+            if prefetch is not None:
+                loaded = prefetch.result()
+                usage.prefetch_ms = loaded * 1000.0
+                usage.hidden_ms = min(loaded, waited) * 1000.0
+            hashes, blocks = kv.lookup(kv_plan, ids, usage, hashes)
+            cache = kv.build(self.model.config, blocks)
+            start = len(blocks) * kv.config.block_size
+            out = self.model(input_ids=torch.tensor([ids[start:]], device=self.device), use_cache=True,
+                             **{self._cache_arg: cache})
+            kv.store(kv_plan, ids, hashes, cache, len(blocks), usage)
+        return cache, out.logits
 
 
 def _pick(torch: Any, logits: Any, params: GenerationParams, rng: Any) -> int:

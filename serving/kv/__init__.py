@@ -14,7 +14,11 @@ from typing import Any as _Any
 from .errors import KvReuseError, RopeShiftUnsupported
 
 # torch is imported on first use, so `import evocache.serving.kv` stays light.
-_LAZY = {"EXACT_ROPE_TYPES": "._rope", "ROTARY_EMBEDDINGS": "._rope", "RopeShift": "._rope"}
+_LAZY = {
+    "EXACT_ROPE_TYPES": "._rope", "ROTARY_EMBEDDINGS": "._rope", "RopeShift": "._rope",
+    "KvConfig": "._cache", "KvPlan": "._cache", "KvPrefixCache": "._cache", "KvUsage": "._cache",
+    "BlockGeometry": "._store", "CorruptBlock": "._store", "DeviceBlocks": "._store",
+}  # fmt: skip
 
 
 def __getattr__(name: str) -> _Any:
@@ -27,7 +31,14 @@ def __getattr__(name: str) -> _Any:
 
 
 __all__ = [
+    "BlockGeometry",
+    "CorruptBlock",
+    "DeviceBlocks",
     "EXACT_ROPE_TYPES",
+    "KvConfig",
+    "KvPlan",
+    "KvPrefixCache",
+    "KvUsage",
     "KvReuseError",
     "ROTARY_EMBEDDINGS",
     "RopeShift",

@@ -1,0 +1,347 @@
+"""The KV prefix cache of one replica: find a prompt's longest cached prefix, build a fresh ``DynamicCache`` from
+its blocks, and keep the new full blocks after the model ran the rest.
+
+A prompt's tokens are cut into blocks of ``block_size`` (full blocks only); block ``i``'s hash chains its
+parent's, its tokens and the extra keys (model id and revision, dtype, adapter), and block 0 is salted with the
+tenant namespace (``controller.block_hashes``), so no block is ever shared across tenants unless the rule
+declares its prefixes shared (``kv: {shared_prefixes: true}``: a salt common to all tenants). A lookup walks the
+chain in order and stops at the first block it cannot find: L1 (tensors on the model's device), then L2 and L3
+(one batched read per tier for the rest of the chain; what they hold is promoted into L1). The model then runs
+only on the remaining tokens, its positions continuing from the cached length; at least the last prompt token
+is always computed, so the first generated token has its logits. Greedy decoding with the cache gives the
+tokens it gives without (``tests/test_kv_cache.py``).
+
+Why a block missed is kept per request (``KvUsage.miss``): ``never-seen``, ``evicted`` (from L1 and in no lower
+tier), ``other-tenant`` (another namespace stored the same leading tokens), ``partial-block`` (the prompt ends
+before a full block), ``below-min-tokens`` (the rule's ``min_tokens``), ``off`` (the rule switches KV reuse
+off), ``corrupt`` (a stored block failed its checks: it is dropped, never used).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from evocache.controller import BlockHash, Entry, EntryInfo, TierError, block_hashes
+from evocache.controller.eviction import QueuedRequest
+
+from ._store import BlockGeometry, CorruptBlock, DeviceBlocks, decode_group, encode_group, layer_groups
+
+log = logging.getLogger("evocache.serving.kv")
+
+SHARED_SALT = ".kv-shared"  # not a namespace any tenant id maps to (those never start with a dot)
+LOWER_TIERS = ("l2", "l3")
+_OTHER_TENANT_MEMORY = 65_536
+
+
+class KvConfig(BaseModel):
+    """A replica's KV prefix cache: ``block_size`` tokens per block, ``l1_bytes`` of device memory for blocks,
+    the L1 ``eviction`` policy (``lookahead`` keeps the blocks of waiting requests; its base is ``lru``), the
+    layers per L2/L3 payload (``layer_group``, 0: all), the ``ttl_s`` of blocks in L2/L3, and ``prefetch``:
+    load a waiting request's blocks from L2/L3 into L1 while it waits."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    block_size: int = Field(16, ge=1, le=4096)
+    l1_bytes: int = Field(256 << 20, ge=1)
+    eviction: str = "lookahead"
+    layer_group: int = Field(0, ge=0)
+    ttl_s: float = Field(3600.0, gt=0)
+    prefetch: bool = True
+    adapter: str = ""
+
+
+@dataclass(slots=True)
+class KvUsage:
+    """What the KV cache did for one request: tokens reused per tier, tokens the model computed, the time spent
+    loading blocks from L2/L3 (and how much of it the prefetch hid while the request waited), and why the
+    first block that missed did."""
+
+    prompt_tokens: int = 0
+    reused: dict[str, int] = field(default_factory=dict)
+    recomputed: int = 0
+    load_ms: float = 0.0
+    prefetch_ms: float = 0.0
+    hidden_ms: float = 0.0
+    miss: str = ""
+    stored_blocks: int = 0
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(self.reused.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+                "reused": dict(self.reused), "recomputed": self.recomputed, "load_ms": round(self.load_ms, 3),
+                "prefetch_ms": round(self.prefetch_ms, 3), "hidden_ms": round(self.hidden_ms, 3),
+                "miss": self.miss, "stored_blocks": self.stored_blocks}
+
+
+@dataclass(frozen=True, slots=True)
+class KvPlan:
+    """One request's use of the cache: its namespace (or the shared salt), the tiers its rule allows, and
+    whether it may use the cache at all (``reason`` when not)."""
+
+    salt: str
+    tiers: tuple[str, ...] = ("l1", "l2", "l3")
+    enabled: bool = True
+    reason: str = ""
+
+
+class KvPrefixCache:
+    """The cache of one replica (see the module docstring). ``lower`` maps ``l2``/``l3`` to controller tiers
+    (the replica's own, shared with its response cache); ``device`` is the model's."""
+
+    def __init__(self, config: KvConfig, geometry: BlockGeometry, *, model_id: str, revision: str, device: Any,
+                 lower: dict[str, Any] | None = None, clock: Any = time.time) -> None:
+        if geometry.block_size != config.block_size:
+            raise ValueError("the geometry's block size must be the config's")
+        self.config = config
+        self.geometry = geometry
+        self.device = device
+        self.extras = (model_id, revision, geometry.dtype, config.adapter)
+        self.l1 = DeviceBlocks(config.l1_bytes, geometry.block_bytes(), config.eviction)
+        self.lower = {name: tier for name, tier in (lower or {}).items() if name in LOWER_TIERS}
+        self.groups = layer_groups(geometry, config.layer_group)
+        self.clock = clock
+        self.errors = 0
+        self.corrupt = 0
+        # First blocks' tokens (unsalted digest) -> the salt that stored them: the "other-tenant" miss reason.
+        self._first: OrderedDict[bytes, str] = OrderedDict()
+        self._seen: OrderedDict[BlockHash, None] = OrderedDict()
+        self._lock = threading.Lock()
+        self._waiting: dict[int, tuple[BlockHash, ...]] = {}
+        self._next_req = 0
+        self.accessed: dict[BlockHash, int] = {}  # accesses per block in the current window (reuse rate)
+        self._prefetched: dict[BlockHash, str] = {}  # blocks the prefetch put in L1 -> the tier they came from
+        self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="evocache-kv-prefetch")
+
+    # -- hashing -------------------------------------------------------------------------------------------
+
+    def hashes(self, input_ids: Sequence[int], salt: str) -> tuple[BlockHash, ...]:
+        return block_hashes(input_ids, self.config.block_size, self.extras, salt)
+
+    @staticmethod
+    def _key(block: BlockHash, group: tuple[int, int]) -> str:
+        """The tier key of one layer group of a block: a digest of its own kind (the tiers take hex keys), so it
+        never equals a response entry's key."""
+        data = bytes(block) + group[0].to_bytes(4, "little") + group[1].to_bytes(4, "little")
+        return hashlib.blake2b(data, digest_size=32, person=b"evocache.kv1").hexdigest()
+
+    # -- the queue (prefetch and queue-aware eviction) -----------------------------------------------------
+
+    def enqueue(self, hashes: tuple[BlockHash, ...]) -> int:
+        """Register a request that waits for the model; returns its ticket for ``dequeue``."""
+        with self._lock:
+            self._next_req += 1
+            req = self._next_req
+            self._waiting[req] = hashes
+            waiting = [QueuedRequest(r, tuple(h)) for r, h in self._waiting.items()]
+        self.l1.on_queue(waiting)
+        return req
+
+    def dequeue(self, req: int) -> None:
+        with self._lock:
+            self._waiting.pop(req, None)
+            waiting = [QueuedRequest(r, tuple(h)) for r, h in self._waiting.items()]
+        self.l1.on_queue(waiting)
+
+    def start_prefetch(self, plan: KvPlan, hashes: Sequence[BlockHash]) -> Any:
+        """``prefetch`` on the cache's loader thread; the future's result is the seconds it spent."""
+        return self._loader.submit(self.prefetch, plan, hashes)
+
+    def prefetch(self, plan: KvPlan, hashes: Sequence[BlockHash]) -> float:
+        """Load into L1, in position order, the blocks of ``hashes`` that sit only in L2/L3 (up to the first
+        block no tier holds); returns the seconds it spent loading."""
+        started = time.perf_counter()
+        missing = [h for h in hashes if h not in self.l1]
+        first_held = len(hashes) - len(missing)
+        if not missing or not plan.enabled:
+            return 0.0
+        self._load_lower(plan, hashes, first_held, into_l1=True, prefetching=True)
+        return time.perf_counter() - started
+
+    # -- lookup and store ----------------------------------------------------------------------------------
+
+    def lookup(self, plan: KvPlan, input_ids: Sequence[int], usage: KvUsage,
+               hashes: tuple[BlockHash, ...] | None = None) -> tuple[tuple[BlockHash, ...], list[Any]]:
+        """The prompt's block hashes and its longest cached prefix as blocks (each a (keys, values) pair per
+        layer), filling ``usage``; the prefix stops one token short of the prompt at most."""
+        usage.prompt_tokens = len(input_ids)
+        bs = self.config.block_size
+        if hashes is None:
+            hashes = self.hashes(input_ids, plan.salt)
+        usable = (len(input_ids) - 1) // bs  # the last prompt token is always computed
+        blocks: list[Any] = []
+        usage.reused["l1"] = 0
+        for h in hashes[:usable]:
+            block = self.l1.get(h) if "l1" in plan.tiers else None
+            if block is None:
+                break
+            blocks.append(block)
+            # A block the prefetch brought in counts for the tier it came from.
+            with self._lock:
+                origin = self._prefetched.pop(h, "l1")
+            usage.reused[origin] = usage.reused.get(origin, 0) + bs
+        if len(blocks) < usable and self.lower:
+            started = time.perf_counter()
+            more, per_tier = self._load_lower(plan, hashes[:usable], len(blocks), into_l1="l1" in plan.tiers)
+            usage.load_ms += (time.perf_counter() - started) * 1000.0
+            blocks += more
+            for tier, n in per_tier.items():
+                usage.reused[tier] = usage.reused.get(tier, 0) + n * bs
+        usage.recomputed = len(input_ids) - len(blocks) * bs
+        with self._lock:
+            if len(self.accessed) > 1 << 20:  # nobody reads the window: keep it bounded
+                self.accessed.clear()
+            for h in hashes:
+                self.accessed[h] = self.accessed.get(h, 0) + 1
+        if len(blocks) < len(hashes[:usable]):
+            usage.miss = usage.miss or self._why(hashes[len(blocks)], input_ids, plan)
+        elif len(blocks) * bs < len(input_ids) - 1 and not usage.miss:
+            usage.miss = "partial-block"
+        return hashes, blocks
+
+    def _why(self, block: BlockHash, input_ids: Sequence[int], plan: KvPlan) -> str:
+        if block in self.l1.evicted:
+            return "evicted"
+        if block not in self._seen:
+            first = self._first.get(self._content(input_ids))
+            if first is not None and first != plan.salt:
+                return "other-tenant"
+            return "never-seen"
+        return "evicted"
+
+    def _content(self, input_ids: Sequence[int]) -> bytes:
+        data = ",".join(map(str, input_ids[: self.config.block_size])).encode()
+        return hashlib.blake2b(data, digest_size=16).digest()
+
+    def _load_lower(self, plan: KvPlan, hashes: Sequence[BlockHash], start: int, into_l1: bool,
+                    prefetching: bool = False) -> tuple[list[Any], dict[str, int]]:
+        """Blocks ``hashes[start:]`` read from L2 then L3 in order, stopping at the first one no tier holds
+        whole; each found block is put in L1 when ``into_l1``."""
+        found: list[Any] = []
+        per_tier: dict[str, int] = {}
+        pending = list(hashes[start:])
+        for tier_name in LOWER_TIERS:
+            tier = self.lower.get(tier_name)
+            if tier is None or tier_name not in plan.tiers or not pending:
+                continue
+            keys = [self._key(h, g) for h in pending for g in self.groups]
+            try:
+                entries = tier.get_many(plan.salt, keys)
+            except TierError as exc:
+                self.errors += 1
+                log.info("KV %s read failed (a miss): %s", tier_name, exc)
+                continue
+            taken = 0
+            for i, h in enumerate(pending):
+                parts = entries[i * len(self.groups) : (i + 1) * len(self.groups)]
+                if any(e is None for e in parts):
+                    break
+                try:
+                    layers: list[Any] = []
+                    for (a, b), entry in zip(self.groups, parts, strict=True):
+                        layers += decode_group(entry.value, self.geometry, a, b, self.device)
+                except CorruptBlock as exc:
+                    self.corrupt += 1
+                    log.warning("KV block %s in %s dropped: %s", bytes(h).hex()[:12], tier_name, exc)
+                    try:
+                        tier.delete(plan.salt, [self._key(h, g) for g in self.groups])
+                    except TierError:
+                        pass
+                    break
+                block = tuple(layers)
+                found.append(block)
+                if into_l1:
+                    self.l1.put(h, block, EntryInfo(size=self.geometry.block_bytes(), ns=plan.salt,
+                                                    pos=start + len(found) - 1))
+                    if prefetching:
+                        with self._lock:
+                            self._prefetched[h] = tier_name
+                            if len(self._prefetched) > _OTHER_TENANT_MEMORY:
+                                self._prefetched.clear()
+                taken += 1
+            if taken:
+                per_tier[tier_name] = taken
+            pending = pending[taken:]
+            if taken and pending:
+                # A block missing here may sit in the next tier: keep looking from where this tier stopped.
+                continue
+        return found, per_tier
+
+    def store(self, plan: KvPlan, input_ids: Sequence[int], hashes: Sequence[BlockHash], cache: Any,
+              start_block: int, usage: KvUsage) -> None:
+        """Keep the full blocks ``start_block ..`` of the prompt ``input_ids`` from ``cache`` (the model's cache
+        after the prefill): cloned into L1, and written to the lower tiers the plan allows."""
+        bs = self.config.block_size
+        n = min(len(hashes), cache.get_seq_length() // bs)
+        now = self.clock()
+        for i in range(start_block, n):
+            h = hashes[i]
+            block = tuple(
+                (layer.keys[0, :, i * bs : (i + 1) * bs, :].clone(), layer.values[0, :, i * bs : (i + 1) * bs, :].clone())
+                for layer in cache.layers
+            )
+            if "l1" in plan.tiers:
+                self.l1.put(h, block, EntryInfo(size=self.geometry.block_bytes(), ns=plan.salt, pos=i))
+            for tier_name in LOWER_TIERS:
+                tier = self.lower.get(tier_name)
+                if tier is None or tier_name not in plan.tiers:
+                    continue
+                items = [(self._key(h, g), Entry(encode_group(block[a:b], self.geometry, a), now + self.config.ttl_s,
+                                                 now, "kv")) for g in self.groups for a, b in [g]]
+                try:
+                    tier.set_many(plan.salt, items)
+                except TierError as exc:
+                    self.errors += 1
+                    log.info("KV %s write failed (not stored): %s", tier_name, exc)
+            usage.stored_blocks += 1
+            with self._lock:
+                self._seen[h] = None
+                if len(self._seen) > _OTHER_TENANT_MEMORY:
+                    self._seen.popitem(last=False)
+        if n and start_block == 0:
+            with self._lock:
+                self._first[self._content(input_ids)] = plan.salt
+                if len(self._first) > _OTHER_TENANT_MEMORY:
+                    self._first.popitem(last=False)
+
+    # -- building a model cache ----------------------------------------------------------------------------
+
+    def build(self, model_config: Any, blocks: Sequence[Any]) -> Any:
+        """A fresh ``DynamicCache`` holding ``blocks`` in order (batch 1)."""
+        import torch  # noqa: PLC0415
+        from transformers import DynamicCache  # noqa: PLC0415
+
+        cache = DynamicCache(config=model_config)
+        if blocks:
+            for layer in range(self.geometry.layers):
+                keys = torch.cat([b[layer][0] for b in blocks], dim=1).unsqueeze(0)
+                values = torch.cat([b[layer][1] for b in blocks], dim=1).unsqueeze(0)
+                cache.update(keys, values, layer)
+        return cache
+
+    def reuse_rate(self) -> float:
+        """The share of blocks accessed more than once among those accessed since the last call (the KV reuse
+        rate of the window); resets the window."""
+        with self._lock:
+            counts, self.accessed = self.accessed, {}
+        if not counts:
+            return 0.0
+        return sum(1 for c in counts.values() if c > 1) / len(counts)
+
+    def held(self) -> list[Hashable]:
+        return self.l1.keys()
+
+    def close(self) -> None:
+        self._loader.shutdown(wait=False, cancel_futures=True)

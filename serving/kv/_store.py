@@ -1,0 +1,204 @@
+"""Where KV blocks live: replica memory on the model's device (L1), and bytes in the controller's tiers (L2, L3).
+
+A block is ``block_size`` tokens of every layer's keys and values, ``[kv_heads, block_size, head_dim]`` each
+(batch 1, before grouped-query repetition). In L1 a block is kept as tensors on the model's device, bounded in
+bytes, ordered by one of the controller's eviction policies (``make_eviction_policy``: the same classes the
+replay simulator runs, ``lookahead`` told which requests wait). In L2 (Redis) and L3 (disk) a block is one
+entry per layer group: a small JSON header (the geometry it was written for) and the tensors' raw bytes, in the
+controller's tiers, whose entry codec checks every payload with the deployment's secret and binds it to its
+namespace and key. A payload whose header does not match this model's geometry is refused like a corrupt one:
+it is never loaded into a cache.
+
+Nothing here is unpickled: tensors are rebuilt with ``torch.frombuffer`` from bytes whose size the header fixes.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import threading
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from evocache.controller import EntryInfo, make_eviction_policy
+
+from .errors import KvReuseError
+
+_MAGIC = b"EVKV1"
+_HEADER = struct.Struct("<I")
+MAX_HEADER_BYTES = 4096
+_DTYPES = ("float32", "float16", "bfloat16")
+
+
+class CorruptBlock(KvReuseError):
+    """A stored block that cannot be used: malformed, or written for another model geometry."""
+
+
+@dataclass(frozen=True, slots=True)
+class BlockGeometry:
+    """What a block holds: ``layers`` layers of ``kv_heads`` x ``block_size`` x ``head_dim`` keys and values of
+    ``dtype``. A block written under another geometry is never loaded."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: str
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        for name in ("layers", "kv_heads", "head_dim", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+
+    @property
+    def itemsize(self) -> int:
+        return 4 if self.dtype == "float32" else 2
+
+    def layer_bytes(self) -> int:
+        """Bytes of one layer's keys and values for one block."""
+        return 2 * self.kv_heads * self.block_size * self.head_dim * self.itemsize
+
+    def block_bytes(self) -> int:
+        return self.layers * self.layer_bytes()
+
+    @classmethod
+    def of_model(cls, model: Any, block_size: int) -> BlockGeometry:
+        config = model.config
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        return cls(config.num_hidden_layers, getattr(config, "num_key_value_heads", None) or heads, head_dim,
+                   block_size, dtype)
+
+
+def layer_groups(geometry: BlockGeometry, group_size: int) -> list[tuple[int, int]]:
+    """The ``[start, stop)`` layer ranges of one block's L2/L3 payloads (``group_size`` 0: all layers in one)."""
+    size = group_size or geometry.layers
+    return [(start, min(start + size, geometry.layers)) for start in range(0, geometry.layers, size)]
+
+
+def encode_group(layers: Sequence[tuple[Any, Any]], geometry: BlockGeometry, start: int) -> bytes:
+    """One payload for the layers ``start .. start + len(layers)`` of a block: header, then each layer's keys and
+    values as raw bytes (moved to the host)."""
+    import torch  # noqa: PLC0415
+
+    header = json.dumps({"layers": [start, start + len(layers)], "kv_heads": geometry.kv_heads,
+                         "block_size": geometry.block_size, "head_dim": geometry.head_dim,
+                         "dtype": geometry.dtype}, separators=(",", ":")).encode()
+    parts = [_MAGIC, _HEADER.pack(len(header)), header]
+    for keys, values in layers:
+        for t in (keys, values):
+            host = t.detach().to("cpu").contiguous()
+            if host.dtype == torch.bfloat16:
+                host = host.view(torch.int16)
+            parts.append(host.numpy().tobytes())
+    return b"".join(parts)
+
+
+def decode_group(data: bytes, geometry: BlockGeometry, start: int, stop: int, device: Any) -> list[tuple[Any, Any]]:
+    """The layers of a payload written by ``encode_group``, as tensors on ``device``; ``CorruptBlock`` for a
+    payload that is malformed or was written for another geometry or layer range."""
+    import torch  # noqa: PLC0415
+
+    if data[: len(_MAGIC)] != _MAGIC or len(data) < len(_MAGIC) + _HEADER.size:
+        raise CorruptBlock("not a KV block payload")
+    (size,) = _HEADER.unpack_from(data, len(_MAGIC))
+    offset = len(_MAGIC) + _HEADER.size
+    if size > MAX_HEADER_BYTES or offset + size > len(data):
+        raise CorruptBlock("KV block header of a wrong size")
+    try:
+        header = json.loads(data[offset : offset + size])
+    except ValueError as exc:
+        raise CorruptBlock(f"KV block header is not JSON: {exc}") from None
+    expected = {"layers": [start, stop], "kv_heads": geometry.kv_heads, "block_size": geometry.block_size,
+                "head_dim": geometry.head_dim, "dtype": geometry.dtype}
+    if header != expected:
+        raise CorruptBlock(f"KV block written for {header}, this model needs {expected}")
+    body = memoryview(data)[offset + size :]
+    per_tensor = geometry.layer_bytes() // 2
+    if len(body) != per_tensor * 2 * (stop - start):
+        raise CorruptBlock(f"KV block body of {len(body)} bytes, expected {per_tensor * 2 * (stop - start)}")
+    shape = (geometry.kv_heads, geometry.block_size, geometry.head_dim)
+    dtype = getattr(torch, geometry.dtype)
+    raw = torch.int16 if dtype == torch.bfloat16 else dtype
+    out = []
+    for i in range(stop - start):
+        pair = []
+        for j in range(2):
+            chunk = body[(2 * i + j) * per_tensor : (2 * i + j + 1) * per_tensor]
+            t = torch.frombuffer(bytearray(chunk), dtype=raw).reshape(shape)
+            pair.append((t.view(dtype) if raw is not dtype else t).to(device))
+        out.append((pair[0], pair[1]))
+    return out
+
+
+Block = tuple  # one block: a (keys, values) pair of tensors per layer
+
+
+class DeviceBlocks:
+    """L1: blocks as tensors on the model's device, at most ``capacity_bytes``, evicted by ``policy`` (a name
+    of the controller's eviction registry, e.g. ``lru`` or ``lookahead``, whose ``on_queue`` is told the waiting
+    requests). Thread-safe."""
+
+    def __init__(self, capacity_bytes: int, block_bytes: int, policy: str = "lru") -> None:
+        if capacity_bytes < block_bytes:
+            raise ValueError(f"KV L1 of {capacity_bytes} bytes cannot hold one block of {block_bytes}")
+        self.capacity = capacity_bytes
+        self.block_bytes = block_bytes
+        self.policy = make_eviction_policy(policy, capacity=capacity_bytes)
+        self._blocks: dict[Hashable, Block] = {}
+        self._lock = threading.Lock()
+        self.used = 0
+        self.evictions = 0
+        self.evicted: set[Hashable] = set()  # bounded below: for the "evicted" miss reason
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._blocks
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def get(self, key: Hashable) -> Block | None:
+        with self._lock:
+            block = self._blocks.get(key)
+            if block is not None:
+                self.policy.on_hit(key)
+            return block
+
+    def put(self, key: Hashable, block: Block, info: EntryInfo) -> bool:
+        """Hold ``block`` (evicting others as the policy says); False when the policy does not admit it."""
+        with self._lock:
+            if key in self._blocks:
+                self.policy.on_hit(key)
+                return True
+            admit = getattr(self.policy, "admit", None)
+            if admit is not None and self.used + self.block_bytes > self.capacity and not admit(key, info):
+                return False
+            while self.used + self.block_bytes > self.capacity and self._blocks:
+                victim = self.policy.victim()
+                self._blocks.pop(victim, None)
+                self.policy.on_remove(victim)
+                self.used -= self.block_bytes
+                self.evictions += 1
+                if len(self.evicted) > 65_536:
+                    self.evicted.clear()
+                self.evicted.add(victim)
+            self._blocks[key] = block
+            self.used += self.block_bytes
+            self.policy.on_insert(key, info)
+            self.evicted.discard(key)
+            return True
+
+    def keys(self) -> list[Hashable]:
+        with self._lock:
+            return list(self._blocks)
+
+    def on_queue(self, waiting: Sequence[Any]) -> None:
+        """Tell a queue-aware policy which requests wait (``QueuedRequest``s); others ignore it."""
+        on_queue = getattr(self.policy, "on_queue", None)
+        if on_queue is not None:
+            with self._lock:
+                on_queue(waiting)

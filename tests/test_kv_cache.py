@@ -1,0 +1,167 @@
+"""The KV prefix cache on the example tiny Llama (real transformers code, random weights, fp32, CPU): greedy
+decoding with cached prefixes gives exactly the tokens it gives without, from L1, L2 (the suite's redis-server)
+and L3 (disk); a corrupt or forged block is never used; Redis killed mid-stream is a recompute; tenants never
+share blocks; the rule's choices are honoured; prefetch loads a waiting request's blocks in order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from evocache.controller import DiskConfig, RedisConfig, StoreConfig, build_runtime, namespace_for
+from evocache.serving import GenerationParams, ModelConfig, load_tokenizer
+from evocache.serving._model import HFGenerator
+from evocache.serving.kv import KvConfig, KvPlan, KvPrefixCache, KvUsage
+from evocache.serving.kv._store import BlockGeometry
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-llama"
+GREEDY = GenerationParams(max_tokens=12, temperature=0.0, top_p=1.0, seed=None, stop=())
+SECRET = "kv-test-secret-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def generator():
+    tokenizer = load_tokenizer("minilm")
+    return HFGenerator(ModelConfig(kind="hf", id="tiny-llama", path=str(EXAMPLE)), tokenizer)
+
+
+def attach(generator, lower=None, **config):
+    kv = KvPrefixCache(KvConfig(block_size=8, **config), BlockGeometry.of_model(generator.model, 8),
+                       model_id="tiny-llama", revision="", device="cpu", lower=lower)
+    generator.attach_kv(kv)
+    return kv
+
+
+def prompt_ids(n: int, seed: int = 0) -> list[int]:
+    return [1000 + (seed * 7919 + i * 104729) % 20000 for i in range(n)]
+
+
+def run(generator, ids, plan=None, usage=None):
+    return list(generator.stream("", ids, GREEDY, plan, usage))
+
+
+def plan_for(tenant="acme", tiers=("l1", "l2", "l3")):
+    return KvPlan(salt=str(namespace_for(tenant)), tiers=tiers)
+
+
+def test_greedy_tokens_with_a_cached_prefix_equal_those_without(generator):
+    ids = prompt_ids(61)
+    generator.attach_kv(None)
+    expected = run(generator, ids)
+    kv = attach(generator)
+    first = KvUsage()
+    assert run(generator, ids, plan_for(), first) == expected
+    assert first.cached_tokens == 0 and first.miss == "never-seen" and first.stored_blocks == 7
+    again = KvUsage()
+    assert run(generator, ids, plan_for(), again) == expected
+    assert again.reused == {"l1": 56} and again.recomputed == 5
+    longer = ids + prompt_ids(20, seed=3)  # the next turn shares the whole previous prompt
+    generator.attach_kv(None)
+    expected_longer = run(generator, longer)
+    generator.attach_kv(kv)
+    usage = KvUsage()
+    assert run(generator, longer, plan_for(), usage) == expected_longer
+    assert usage.reused["l1"] == 56  # the previous prompt's full blocks
+    assert kv.reuse_rate() > 0
+
+
+@pytest.mark.redis
+def test_blocks_come_back_from_l2_and_l3_into_a_cold_replica_exactly(generator, redis_url, tmp_path):
+    ids = prompt_ids(45, seed=1)
+    generator.attach_kv(None)
+    expected = run(generator, ids)
+    for tiers, tier in ((("l2",), "l2"), (("l3",), "l3")):
+        runtime = build_runtime(StoreConfig(redis=RedisConfig(url=redis_url, secret=SECRET),
+                                            disk=DiskConfig(path=str(tmp_path / f"l3-{tier}"))))
+        lower = {k: v for k, v in runtime.store.tiers.items() if k in ("l2", "l3")}
+        warm = attach(generator, lower)
+        run(generator, ids, plan_for(tiers=("l1", *tiers)), KvUsage())
+        cold = attach(generator, lower)  # another replica: empty L1, the same L2/L3
+        usage = KvUsage()
+        assert run(generator, ids, plan_for(tiers=("l1", *tiers)), usage) == expected
+        assert usage.reused == {"l1": 0, tier: 40} and usage.load_ms + usage.prefetch_ms > 0
+        assert len(cold.l1) == 5  # promoted into the cold replica's L1
+        warm.close()
+        cold.close()
+        runtime.close()
+
+
+def test_no_block_crosses_tenants_and_the_miss_says_so(generator):
+    ids = prompt_ids(40, seed=2)
+    attach(generator)
+    run(generator, ids, plan_for("acme"), KvUsage())
+    other = KvUsage()
+    run(generator, ids, plan_for("globex"), other)
+    assert other.cached_tokens == 0 and other.miss == "other-tenant"
+    shared = KvPlan(salt=".kv-shared")
+    run(generator, ids, shared, KvUsage())
+    again = KvUsage()
+    run(generator, ids, KvPlan(salt=".kv-shared"), again)
+    assert again.cached_tokens == 32  # a shared prefix is shared only when the rule says so
+
+
+def test_a_prompt_shorter_than_a_block_and_an_off_plan_compute_everything(generator):
+    kv = attach(generator)
+    short = KvUsage()
+    run(generator, prompt_ids(6), plan_for(), short)
+    assert short.cached_tokens == 0 and short.stored_blocks == 0
+    off = KvUsage()
+    run(generator, prompt_ids(30), KvPlan(salt="acme", enabled=False, reason="off"), off)
+    assert off.stored_blocks == 0 and len(kv.l1) == 0
+
+
+@pytest.mark.redis
+def test_a_tampered_block_in_l2_is_never_used(generator, redis_url):
+    import redis
+
+    ids = prompt_ids(33, seed=4)
+    generator.attach_kv(None)
+    expected = run(generator, ids)
+    runtime = build_runtime(StoreConfig(redis=RedisConfig(url=redis_url, secret=SECRET)))
+    lower = {"l2": runtime.store.tiers["l2"]}
+    attach(generator, lower)
+    run(generator, ids, plan_for(tiers=("l1", "l2")), KvUsage())
+    client = redis.Redis.from_url(redis_url)
+    keys = [k for k in client.keys("*") if client.type(k) == b"string"]  # the entries, not bookkeeping
+    assert keys
+    for k in keys:  # flip one byte of every stored block
+        value = bytearray(client.get(k))
+        value[len(value) // 2] ^= 0xFF
+        client.set(k, bytes(value))
+    cold = attach(generator, lower)
+    usage = KvUsage()
+    assert run(generator, ids, plan_for(tiers=("l1", "l2")), usage) == expected
+    assert usage.cached_tokens == 0
+    assert cold.l1.used == 4 * cold.geometry.block_bytes()  # recomputed and stored afresh
+    runtime.close()
+
+
+@pytest.mark.redis
+def test_redis_killed_mid_request_is_a_recompute(generator, restartable_redis):
+    ids = prompt_ids(50, seed=5)
+    generator.attach_kv(None)
+    expected = run(generator, ids)
+    runtime = build_runtime(StoreConfig(redis=RedisConfig(url=restartable_redis.url, secret=SECRET,
+                                                          timeout_s=0.2)))
+    attach(generator, {"l2": runtime.store.tiers["l2"]})
+    run(generator, ids, plan_for(tiers=("l1", "l2")), KvUsage())
+    attach(generator, {"l2": runtime.store.tiers["l2"]})  # a cold L1: the blocks are in Redis only
+    pieces = generator.stream("", ids, GREEDY, plan_for(tiers=("l1", "l2")), KvUsage())
+    restartable_redis.stop()
+    assert list(pieces) == expected
+    runtime.close()
+
+
+def test_queue_aware_eviction_keeps_the_blocks_a_waiting_request_needs(generator):
+    block = BlockGeometry.of_model(generator.model, 8).block_bytes()
+    kv = attach(generator, l1_bytes=6 * block, eviction="lookahead")
+    waiting_ids = prompt_ids(33, seed=6)  # 4 full blocks
+    run(generator, waiting_ids, plan_for(), KvUsage())
+    ticket = kv.enqueue(kv.hashes(waiting_ids, plan_for().salt))
+    for seed in range(7, 10):  # other prompts push 12 blocks through a 6-block L1
+        run(generator, prompt_ids(33, seed=seed), plan_for(), KvUsage())
+    kv.dequeue(ticket)
+    usage = KvUsage()
+    run(generator, waiting_ids, plan_for(), usage)
+    assert usage.reused["l1"] == 32
