@@ -210,11 +210,111 @@ class SemanticSpec(_Model):
         })
 
 
-class KvSpec(_Model):
-    """KV prefix reuse. ``reuse: none`` switches it off (to override defaults)."""
+KV_RECOMPUTE_TOKENS = 16  # leading tokens of each reused chunk recomputed when a rule says nothing (EPIC)
+# Token counts a kv section states; a signed 32-bit integer, as versions, in every store and wire format.
+MAX_KV_TOKENS = 2**31 - 1
+KvTokens = Annotated[Int, Field(ge=0, le=MAX_KV_TOKENS)]
+_KV_CHUNK_FIELDS = ("recompute_tokens", "recompute_fraction")  # meaningful with reuse: chunks only
 
-    reuse: Literal["prefix", "none"] = "prefix"
-    rope_shift: Bool = False
+
+def _kv_reuse(value: object) -> object:
+    # `reuse: off` reads as the YAML boolean false; `none` is the earlier spelling of off.
+    if value is False or value == "none":
+        return "off"
+    return value
+
+
+KvReuse = Literal["prefix", "chunks", "off"]
+
+
+class KvSpec(_Model):
+    """KV cache reuse: which cached keys and values a request may reuse and fill, and where they live.
+
+    ``reuse: prefix`` reuses the blocks of a cached prefix at the same positions (exact); ``chunks`` also
+    reuses a cached chunk (a message, a document) at another position by re-rotating its keys (RoPE shift),
+    an approximation that recomputes the first ``recompute_tokens`` tokens of each reused chunk and a share
+    ``recompute_fraction`` of its tokens chosen by the cache; ``off`` switches reuse off (``none``, the
+    earlier spelling, reads as ``off``). ``tiers``: where KV blocks may live (default: the decision's tiers).
+    A prompt shorter than ``min_tokens`` neither uses nor fills the KV cache. ``shared_prefixes`` salts a
+    request's first block with a namespace shared by every tenant instead of the tenant's own.
+
+    ``rope_shift`` is the earlier spelling of the mode: ``true`` reads as ``reuse: chunks`` (also beside
+    ``reuse: prefix``, the only mode there was), ``false`` as ``reuse: prefix``; beside ``reuse: off`` it
+    changes nothing, and ``rope_shift: false`` beside ``reuse: chunks`` is an error. The normalised document
+    shows the ``reuse`` it implies; a resolved spec states it (True for chunks, else False).
+    ``recompute_tokens`` and ``recompute_fraction`` other than 0 with a reuse other than chunks are errors.
+
+    Every field stays None when not written, so the normalised document shows only what was written;
+    ``over`` merges a rule's spec over the defaults' and ``resolved`` fills in the rest.
+    """
+
+    reuse: Annotated[KvReuse, BeforeValidator(_kv_reuse)] | None = None
+    rope_shift: Bool | None = None
+    tiers: Tiers | None = None
+    min_tokens: KvTokens | None = None
+    shared_prefixes: Bool | None = None
+    recompute_tokens: KvTokens | None = None
+    recompute_fraction: Share | None = None
+
+    @field_validator("rope_shift")
+    @classmethod
+    def _rope_shift_matches_reuse(cls, value: bool | None, info: ValidationInfo) -> bool | None:
+        if value is False and info.data.get("reuse") == "chunks":
+            raise ValueError(
+                "rope_shift: false contradicts reuse: chunks, which reuses a chunk at another position by "
+                "re-rotating its keys; write reuse: prefix for exact prefix reuse alone"
+            )
+        return value
+
+    @field_validator(*_KV_CHUNK_FIELDS)
+    @classmethod
+    def _only_for_chunks(cls, value: float | None, info: ValidationInfo) -> float | None:
+        # A reuse left out is inherited, so only Policy can tell (_kv_issues); an invalid one is reported
+        # alone.
+        reuse, rope_shift = info.data.get("reuse"), info.data.get("rope_shift")
+        if rope_shift is not None and reuse != "off":
+            reuse = "chunks" if rope_shift else "prefix"
+        if value and reuse is not None and reuse != "chunks":
+            raise ValueError(_kv_chunks_only(info.field_name or "", reuse))
+        return value
+
+    @model_validator(mode="after")
+    def _reuse_from_rope_shift(self) -> KvSpec:
+        if self.rope_shift is not None and self.reuse != "off":
+            object.__setattr__(self, "reuse", "chunks" if self.rope_shift else "prefix")
+        return self
+
+    def over(self, base: KvSpec | None) -> KvSpec:
+        """This spec's written fields over ``base``'s: a rule's ``kv`` over the defaults'."""
+        if base is None:
+            return self
+        written = self.model_dump(exclude_none=True)
+        return base.model_copy(update=written) if written else base
+
+    def resolved(self, tiers: tuple[str, ...]) -> KvSpec | None:
+        """This spec as a request runs it: None when reuse is off, else with every field filled in: ``reuse``
+        ``prefix``, ``tiers`` the decision's ``tiers``, ``min_tokens`` 0, ``shared_prefixes`` false,
+        ``rope_shift`` whether ``reuse`` is ``chunks``, and for chunks ``recompute_tokens``
+        ``KV_RECOMPUTE_TOKENS`` and ``recompute_fraction`` 0 (for prefix both 0: nothing is recomputed)."""
+        reuse = self.reuse or "prefix"
+        if reuse == "off":
+            return None
+        chunks = reuse == "chunks"
+        return self.model_copy(update={
+            "reuse": reuse,
+            "rope_shift": chunks,
+            "tiers": tiers if self.tiers is None else self.tiers,
+            "min_tokens": self.min_tokens or 0,
+            "shared_prefixes": bool(self.shared_prefixes),
+            "recompute_tokens": 0 if not chunks else (
+                KV_RECOMPUTE_TOKENS if self.recompute_tokens is None else self.recompute_tokens
+            ),
+            "recompute_fraction": (self.recompute_fraction or 0.0) if chunks else 0.0,
+        })
+
+
+def _kv_chunks_only(field: str, reuse: str) -> str:
+    return f"{field} applies only to reuse: chunks (it recomputes part of a reused chunk); reuse is {reuse}"
 
 
 SLO_WINDOW = 60.0  # seconds of measurements a rule is judged on, when its slo says nothing
@@ -434,7 +534,7 @@ class Policy(_Model):
     @model_validator(mode="after")
     def _prepare(self) -> Policy:
         schema = _schema_for(self.fields)
-        errors: list[InitErrorDetails] = []
+        errors: list[InitErrorDetails] = _kv_issues(self.defaults, self.rules)
         seen: dict[str, int] = {}
         plan = []
         for i, rule in enumerate(self.rules):
@@ -578,8 +678,10 @@ class Decision:
 
     ``cache`` is False for ``cache: bypass``. ``semantic`` is None when semantic matching is off, else the
     rule's ``semantic`` resolved (``SemanticSpec.resolved``: ``mode`` and ``explore`` filled in);
-    ``kv`` is None when KV reuse is off (no ``kv``, or ``reuse: none``), else the rule's ``kv``. ``skipped`` names the rules before this one whose ``when``
-    could not be evaluated on the view (see ``Policy.decide``).
+    ``kv`` is None when KV reuse is off (no ``kv`` in the rule or the defaults, or ``reuse: off``), else the
+    rule's ``kv`` over the defaults', field by field, resolved (``KvSpec.resolved``: every field filled in,
+    ``tiers`` from the decision's where not written). ``skipped`` names the rules before this one whose
+    ``when`` could not be evaluated on the view (see ``Policy.decide``).
     """
 
     rule: str
@@ -601,19 +703,41 @@ def _resolve(defaults: Defaults, rule: Rule | None) -> Decision:
         return getattr(defaults, name) if value is None else value
 
     semantic: SemanticSpec | None = pick("semantic")
-    kv: KvSpec | None = pick("kv")
+    kv = defaults.kv if rule is None or rule.kv is None else rule.kv.over(defaults.kv)
+    tiers = pick("tiers")
     return Decision(
         rule=rule.name if rule is not None else DEFAULT_RULE,
         cache=pick("cache") == "response",
         ttl=pick("ttl"),
         sliding=bool(rule is not None and rule.sliding),
-        tiers=pick("tiers"),
+        tiers=tiers,
         max_entry_bytes=pick("max_entry_bytes"),
         allow_sampling=pick("allow_sampling"),
         stream=pick("stream"),
         semantic=None if semantic is None else semantic.resolved(),
-        kv=None if kv is None or kv.reuse == "none" else kv,
+        kv=None if kv is None else kv.resolved(tiers),
     )
+
+
+def _kv_issues(defaults: Defaults, rules: tuple[Rule, ...]) -> list[InitErrorDetails]:
+    """The chunk-only fields (``recompute_*``) of each kv section that leaves ``reuse`` out, checked against
+    the reuse it inherits (the defaults' over nothing: ``prefix``). A section that writes ``reuse`` was
+    checked as it was validated."""
+    sections = [(("defaults", "kv"), defaults.kv, None)]
+    sections += [(("rules", i, "kv"), rule.kv, defaults.kv) for i, rule in enumerate(rules)]
+    errors = []
+    for loc, spec, base in sections:
+        if spec is None or spec.reuse is not None:
+            continue
+        inherited = base.reuse if base is not None else None
+        reuse = inherited or "prefix"
+        for name in _KV_CHUNK_FIELDS:
+            value = getattr(spec, name)
+            if value and reuse != "chunks":
+                said = f"{reuse} (the defaults')" if inherited else f"{reuse} (not written)"
+                message = _kv_chunks_only(name, said)
+                errors.append(_line_error("value_error", message, (*loc, name), value, ValueError(message)))
+    return errors
 
 
 def _schema_for(fields: Mapping[str, str]) -> RequestSchema:
@@ -623,7 +747,7 @@ def _schema_for(fields: Mapping[str, str]) -> RequestSchema:
 
 
 def _line_error(
-    kind: str, message: str, loc: Path, value: Any, exc: ExpressionError | None = None
+    kind: str, message: str, loc: Path, value: Any, exc: Exception | None = None
 ) -> InitErrorDetails:
     ctx: dict[str, Any] = {"message": message}
     if exc is not None:

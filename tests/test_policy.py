@@ -188,7 +188,6 @@ def test_normalised_yaml_has_fixed_order_and_spelling() -> None:
             tiers: [l1, l3]
             kv:
               reuse: prefix
-              rope_shift: false
         tenants:
           alpha:
             l1_share: 0.25
@@ -302,7 +301,15 @@ def test_first_matching_rule_decides_with_rule_values_over_defaults(chat_prod: P
         allow_sampling=False,
         stream=True,
         semantic=SemanticSpec(max_error=0.02, mode="bounded", explore=0.05),
-        kv=KvSpec(reuse="prefix", rope_shift=False),
+        kv=KvSpec(
+            reuse="prefix",
+            rope_shift=False,
+            tiers=("l1", "l2", "l3"),
+            min_tokens=0,
+            shared_prefixes=False,
+            recompute_tokens=0,
+            recompute_fraction=0.0,
+        ),
     )
     # long and greedy AND free tier: the first rule wins
     assert chat_prod.decide(view(input_ids=[7] * 600, tenant={"id": "f", "tier": "free"})).rule == (
@@ -369,7 +376,16 @@ def test_overrides_switch_semantic_and_kv_off() -> None:
     other = p.decide(view(top_k=3))
     assert (other.semantic, other.kv, other.sliding) == (
         SemanticSpec(max_error=0.05, mode="bounded", explore=0.05),
-        KvSpec(reuse="prefix", rope_shift=True),
+        # `rope_shift: true` is the earlier spelling of chunk reuse, also beside `reuse: prefix`
+        KvSpec(
+            reuse="chunks",
+            rope_shift=True,
+            tiers=("l1",),
+            min_tokens=0,
+            shared_prefixes=False,
+            recompute_tokens=16,
+            recompute_fraction=0.0,
+        ),
         False,
     )
 
