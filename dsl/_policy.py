@@ -269,9 +269,11 @@ class KvSpec(_Model):
     @field_validator(*_KV_CHUNK_FIELDS)
     @classmethod
     def _only_for_chunks(cls, value: float | None, info: ValidationInfo) -> float | None:
-        # A reuse left out is inherited, so only Policy can tell (_kv_issues); an invalid one is reported
-        # alone.
-        reuse, rope_shift = info.data.get("reuse"), info.data.get("rope_shift")
+        # A reuse left out is inherited, so only Policy can tell (_kv_issues); an invalid reuse or rope_shift
+        # is absent from info.data and reported alone.
+        if "reuse" not in info.data or "rope_shift" not in info.data:
+            return value
+        reuse, rope_shift = info.data["reuse"], info.data["rope_shift"]
         if rope_shift is not None and reuse != "off":
             reuse = "chunks" if rope_shift else "prefix"
         if value and reuse is not None and reuse != "chunks":
