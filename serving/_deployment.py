@@ -153,7 +153,7 @@ class IngressDeployment:
             model_id=spec.model.id, model_revision=spec.model.revision, tokenizer=tokenizer,
             backend=RayBackend(model, context.app_name), keys=key_store(keys), block_size=spec.block_size,
             default_max_tokens=spec.model.max_tokens, ready_timeout_s=options.get("ready_timeout_s", 30.0),
-            rate=Rate(**rate) if rate else None,
+            rate=Rate(**rate) if rate else None, block_extras=spec.block_extras(),
         )
         self._default_rate = self.api.limiter.default if self.api.limiter is not None else None
         self.follower = None

@@ -75,13 +75,16 @@ class Api:
     def __init__(self, *, model_id: str, model_revision: str, tokenizer: Tokenizer, backend: Backend,
                  keys: KeyStore, block_size: int = 16, default_max_tokens: int = 64, limits: Limits = Limits(),
                  rate: Rate | None = None, clock: Callable[[], float] = time.monotonic,
-                 ready_timeout_s: float = 30.0) -> None:
+                 ready_timeout_s: float = 30.0, block_extras: tuple[str, ...] | None = None) -> None:
         self.model_id = model_id
         self.model_revision = model_revision
         self.tokenizer = tokenizer
         self.backend = backend
         self.keys = keys
         self.block_size = block_size
+        # What a block hash binds besides tokens and tenant: the replicas' (ServerSpec.block_extras), so the
+        # router's hashes are the KV cache's.
+        self.block_extras = block_extras if block_extras is not None else (model_id, model_revision)
         self.default_max_tokens = default_max_tokens
         self.limits = limits
         self.limiter = RateLimiter(rate, clock) if rate is not None else None
@@ -133,7 +136,7 @@ class Api:
         if len(stop) > 4 or any(not s or len(s) > 256 for s in stop):
             raise BadRequest("stop: up to 4 sequences of 1 to 256 characters", "stop")
         try:
-            blocks = block_hashes(input_ids, self.block_size, (self.model_id, self.model_revision),
+            blocks = block_hashes(input_ids, self.block_size, self.block_extras,
                                   str(namespace_for(tenant_id)))
         except ValueError as exc:
             raise BadRequest(f"prompt: {exc}", "prompt") from exc

@@ -306,7 +306,7 @@ class HFGenerator:
                 usage.hidden_ms = min(loaded, waited) * 1000.0
             hashes, blocks = kv.lookup(kv_plan, ids, usage, hashes)
             cache = kv.build(self.model.config, blocks)
-            start = len(blocks) * kv.config.block_size
+            start = len(blocks) * kv.block_size
             out = self.model(input_ids=torch.tensor([ids[start:]], device=self.device), use_cache=True,
                              **{self._cache_arg: cache})
             kv.store(kv_plan, ids, hashes, cache, len(blocks), usage)

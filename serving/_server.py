@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -40,14 +40,26 @@ from evocache.controller import (
     StoreConfig,
     build_runtime,
     cache_if,
+    namespace_for,
     open_policy_store,
     tenant_scope,
     use_runtime,
 )
 
 from ._affinity import BlockLedger
-from ._model import GenerationParams, Generator, ModelConfig, Tokenizer, apply_stop, load_generator, load_tokenizer
+from ._model import (
+    GenerationParams,
+    Generator,
+    HFGenerator,
+    ModelConfig,
+    Tokenizer,
+    apply_stop,
+    load_generator,
+    load_tokenizer,
+)
 from ._request import Completion, Decision, Finish, GenerateRequest
+from .kv._cache import SHARED_SALT, KvConfig, KvPlan, KvPrefixCache, KvUsage
+from .kv._store import BlockGeometry
 
 log = logging.getLogger("evocache.serving")
 
@@ -64,8 +76,14 @@ class ServerSpec(BaseModel):
     contract: str = "true"
     store: StoreConfig = Field(default_factory=StoreConfig)
     policy_store: PolicyStoreConfig | None = None
-    block_size: int = Field(16, ge=1, le=4096)
+    block_size: int = Field(16, ge=1, le=4096)  # tokens per block: the router's hashes and the KV cache's
+    kv: KvConfig | None = Field(default_factory=KvConfig)  # the KV prefix cache of a Hugging Face model
     ledger_blocks: int = Field(512, ge=1, le=4096)  # what each routing report carries
+
+
+    def block_extras(self) -> tuple[str, ...]:
+        """What a block's hash binds besides its tokens and tenant: what changes the KV a block holds."""
+        return (self.model.id, self.model.revision, self.model.dtype, self.kv.adapter if self.kv else "")
 
 
 def same_answer(a: list[str], b: list[str]) -> bool:
@@ -73,8 +91,19 @@ def same_answer(a: list[str], b: list[str]) -> bool:
     return "".join(a) == "".join(b)
 
 
-# The records of the call in progress (see DecisionTap): set around each step of a call, never across a yield.
-_slot: contextvars.ContextVar[list | None] = contextvars.ContextVar("evocache_serving_decision", default=None)
+@dataclass(slots=True)
+class _Call:
+    """One request in progress: the access-event records its call made (``DecisionTap``), and what the model
+    call needs besides its arguments: the request, the policy of its arm, and the KV cache's usage."""
+
+    request: GenerateRequest
+    policy: Any
+    records: list = field(default_factory=list)
+    kv: KvUsage | None = None
+
+
+# The call in progress: set around each step of a call, never across a yield.
+_slot: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("evocache_serving_call", default=None)
 
 
 class DecisionTap:
@@ -90,9 +119,9 @@ class DecisionTap:
         return self.inner.errors
 
     def record(self, rec: tuple) -> None:
-        slot = _slot.get()
-        if slot is not None:
-            slot.append(rec)
+        call = _slot.get()
+        if call is not None:
+            call.records.append(rec)
         self._record(rec)
 
     def flush(self) -> None:
@@ -108,8 +137,8 @@ class DecisionTap:
 _END = object()
 
 
-def _step(it: Iterator[str], slot: list) -> Any:
-    token = _slot.set(slot)
+def _step(it: Iterator[str], call: _Call) -> Any:
+    token = _slot.set(call)
     try:
         return next(it, _END)
     finally:
@@ -128,6 +157,13 @@ class ModelServer:
         self.runtime = replace(base, events=self.tap)
         self.rollouts = RolloutRuntimes(self.runtime)
         self.ledger = BlockLedger(capacity_blocks=spec.ledger_blocks)
+        self.kv: KvPrefixCache | None = None
+        if spec.kv is not None and isinstance(self.generator, HFGenerator):
+            lower = {name: tier for name, tier in self.runtime.store.tiers.items() if name in ("l2", "l3")}
+            geometry = BlockGeometry.of_model(self.generator.model, spec.block_size)
+            self.kv = KvPrefixCache(spec.kv, geometry, extras=spec.block_extras(), device=self.generator.device,
+                                    lower=lower)
+            self.generator.attach_kv(self.kv)
         self._inflight = 0
         self._inflight_lock = threading.Lock()
         model = spec.model
@@ -152,7 +188,39 @@ class ModelServer:
     def _answer(self, prompt: str, input_ids: list[int], max_tokens: int, temperature: float, top_p: float,
                 top_k: int, seed: int | None, stop: list[str], endpoint: str) -> Iterator[str]:
         params = GenerationParams(max_tokens, temperature, top_p, seed, tuple(stop))
-        yield from apply_stop(self.generator.stream(prompt, input_ids, params), stop)
+        call = _slot.get()
+        if self.kv is None or call is None:
+            yield from apply_stop(self.generator.stream(prompt, input_ids, params), stop)
+            return
+        call.kv = KvUsage()
+        plan = self._kv_plan(call)
+        if not plan.enabled:
+            call.kv.miss = plan.reason
+        yield from apply_stop(self.generator.stream(prompt, input_ids, params, plan, call.kv), stop)
+
+    def _kv_plan(self, call: _Call) -> KvPlan:
+        """What the KV cache may do for this request: the rule's ``kv:`` (the arm's policy decides on the
+        request view), or with no policy, prefix reuse in every tier."""
+        request = call.request
+        salt = str(namespace_for(request.tenant))
+        if call.policy is None:
+            return KvPlan(salt=salt)
+        decision = call.policy.decide(self._view(request))
+        spec = decision.kv
+        if spec is None or getattr(spec, "reuse", "prefix") in ("off", "none"):
+            return KvPlan(salt=salt, enabled=False, reason="off")
+        if len(request.input_ids) < (getattr(spec, "min_tokens", 0) or 0):
+            return KvPlan(salt=salt, enabled=False, reason="below-min-tokens")
+        if getattr(spec, "shared_prefixes", False):
+            salt = SHARED_SALT
+        return KvPlan(salt=salt, tiers=tuple(getattr(spec, "tiers", None) or decision.tiers))
+
+    def _view(self, request: GenerateRequest) -> dict[str, Any]:
+        return {"prompt": request.prompt, "input_ids": list(request.input_ids), "max_tokens": request.max_tokens,
+                "temperature": request.temperature, "top_p": request.top_p, "top_k": 0, "seed": request.seed,
+                "stop": list(request.stop), "endpoint": request.endpoint, "stream": request.stream,
+                "tenant": {"id": request.tenant, "tier": request.tenant_tier},
+                "model": self.spec.model.id, "model_revision": self.spec.model.revision}
 
     # -- requests ----------------------------------------------------------------------------------------
 
@@ -166,26 +234,27 @@ class ModelServer:
                       "max_tokens": request.max_tokens, "temperature": request.temperature,
                       "top_p": request.top_p, "top_k": 0, "seed": request.seed, "stop": list(request.stop),
                       "endpoint": request.endpoint}
-            slot: list = []
-            token = _slot.set(slot)
+            call = _Call(request, rt.policy)
+            token = _slot.set(call)
             try:
                 with use_runtime(rt), tenant_scope(request.tenant, request.tenant_tier):
                     pieces = iter(self.answer(**kwargs))
                     self.rollouts.compare(self.answer, (), kwargs, base=rt)
             finally:
                 _slot.reset(token)
-            first = _step(pieces, slot)
-            yield self._decision(slot, arm, rt)
+            first = _step(pieces, call)
+            yield self._decision(call.records, arm, rt)
             text = []
             piece = first
             while piece is not _END:
                 text.append(piece)
                 yield piece
-                piece = _step(pieces, slot)
+                piece = _step(pieces, call)
             completion = self._completion_tokens(text, bool(request.stop))
             self.ledger.served(request.blocks)
+            cached = call.kv.cached_tokens if call.kv is not None else 0
             yield Finish("length" if completion >= request.max_tokens else "stop", len(request.input_ids),
-                         completion)
+                         completion, cached)
         finally:
             with self._inflight_lock:
                 self._inflight -= 1
@@ -210,8 +279,8 @@ class ModelServer:
         assert decision is not None and finish is not None  # stream() always yields both
         return Completion(decision, "".join(text), finish)
 
-    def _decision(self, slot: list, arm: str, rt: CacheRuntime) -> Decision:
-        for rec in slot:
+    def _decision(self, records: list, arm: str, rt: CacheRuntime) -> Decision:
+        for rec in records:
             if rec[5] in _DECISIONS:
                 return Decision(outcome=rec[5], tier=rec[6] or "", rule=rec[3], policy=rec[4], arm=arm,
                                 replica=self.replica_id, reason=rec[11] or "")

@@ -27,8 +27,8 @@ def generator():
 
 
 def attach(generator, lower=None, **config):
-    kv = KvPrefixCache(KvConfig(block_size=8, **config), BlockGeometry.of_model(generator.model, 8),
-                       model_id="tiny-llama", revision="", device="cpu", lower=lower)
+    kv = KvPrefixCache(KvConfig(**config), BlockGeometry.of_model(generator.model, 8),
+                       extras=("tiny-llama", "", "float32", ""), device="cpu", lower=lower)
     generator.attach_kv(kv)
     return kv
 

@@ -63,3 +63,34 @@ def test_greedy_decoding_is_deterministic_and_sampling_with_a_seed_repeats(http)
     # A seeded sample is reproducible, so the cache may keep it; unseeded sampling is bypassed.
     assert raw.parse().choices[0].text == again.parse().choices[0].text
     assert again.headers["x-evocache-outcome"] == "hit"
+
+
+def test_a_shared_system_prompt_is_reused_from_the_kv_cache_and_reported_as_cached_tokens(http, tmp_path):
+    client = openai.OpenAI(base_url=f"{http.url}/v1", api_key=ACME, max_retries=0)
+    system = {"role": "system", "content": "You are a terse assistant for the evocache project. " * 6}
+
+    def ask(question):
+        return client.chat.completions.create(
+            model="tiny-llama", temperature=0, max_tokens=6,
+            messages=[system, {"role": "user", "content": question}])
+
+    first = ask("what is a cache?")
+    second = ask("what is a prefix?")  # another question after the same system prompt
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= 16 * 4 and cached % 16 == 0 and cached < second.usage.prompt_tokens
+
+    # The answer with reused KV is the answer the model gives computing everything.
+    spec = ServerSpec(model=ModelConfig(kind="hf", id="tiny-llama", path=str(EXAMPLE), tokenizer="minilm"),
+                      store=StoreConfig(events=EventsConfig(sink="ring")), kv=None)
+    plain = ModelServer(spec, "no-kv")
+    keys = FileKeyStore.load(write_keys(tmp_path / "keys.yaml"))
+    api = Api(model_id="tiny-llama", model_revision="", tokenizer=plain.tokenizer,
+              backend=LocalBackend([plain]), keys=keys)
+    with UvicornThread(build_fastapi(api)) as other:
+        uncached = openai.OpenAI(base_url=f"{other.url}/v1", api_key=ACME, max_retries=0).chat.completions.create(
+            model="tiny-llama", temperature=0, max_tokens=6,
+            messages=[system, {"role": "user", "content": "what is a prefix?"}])
+    plain.close()
+    assert uncached.choices[0].message.content == second.choices[0].message.content
+    assert uncached.usage.prompt_tokens_details.cached_tokens == 0

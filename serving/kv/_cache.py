@@ -44,14 +44,13 @@ _OTHER_TENANT_MEMORY = 65_536
 
 
 class KvConfig(BaseModel):
-    """A replica's KV prefix cache: ``block_size`` tokens per block, ``l1_bytes`` of device memory for blocks,
+    """A replica's KV prefix cache: ``l1_bytes`` of device memory for blocks,
     the L1 ``eviction`` policy (``lookahead`` keeps the blocks of waiting requests; its base is ``lru``), the
     layers per L2/L3 payload (``layer_group``, 0: all), the ``ttl_s`` of blocks in L2/L3, and ``prefetch``:
     load a waiting request's blocks from L2/L3 into L1 while it waits."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    block_size: int = Field(16, ge=1, le=4096)
     l1_bytes: int = Field(256 << 20, ge=1)
     eviction: str = "lookahead"
     layer_group: int = Field(0, ge=0)
@@ -101,14 +100,13 @@ class KvPrefixCache:
     """The cache of one replica (see the module docstring). ``lower`` maps ``l2``/``l3`` to controller tiers
     (the replica's own, shared with its response cache); ``device`` is the model's."""
 
-    def __init__(self, config: KvConfig, geometry: BlockGeometry, *, model_id: str, revision: str, device: Any,
+    def __init__(self, config: KvConfig, geometry: BlockGeometry, *, extras: tuple[str, ...], device: Any,
                  lower: dict[str, Any] | None = None, clock: Any = time.time) -> None:
-        if geometry.block_size != config.block_size:
-            raise ValueError("the geometry's block size must be the config's")
         self.config = config
         self.geometry = geometry
+        self.block_size = geometry.block_size
         self.device = device
-        self.extras = (model_id, revision, geometry.dtype, config.adapter)
+        self.extras = tuple(extras)  # what a block's hash binds: model id and revision, dtype, adapter
         self.l1 = DeviceBlocks(config.l1_bytes, geometry.block_bytes(), config.eviction)
         self.lower = {name: tier for name, tier in (lower or {}).items() if name in LOWER_TIERS}
         self.groups = layer_groups(geometry, config.layer_group)
@@ -128,7 +126,7 @@ class KvPrefixCache:
     # -- hashing -------------------------------------------------------------------------------------------
 
     def hashes(self, input_ids: Sequence[int], salt: str) -> tuple[BlockHash, ...]:
-        return block_hashes(input_ids, self.config.block_size, self.extras, salt)
+        return block_hashes(input_ids, self.block_size, self.extras, salt)
 
     @staticmethod
     def _key(block: BlockHash, group: tuple[int, int]) -> str:
@@ -177,7 +175,7 @@ class KvPrefixCache:
         """The prompt's block hashes and its longest cached prefix as blocks (each a (keys, values) pair per
         layer), filling ``usage``; the prefix stops one token short of the prompt at most."""
         usage.prompt_tokens = len(input_ids)
-        bs = self.config.block_size
+        bs = self.block_size
         if hashes is None:
             hashes = self.hashes(input_ids, plan.salt)
         usable = (len(input_ids) - 1) // bs  # the last prompt token is always computed
@@ -222,7 +220,7 @@ class KvPrefixCache:
         return "evicted"
 
     def _content(self, input_ids: Sequence[int]) -> bytes:
-        data = ",".join(map(str, input_ids[: self.config.block_size])).encode()
+        data = ",".join(map(str, input_ids[: self.block_size])).encode()
         return hashlib.blake2b(data, digest_size=16).digest()
 
     def _load_lower(self, plan: KvPlan, hashes: Sequence[BlockHash], start: int, into_l1: bool,
@@ -283,7 +281,7 @@ class KvPrefixCache:
               start_block: int, usage: KvUsage) -> None:
         """Keep the full blocks ``start_block ..`` of the prompt ``input_ids`` from ``cache`` (the model's cache
         after the prefill): cloned into L1, and written to the lower tiers the plan allows."""
-        bs = self.config.block_size
+        bs = self.block_size
         n = min(len(hashes), cache.get_seq_length() // bs)
         now = self.clock()
         for i in range(start_block, n):
