@@ -44,6 +44,10 @@ PARTS: dict[str, str] = {
     "eviction-throughput": "make bench-eviction",
     "eviction-cost": "make bench-eviction",
     "overhead": "make bench",
+    "serving-hit": "make bench-serving",
+    "serving-miss": "make bench-serving",
+    "serving-affinity": "make bench-serving",
+    "serving-load": "make bench-serving",
 }
 
 
@@ -472,6 +476,216 @@ def overhead(results: Mapping[str, Result]) -> list[str]:
     return [*lines, "", *provenance(result)]
 
 
+# -- serving -----------------------------------------------------------------------------------------------
+
+SERVING_HIT = {
+    "hit_handle": "handle: the model deployment's `complete`",
+    "hit_http": "HTTP: `/v1/completions` through the ingress",
+    "hit_http_two_hops": "HTTP: `/v1/completions` through the ingress",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Compared:
+    """One row of bench/serving.py's parts a and b: p50 and p99 of both sides, in ms, and the target."""
+
+    name: str
+    baseline: str
+    samples: int
+    ours: tuple[float, float]
+    theirs: tuple[float, float]
+    ratio_p50: float
+    ratio_p99: float
+    target: float
+
+
+def compared_rows(result: Result, known: Sequence[str]) -> dict[str, Compared]:
+    rows = {}
+    for where, row in rows_of(result):
+        name = field(result, where, row, "comparison", str)
+        if name not in known:
+            raise ResultError(f"{result.path}: {where}: unknown comparison {name!r}; known: {', '.join(known)}")
+        rows[name] = Compared(
+            name, field(result, where, row, "baseline", str), field(result, where, row, "samples", int),
+            (field(result, where, row, "evocache_p50_ms"), field(result, where, row, "evocache_p99_ms")),
+            (field(result, where, row, "baseline_p50_ms"), field(result, where, row, "baseline_p99_ms")),
+            field(result, where, row, "ratio_p50"), field(result, where, row, "ratio_p99"),
+            field(result, where, row, "target_p50_ratio"))
+    missing = [name for name in known if name not in rows]
+    if missing:
+        raise ResultError(f"{result.path}: no row for {', '.join(missing)}")
+    return rows
+
+
+def ms_pair(pair: tuple[float, float]) -> str:
+    return f"{pair[0]:.2f} / {pair[1]:.2f}"
+
+
+def met(ok: bool) -> str:
+    return "met" if ok else "not met"
+
+
+def serving_hit(results: Mapping[str, Result]) -> list[str]:
+    result = results["serving-hit"]
+    rows = compared_rows(result, list(SERVING_HIT))
+    body = [[SERVING_HIT[name], c.baseline, str(c.samples), ms_pair(c.ours), ms_pair(c.theirs), f"{c.ratio_p50:.2f}",
+             f"{c.ratio_p99:.2f}", f"≤ {c.target:g}", met(c.ratio_p50 <= c.target)] for name, c in rows.items()]
+    lines = ["An exact hit (L1) through a local Ray Serve, against bare Ray Serve deployments returning the same "
+             f"payload (the hit's own `Completion`, or its {context_field(result, 'body_bytes', int)}-byte JSON body "
+             "and `x-evocache-*` headers), one model replica. Each side is called one request at a time from the "
+             f"driver, {context_field(result, 'rounds', int)} interleaved rounds of "
+             f"{context_field(result, 'per_round', int)} calls (the side going first rotates); latencies are the "
+             "client's, in ms. evocache's HTTP path is two deployments (the ingress authenticates, parses, "
+             "tokenises and hashes the prompt's blocks, then calls the model deployment through a handle, where "
+             "the prefix-affinity router runs); the second echo row has the same two hops.", ""]
+    lines += table(["evocache", "baseline", "calls", "evocache p50 / p99", "baseline p50 / p99", "p50 ratio",
+                    "p99 ratio", "target (p50)", ""], body)
+    return [*lines, "", *provenance(result)]
+
+
+def serving_miss(results: Mapping[str, Result]) -> list[str]:
+    result = results["serving-miss"]
+    c = compared_rows(result, ["miss_handle"])["miss_handle"]
+    model_ms = context_field(result, "model_ms")
+    lines = [f"Every request new (a unique prompt), through the model deployment over a handle, against a bare "
+             f"deployment calling the same {model_ms:g} ms model and wrapping its answer in the same dataclasses; "
+             f"{context_field(result, 'rounds', int)} interleaved rounds of {context_field(result, 'per_round', int)} "
+             "calls per side, one at a time, in ms. The overhead is the p50 ratio less one.", ""]
+    lines += table(["evocache", "baseline", "calls", "evocache p50 / p99", "baseline p50 / p99", "p50 overhead",
+                    "p99 overhead", "target (p50)", ""],
+                   [["miss path, handle", c.baseline, str(c.samples), ms_pair(c.ours), ms_pair(c.theirs),
+                     f"{(c.ratio_p50 - 1) * 100:+.1f} %", f"{(c.ratio_p99 - 1) * 100:+.1f} %",
+                     f"≤ {(c.target - 1) * 100:+g} %", met(c.ratio_p50 <= c.target)]])
+    return [*lines, "", *provenance(result)]
+
+
+@dataclass(frozen=True, slots=True)
+class RouterRow:
+    router: str
+    requests: int
+    errors: int
+    could_hit: int
+    l1_hits: int
+    l1_hit_ratio: float | None
+    share: float
+    p50: float
+    p99: float
+    spread: tuple[float, float, float]  # p50, p99, max
+    over_threshold: float
+    per_replica: list[int]
+
+
+def router_rows(result: Result) -> dict[str, RouterRow]:
+    rows = {}
+    for where, row in rows_of(result):
+        router = field(result, where, row, "router", str)
+        if router not in ("affinity", "default"):
+            raise ResultError(f"{result.path}: {where}: field 'router' must be affinity or default, got {router!r}")
+        per_replica = field(result, where, row, "per_replica", list)
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in per_replica):
+            raise ResultError(f"{result.path}: {where}: field 'per_replica' must be a list of integers")
+        rows[router] = RouterRow(
+            router, field(result, where, row, "requests", int), field(result, where, row, "errors", int),
+            field(result, where, row, "could_hit", int), field(result, where, row, "l1_hits", int),
+            field(result, where, row, "l1_hit_ratio", optional=True), field(result, where, row, "affinity_share"),
+            field(result, where, row, "p50_ms"), field(result, where, row, "p99_ms"),
+            (field(result, where, row, "spread_p50"), field(result, where, row, "spread_p99"),
+             field(result, where, row, "spread_max")),
+            field(result, where, row, "over_threshold_share"), per_replica)
+    for router in ("affinity", "default"):
+        if router not in rows:
+            raise ResultError(f"{result.path}: no row for router {router!r}")
+    return rows
+
+
+def serving_affinity(results: Mapping[str, Result]) -> list[str]:
+    result = results["serving-affinity"]
+    rows = router_rows(result)
+    threshold = context_field(result, "imbalance_threshold", int)
+    target = context_field(result, "target_share_ratio")
+    body = [[{"affinity": "prefix affinity", "default": "Ray's default (power of two choices)"}[r.router],
+             str(r.requests), str(r.errors),
+             f"{r.l1_hits} / {r.could_hit}" + (f" ({percent(r.l1_hit_ratio)})" if r.l1_hit_ratio is not None else ""),
+             f"{r.share:.3f}", f"{r.p50:.1f} / {r.p99:.1f}", f"{r.spread[0]:g} / {r.spread[1]:g} / {r.spread[2]:g}",
+             percent(r.over_threshold), " / ".join(map(str, r.per_replica))] for r in rows.values()]
+    ratio = rows["affinity"].share / rows["default"].share if rows["default"].share else None
+    spread_p99 = rows["affinity"].spread[1]
+    sent, total = context_field(result, "requests", int), context_field(result, "trace_requests", int)
+    lines = [f"{'All' if sent == total else f'The first {sent:,} of'} the {total:,} requests of "
+             f"{context_field(result, 'trace', str)} in order, each hash id a block of "
+             f"{context_field(result, 'block_size', int)} characters (so requests sharing leading hash ids share "
+             f"leading blocks), sent over HTTP by {context_field(result, 'clients', int)} clients to "
+             f"{context_field(result, 'replicas', int)} model replicas of a {context_field(result, 'model_ms'):g} ms "
+             "model; the two routers' applications run side by side and take the trace in alternating chunks of "
+             f"{context_field(result, 'chunk', int)}. L1 hits / could hit: hits answered from the replica's own "
+             "memory, of the requests identical to an earlier request of the trace (no Redis: a repeat sent to "
+             "another replica misses, and so does one sent while its twin is still being answered). Affinity share: of each request's blocks that an earlier request carried, "
+             "the share last answered by the replica this request went to (`x-evocache-replica`). Queue spread: at "
+             "each request's send time, the most minus the fewest requests in flight per replica as the client "
+             "saw them (sent and not yet answered, counted on the replica that answered), so it includes time in "
+             f"the ingress; the router's imbalance threshold is {threshold}. Latencies in ms.", ""]
+    lines += table(["router", "requests", "errors", "L1 hits / could hit", "affinity share", "p50 / p99",
+                    "queue spread p50 / p99 / max", f"sends with spread > {threshold}", "requests per replica"], body)
+    lines += ["", *table(["target", "measured", ""], [
+        [f"affinity share ≥ {target:g}× the default router's", "n/a" if ratio is None else f"{ratio:.2f}×",
+         "n/a" if ratio is None else met(ratio >= target)],
+        [f"queue spread within the imbalance threshold ({threshold})", f"p99 {spread_p99:g}, max "
+         f"{rows['affinity'].spread[2]:g}", met(spread_p99 <= threshold)],
+    ])]
+    return [*lines, "", *provenance(result)]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadRow:
+    duration_s: float
+    clients: int
+    requests: int
+    errors: int
+    throughput: float
+    p50: float
+    p99: float
+    hits: int
+    rss: list[tuple[float, float, float, float]]  # start, after the warm-up, end (MiB), growth
+    growth_max: float
+
+
+def load_row(result: Result) -> LoadRow:
+    where, row = next(iter(rows_of(result)))
+    outcomes = field(result, where, row, "outcomes", dict)
+    rss = []
+    for i, r in enumerate(field(result, where, row, "rss", list)):
+        at = f"{where}.rss[{i}]"
+        rss.append((field(result, at, r, "start_mb"), field(result, at, r, "warm_mb"), field(result, at, r, "end_mb"),
+                    field(result, at, r, "growth")))
+    if not rss:
+        raise ResultError(f"{result.path}: {where}: field 'rss' is empty")
+    return LoadRow(field(result, where, row, "duration_s"), field(result, where, row, "clients", int),
+                   field(result, where, row, "requests", int), field(result, where, row, "errors", int),
+                   field(result, where, row, "throughput_rps"), field(result, where, row, "p50_ms"),
+                   field(result, where, row, "p99_ms"), field(result, f"{where}.outcomes", outcomes, "hit", int),
+                   rss, field(result, where, row, "rss_growth_max"))
+
+
+def serving_load(results: Mapping[str, Result]) -> list[str]:
+    result = results["serving-load"]
+    r = load_row(result)
+    warm = context_field(result, "warm_up_s")
+    target = context_field(result, "target_rss_growth")
+    lines = [f"{r.clients} clients over HTTP for {r.duration_s:.0f} s on 127.0.0.1, each sending its next request "
+             f"when the last is answered: {percent(1 - context_field(result, 'fresh_share'))} repeats of "
+             f"{context_field(result, 'pool', int)} prompts, the rest fresh prompts; "
+             f"{context_field(result, 'replicas', int)} model replicas of an instant model behind the ingress. "
+             "Resident set (`VmRSS`) of each model replica's process (`ray::ServeReplica:<app>:model`), at the "
+             f"start, after {warm:g} s and at the end; growth is from {warm:g} s to the end. Latencies in ms.", ""]
+    lines += table(["requests", "errors", "hits", "throughput", "p50 / p99", "replica RSS, MiB (start → "
+                    f"{warm:g} s → end)", "RSS growth", "target", ""],
+                   [[f"{r.requests:,}", str(r.errors), f"{r.hits:,}", f"{r.throughput:.0f} req/s",
+                     f"{r.p50:.1f} / {r.p99:.1f}", "; ".join(f"{a:.0f} → {b:.0f} → {c:.0f}" for a, b, c, _ in r.rss),
+                     " / ".join(f"{g * 100:+.1f} %" for *_, g in r.rss),
+                     f"0 errors, growth < {target * 100:g} %", met(r.errors == 0 and r.growth_max < target)]])
+    return [*lines, "", *provenance(result)]
+
+
 # -- the page and the headline -----------------------------------------------------------------------------
 
 
@@ -490,6 +704,10 @@ SECTIONS = (
     Section("Eviction policy cost on the request path", eviction_cost),
     Section("Replay throughput", eviction_throughput),
     Section("Per-call overhead", overhead),
+    Section("Serving: an exact hit through Ray Serve", serving_hit),
+    Section("Serving: the miss path", serving_miss),
+    Section("Serving: prefix-affinity routing", serving_affinity),
+    Section("Serving: sustained load", serving_load),
 )
 
 INTRO = """\
@@ -500,10 +718,10 @@ INTRO = """\
 Every figure here is read from a result file under bench/results/ and printed with the command that produced it,
 when it ran, on how many cores at what load average, and with which versions. What each benchmark measures and
 why the mechanisms are built as they are is on the design pages: [semantic caching](semantic.md),
-[eviction](eviction.md), [replay](replay.md). To measure again (tens of minutes on two cores) and regenerate
-this page and the README's headline table:
+[eviction](eviction.md), [replay](replay.md), [serving](serving.md). To measure again (tens of minutes on two
+cores) and regenerate this page and the README's headline table:
 
-    make bench bench-eviction bench-semantic
+    make bench bench-eviction bench-semantic bench-serving
     make bench-report
 """
 
@@ -580,6 +798,30 @@ def headline(results: Mapping[str, Result]) -> str:
                         ("miss_path_vs_bare_1ms", "Miss path, against calling the same 1 ms function bare")):
         candidate, baseline, ratio, _ = costs[name]
         body.append([label, f"{ratio:.2f}× ({candidate:.2f} µs against {baseline:.2f} µs)", link("Per-call overhead")])
+
+    hit = compared_rows(results["serving-hit"], list(SERVING_HIT))
+    handle, two_hops = hit["hit_handle"], hit["hit_http_two_hops"]
+    body.append(["Exact hit through Ray Serve against bare Ray Serve returning the same payload, p50",
+                 f"{handle.ratio_p50:.2f}× over a handle ({handle.ours[0]:.2f} ms against {handle.theirs[0]:.2f} ms), "
+                 f"{two_hops.ratio_p50:.2f}× over HTTP against the same two hops ({two_hops.ours[0]:.2f} ms against "
+                 f"{two_hops.theirs[0]:.2f} ms), {hit['hit_http'].ratio_p50:.2f}× against one bare deployment",
+                 link("Serving: an exact hit through Ray Serve")])
+    miss = compared_rows(results["serving-miss"], ["miss_handle"])["miss_handle"]
+    body.append([f"Miss path through a replica on a {context_field(results['serving-miss'], 'model_ms'):g} ms model, "
+                 "against a bare deployment, p50", f"{(miss.ratio_p50 - 1) * 100:+.1f} % ({miss.ours[0]:.1f} ms "
+                 f"against {miss.theirs[0]:.1f} ms)", link("Serving: the miss path")])
+    routers = router_rows(results["serving-affinity"])
+    ours, theirs = routers["affinity"], routers["default"]
+    body.append(["Prefix-affinity router against Ray's default router (2 replicas, the Mooncake trace): share of "
+                 "reused prefix blocks sent to the replica that last served them",
+                 f"{ours.share:.2f} against {theirs.share:.2f}"
+                 + (f" ({ours.share / theirs.share:.2f}×)" if theirs.share else ""),
+                 link("Serving: prefix-affinity routing")])
+    load = load_row(results["serving-load"])
+    body.append([f"{load.clients} HTTP clients for {load.duration_s:.0f} s", f"{load.requests:,} requests, "
+                 f"{load.errors} errors, {load.throughput:.0f} req/s, p99 {load.p99:.0f} ms; replica RSS "
+                 f"{max(g for *_, g in load.rss) * 100:+.1f} % after the first "
+                 f"{context_field(results['serving-load'], 'warm_up_s'):g} s", link("Serving: sustained load")])
 
     speed = results["eviction-throughput"]
     where, row = next(iter(rows_of(speed)))

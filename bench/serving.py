@@ -340,7 +340,7 @@ def block_text(hash_id: int, size: int = BLOCK_SIZE) -> str:
     return str(hash_id).rjust(size - 1, "0")[-(size - 1):] + " "
 
 
-def trace_requests(limit: int | None) -> list[tuple[int, ...]]:
+def trace_requests(limit: int | None = None) -> list[tuple[int, ...]]:
     rows = []
     with TRACE.open(encoding="utf-8") as fh:
         for line in fh:
@@ -458,7 +458,8 @@ def part_affinity(bench: Bench, limit: int | None, chunk: int, clients: int = 8
             "default": bench.config("model_50ms", replicas=replicas, router=False)}
     urls = {name: bench.deploy(name, config) for name, config in apps.items()}
     threshold = apps["affinity"].deployment.imbalance_threshold
-    requests = trace_requests(limit)
+    everything = trace_requests()
+    requests = everything[:limit]
     work = [(blocks, "".join(block_text(h) for h in blocks)) for blocks in requests]
     runs = {name: RouterRun(name, replicas) for name in apps}
 
@@ -474,7 +475,8 @@ def part_affinity(bench: Bench, limit: int | None, chunk: int, clients: int = 8
     for name in apps:
         serve.delete(name)
     rows = [runs[name].row(threshold) for name in apps]
-    context = {"trace": str(TRACE.relative_to(BENCH.parent)), "requests": len(requests), "chunk": chunk,
+    context = {"trace": str(TRACE.relative_to(BENCH.parent)), "requests": len(requests),
+               "trace_requests": len(everything), "chunk": chunk,
                "clients": clients, "replicas": replicas, "block_size": BLOCK_SIZE, "model_ms": MODEL_S * 1e3,
                "imbalance_threshold": threshold, "errors": {name: runs[name].errors[:5] for name in apps},
                "target_share_ratio": TARGETS["affinity_share_ratio"]}

@@ -149,6 +149,52 @@ def fixtures() -> dict[str, dict[str, Any]]:
             {"comparison": "miss_path_vs_bare_1ms", "candidate_us": 1050.0, "baseline_us": 1000.0, "ratio": 1.05,
              "target": 1.05},
         ], {"rounds": 21}, ".venv/bin/python bench/overhead.py --results bench/results"),
+        **serving_fixtures(),
+    }
+
+
+def _compared(name: str, baseline: str, ours: tuple[float, float], theirs: tuple[float, float],
+              target: float) -> dict[str, Any]:
+    return {"comparison": name, "path": "http" if "http" in name else "handle", "baseline": baseline,
+            "samples": 600, "evocache_p50_ms": ours[0], "evocache_p99_ms": ours[1], "baseline_p50_ms": theirs[0],
+            "baseline_p99_ms": theirs[1], "ratio_p50": ours[0] / theirs[0], "ratio_p99": ours[1] / theirs[1],
+            "target_p50_ratio": target}
+
+
+def _router(router: str, share: float, l1_hits: int, spread: tuple[float, float, int]) -> dict[str, Any]:
+    return {"router": router, "requests": 400, "errors": 0, "could_hit": 20, "hits": l1_hits, "l1_hits": l1_hits,
+            "l1_hit_ratio": l1_hits / 20, "prior_blocks": 1000, "local_blocks": round(share * 1000),
+            "affinity_share": share, "p50_ms": 60.0, "p99_ms": 150.0, "spread_p50": spread[0],
+            "spread_p99": spread[1], "spread_max": spread[2], "over_threshold_share": 0.01,
+            "per_replica": [210, 190]}
+
+
+def serving_fixtures() -> dict[str, dict[str, Any]]:
+    command = ".venv/bin/python bench/serving.py --results bench/results"
+    rss = [{"start_mb": 160.0, "warm_mb": 165.0, "end_mb": 170.0, "growth": 5 / 165},
+           {"start_mb": 161.0, "warm_mb": 166.0, "end_mb": 166.0, "growth": 0.0}]
+    return {
+        "serving-hit": _doc("serving-hit", [
+            _compared("hit_handle", "echo deployment", (2.0, 4.0), (2.0, 3.2), 1.2),
+            _compared("hit_http", "one echo deployment", (9.0, 18.0), (4.5, 9.0), 1.2),
+            _compared("hit_http_two_hops", "two echo deployments", (9.0, 18.0), (8.0, 15.0), 1.2),
+        ], {"rounds": 15, "per_round": 40, "replicas": 1, "prompt_chars": 252, "answer_chars": 256,
+            "body_bytes": 542, "tier": "l1"}, command),
+        "serving-miss": _doc("serving-miss", [
+            {**_compared("miss_handle", "bare deployment", (52.0, 56.0), (51.0, 53.0), 1.05), "misses": 200},
+        ], {"rounds": 10, "per_round": 20, "replicas": 1, "model_ms": 50.0}, command),
+        "serving-affinity": _doc("serving-affinity", [
+            _router("affinity", 0.9, 19, (2.0, 4.0, 6)), _router("default", 0.5, 10, (1.0, 3.0, 5)),
+        ], {"trace": "bench/data/mooncake_synthetic_trace.jsonl", "requests": 400, "trace_requests": 3993,
+            "chunk": 100, "clients": 8,
+            "replicas": 2, "block_size": 16, "model_ms": 50.0, "imbalance_threshold": 4,
+            "errors": {"affinity": [], "default": []}, "target_share_ratio": 1.5}, command),
+        "serving-load": _doc("serving-load", [
+            {"duration_s": 60.2, "clients": 32, "requests": 9000, "errors": 0, "ok": 9000, "throughput_rps": 149.5,
+             "p50_ms": 200.0, "p99_ms": 400.0, "outcomes": {"miss": 5000, "hit": 4000}, "rss": rss,
+             "rss_growth_max": 5 / 165},
+        ], {"replicas": 2, "pool": 256, "fresh_share": 0.5, "warm_up_s": 10.0, "model": "instant",
+            "rss_samples": 61, "error_examples": [], "target_rss_growth": 0.1}, command),
     }
 
 
@@ -181,6 +227,11 @@ def test_the_headline_quotes_the_figures_of_the_result_files(tmp_path: Path, rep
         "2.80× (1.40 µs against 0.50 µs)",
         "1.30× (130.00 µs against 100.00 µs)",
         "1.05× (1050.00 µs against 1000.00 µs)",
+        "1.00× over a handle (2.00 ms against 2.00 ms), 1.12× over HTTP against the same two hops (9.00 ms "
+        "against 8.00 ms), 2.00× against one bare deployment",
+        "+2.0 % (52.0 ms against 51.0 ms)",
+        "0.90 against 0.50 (1.80×)",
+        "9,000 requests, 0 errors, 150 req/s, p99 400 ms; replica RSS +3.0 % after the first 10 s",
         "14.6 M accesses per minute",
     ]
     assert rows[0].endswith("[details](docs/benchmarks.md#semantic-caching-streams) |")

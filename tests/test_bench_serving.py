@@ -108,6 +108,7 @@ def test_the_quick_bench_writes_its_four_result_files_and_the_report_renders_the
     assert set(rows) == {"affinity", "default"}
     for row in rows.values():
         assert row["requests"] == affinity.context["requests"] == 160 and row["errors"] == 0
+        assert affinity.context["trace_requests"] > 160
         assert sum(row["per_replica"]) == row["requests"] and len(row["per_replica"]) <= 2
         assert 0 < row["local_blocks"] <= row["prior_blocks"]
         assert row["l1_hits"] <= row["hits"] and row["l1_hits"] <= row["could_hit"]  # a hit needs a request before
