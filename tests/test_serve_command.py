@@ -63,6 +63,15 @@ def test_evocache_serve_answers_the_openai_client_and_follows_policy_commands(tm
         assert again.headers["x-evocache-outcome"] == "hit"
         assert again.parse().choices[0].message.content == "".join(pieces)
 
+        system = {"role": "system", "content": "You answer questions about caching, briefly and exactly. " * 5}
+        usages = [client.chat.completions.create(
+            model="tiny-llama", temperature=0, max_tokens=4,
+            messages=[system, {"role": "user", "content": question}]).usage
+            for question in ("what is an eviction?", "what is a tier?")]
+        assert usages[0].prompt_tokens_details.cached_tokens == 0
+        cached = usages[1].prompt_tokens_details.cached_tokens  # the shared system prompt's full blocks
+        assert 32 <= cached < usages[1].prompt_tokens and cached % 16 == 0
+
         newer = tmp_path / "serve-v2.yaml"
         newer.write_text((ROOT / "examples/policies/serve.yaml").read_text().replace("version: 1", "version: 2"))
         applied = subprocess.run([str(EVOCACHE), "policy", "apply", str(newer), "--store", str(store)],
