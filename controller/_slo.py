@@ -168,7 +168,7 @@ class SloBreaker:
         """The tally of the slice ``now`` falls in; slices past the window are dropped from the totals."""
         index = int(now // self._slice)
         slices = self._slices
-        if slices and slices[-1][0] == index:
+        if slices and slices[-1][0] >= index:  # the same slice, or a clock stepped back: the latest one
             return slices[-1]
         while slices and slices[0][0] <= index - SLICES:
             old = slices.popleft()
@@ -290,14 +290,16 @@ class SloBreakers:
 
     def _changed(self, rule: str, state: str, reason: str) -> None:
         breaker = self.by_rule[rule]
-        if state == CLOSED:
+        # By the breaker's state now, not the one notified: two threads' notices may arrive out of order.
+        now = breaker.state
+        if now == CLOSED:
             self.tripped.pop(rule, None)
             self.bypassing.discard(rule)
         else:
             self.tripped[rule] = breaker
             if breaker.spec.trip_to == "bypass":
                 self.bypassing.add(rule)
-        self.metrics.slo_transition(self.policy_ref, rule, state, STATES[state])
+        self.metrics.slo_transition(self.policy_ref, rule, state, STATES[now])
         # A plain tuple in AccessEvent field order (controller._events).
         self.events.record((
             self.clock(), "", "", rule, self.policy_ref, f"slo-{state}", None, 0, 0.0, 0.0, "", reason, None,
