@@ -10,8 +10,14 @@ the contract or rule said no, the call samples, or an argument has no canonical 
 named) and ``reject`` (computed but not admitted: too large, unserializable, a stream that failed, or no tier
 took the write, ``reason`` ``not-stored``). A rule's SLO breaker (``controller._slo``) records its transitions
 as ``slo-open``, ``slo-half-open`` and ``slo-closed``, with the rule and a ``reason``, and no key; the
-decisions of a rule it tripped carry reason ``slo-breaker``. A sink that fails never fails a call: its errors
-are logged and counted in ``errors``.
+decisions of a rule it tripped carry reason ``slo-breaker``. A model replica with a KV prefix cache records,
+after each call whose model ran with the cache present, a ``kv`` event: the key, namespace, rule and policy of
+that call's decision, ``size`` the prompt tokens served from cached keys and values, ``tier`` the deepest tier
+they came from (None when none), ``latency_ms`` the time spent loading blocks from L2/L3, ``reason`` why the
+first block missed (``never-seen``, ``evicted``, ``other-tenant``, ``partial-block``, ``below-min-tokens``,
+``off``, ``corrupt``; empty when none did) and ``kv`` the whole usage (``serving.kv.KvUsage.as_dict``). ``kv``
+events are not accesses: replay skips them, as it skips ``bypass`` and the breaker's. A sink that fails never
+fails a call: its errors are logged and counted in ``errors``.
 """
 
 from __future__ import annotations
@@ -30,13 +36,10 @@ from ._breaker import Breaker
 
 log = logging.getLogger("evocache.controller.events")
 
-OUTCOMES = ("hit", "miss", "bypass", "store", "reject", "slo-open", "slo-half-open", "slo-closed")
+OUTCOMES = ("hit", "miss", "bypass", "store", "reject", "slo-open", "slo-half-open", "slo-closed", "kv")
 
 
-class AccessEvent(NamedTuple):
-    """One decision. A named tuple, so the request path can record a plain tuple in this field order and a
-    reader turns it into an event for free (``AccessEvent._make(record)``)."""
-
+class _Fields(NamedTuple):
     t: float
     key: str
     ns: str
@@ -50,6 +53,29 @@ class AccessEvent(NamedTuple):
     fn: str = ""
     reason: str = ""
     semantic: dict[str, Any] | None = None
+    kv: dict[str, Any] | None = None
+
+
+class AccessEvent(_Fields):
+    """One decision. A named tuple, so the request path can record a plain tuple in this field order and a
+    reader turns it into an event for free (``AccessEvent._make(record)``).
+
+    A record may stop before the trailing fields that have defaults (the request path's records end at
+    ``semantic``): ``_make`` fills them in, so adding a field never changes what the hot path records."""
+
+    __slots__ = ()
+
+    @classmethod
+    def _make(cls, iterable: Any) -> AccessEvent:
+        record = tuple(iterable)
+        missing = len(cls._fields) - len(record)
+        if missing > 0:
+            if missing > len(_TRAILING_DEFAULTS):
+                raise TypeError(f"an access event record has {len(cls._fields)} fields, got {len(record)}")
+            record += _TRAILING_DEFAULTS[len(_TRAILING_DEFAULTS) - missing :]
+        elif missing < 0:
+            raise TypeError(f"an access event record has {len(cls._fields)} fields, got {len(record)}")
+        return tuple.__new__(cls, record)
 
     def to_dict(self) -> dict[str, Any]:
         return self._asdict()
@@ -61,6 +87,8 @@ class AccessEvent(NamedTuple):
     def from_dict(cls, data: dict[str, Any]) -> AccessEvent:
         return cls(**{k: data[k] for k in cls._fields if k in data})
 
+
+_TRAILING_DEFAULTS = tuple(_Fields._field_defaults[f] for f in _Fields._fields if f in _Fields._field_defaults)
 
 EventRecord = tuple
 """A plain tuple in ``AccessEvent`` field order: what the request path hands to a sink."""

@@ -159,8 +159,8 @@ def test_crlf_lines(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("name", "fmt", "message"), [
     ("canonical_bad.jsonl", "canonical", "2: invalid JSON: Expecting ',' delimiter at the end of the line"),
     ("events_bad.jsonl", "events",
-     "2: field 'outcome' must be one of ['bypass', 'hit', 'miss', 'reject', 'slo-closed', 'slo-half-open', "
-     "'slo-open', 'store'], got 'evicted'"),
+     "2: field 'outcome' must be one of ['bypass', 'hit', 'kv', 'miss', 'reject', 'slo-closed', "
+     "'slo-half-open', 'slo-open', 'store'], got 'evicted'"),
     ("mooncake_bad.jsonl", "mooncake", "2: field 'hash_ids' must be a string or an int, got 1.5"),
     ("blocks_bad.csv", "csv", "3: time column 'time' must be a number, got 'later'"),
 ])

@@ -228,8 +228,8 @@ _EVENT_OUTCOMES = frozenset(OUTCOMES)
 def read_events(lines: Iterable[str], name: str, options: ReadOptions, stats: ReadStats) -> Iterator[Access]:
     """Access events: each ``hit`` and ``miss`` is one ``Access(t, key, size, ns, rule)``.
 
-    ``bypass`` lines and SLO breaker transitions (``slo-open``, ...) are not accesses and only their
-    ``outcome`` is checked. A miss with size 0 (what the request path records) takes the size of the next
+    ``bypass`` lines, SLO breaker transitions (``slo-open``, ...) and a replica's KV cache usage (``kv``) are
+    not accesses and only their ``outcome`` is checked. A miss with size 0 (what the request path records) takes the size of the next
     ``store`` or ``reject`` of the same ``(ns, key)``; while one waits, later accesses queue behind it so the
     order is the trace's. The queue is bounded by ``MISS_LOOKAHEAD`` lines (see there), so memory stays
     constant.
@@ -243,7 +243,7 @@ def read_events(lines: Iterable[str], name: str, options: ReadOptions, stats: Re
             outcome = _field(rec, "outcome")
             if outcome not in _EVENT_OUTCOMES:
                 raise _Bad(f"field 'outcome' must be one of {sorted(_EVENT_OUTCOMES)}, got {_show(outcome)}")
-            if outcome == "bypass" or outcome.startswith("slo-"):
+            if outcome == "bypass" or outcome == "kv" or outcome.startswith("slo-"):
                 continue
             t = _number(rec, "t")
             key = _key(_field(rec, "key"), "key")
