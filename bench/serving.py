@@ -210,10 +210,13 @@ class Bench:
 def generate_request(prompt: str, *, max_tokens: int = MAX_TOKENS) -> Any:
     """What evocache's ingress hands the model deployment for ``prompt`` (the bytes tokenizer's token ids)."""
     from evocache.controller import block_hashes, namespace_for
-    from evocache.serving import GenerateRequest
+    from evocache.serving import GenerateRequest, ModelConfig, ServerSpec
 
     ids = tuple(prompt.encode("utf-8"))
-    blocks = block_hashes(ids, BLOCK_SIZE, (MODEL_ID, ""), str(namespace_for(TENANT)))
+    # What the ingress binds a block's hash to: the replicas' extras (model, revision, ...).
+    extras = ServerSpec(model=ModelConfig(kind="callable", id=MODEL_ID, callable="_serving_models:instant_model"),
+                        block_size=BLOCK_SIZE).block_extras()
+    blocks = block_hashes(ids, BLOCK_SIZE, extras, str(namespace_for(TENANT)))
     return GenerateRequest(request_id="cmpl-" + uuid.uuid4().hex, endpoint="completions", model=MODEL_ID,
                            prompt=prompt, input_ids=ids, blocks=blocks, tenant=TENANT, tenant_tier=TIER,
                            max_tokens=max_tokens, temperature=0.0, top_p=1.0, seed=None, stop=(),

@@ -66,6 +66,25 @@ def test_a_trace_request_becomes_one_block_of_characters_per_hash_id(serving):
     assert len(request.blocks) == len(requests[0])  # the ingress hashes exactly one block per hash id
 
 
+def test_the_prepared_request_is_the_one_the_ingress_would_hand_the_replicas(serving):
+    import json
+
+    from evocache.serving import Api, ByteTokenizer, ModelConfig, ServerSpec, parse_request
+
+    spec = ServerSpec(model=ModelConfig(kind="callable", id=serving.MODEL_ID, callable="m:f"),
+                      block_size=serving.BLOCK_SIZE)
+    api = Api(model_id=serving.MODEL_ID, model_revision="", tokenizer=ByteTokenizer(), backend=None, keys=None,
+              block_size=serving.BLOCK_SIZE, block_extras=spec.block_extras())
+    prompt = "".join(serving.block_text(h) for h in range(5)) + "tail"
+    parsed = parse_request(json.dumps(serving.body(prompt)).encode(), "completion", api.limits)
+    theirs = api.to_generate(parsed, serving.TENANT, serving.TIER, "completions")
+    ours = serving.generate_request(prompt)
+    fields = ("prompt", "input_ids", "blocks", "tenant", "tenant_tier", "max_tokens", "temperature", "top_p",
+              "seed", "stop", "endpoint", "model")
+    assert [getattr(ours, f) for f in fields] == [getattr(theirs, f) for f in fields]
+    assert len(ours.blocks) == 5
+
+
 def test_unknown_parts_and_a_bad_duration_are_refused(serving, capsys):
     assert serving.options(["--parts", "c,a"]).parts == ["a", "c"]
     for argv in (["--parts", "a,e"], ["--parts", ","], ["--duration", "0"]):
