@@ -1,10 +1,10 @@
 """Per-rule SLO circuit breakers (``controller._slo``), through ``@cache_if`` on real runtimes.
 
-A rule whose semantic answers turn out wrong (``feedback(correct=False)`` on served hits, or a judge that finds
-an exploration's answers different) or whose lookups grow slow trips: for its ``cool_down`` its calls run in
-safe mode (``semantic-off``: exact caching only; ``bypass``: no cache), then half-open probes decide whether
-it closes or opens again. Every transition is an access event and a metric. Time is the runtime's injected
-clock: nothing sleeps, except the slow tier that makes lookups slow.
+A rule whose semantic answers turn out wrong (``feedback(correct=False)`` on served hits, or a judge that
+finds an exploration's answers different) or whose lookups grow slow trips: for its ``cool_down`` its calls
+run in safe mode (``semantic-off``: exact caching only; ``bypass``: no cache), then half-open probes decide
+whether it closes or opens again. Every transition is an access event and a metric. Time is the runtime's
+injected clock: nothing sleeps, except the slow tier that makes lookups slow.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ class Clock:
 
 
 class TopicEmbedder:
-    """Texts ``topicN#variant``: the variants of an even topic lie next to each other (cosine about 0.9999), an
-    odd topic's are spread out (about 0.95); topics are far apart. No model to load."""
+    """Texts ``topicN#variant``: the variants of an even topic lie next to each other (cosine about 0.9999),
+    an odd topic's are spread out (about 0.95); topics are far apart. No model to load."""
 
     name = "topic"
     dim = 16
@@ -59,7 +59,7 @@ class TopicEmbedder:
         for text in texts:
             topic = text.partition("#")[0]
             base, noise = (
-                np.random.default_rng(int(hashlib.sha256(t.encode()).hexdigest()[:8], 16)).normal(size=self.dim)
+                np.random.default_rng(int(hashlib.sha256(t.encode()).hexdigest()[:8], 16)).normal(size=16)
                 for t in (topic, text)
             )
             spread = 0.01 if int(topic[5:]) % 2 == 0 else 0.3
@@ -90,7 +90,8 @@ def runtime_for(text: str, clock: Clock, **kwargs):
 
 
 def slo_events(rt) -> list[tuple[str, str, str, str]]:
-    return [(e.outcome, e.rule, e.reason, e.policy) for e in rt.events.events() if e.outcome.startswith("slo-")]
+    events = rt.events.events()
+    return [(e.outcome, e.rule, e.reason, e.policy) for e in events if e.outcome.startswith("slo-")]
 
 
 def state_of(rt, rule: str, policy_ref: str = "p@1") -> float | None:
@@ -248,7 +249,8 @@ def test_exploration_verdicts_of_a_judge_that_finds_answers_different_trip_the_r
             if rt.slo.tripped:
                 break
     assert rt.slo.states() == {"faq": "open"}
-    assert sum(e.reason == "semantic-explore" for e in rt.events.events()[before:]) == 3  # min_samples of them
+    explored = sum(e.reason == "semantic-explore" for e in rt.events.events()[before:])
+    assert explored == 3  # min_samples of them
     assert slo_events(rt) == [("slo-open", "faq", "error-rate", "p@2")]
     with use_runtime(rt):
         answer("topic0#600")
@@ -315,7 +317,8 @@ def test_slow_lookups_trip_the_rule_to_bypass_even_for_what_l1_holds(clock):
 
 def test_fast_l1_hits_keep_an_occasional_slow_lookup_within_the_p99(clock):
     rt = slow_runtime(
-        policy("  - name: tools\n    when: 'true'\n    tiers: [l1, l2]\n    slo: {p99_ms: 1, min_samples: 2}\n"),
+        policy("  - name: tools\n    when: 'true'\n    tiers: [l1, l2]\n"
+               "    slo: {p99_ms: 1, min_samples: 2}\n"),
         clock,
     )
 
@@ -458,7 +461,8 @@ class Breaker:
         self.hits = 0.0
         self.breaker = SloBreaker(
             "r", SloSpec.model_validate(spec).resolved(), clock=clock,
-            notify=lambda rule, state, reason: self.changes.append((state, reason)), l1_hits=lambda: self.hits,
+            notify=lambda rule, state, reason: self.changes.append((state, reason)),
+            l1_hits=lambda: self.hits,
         )
 
 
