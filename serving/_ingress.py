@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -125,12 +126,14 @@ class Api:
             messages = [(m.role, m.text()) for m in parsed.messages]
             prompt = self.tokenizer.render_chat(messages)
             input_ids = self.tokenizer.encode(prompt)
+            chunks = chat_chunks(self.tokenizer, messages, prompt, input_ids)
             max_tokens = parsed.max_completion_tokens or parsed.max_tokens
         else:
             if parsed.echo or parsed.logprobs:
                 raise BadRequest("echo and logprobs: not supported by this server", "echo" if parsed.echo else
                                  "logprobs")
             prompt, input_ids = self._prompt(parsed.prompt)
+            chunks = ()
             max_tokens = parsed.max_tokens
         stop = parsed.stop if isinstance(parsed.stop, list) else [parsed.stop] if parsed.stop else []
         if len(stop) > 4 or any(not s or len(s) > 256 for s in stop):
@@ -148,7 +151,7 @@ class Api:
             tenant=tenant_id, tenant_tier=tier, max_tokens=max_tokens or self.default_max_tokens,
             temperature=float(temperature), top_p=float(parsed.top_p if parsed.top_p is not None else 1.0),
             seed=parsed.seed, stop=tuple(stop), stream=parsed.stream, include_usage=include_usage,
-            created=int(time.time()),
+            created=int(time.time()), chunks=chunks,
         )
 
     def _prompt(self, prompt: Any) -> tuple[str, list[int]]:
@@ -198,6 +201,33 @@ class Api:
         data = model(id=request.request_id, created=request.created, model=request.model, choices=[],
                      usage=self.usage(finish))
         return _sse(data.model_dump(mode="json", exclude_none=True))
+
+
+MAX_CHUNK_MESSAGES = 64  # a longer chat is sent without chunk offsets: finding them renders it once per message
+_PROBES = (("user", "0"), ("assistant", "1"))  # two next messages that differ in role and content
+
+
+def chat_chunks(tokenizer: Tokenizer, messages: list[tuple[str, str]], prompt: str,
+                input_ids: list[int]) -> tuple[int, ...]:
+    """The token offsets in ``input_ids`` where each rendered message starts (0 first), for KV chunk reuse;
+    ``()`` when they cannot be found exactly. A message starts where the render of the messages before it,
+    followed by either probe, stops agreeing with ``prompt``; the offsets count only if tokenising each span
+    alone gives exactly the prompt's tokens (a span boundary inside a token fails that)."""
+    if not 1 < len(messages) <= MAX_CHUNK_MESSAGES:
+        return ()
+    cuts = [0]
+    for i in range(1, len(messages)):
+        cut = min(len(os.path.commonprefix([prompt, tokenizer.render_chat([*messages[:i], probe])]))
+                  for probe in _PROBES)
+        if cut <= cuts[-1]:
+            return ()
+        cuts.append(cut)
+    offsets: list[int] = []
+    tokens: list[int] = []
+    for a, b in zip(cuts, [*cuts[1:], len(prompt)], strict=True):
+        offsets.append(len(tokens))
+        tokens += tokenizer.encode(prompt[a:b])
+    return tuple(offsets) if tokens == list(input_ids) else ()
 
 
 def _sse(document: Mapping[str, Any]) -> bytes:

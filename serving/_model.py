@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -27,6 +28,8 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .errors import ServingConfigError
+
+log = logging.getLogger("evocache.serving")
 
 MINILM = "minilm"
 BYTES = "bytes"
@@ -251,6 +254,7 @@ class HFGenerator:
         self.kv = kv
 
     kv: Any = None
+    _shift: Any = None  # RopeShift, or the RopeShiftUnsupported that refused it (chunk reuse)
 
     def stream(self, prompt: str, input_ids: Sequence[int], params: GenerationParams, kv_plan: Any = None,
                usage: Any = None) -> Iterator[str]:
@@ -307,10 +311,57 @@ class HFGenerator:
             hashes, blocks = kv.lookup(kv_plan, ids, usage, hashes)
             cache = kv.build(self.model.config, blocks)
             start = len(blocks) * kv.block_size
-            out = self.model(input_ids=torch.tensor([ids[start:]], device=self.device), use_cache=True,
-                             **{self._cache_arg: cache})
-            kv.store(kv_plan, ids, hashes, cache, len(blocks), usage)
+            chunks = self._chunk_prefill(kv, kv_plan, usage) if kv_plan.mode == "chunks" else None
+            if chunks is None:
+                out = self._forward(ids[start:], cache)
+                kv.store(kv_plan, ids, hashes, cache, len(blocks), usage)
+                return cache, out.logits
+            out = chunks.run(ids, cache, kv_plan.chunks)
+            usage.reused["chunk"] = chunks.reused_tokens
+            usage.recomputed = len(ids) - usage.cached_tokens
+            # Prefix blocks are exact: none after the first reused chunk, whose keys and values are not.
+            exact = len(ids) if chunks.first_reused < 0 else chunks.first_reused
+            kv.store(kv_plan, ids, hashes, cache, len(blocks), usage, stop_block=exact // kv.block_size)
+            for a, b in chunks.computed or ():
+                kv.store_chunk(kv_plan, ids[a:b], a, cache)
         return cache, out.logits
+
+    def _forward(self, ids: Sequence[int], cache: Any, positions: Any = None, mask: Any = None) -> Any:
+        """The model on ``ids`` after ``cache`` (at ``positions``, under a 4D ``mask``, when given)."""
+        extra = {}
+        if positions is not None:
+            extra["position_ids"] = positions[None]
+        if mask is not None:
+            extra["attention_mask"] = mask
+        return self.model(input_ids=self._torch.tensor([list(ids)], device=self.device), use_cache=True,
+                          **{self._cache_arg: cache}, **extra)
+
+    def _chunk_prefill(self, kv: Any, plan: Any, usage: Any) -> Any:
+        """The chunk-reuse prefill for ``plan`` (serving/kv/_chunks.py), or None (prefix reuse only, counted
+        by ``kv.refuse_chunks``) when this model's RoPE cannot be shifted exactly."""
+        from .kv._chunks import ChunkPrefill  # noqa: PLC0415
+        from .kv._rope import RopeShift  # noqa: PLC0415
+        from .kv.errors import RopeShiftUnsupported  # noqa: PLC0415
+
+        if self._shift is None:
+            try:
+                self._shift = RopeShift.from_model(self.model)
+            except RopeShiftUnsupported as exc:
+                self._shift = exc
+        if isinstance(self._shift, RopeShiftUnsupported):
+            kv.refuse_chunks(usage, "rope-unsupported", str(self._shift))
+            return None
+        fraction = plan.recompute_fraction
+        attention = self.model.config._attn_implementation
+        if fraction and attention not in ("sdpa", "eager"):
+            # The refresh forward needs a custom 4D mask, which other attention kernels do not take.
+            log.warning("KV chunk reuse: attention %r takes no 4D mask, recompute_fraction is not applied",
+                        attention)
+            usage.chunk_fallback = "no-refresh-mask"
+            fraction = 0.0
+        return ChunkPrefill(forward=self._forward, lookup=lambda ids, usable: kv.lookup_chunk(plan, ids, usable),
+                            shift=self._shift, block_size=kv.block_size, recompute_tokens=plan.recompute_tokens,
+                            recompute_fraction=fraction)
 
 
 def _pick(torch: Any, logits: Any, params: GenerationParams, rng: Any) -> int:

@@ -36,6 +36,9 @@ class GenerateRequest:
     stream: bool = False
     include_usage: bool = False
     created: int = 0
+    # Token offsets where the prompt's chunks start (a chat's rendered messages; 0 first), for KV chunk reuse;
+    # () when unknown: the replica then treats the prompt after its cached prefix as one chunk.
+    chunks: tuple[int, ...] = ()
 
     @property
     def rollout_key(self) -> bytes:

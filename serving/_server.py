@@ -213,7 +213,9 @@ class ModelServer:
             return KvPlan(salt=salt, enabled=False, reason="below-min-tokens")
         if getattr(spec, "shared_prefixes", False):
             salt = SHARED_SALT
-        return KvPlan(salt=salt, tiers=tuple(getattr(spec, "tiers", None) or decision.tiers))
+        return KvPlan(salt=salt, tiers=tuple(getattr(spec, "tiers", None) or decision.tiers), mode=spec.reuse,
+                      recompute_tokens=spec.recompute_tokens or 0,
+                      recompute_fraction=float(spec.recompute_fraction or 0.0), chunks=request.chunks)
 
     def _view(self, request: GenerateRequest) -> dict[str, Any]:
         return {"prompt": request.prompt, "input_ids": list(request.input_ids), "max_tokens": request.max_tokens,

@@ -15,6 +15,9 @@ Why a block missed is kept per request (``KvUsage.miss``): ``never-seen``, ``evi
 tier), ``other-tenant`` (another namespace stored the same leading tokens), ``partial-block`` (the prompt ends
 before a full block), ``below-min-tokens`` (the rule's ``min_tokens``), ``off`` (the rule switches KV reuse
 off), ``corrupt`` (a stored block failed its checks: it is dropped, never used).
+
+``KvPlan.mode`` ``chunks`` adds chunk reuse after the exact prefix (serving/kv/_chunks.py: approximate, opt-in);
+its blocks sit in the same L1 and tiers under chunk hashes, with the position they were computed at.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from evocache.controller import BlockHash, Entry, EntryInfo, TierError, block_hashes
 from evocache.controller.eviction import QueuedRequest
 
+from ._chunks import ChunkBlock, chunk_salt, decode_chunk_group, encode_chunk_group
 from ._store import BlockGeometry, CorruptBlock, DeviceBlocks, decode_group, encode_group, layer_groups
 
 log = logging.getLogger("evocache.serving.kv")
@@ -61,9 +65,10 @@ class KvConfig(BaseModel):
 
 @dataclass(slots=True)
 class KvUsage:
-    """What the KV cache did for one request: tokens reused per tier, tokens the model computed, the time spent
-    loading blocks from L2/L3 (and how much of it the prefetch hid while the request waited), and why the
-    first block that missed did."""
+    """What the KV cache did for one request: tokens reused per tier (``chunk``: tokens taken from cached
+    chunks at another position, not recomputed: approximate), tokens the model computed, the time spent
+    loading blocks from L2/L3 (and how much of it the prefetch hid while the request waited), why the
+    first block that missed did, and why chunk reuse was refused (``chunk_fallback``)."""
 
     prompt_tokens: int = 0
     reused: dict[str, int] = field(default_factory=dict)
@@ -73,6 +78,7 @@ class KvUsage:
     hidden_ms: float = 0.0
     miss: str = ""
     stored_blocks: int = 0
+    chunk_fallback: str = ""
 
     @property
     def cached_tokens(self) -> int:
@@ -82,18 +88,25 @@ class KvUsage:
         return {"prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
                 "reused": dict(self.reused), "recomputed": self.recomputed, "load_ms": round(self.load_ms, 3),
                 "prefetch_ms": round(self.prefetch_ms, 3), "hidden_ms": round(self.hidden_ms, 3),
-                "miss": self.miss, "stored_blocks": self.stored_blocks}
+                "miss": self.miss, "stored_blocks": self.stored_blocks, "chunk_fallback": self.chunk_fallback}
 
 
 @dataclass(frozen=True, slots=True)
 class KvPlan:
-    """One request's use of the cache: its namespace (or the shared salt), the tiers its rule allows, and
-    whether it may use the cache at all (``reason`` when not)."""
+    """One request's use of the cache: its namespace (or the shared salt), the tiers its rule allows,
+    whether it may use the cache at all (``reason`` when not), and its ``mode``: ``prefix`` (exact) or
+    ``chunks`` (also cached chunks at other positions, recomputing the first ``recompute_tokens`` tokens and
+    a share ``recompute_fraction`` of each reused chunk; ``chunks``: the token offsets where the prompt's
+    chunks start, from ``GenerateRequest.chunks``)."""
 
     salt: str
     tiers: tuple[str, ...] = ("l1", "l2", "l3")
     enabled: bool = True
     reason: str = ""
+    mode: str = "prefix"
+    recompute_tokens: int = 0
+    recompute_fraction: float = 0.0
+    chunks: tuple[int, ...] = ()
 
 
 class KvPrefixCache:
@@ -113,6 +126,7 @@ class KvPrefixCache:
         self.clock = clock
         self.errors = 0
         self.corrupt = 0
+        self.chunk_fallbacks = 0  # chunk-mode requests served prefix-only (a RoPE that does not shift exactly)
         # First blocks' tokens (unsalted digest) -> the salt that stored them: the "other-tenant" miss reason.
         self._first: OrderedDict[bytes, str] = OrderedDict()
         self._seen: OrderedDict[BlockHash, None] = OrderedDict()
@@ -224,9 +238,9 @@ class KvPrefixCache:
         return hashlib.blake2b(data, digest_size=16).digest()
 
     def _load_lower(self, plan: KvPlan, hashes: Sequence[BlockHash], start: int, into_l1: bool,
-                    prefetching: bool = False) -> tuple[list[Any], dict[str, int]]:
+                    prefetching: bool = False, chunk: bool = False) -> tuple[list[Any], dict[str, int]]:
         """Blocks ``hashes[start:]`` read from L2 then L3 in order, stopping at the first one no tier holds
-        whole; each found block is put in L1 when ``into_l1``."""
+        whole; each found block is put in L1 when ``into_l1``. ``chunk``: the blocks are ``ChunkBlock``s."""
         found: list[Any] = []
         per_tier: dict[str, int] = {}
         pending = list(hashes[start:])
@@ -247,9 +261,7 @@ class KvPrefixCache:
                 if any(e is None for e in parts):
                     break
                 try:
-                    layers: list[Any] = []
-                    for (a, b), entry in zip(self.groups, parts, strict=True):
-                        layers += decode_group(entry.value, self.geometry, a, b, self.device)
+                    block = self._decode(parts, chunk)
                 except CorruptBlock as exc:
                     self.corrupt += 1
                     log.warning("KV block %s in %s dropped: %s", bytes(h).hex()[:12], tier_name, exc)
@@ -258,7 +270,6 @@ class KvPrefixCache:
                     except TierError:
                         pass
                     break
-                block = tuple(layers)
                 found.append(block)
                 if into_l1:
                     self.l1.put(h, block, EntryInfo(size=self.geometry.block_bytes(), ns=plan.salt,
@@ -277,12 +288,29 @@ class KvPrefixCache:
                 continue
         return found, per_tier
 
+    def _decode(self, parts: Sequence[Any], chunk: bool) -> Any:
+        if not chunk:
+            layers: list[Any] = []
+            for (a, b), entry in zip(self.groups, parts, strict=True):
+                layers += decode_group(entry.value, self.geometry, a, b, self.device)
+            return tuple(layers)
+        positions, layers = set(), []
+        for (a, b), entry in zip(self.groups, parts, strict=True):
+            position, group = decode_chunk_group(entry.value, self.geometry, a, b, self.device)
+            positions.add(position)
+            layers += group
+        if len(positions) != 1:
+            raise CorruptBlock(f"KV chunk block whose layer groups disagree on its position: {sorted(positions)}")
+        return ChunkBlock(tuple(layers), positions.pop())
+
     def store(self, plan: KvPlan, input_ids: Sequence[int], hashes: Sequence[BlockHash], cache: Any,
-              start_block: int, usage: KvUsage) -> None:
-        """Keep the full blocks ``start_block ..`` of the prompt ``input_ids`` from ``cache`` (the model's cache
-        after the prefill): cloned into L1, and written to the lower tiers the plan allows."""
+              start_block: int, usage: KvUsage, stop_block: int | None = None) -> None:
+        """Keep the full blocks ``start_block .. stop_block`` of the prompt ``input_ids`` from ``cache`` (the
+        model's cache after the prefill): cloned into L1, and written to the lower tiers the plan allows."""
         bs = self.block_size
         n = min(len(hashes), cache.get_seq_length() // bs)
+        if stop_block is not None:
+            n = min(n, stop_block)
         now = self.clock()
         for i in range(start_block, n):
             h = hashes[i]
@@ -313,6 +341,66 @@ class KvPrefixCache:
                 self._first[self._content(input_ids)] = plan.salt
                 if len(self._first) > _OTHER_TENANT_MEMORY:
                     self._first.popitem(last=False)
+
+    # -- chunks (reuse: chunks) ------------------------------------------------------------------------------
+
+    def chunk_hashes(self, tokens: Sequence[int], salt: str) -> tuple[BlockHash, ...]:
+        """The hashes of a chunk's full blocks: chained over the chunk's own tokens only, salted apart from
+        prefix blocks (``chunk_salt``)."""
+        return block_hashes(tokens, self.block_size, self.extras, chunk_salt(salt))
+
+    def lookup_chunk(self, plan: KvPlan, tokens: Sequence[int], usable: int) -> list[ChunkBlock]:
+        """The leading cached blocks of the chunk ``tokens`` (at most ``usable``): from L1, then L2/L3
+        (promoted into L1)."""
+        hashes = self.chunk_hashes(tokens, plan.salt)[:usable]
+        found: list[ChunkBlock] = []
+        for h in hashes:
+            block = self.l1.get(h) if "l1" in plan.tiers else None
+            if block is None:
+                break
+            found.append(block)
+        if len(found) < len(hashes) and self.lower:
+            more, _ = self._load_lower(plan, hashes, len(found), into_l1="l1" in plan.tiers, chunk=True)
+            found += more
+        return found
+
+    def store_chunk(self, plan: KvPlan, tokens: Sequence[int], start: int, cache: Any) -> int:
+        """Keep the full blocks of the chunk ``tokens``, which sits at ``start`` in ``cache``, under chunk
+        hashes with their positions (L1 and the plan's lower tiers); returns the blocks kept."""
+        bs = self.block_size
+        hashes = self.chunk_hashes(tokens, plan.salt)
+        now = self.clock()
+        kept = 0
+        for j, h in enumerate(hashes):
+            a = start + j * bs
+            if a + bs > cache.get_seq_length():
+                break
+            block = ChunkBlock(tuple((layer.keys[0, :, a : a + bs].clone(), layer.values[0, :, a : a + bs].clone())
+                                     for layer in cache.layers), a)
+            if "l1" in plan.tiers:
+                self.l1.put(h, block, EntryInfo(size=self.geometry.block_bytes(), ns=plan.salt, pos=j))
+            for tier_name in LOWER_TIERS:
+                tier = self.lower.get(tier_name)
+                if tier is None or tier_name not in plan.tiers:
+                    continue
+                items = [(self._key(h, (x, y)), Entry(encode_chunk_group(block, self.geometry, x, y),
+                                                      now + self.config.ttl_s, now, "kv")) for x, y in self.groups]
+                try:
+                    tier.set_many(plan.salt, items)
+                except TierError as exc:
+                    self.errors += 1
+                    log.info("KV %s write of a chunk failed (not stored): %s", tier_name, exc)
+            kept += 1
+        return kept
+
+    def refuse_chunks(self, usage: KvUsage, reason: str, why: str) -> None:
+        """Serve a chunk-mode request prefix-only: counted, logged (a warning the first time), and ``reason``
+        said in ``usage.chunk_fallback``."""
+        with self._lock:
+            self.chunk_fallbacks += 1
+            first = self.chunk_fallbacks == 1
+        usage.chunk_fallback = reason
+        (log.warning if first else log.info)("KV chunk reuse refused, prefix reuse only: %s", why)
 
     # -- building a model cache ----------------------------------------------------------------------------
 
