@@ -12,7 +12,10 @@ in-process just as well, which is how most of its behaviour is tested. It owns:
 * the rollout: a ``PolicyFollower`` keeps the replica on the policy store's active version and canary, and each
   request runs on the arm its rollout key picks (``GenerateRequest.rollout_key``); a shadow version's decision
   is evaluated beside the active one and only counted;
-* what the router reads: the block hashes it served (``BlockLedger``) and its queue.
+* what the router reads: the block hashes it served (``BlockLedger``), only those its KV cache still holds in
+  L1 when it has one, and its queue;
+* with a Hugging Face model, the KV prefix cache: after each call whose model ran, a ``kv`` access event with
+  the call's ``KvUsage`` and the KV metrics (``serving.kv._metrics``) on the runtime's registry.
 
 The answer is a stream of text pieces, stored as its chunk list: a streamed request and a plain one share an
 entry, and a hit replays the pieces the first answer streamed.
@@ -32,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from evocache.controller import (
     Admission,
+    BlockHash,
     CacheRuntime,
     PolicyFollower,
     PolicyStoreConfig,
@@ -46,7 +50,7 @@ from evocache.controller import (
     use_runtime,
 )
 
-from ._affinity import BlockLedger
+from ._affinity import STATS_BLOCKS, BlockLedger, checkpoints
 from ._model import (
     GenerationParams,
     Generator,
@@ -59,6 +63,7 @@ from ._model import (
 )
 from ._request import Completion, Decision, Finish, GenerateRequest
 from .kv._cache import SHARED_SALT, KvConfig, KvPlan, KvPrefixCache, KvUsage
+from .kv._metrics import KvMetrics, deepest_tier
 from .kv._store import BlockGeometry
 
 log = logging.getLogger("evocache.serving")
@@ -157,13 +162,19 @@ class ModelServer:
         self.runtime = replace(base, events=self.tap)
         self.rollouts = RolloutRuntimes(self.runtime)
         self.ledger = BlockLedger(capacity_blocks=spec.ledger_blocks)
+        # With a KV cache: each recorded checkpoint -> (its request's blocks, its index), so a report can say
+        # whether L1 still holds the whole prefix the checkpoint names. Pruned to the ledger's blocks.
+        self._chains: dict[bytes, tuple[tuple[BlockHash, ...], int]] = {}
+        self._chains_lock = threading.Lock()
         self.kv: KvPrefixCache | None = None
+        self.kv_metrics: KvMetrics | None = None
         if spec.kv is not None and isinstance(self.generator, HFGenerator):
             lower = {name: tier for name, tier in self.runtime.store.tiers.items() if name in ("l2", "l3")}
             geometry = BlockGeometry.of_model(self.generator.model, spec.block_size)
             self.kv = KvPrefixCache(spec.kv, geometry, extras=spec.block_extras(), device=self.generator.device,
                                     lower=lower)
             self.generator.attach_kv(self.kv)
+            self.kv_metrics = KvMetrics(self.kv, self.runtime.metrics.registry)
         self._inflight = 0
         self._inflight_lock = threading.Lock()
         model = spec.model
@@ -196,6 +207,7 @@ class ModelServer:
         plan = self._kv_plan(call)
         if not plan.enabled:
             call.kv.miss = plan.reason
+            call.kv.prompt_tokens = call.kv.recomputed = len(input_ids)
         yield from apply_stop(self.generator.stream(prompt, input_ids, params, plan, call.kv), stop)
 
     def _kv_plan(self, call: _Call) -> KvPlan:
@@ -232,10 +244,7 @@ class ModelServer:
             self._inflight += 1
         try:
             arm, rt = self.rollouts.arm_for(request.rollout_key)
-            kwargs = {"prompt": request.prompt, "input_ids": list(request.input_ids),
-                      "max_tokens": request.max_tokens, "temperature": request.temperature,
-                      "top_p": request.top_p, "top_k": 0, "seed": request.seed, "stop": list(request.stop),
-                      "endpoint": request.endpoint}
+            kwargs = self._kwargs(request)
             call = _Call(request, rt.policy)
             token = _slot.set(call)
             try:
@@ -253,13 +262,29 @@ class ModelServer:
                 yield piece
                 piece = _step(pieces, call)
             completion = self._completion_tokens(text, bool(request.stop))
-            self.ledger.served(request.blocks)
+            self._served(request.blocks)
+            if call.kv is not None:
+                self._kv_used(call, rt)
             cached = call.kv.cached_tokens if call.kv is not None else 0
             yield Finish("length" if completion >= request.max_tokens else "stop", len(request.input_ids),
                          completion, cached)
         finally:
             with self._inflight_lock:
                 self._inflight -= 1
+
+    def feedback(self, request: GenerateRequest, correct: bool) -> bool:
+        """Say whether the answer this replica served ``request`` semantically was right (a user's verdict):
+        the semantic layer learns from it and the rule's SLO breaker counts it. False when this replica served
+        no semantic answer for the request (an exact hit, a miss, another replica, or long ago)."""
+        arm, rt = self.rollouts.arm_for(request.rollout_key)
+        with use_runtime(rt), tenant_scope(request.tenant, request.tenant_tier):
+            return self.answer.feedback(**self._kwargs(request), correct=correct)
+
+    @staticmethod
+    def _kwargs(request: GenerateRequest) -> dict[str, Any]:
+        return {"prompt": request.prompt, "input_ids": list(request.input_ids), "max_tokens": request.max_tokens,
+                "temperature": request.temperature, "top_p": request.top_p, "top_k": 0, "seed": request.seed,
+                "stop": list(request.stop), "endpoint": request.endpoint}
 
     def _completion_tokens(self, pieces: list[str], stopped: bool) -> int:
         """A model's pieces are its tokens (unless stop sequences re-cut them); else the text's token count."""
@@ -281,6 +306,19 @@ class ModelServer:
         assert decision is not None and finish is not None  # stream() always yields both
         return Completion(decision, "".join(text), finish)
 
+    def _kv_used(self, call: _Call, rt: CacheRuntime) -> None:
+        """Count the call's KV usage and record it as a ``kv`` access event beside the call's decision (its
+        key, namespace, rule and policy: the event joins the miss it follows)."""
+        usage = call.kv
+        assert usage is not None and self.kv_metrics is not None  # set together, by the model call
+        self.kv_metrics.observe(usage)
+        decided = next((rec for rec in call.records if rec[5] in _DECISIONS), None)
+        key, ns, rule, policy, fn = (decided[1], decided[2], decided[3], decided[4], decided[10]) if decided \
+            else ("", str(namespace_for(call.request.tenant)), "", rt.policy_ref, "")
+        # A plain tuple in AccessEvent field order (controller._events), the usage in its last field.
+        rt.events.record((rt.clock(), key, ns, rule, policy, "kv", deepest_tier(usage), usage.cached_tokens,
+                          usage.load_ms, 0.0, fn, usage.miss, None, usage.as_dict()))
+
     def _decision(self, records: list, arm: str, rt: CacheRuntime) -> Decision:
         for rec in records:
             if rec[5] in _DECISIONS:
@@ -295,8 +333,47 @@ class ModelServer:
     def queue_len(self) -> int:
         return self._inflight
 
+    def _served(self, blocks: tuple[BlockHash, ...]) -> None:
+        self.ledger.served(blocks)
+        if self.kv is None or not blocks:
+            return
+        with self._chains_lock:
+            for i in checkpoints(len(blocks)):
+                self._chains[bytes(blocks[i])] = (blocks, i)
+            if len(self._chains) > 4 * self.spec.ledger_blocks:  # no router asked for a while
+                listed = {bytes.fromhex(h) for h in self.ledger.stats(0)[STATS_BLOCKS]}
+                self._chains = {b: c for b, c in self._chains.items() if b in listed}
+
     def routing_stats(self) -> dict[str, Any]:
-        return self.ledger.stats(self._inflight)
+        """The router's report (``BlockLedger.stats``). With a KV cache, a served block is listed only while
+        L1 holds every block of the prefix it names: the lookup stops at the first block it lacks, so a block
+        whose leading blocks were evicted would draw requests to a replica that must recompute them."""
+        stats = self.ledger.stats(self._inflight)
+        if self.kv is None:
+            return stats
+        listed = [bytes.fromhex(h) for h in stats[STATS_BLOCKS]]
+        with self._chains_lock:
+            self._chains = chains = {b: self._chains[b] for b in listed if b in self._chains}
+        held = self.kv.l1
+        depth: dict[int, int] = {}  # id of a request's blocks -> how many of its leading blocks L1 holds
+        kept = []
+        for block in listed:
+            if block not in chains:  # served before its chain was kept: the block alone
+                if block in held:
+                    kept.append(block.hex())
+                continue
+            chain, i = chains[block]  # kept alive by chains, so its id names it for this report
+            n = depth.get(id(chain))
+            if n is None:
+                n = depth[id(chain)] = next((j for j, h in enumerate(chain) if h not in held), len(chain))
+            if i < n:
+                kept.append(block.hex())
+        stats[STATS_BLOCKS] = kept
+        return stats
+
+    def kv_window(self) -> float | None:
+        """Close the KV reuse-rate window (``evocache_kv_reuse_rate``); None without a KV cache."""
+        return self.kv_metrics.window() if self.kv_metrics is not None else None
 
     def policy_ref(self) -> str:
         """The active version this replica enforces (``""`` before the first policy)."""
