@@ -311,7 +311,7 @@ class HFGenerator:
             hashes, blocks = kv.lookup(kv_plan, ids, usage, hashes)
             cache = kv.build(self.model.config, blocks)
             start = len(blocks) * kv.block_size
-            chunks = self._chunk_prefill(kv, kv_plan, usage) if kv_plan.mode == "chunks" else None
+            chunks = self._chunk_prefill(kv, kv_plan, usage, cache) if kv_plan.mode == "chunks" else None
             if chunks is None:
                 out = self._forward(ids[start:], cache)
                 kv.store(kv_plan, ids, hashes, cache, len(blocks), usage)
@@ -336,9 +336,10 @@ class HFGenerator:
         return self.model(input_ids=self._torch.tensor([list(ids)], device=self.device), use_cache=True,
                           **{self._cache_arg: cache}, **extra)
 
-    def _chunk_prefill(self, kv: Any, plan: Any, usage: Any) -> Any:
+    def _chunk_prefill(self, kv: Any, plan: Any, usage: Any, cache: Any) -> Any:
         """The chunk-reuse prefill for ``plan`` (serving/kv/_chunks.py), or None (prefix reuse only, counted
-        by ``kv.refuse_chunks``) when this model's RoPE cannot be shifted exactly."""
+        by ``kv.refuse_chunks``) when this model's RoPE cannot be shifted exactly or its ``cache`` has
+        sliding-window layers (which drop the entries a chunk is placed and refreshed by)."""
         from .kv._chunks import ChunkPrefill  # noqa: PLC0415
         from .kv._rope import RopeShift  # noqa: PLC0415
         from .kv.errors import RopeShiftUnsupported  # noqa: PLC0415
@@ -350,6 +351,10 @@ class HFGenerator:
                 self._shift = exc
         if isinstance(self._shift, RopeShiftUnsupported):
             kv.refuse_chunks(usage, "rope-unsupported", str(self._shift))
+            return None
+        if any(layer.is_sliding for layer in cache.layers):
+            kv.refuse_chunks(usage, "sliding-window", f"{self.model.config.model_type} model with sliding-window "
+                             "attention layers")
             return None
         fraction = plan.recompute_fraction
         attention = self.model.config._attn_implementation

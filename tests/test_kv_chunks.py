@@ -160,6 +160,20 @@ def test_a_rope_that_cannot_be_shifted_falls_back_to_prefix_reuse_without_error(
     assert again.reused["l1"] == (len(SECOND) - 1) // BS * BS
 
 
+def test_a_sliding_window_model_falls_back_to_prefix_reuse(tmp_path):
+    config = {key: value for key, value in json.loads((EXAMPLE / "config.json").read_text()).items()
+              if key not in ("architectures", "model_type")}
+    config |= {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": 4096}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    windowed = HFGenerator(ModelConfig(kind="hf", id="tiny-mistral", path=str(tmp_path)), load_tokenizer("minilm"))
+    expected = tokens(windowed, SECOND)
+    kv = attach(windowed)
+    tokens(windowed, FIRST, plan(FIRST_CHUNKS))
+    usage = KvUsage()
+    assert list(windowed.stream("", SECOND, GREEDY, plan(SECOND_CHUNKS), usage)) == expected
+    assert usage.chunk_fallback == "sliding-window" and "chunk" not in usage.reused and kv.chunk_fallbacks == 2
+
+
 def test_tenants_never_share_chunks_and_chunk_hashes_are_not_prefix_hashes(generator):
     kv = attach(generator)
     salt = str(namespace_for("acme"))
@@ -274,3 +288,18 @@ def test_the_ingress_finds_where_each_message_starts(name):
     parts = [("user", "cach"), ("user", "ing")]
     text = glued.render_chat(parts)
     assert chat_chunks(glued, parts, text, glued.encode(text)) == ()
+
+
+def test_a_chat_request_carries_its_message_offsets_and_a_completion_none():
+    from evocache.serving._ingress import Api
+    from evocache.serving._protocol import parse_request
+
+    tokenizer = load_tokenizer("bytes")
+    api = Api(model_id="m", model_revision="", tokenizer=tokenizer, backend=None, keys=None)
+    body = json.dumps({"model": "m", "messages": [{"role": "system", "content": "Be brief."},
+                                                  {"role": "user", "content": "Hi"}]}).encode()
+    chat = api.to_generate(parse_request(body, "chat"), "acme", "free", "chat")
+    assert chat.chunks == (0, len("system: Be brief.\n"))
+    plain = api.to_generate(parse_request(b'{"model": "m", "prompt": "Be brief. Hi"}', "completion"), "acme",
+                            "free", "completions")
+    assert plain.chunks == ()
