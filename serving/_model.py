@@ -353,8 +353,8 @@ class HFGenerator:
             kv.refuse_chunks(usage, "rope-unsupported", str(self._shift))
             return None
         if any(layer.is_sliding for layer in cache.layers):
-            kv.refuse_chunks(usage, "sliding-window", f"{self.model.config.model_type} model with sliding-window "
-                             "attention layers")
+            kv.refuse_chunks(usage, "sliding-window",
+                             f"{self.model.config.model_type} model with sliding-window attention layers")
             return None
         fraction = plan.recompute_fraction
         attention = self.model.config._attn_implementation
@@ -364,8 +364,9 @@ class HFGenerator:
                         attention)
             usage.chunk_fallback = "no-refresh-mask"
             fraction = 0.0
-        return ChunkPrefill(forward=self._forward, lookup=lambda ids, usable: kv.lookup_chunk(plan, ids, usable),
-                            shift=self._shift, block_size=kv.block_size, recompute_tokens=plan.recompute_tokens,
+        return ChunkPrefill(forward=self._forward,
+                            lookup=lambda ids, usable: kv.lookup_chunk(plan, ids, usable), shift=self._shift,
+                            block_size=kv.block_size, recompute_tokens=plan.recompute_tokens,
                             recompute_fraction=fraction)
 
 

@@ -165,7 +165,8 @@ def test_a_sliding_window_model_falls_back_to_prefix_reuse(tmp_path):
               if key not in ("architectures", "model_type")}
     config |= {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": 4096}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    windowed = HFGenerator(ModelConfig(kind="hf", id="tiny-mistral", path=str(tmp_path)), load_tokenizer("minilm"))
+    windowed = HFGenerator(ModelConfig(kind="hf", id="tiny-mistral", path=str(tmp_path)),
+                           load_tokenizer("minilm"))
     expected = tokens(windowed, SECOND)
     kv = attach(windowed)
     tokens(windowed, FIRST, plan(FIRST_CHUNKS))
@@ -218,10 +219,10 @@ def test_a_chunk_comes_back_from_l3_with_its_position(generator, tmp_path):
     lower = {"l3": runtime.store.tiers["l3"]}
     attach(generator, lower)
     prefill(generator, FIRST, plan(FIRST_CHUNKS, tiers=("l3",)), KvUsage())
-    warm_cache, warm_logits, _ = reuse(generator)  # the same request from L1
+    _, warm_logits, _ = reuse(generator)  # the same request from L1
     attach(generator, lower)  # a cold replica: the chunk is on disk only
     usage = KvUsage()
-    cache, logits = prefill(generator, SECOND, plan(SECOND_CHUNKS, tiers=("l3",)), usage)
+    _, logits = prefill(generator, SECOND, plan(SECOND_CHUNKS, tiers=("l3",)), usage)
     assert usage.reused["chunk"] == len(C)
     assert (logits[0, -1] - warm_logits).abs().max() <= TOLERANCE
     runtime.close()

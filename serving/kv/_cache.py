@@ -300,7 +300,8 @@ class KvPrefixCache:
             positions.add(position)
             layers += group
         if len(positions) != 1:
-            raise CorruptBlock(f"KV chunk block whose layer groups disagree on its position: {sorted(positions)}")
+            raise CorruptBlock(f"KV chunk block whose layer groups disagree on its position: "
+                               f"{sorted(positions)}")
         return ChunkBlock(tuple(layers), positions.pop())
 
     def store(self, plan: KvPlan, input_ids: Sequence[int], hashes: Sequence[BlockHash], cache: Any,
@@ -375,16 +376,18 @@ class KvPrefixCache:
             a = start + j * bs
             if a + bs > cache.get_seq_length():
                 break
-            block = ChunkBlock(tuple((layer.keys[0, :, a : a + bs].clone(), layer.values[0, :, a : a + bs].clone())
-                                     for layer in cache.layers), a)
+            layers = tuple((layer.keys[0, :, a : a + bs].clone(), layer.values[0, :, a : a + bs].clone())
+                           for layer in cache.layers)
+            block = ChunkBlock(layers, a)
             if "l1" in plan.tiers:
                 self.l1.put(h, block, EntryInfo(size=self.geometry.block_bytes(), ns=plan.salt, pos=j))
             for tier_name in LOWER_TIERS:
                 tier = self.lower.get(tier_name)
                 if tier is None or tier_name not in plan.tiers:
                     continue
-                items = [(self._key(h, (x, y)), Entry(encode_chunk_group(block, self.geometry, x, y),
-                                                      now + self.config.ttl_s, now, "kv")) for x, y in self.groups]
+                expires = now + self.config.ttl_s
+                items = [(self._key(h, (x, y)), Entry(encode_chunk_group(block, self.geometry, x, y), expires, now,
+                                                      "kv")) for x, y in self.groups]
                 try:
                     tier.set_many(plan.salt, items)
                 except TierError as exc:

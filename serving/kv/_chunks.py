@@ -82,7 +82,8 @@ def encode_chunk_group(block: ChunkBlock, geometry: BlockGeometry, a: int, b: in
     return _MAGIC + _POSITION.pack(block.position) + encode_group(block.layers[a:b], geometry, a)
 
 
-def decode_chunk_group(data: bytes, geometry: BlockGeometry, a: int, b: int, device: Any) -> tuple[int, list[Any]]:
+def decode_chunk_group(data: bytes, geometry: BlockGeometry, a: int, b: int,
+                       device: Any) -> tuple[int, list[Any]]:
     """(position, layers) of a payload written by ``encode_chunk_group``; ``CorruptBlock`` otherwise."""
     head = len(_MAGIC) + _POSITION.size
     if data[: len(_MAGIC)] != _MAGIC or len(data) < head:
@@ -108,7 +109,8 @@ class ChunkPrefill:
     computed: list[tuple[int, int]] | None = None  # the chunks the model computed whole
 
     def run(self, ids: Sequence[int], cache: Any, starts: Sequence[int]) -> Any:
-        """Fill ``cache`` (holding ``ids[:cache length]``) with the rest of ``ids``; the last forward's output."""
+        """Fill ``cache`` (holding ``ids[:cache length]``) with the rest of ``ids``; returns the last forward's
+        output."""
         import torch  # noqa: PLC0415
 
         n, bs = len(ids), self.block_size
