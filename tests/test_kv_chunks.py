@@ -18,7 +18,14 @@ import pytest
 torch = pytest.importorskip("torch")
 from transformers import DynamicCache  # noqa: E402
 
-from evocache.controller import DiskConfig, EventsConfig, StoreConfig, build_runtime, namespace_for  # noqa: E402
+from evocache.controller import (  # noqa: E402
+    DiskConfig,
+    EventsConfig,
+    RedisConfig,
+    StoreConfig,
+    build_runtime,
+    namespace_for,
+)
 from evocache.dsl import parse_policy  # noqa: E402
 from evocache.serving import GenerationParams, ModelConfig, ModelServer, ServerSpec, load_tokenizer  # noqa: E402
 from evocache.serving._ingress import chat_chunks  # noqa: E402
@@ -33,6 +40,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-llama"
 GREEDY = GenerationParams(max_tokens=12, temperature=0.0, top_p=1.0, seed=None, stop=())
 TOLERANCE = 1e-5
 BS = 8
+SECRET = "kv-chunk-test-secret-0123456789abcdef"
 
 
 def ids(n: int, seed: int) -> list[int]:
@@ -225,6 +233,38 @@ def test_a_chunk_comes_back_from_l3_with_its_position(generator, tmp_path):
     _, logits = prefill(generator, SECOND, plan(SECOND_CHUNKS, tiers=("l3",)), usage)
     assert usage.reused["chunk"] == len(C)
     assert (logits[0, -1] - warm_logits).abs().max() <= TOLERANCE
+    runtime.close()
+
+
+@pytest.mark.redis
+def test_a_chunk_comes_back_from_l2_in_layer_groups_and_a_forged_position_is_refused(generator, redis_url):
+    runtime = build_runtime(StoreConfig(redis=RedisConfig(url=redis_url, secret=SECRET)))
+    lower = {"l2": runtime.store.tiers["l2"]}
+    _, warm_logits, _ = reuse(generator)
+    kv = KvPrefixCache(KvConfig(layer_group=1), BlockGeometry.of_model(generator.model, BS),
+                       extras=("tiny-llama", "", "float32", ""), device="cpu", lower=lower)
+    generator.attach_kv(kv)
+    prefill(generator, FIRST, plan(FIRST_CHUNKS, tiers=("l2",)), KvUsage())
+    for _ in range(2):  # a cold replica each time: the chunk is in Redis only, one payload per layer
+        cold = KvPrefixCache(KvConfig(layer_group=1), kv.geometry, extras=kv.extras, device="cpu", lower=lower)
+        generator.attach_kv(cold)
+        usage = KvUsage()
+        _, logits = prefill(generator, SECOND, plan(SECOND_CHUNKS, tiers=("l1", "l2")), usage)
+        assert usage.reused["chunk"] == len(C) and len(cold.l1) >= 5
+        assert (logits[0, -1] - warm_logits).abs().max() <= TOLERANCE
+    # Layer groups of one block that disagree on its position are a corrupt block: dropped, never used.
+    salt = str(namespace_for("acme"))
+    first = kv.chunk_hashes(C, salt)[0]
+    tier = lower["l2"]
+    (entry,) = tier.get_many(salt, [kv._key(first, (1, 2))])
+    forged = bytearray(entry.value)
+    forged[5:13] = (len(A) + 1).to_bytes(8, "little")
+    tier.set_many(salt, [(kv._key(first, (1, 2)), entry._replace(value=bytes(forged)))])
+    cold = KvPrefixCache(KvConfig(layer_group=1), kv.geometry, extras=kv.extras, device="cpu", lower=lower)
+    generator.attach_kv(cold)
+    usage = KvUsage()
+    prefill(generator, SECOND, plan(SECOND_CHUNKS, tiers=("l1", "l2")), usage)
+    assert usage.reused["chunk"] == 0 and cold.corrupt == 1
     runtime.close()
 
 
