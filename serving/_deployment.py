@@ -9,7 +9,8 @@ deployment, behind the ingress.
 
 Every replica pushes its Prometheus exposition to one ``MetricsHub`` actor every ``METRICS_PERIOD_S`` (off the
 request path), and writes out its buffered access events as often; ``GET /metrics`` reads the hub and merges
-what is fresh. Ray is imported here only.
+what is fresh; every ``KV_WINDOW_S`` it closes the KV cache's reuse-rate window (``evocache_kv_reuse_rate``).
+Ray is imported here only.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ log = logging.getLogger("evocache.serving")
 
 METRICS_PERIOD_S = 1.0
 METRICS_STALE_S = 10.0
+KV_WINDOW_S = 30.0  # the KV reuse rate's window: long enough that a prefix's repeats fall in one
 
 
 @ray.remote(num_cpus=0)
@@ -71,8 +73,13 @@ class ModelDeployment:
         threading.Thread(target=self._housekeeping, name="evocache-replica", daemon=True).start()
 
     def _housekeeping(self) -> None:
-        """Every period: write out buffered access events, push the metrics to the hub."""
+        """Every period: write out buffered access events, push the metrics to the hub; every ``KV_WINDOW_S``,
+        close the KV reuse-rate window first."""
+        window_ends = time.monotonic() + KV_WINDOW_S
         while not self._stop.wait(METRICS_PERIOD_S):
+            if time.monotonic() >= window_ends:
+                window_ends += KV_WINDOW_S
+                self.server.kv_window()
             self.server.runtime.flush()
             try:
                 self._hub.put.remote(self.replica_id, self.server.metrics())

@@ -9,7 +9,9 @@ controller's tiers, whose entry codec checks every payload with the deployment's
 namespace and key. A payload whose header does not match this model's geometry is refused like a corrupt one:
 it is never loaded into a cache.
 
-Nothing here is unpickled: tensors are rebuilt with ``torch.frombuffer`` from bytes whose size the header fixes.
+Nothing here is unpickled: tensors are rebuilt from bytes whose size the header fixes. On a CUDA device the bytes
+travel through pinned host buffers with non-blocking copies (``_cuda_to_bytes``, ``_bytes_to_cuda``): one staging
+buffer and one device transfer per payload; on the CPU the tensors' own memory is read and written.
 """
 
 from __future__ import annotations
@@ -89,13 +91,50 @@ def encode_group(layers: Sequence[tuple[Any, Any]], geometry: BlockGeometry, sta
                          "block_size": geometry.block_size, "head_dim": geometry.head_dim,
                          "dtype": geometry.dtype}, separators=(",", ":")).encode()
     parts = [_MAGIC, _HEADER.pack(len(header)), header]
-    for keys, values in layers:
-        for t in (keys, values):
-            host = t.detach().to("cpu").contiguous()
-            if host.dtype == torch.bfloat16:
-                host = host.view(torch.int16)
-            parts.append(host.numpy().tobytes())
+    tensors = [t for pair in layers for t in pair]
+    if tensors and tensors[0].is_cuda:
+        parts.append(_cuda_to_bytes(tensors))
+        return b"".join(parts)
+    for t in tensors:
+        host = t.detach().to("cpu").contiguous()
+        if host.dtype == torch.bfloat16:
+            host = host.view(torch.int16)
+        parts.append(host.numpy().tobytes())
     return b"".join(parts)
+
+
+def _cuda_to_bytes(tensors: Sequence[Any]) -> bytes:
+    """The raw bytes of CUDA ``tensors``, one after the other: every tensor copied without blocking into one
+    pinned host buffer, then one wait on the stream, so a payload costs one synchronisation, not one per
+    tensor (a pageable copy would also stage through a driver buffer)."""
+    import torch  # noqa: PLC0415
+
+    sizes = [t.numel() * t.element_size() for t in tensors]
+    host = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=True)
+    offset = 0
+    for t, size in zip(tensors, sizes, strict=True):
+        host[offset : offset + size].view(t.dtype).view(t.shape).copy_(t.detach(), non_blocking=True)
+        offset += size
+    torch.cuda.current_stream(tensors[0].device).synchronize()
+    return host.numpy().tobytes()
+
+
+def _bytes_to_cuda(body: memoryview, device: Any) -> Any:
+    """``body`` as one uint8 tensor on the CUDA ``device``: staged in a pinned host buffer and copied without
+    blocking (work queued after it on the device's stream sees the data; the caching host allocator keeps the
+    buffer until the copy is done)."""
+    import numpy  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    host = torch.empty(len(body), dtype=torch.uint8, pin_memory=True)
+    host.numpy()[:] = numpy.frombuffer(body, dtype=numpy.uint8)
+    return host.to(device, non_blocking=True)
+
+
+def _is_cuda(device: Any) -> bool:
+    import torch  # noqa: PLC0415
+
+    return torch.device(device).type == "cuda"
 
 
 def decode_group(data: bytes, geometry: BlockGeometry, start: int, stop: int, device: Any) -> list[tuple[Any, Any]]:
@@ -123,6 +162,11 @@ def decode_group(data: bytes, geometry: BlockGeometry, start: int, stop: int, de
         raise CorruptBlock(f"KV block body of {len(body)} bytes, expected {per_tensor * 2 * (stop - start)}")
     shape = (geometry.kv_heads, geometry.block_size, geometry.head_dim)
     dtype = getattr(torch, geometry.dtype)
+    if _is_cuda(device):
+        flat = _bytes_to_cuda(body, device)
+        tensors = [flat[k * per_tensor : (k + 1) * per_tensor].view(dtype).view(shape)
+                   for k in range(2 * (stop - start))]
+        return list(zip(tensors[0::2], tensors[1::2], strict=True))
     raw = torch.int16 if dtype == torch.bfloat16 else dtype
     out = []
     for i in range(stop - start):
