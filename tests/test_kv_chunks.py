@@ -220,6 +220,10 @@ def test_no_prefix_block_is_stored_after_a_reused_chunk(generator):
     got = list(generator.stream("", SECOND, GREEDY, plan(SECOND_CHUNKS, mode="prefix"), exact))
     assert exact.reused["l1"] == len(B) // BS * BS
     assert got == tokens(generator, SECOND)  # prefix reuse after a chunk-mode request is still exact
+    whole = attach(generator)  # a chunk recomputed whole is exact: every prefix block is kept
+    prefill(generator, FIRST, plan(FIRST_CHUNKS), KvUsage())
+    prefill(generator, SECOND, plan(SECOND_CHUNKS, k=len(C)), KvUsage())
+    assert all(h in whole.l1 for h in whole.hashes(SECOND, str(namespace_for("acme"))))
 
 
 def test_a_chunk_comes_back_from_l3_with_its_position(generator, tmp_path):

@@ -128,15 +128,17 @@ class ChunkPrefill:
             head = min(self.recompute_tokens, stop - a)
             if head:
                 out = self.forward(ids[a : a + head], cache)
-            if a + head < stop:
-                self._append(cache, found, a, a + head)
-                picked = refresh_positions(a + head, stop, self.recompute_fraction)
-                if picked:
-                    self._refresh(ids, cache, picked, torch)
-                self.reused_tokens += stop - a - head - len(picked)
+            pos = stop
+            if a + head == stop:  # all of it recomputed over the real context: exact
+                self.computed.append((a, b))
+                continue
+            self._append(cache, found, a, a + head)
+            picked = refresh_positions(a + head, stop, self.recompute_fraction)
+            if picked:
+                self._refresh(ids, cache, picked, torch)
+            self.reused_tokens += stop - a - head - len(picked)
             if self.first_reused < 0:
                 self.first_reused = a
-            pos = stop
         return self.forward(ids[pos:], cache) if pos < n else out
 
     def _append(self, cache: Any, found: list[ChunkBlock], a: int, start: int) -> None:
