@@ -40,6 +40,7 @@ OUTCOMES = ("hit", "miss", "bypass", "store", "reject", "slo-open", "slo-half-op
 
 
 class _Fields(NamedTuple):
+    # AccessEvent's fields; the methods live on the subclass, since a NamedTuple body may not define _make.
     t: float
     key: str
     ns: str
@@ -69,12 +70,10 @@ class AccessEvent(_Fields):
     def _make(cls, iterable: Any) -> AccessEvent:
         record = tuple(iterable)
         missing = len(cls._fields) - len(record)
-        if missing > 0:
-            if missing > len(_TRAILING_DEFAULTS):
+        if missing:
+            if not 0 < missing <= len(_TRAILING_DEFAULTS):
                 raise TypeError(f"an access event record has {len(cls._fields)} fields, got {len(record)}")
             record += _TRAILING_DEFAULTS[len(_TRAILING_DEFAULTS) - missing :]
-        elif missing < 0:
-            raise TypeError(f"an access event record has {len(cls._fields)} fields, got {len(record)}")
         return tuple.__new__(cls, record)
 
     def to_dict(self) -> dict[str, Any]:
