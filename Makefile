@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip install -c constraints.txt
 export HF_HUB_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: demo test bench bench-eviction bench-semantic bench-serving bench-report venv clean redis-server
+.PHONY: demo test bench bench-eviction bench-semantic bench-serving bench-kv bench-report venv clean redis-server
 
 $(VENV)/.stamp-base: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,11 @@ bench-semantic: $(VENV)/.stamp-test
 # Local Ray Serve, evocache against bare Ray Serve side by side (bench/serving.py): about 6 minutes on two cores.
 bench-serving: $(VENV)/.stamp-test
 	$(PY) bench/serving.py --results $(RESULTS)
+
+# The KV prefix cache (bench/kv.py): time to first token from L1, Redis (a redis-server it starts) and disk, chunk
+# reuse, the Mooncake trace replayed through two replicas' L1s, memory per token; about 7 minutes on two cores.
+bench-kv: $(VENV)/.stamp-test redis-server
+	$(PY) bench/kv.py --results $(RESULTS)
 
 bench-report: $(VENV)/.stamp-base
 	$(PY) bench/report.py
