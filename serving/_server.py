@@ -218,16 +218,14 @@ class ModelServer:
         if call.policy is None:
             return KvPlan(salt=salt)
         decision = call.policy.decide(self._view(request))
-        spec = decision.kv
-        if spec is None or getattr(spec, "reuse", "prefix") in ("off", "none"):
+        spec = decision.kv  # resolved: every field filled in; None when the rule switches KV reuse off
+        if spec is None:
             return KvPlan(salt=salt, enabled=False, reason="off")
-        if len(request.input_ids) < (getattr(spec, "min_tokens", 0) or 0):
+        if len(request.input_ids) < spec.min_tokens:
             return KvPlan(salt=salt, enabled=False, reason="below-min-tokens")
-        if getattr(spec, "shared_prefixes", False):
-            salt = SHARED_SALT
-        return KvPlan(salt=salt, tiers=tuple(getattr(spec, "tiers", None) or decision.tiers), mode=spec.reuse,
-                      recompute_tokens=spec.recompute_tokens or 0,
-                      recompute_fraction=float(spec.recompute_fraction or 0.0), chunks=request.chunks)
+        return KvPlan(salt=SHARED_SALT if spec.shared_prefixes else salt, tiers=tuple(spec.tiers), mode=spec.reuse,
+                      recompute_tokens=spec.recompute_tokens, recompute_fraction=float(spec.recompute_fraction),
+                      chunks=request.chunks)
 
     def _view(self, request: GenerateRequest) -> dict[str, Any]:
         return {"prompt": request.prompt, "input_ids": list(request.input_ids), "max_tokens": request.max_tokens,
