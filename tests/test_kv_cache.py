@@ -165,3 +165,40 @@ def test_queue_aware_eviction_keeps_the_blocks_a_waiting_request_needs(generator
     usage = KvUsage()
     run(generator, waiting_ids, plan_for(), usage)
     assert usage.reused["l1"] == 32
+
+
+class _Recording:
+    """A lower tier that records the keys it is asked for, in order (a real tier underneath)."""
+
+    def __init__(self, tier):
+        self.tier, self.asked = tier, []
+
+    def get_many(self, ns, keys):
+        self.asked += list(keys)
+        return self.tier.get_many(ns, keys)
+
+    def set_many(self, ns, items):
+        return self.tier.set_many(ns, items)
+
+    def delete(self, ns, keys):
+        return self.tier.delete(ns, keys)
+
+
+def test_prefetch_loads_a_waiting_requests_blocks_in_position_order(generator, tmp_path):
+    ids = prompt_ids(57, seed=11)  # 7 full blocks
+    runtime = build_runtime(StoreConfig(disk=DiskConfig(path=str(tmp_path / "l3"))))
+    disk = _Recording(runtime.store.tiers["l3"])
+    warm = attach(generator, {"l3": disk})
+    run(generator, ids, plan_for(tiers=("l1", "l3")), KvUsage())
+    cold = attach(generator, {"l3": disk}, prefetch=True)
+    hashes = cold.hashes(ids, plan_for().salt)
+    disk.asked.clear()
+    cold.start_prefetch(plan_for(tiers=("l1", "l3")), hashes).result()
+    assert disk.asked == [cold._key(h, g) for h in hashes for g in cold.groups]  # the chain, in order
+    assert [h in cold.l1 for h in hashes] == [True] * 7
+    usage = KvUsage()
+    run(generator, ids, plan_for(tiers=("l1", "l3")), usage)
+    assert usage.reused == {"l1": 0, "l3": 56}  # counted for the tier the prefetch read them from
+    warm.close()
+    cold.close()
+    runtime.close()
