@@ -48,6 +48,10 @@ PARTS: dict[str, str] = {
     "serving-miss": "make bench-serving",
     "serving-affinity": "make bench-serving",
     "serving-load": "make bench-serving",
+    "kv-ttft": "make bench-kv",
+    "kv-chunks": "make bench-kv",
+    "kv-routing": "make bench-kv",
+    "kv-memory": "make bench-kv",
 }
 
 
@@ -686,6 +690,280 @@ def serving_load(results: Mapping[str, Result]) -> list[str]:
     return [*lines, "", *provenance(result)]
 
 
+# -- the KV prefix cache -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TtftRow:
+    """One case of bench/kv.py part a: where the prefix came from, and the median time to the first token."""
+
+    case: str
+    tier: str | None
+    hit: float
+    prefetch: bool
+    queued: bool
+    samples: int
+    ttft_ms: float
+    speedup: float
+    reused_tokens: int
+    load_ms: float
+    prefetch_ms: float
+    hidden_ms: float
+    hidden_fraction: float | None
+    spread: tuple[float, float]  # the fastest and the slowest round, ms
+
+
+def ttft_rows(result: Result) -> dict[str, TtftRow]:
+    rows = {}
+    for where, row in rows_of(result):
+        tier = field(result, where, row, "tier", str, optional=True)
+        if tier not in (None, "l1", "l2", "l3"):
+            raise ResultError(f"{result.path}: {where}: field 'tier' must be l1, l2, l3 or null, got {tier!r}")
+        name = field(result, where, row, "case", str)
+        rows[name] = TtftRow(
+            name, tier, field(result, where, row, "hit"), field(result, where, row, "prefetch", bool),
+            field(result, where, row, "queued", bool), field(result, where, row, "samples", int),
+            field(result, where, row, "ttft_ms"), field(result, where, row, "speedup"),
+            field(result, where, row, "reused_tokens", int), field(result, where, row, "load_ms"),
+            field(result, where, row, "prefetch_ms"), field(result, where, row, "hidden_ms"),
+            field(result, where, row, "hidden_fraction", optional=True), samples_spread(result, where, row, "ttft_ms_all"))
+    for name in ("cold", "l1-0.9", "l2-0.9-prefetch"):
+        if name not in rows:
+            raise ResultError(f"{result.path}: no row for case {name!r}")
+    return rows
+
+
+def samples_spread(result: Result, where: str, row: Mapping[str, Any], name: str) -> tuple[float, float]:
+    values = field(result, where, row, name, list)
+    if not values or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        raise ResultError(f"{result.path}: {where}: field {name!r} must be a non-empty list of numbers")
+    return min(values), max(values)
+
+
+def model_line(result: Result) -> str:
+    spec = context_field(result, "model", dict)
+    names = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+             "vocab_size")
+    values = [field(result, "context.model", spec, name, int) for name in names]
+    return (f"a Llama of hidden size {values[0]}, {values[1]} layers, {values[2]} heads ({values[3]} KV heads), "
+            f"intermediate size {values[4]} and vocabulary {values[5]:,} (`LlamaConfig`, random weights, fp32, "
+            "built locally)")
+
+
+def kv_ttft(results: Mapping[str, Result]) -> list[str]:
+    result = results["kv-ttft"]
+    rows = ttft_rows(result)
+    tokens, bs = context_field(result, "tokens", int), context_field(result, "block_size", int)
+    targets = context_field(result, "targets", dict)
+
+    def where(r: TtftRow) -> str:
+        if r.tier is None:
+            return "cold (no cache)" + (", behind another prefill" if r.queued else "")
+        tier = {"l1": "L1 (replica memory)", "l2": "L2 (Redis)", "l3": "L3 (disk)"}[r.tier]
+        return tier + (", prefetched behind another prefill" if r.prefetch else "")
+
+    body = [[where(r), "" if r.tier is None else f"{r.hit * 100:g} % ({r.reused_tokens:,} tokens)",
+             f"{r.ttft_ms:.1f}", f"{r.spread[0]:.0f}–{r.spread[1]:.0f}", f"{r.speedup:.2f}×", f"{r.load_ms:.1f}" if r.tier in ("l2", "l3") else "",
+             f"{r.prefetch_ms:.1f}" if r.prefetch else "",
+             "" if r.hidden_fraction is None else percent(r.hidden_fraction)]
+            for r in rows.values()]
+    l1, l2 = rows["l1-0.9"], rows["l2-0.9-prefetch"]
+    l1_target = field(result, "context.targets", targets, "l1_speedup_90")
+    l2_target = field(result, "context.targets", targets, "l2_prefetch_speedup_90")
+    hidden_target = field(result, "context.targets", targets, "l2_hidden_fraction")
+    hidden = l2.hidden_fraction or 0.0
+    lines = [f"Time to the first token of a {tokens:,}-token prompt on {model_line(result)}, served by the "
+             f"production `HFGenerator` with a `KvPrefixCache` attached (blocks of {bs} tokens, "
+             f"{context_field(result, 'block_bytes', int):,} bytes each), {context_field(result, 'threads', int)} "
+             f"torch threads on the {context_field(result, 'device', str)}. Cold: no cache attached, "
+             f"{context_field(result, 'cold_ms'):.0f} ms. A prefix hit is the first 50 % or 90 % of the prompt "
+             "(whole blocks) cached by an earlier prompt, the rest new. L2 and L3 cases start from an empty L1 (a "
+             "cold replica sharing the tiers); their time includes loading the blocks on the request path and "
+             "writing the new blocks back. Prefetched: the request waits behind another request's cold prefill "
+             "(a thread runs it first) while the cache loads its blocks into L1; its time runs from the end of "
+             "that prefill to its own first token. Hidden: the share of the tier's load time (prefetch and "
+             "request path) spent while the request waited. Medians of "
+             f"{context_field(result, 'rounds', int)} interleaved rounds (one warm-up round before), in ms; the "
+             "fastest and slowest rounds show how loaded the shared machine was.", ""]
+    lines += table(["blocks from", "prefix hit", "TTFT, ms", "fastest–slowest round", "against cold", "load on the path, ms", "prefetch, ms",
+                    "hidden"], body)
+    lines += ["", *table(["target", "measured", ""], [
+        [f"90 % prefix from L1 ≥ {l1_target:g}× faster than cold", f"{l1.speedup:.2f}×", met(l1.speedup >= l1_target)],
+        [f"90 % prefix from L2 with prefetch ≥ {l2_target:g}× faster than cold", f"{l2.speedup:.2f}×",
+         met(l2.speedup >= l2_target)],
+        [f"≥ {percent(hidden_target)} of the L2 load time hidden", percent(hidden), met(hidden >= hidden_target)],
+    ])]
+    return [*lines, "", *provenance(result)]
+
+
+def kv_chunks(results: Mapping[str, Result]) -> list[str]:
+    result = results["kv-chunks"]
+    body = []
+    full_ms = None
+    for where, row in rows_of(result):
+        k = field(result, where, row, "recompute_tokens", int, optional=True)
+        ms = field(result, where, row, "prefill_ms")
+        if k is None:
+            full_ms = ms
+            body.append(["full recompute", "0", "", "", "", f"{ms:.0f}", ""])
+            continue
+        body.append([f"k = {k}", f"{field(result, where, row, 'chunk_tokens', int):,}",
+                     f"{field(result, where, row, 'kl'):.3e}", f"{field(result, where, row, 'max_dlogit'):.3e}",
+                     f"{field(result, where, row, 'greedy_agreeing', int)} "
+                     f"({field(result, where, row, 'greedy_same', int)})", f"{ms:.0f}",
+                     percent(field(result, where, row, "saved"))])
+    if full_ms is None:
+        raise ResultError(f"{result.path}: no full-recompute row (recompute_tokens null)")
+    generated = context_field(result, "generated", int)
+    lines = [f"Chunk reuse (`kv: {{reuse: chunks}}`, approximate) on {model_line(result)}: a "
+             f"{context_field(result, 'chunk', int):,}-token chunk computed after a "
+             f"{context_field(result, 'preamble_first', int)}-token preamble, reused after a "
+             f"{context_field(result, 'preamble_second', int)}-token one and followed by a "
+             f"{context_field(result, 'question', int)}-token question ({context_field(result, 'tokens', int):,} "
+             "tokens), its keys moved by RoPE and its first k tokens recomputed over the real context "
+             f"(`recompute_fraction` {context_field(result, 'recompute_fraction'):g}). Against a full recompute of "
+             f"the same prompt: KL of the next-token distribution, the largest logit difference, the greedy tokens "
+             f"(of {generated}) agreeing before the first difference (in brackets: at the same positions), and the "
+             f"prefill time (median of {context_field(result, 'rounds', int)} interleaved rounds; saved: one less "
+             "the median of each round's ratio to the full recompute's). Random weights: "
+             "their next-token distribution is nearly flat, so a small logit change flips the argmax and the "
+             "agreement is a floor, not what a trained model shows.", ""]
+    lines += table(["recomputed", "chunk tokens reused", "KL(full ‖ reuse)", "largest Δ logit",
+                    f"greedy agreeing (of {generated})", "prefill, ms", "prefill saved"], body)
+    return [*lines, "", *provenance(result)]
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingRow:
+    utilisation: float
+    router: str
+    policy: str
+    hit_ratio: float
+    waiting: float | None
+    per_replica: list[int]
+
+
+def routing_rows(result: Result) -> list[RoutingRow]:
+    rows = []
+    for where, row in rows_of(result):
+        router = field(result, where, row, "router", str)
+        if router not in ("affinity", "default"):
+            raise ResultError(f"{result.path}: {where}: field 'router' must be affinity or default, got {router!r}")
+        per_replica = field(result, where, row, "per_replica", list)
+        rows.append(RoutingRow(field(result, where, row, "utilisation"), router, field(result, where, row, "policy", str),
+                               field(result, where, row, "kv_hit_ratio"),
+                               field(result, where, row, "mean_waiting", optional=True), per_replica))
+    return rows
+
+
+def routing_groups(result: Result) -> dict[tuple[float, str], dict[str, RoutingRow]]:
+    """(utilisation, router) -> policy -> row; each group needs its LRU and Belady rows."""
+    groups: dict[tuple[float, str], dict[str, RoutingRow]] = {}
+    for r in routing_rows(result):
+        groups.setdefault((r.utilisation, r.router), {})[r.policy] = r
+    for (utilisation, router), group in groups.items():
+        for policy in ("lru", "belady"):
+            if policy not in group:
+                raise ResultError(f"{result.path}: at utilisation {utilisation:g} the {router} router has no "
+                                  f"{policy!r} row")
+    return groups
+
+
+def gap_share(group: Mapping[str, RoutingRow], policy: str) -> float | None:
+    width = group["belady"].hit_ratio - group["lru"].hit_ratio
+    return None if width <= 0 or policy not in group else (group[policy].hit_ratio - group["lru"].hit_ratio) / width
+
+
+ROUTERS = {"affinity": "prefix affinity", "default": "Ray's default (power of two choices)"}
+
+
+def kv_routing(results: Mapping[str, Result]) -> list[str]:
+    result = results["kv-routing"]
+    groups = routing_groups(result)
+    targets = context_field(result, "targets", dict)
+    ratio_target = field(result, "context.targets", targets, "affinity_hit_ratio")
+    gap_target = field(result, "context.targets", targets, "queue_aware_gap_share")
+    body, checks = [], []
+    for (utilisation, router), group in groups.items():
+        for policy, r in sorted(group.items(), key=lambda item: item[0] == "belady"):
+            share = None if policy in ("lru", "belady") else gap_share(group, policy)
+            body.append([f"{utilisation:g}", ROUTERS[router], policy,
+                         f"{r.hit_ratio:.3f}" + ("" if share is None else f" ({percent(share)})"),
+                         "" if r.waiting is None else f"{r.waiting:.2f}", " / ".join(map(str, r.per_replica))])
+    for utilisation in dict.fromkeys(u for u, _ in groups):
+        ours, theirs = groups.get((utilisation, "affinity")), groups.get((utilisation, "default"))
+        if ours is None or theirs is None:
+            raise ResultError(f"{result.path}: at utilisation {utilisation:g} both routers need rows")
+        ratio = ours["lru"].hit_ratio / theirs["lru"].hit_ratio if theirs["lru"].hit_ratio else None
+        checks.append([f"U = {utilisation:g}: affinity router's KV hit ratio ≥ {ratio_target:g}× the default's (LRU)",
+                       "n/a" if ratio is None else f"{ratio:.2f}× ({ours['lru'].hit_ratio:.3f} against "
+                       f"{theirs['lru'].hit_ratio:.3f})", "n/a" if ratio is None else met(ratio >= ratio_target)])
+        for policy in ours:
+            if policy.startswith("lookahead"):
+                share = gap_share(ours, policy)
+                checks.append([f"U = {utilisation:g}: `{policy}` ≥ LRU + {percent(gap_target)} of the LRU → Belady "
+                               "gap (affinity router)", "n/a" if share is None else percent(share),
+                               "n/a" if share is None else met(share >= gap_target)])
+    lines = ["A replay of the production classes on a virtual clock, not a timed run of the model. The "
+             f"{context_field(result, 'requests', int):,} requests of {context_field(result, 'trace', str)} arrive "
+             f"at the trace's timestamps ({context_field(result, 'arrival_rate_rps'):.2f} requests/s) at "
+             f"{context_field(result, 'replicas', int)} replicas, each a production `KvPrefixCache` whose L1 "
+             "(`DeviceBlocks`, tiny blocks keyed by the trace's hash ids) holds "
+             f"{context_field(result, 'l1_capacity_blocks', int):,} blocks "
+             f"({context_field(result, 'l1_size') * 100:g} % of the trace's "
+             f"{context_field(result, 'distinct_blocks', int):,} distinct blocks); each replica serves one request "
+             "at a time from its FIFO queue, for a time proportional to the blocks it recomputes "
+             "(`QueueModel(per_block)`, chosen so that U is a replica's utilisation if nothing were reused; reuse "
+             "lowers it). Routing: the production affinity logic (`AffinityIndex`, `rendezvous_order`, the "
+             f"imbalance threshold {context_field(result, 'imbalance_threshold', int)}, as `PrefixAffinityRouter` "
+             "ranks), or power of two choices on the queue lengths (Ray's default). Eviction: LRU (vLLM's "
+             "policy), `lookahead` over LRU and over `learned`, told the waiting requests as `HFGenerator` tells "
+             "them; the KV L1 tells its policy a block's position in its prompt only (not its request, the "
+             "request's length or the parent block, which the replays above give), so `learned` decides here on "
+             "less than in the eviction tables. KV hit ratio: blocks reused / blocks requested; in brackets the share of the LRU → Belady gap "
+             "closed. Belady: per replica, on the block accesses it saw under LRU, in its service order (a "
+             "per-access optimum, so a bound on the reuse of leading blocks). Waiting: mean requests queued at a "
+             "service start.", ""]
+    lines += table(["U", "router", "eviction", "KV hit ratio", "waiting", "requests per replica"], body)
+    lines += ["", *table(["target", "measured", ""], checks)]
+    return [*lines, "", *provenance(result)]
+
+
+def kv_memory(results: Mapping[str, Result]) -> list[str]:
+    result = results["kv-memory"]
+    per_token, bound = [], None
+    for where, row in rows_of(result):
+        kind = field(result, where, row, "kind", str)
+        if kind == "per-token":
+            per_token.append([field(result, where, row, "dtype", str),
+                              f"{field(result, where, row, 'bytes_per_token', int):,}",
+                              f"{field(result, where, row, 'block_bytes', int):,}",
+                              f"{field(result, where, row, 'tokens_per_gib', int):,}"])
+        elif kind == "bound":
+            bound = (field(result, where, row, "capacity_bytes", int), field(result, where, row, "max_used_bytes", int),
+                     field(result, where, row, "used_bytes", int), field(result, where, row, "held_storage_bytes", int),
+                     field(result, where, row, "held_blocks", int), field(result, where, row, "stored_blocks", int),
+                     field(result, where, row, "evictions", int))
+        else:
+            raise ResultError(f"{result.path}: {where}: field 'kind' must be per-token or bound, got {kind!r}")
+    if bound is None or not per_token:
+        raise ResultError(f"{result.path}: needs per-token rows and a bound row")
+    capacity, most, used, storage, held, stored, evictions = bound
+    bs = context_field(result, "block_size", int)
+    lines = [f"What a cached token costs for the model of the first table ({context_field(result, 'layers', int)} "
+             f"layers × {context_field(result, 'kv_heads', int)} KV heads × head size "
+             f"{context_field(result, 'head_dim', int)}, keys and values, blocks of {bs} tokens), per dtype:", ""]
+    lines += table(["dtype", "bytes per token", "bytes per block", "tokens per GiB"], per_token)
+    lines += ["", f"L1 at its bound: {context_field(result, 'prompts', int)} prompts of "
+              f"{context_field(result, 'prompt_tokens', int):,} tokens through the model into an L1 of "
+              f"{context_field(result, 'capacity_blocks'):g} blocks (fp32, LRU).", ""]
+    lines += table(["capacity, bytes", "most used, bytes", "used at the end", "held tensors' storage", "blocks held",
+                    "blocks stored", "evictions", ""],
+                   [[f"{capacity:,}", f"{most:,}", f"{used:,}", f"{storage:,}", str(held), str(stored), str(evictions),
+                     "within the bound" if max(most, used, storage) <= capacity else "over the bound"]])
+    return [*lines, "", *provenance(result)]
+
+
 # -- the page and the headline -----------------------------------------------------------------------------
 
 
@@ -708,6 +986,10 @@ SECTIONS = (
     Section("Serving: the miss path", serving_miss),
     Section("Serving: prefix-affinity routing", serving_affinity),
     Section("Serving: sustained load", serving_load),
+    Section("KV cache: time to first token", kv_ttft),
+    Section("KV cache: chunk reuse", kv_chunks),
+    Section("KV cache: routing and eviction on the Mooncake trace", kv_routing),
+    Section("KV cache: memory", kv_memory),
 )
 
 INTRO = """\
@@ -718,10 +1000,10 @@ INTRO = """\
 Every figure here is read from a result file under bench/results/ and printed with the command that produced it,
 when it ran, on how many cores at what load average, and with which versions. What each benchmark measures and
 why the mechanisms are built as they are is on the design pages: [semantic caching](semantic.md),
-[eviction](eviction.md), [replay](replay.md), [serving](serving.md). To measure again (tens of minutes on two
-cores) and regenerate this page and the README's headline table:
+[eviction](eviction.md), [replay](replay.md), [serving](serving.md), [the KV cache](kv.md). To measure again
+(tens of minutes on two cores) and regenerate this page and the README's headline table:
 
-    make bench bench-eviction bench-semantic bench-serving
+    make bench bench-eviction bench-semantic bench-serving bench-kv
     make bench-report
 """
 
@@ -822,6 +1104,24 @@ def headline(results: Mapping[str, Result]) -> str:
                  f"{load.errors} errors, {load.throughput:.0f} req/s, p99 {load.p99:.0f} ms; replica RSS "
                  f"{max(g for *_, g in load.rss) * 100:+.1f} % after the first "
                  f"{context_field(results['serving-load'], 'warm_up_s'):g} s", link("Serving: sustained load")])
+
+    ttft = results["kv-ttft"]
+    cases = ttft_rows(ttft)
+    l1, l2 = cases["l1-0.9"], cases["l2-0.9-prefetch"]
+    body.append([f"KV prefix cache: time to first token of a {context_field(ttft, 'tokens', int):,}-token prompt "
+                 "with 90 % of it cached, against cold", f"{l1.speedup:.2f}× from L1, {l2.speedup:.2f}× from Redis "
+                 f"(L2) prefetched while queued, {percent(l2.hidden_fraction or 0.0)} of its load hidden (cold "
+                 f"{context_field(ttft, 'cold_ms'):.0f} ms)", link("KV cache: time to first token")])
+    routing = results["kv-routing"]
+    groups = routing_groups(routing)
+    utilisation = min(u for u, _ in groups)
+    ours, theirs = groups[(utilisation, "affinity")]["lru"], groups.get((utilisation, "default"), {}).get("lru")
+    if theirs is None:
+        raise ResultError(f"{routing.path}: no default-router LRU row at utilisation {utilisation:g}")
+    body.append([f"KV hit ratio on the Mooncake trace, 2 replicas (replayed, U = {utilisation:g}): prefix-affinity "
+                 "router against Ray's default, LRU", f"{ours.hit_ratio:.3f} against {theirs.hit_ratio:.3f}"
+                 + (f" ({ours.hit_ratio / theirs.hit_ratio:.2f}×)" if theirs.hit_ratio else ""),
+                 link("KV cache: routing and eviction on the Mooncake trace")])
 
     speed = results["eviction-throughput"]
     where, row = next(iter(rows_of(speed)))

@@ -150,6 +150,7 @@ def fixtures() -> dict[str, dict[str, Any]]:
              "target": 1.05},
         ], {"rounds": 21}, ".venv/bin/python bench/overhead.py --results bench/results"),
         **serving_fixtures(),
+        **kv_fixtures(),
     }
 
 
@@ -198,6 +199,72 @@ def serving_fixtures() -> dict[str, dict[str, Any]]:
     }
 
 
+KV_MODEL = {"family": "llama", "hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8,
+            "num_key_value_heads": 4, "intermediate_size": 1408, "vocab_size": 30522, "max_position_embeddings": 4096}
+
+
+def _ttft(case: str, tier: str | None, hit: float, ms: float, *, prefetch: bool = False, load: float = 0.0,
+          fetched: float = 0.0, hidden: float = 0.0) -> dict[str, Any]:
+    queued = prefetch or case == "cold-queued"
+    return {"case": case, "tier": tier, "hit": hit, "prefetch": prefetch, "queued": queued, "samples": 5,
+            "ttft_ms": ms, "ttft_ms_all": [ms] * 5, "speedup": 1000.0 / ms,
+            "speedup_queued": 1010.0 / ms if queued else None, "reused_tokens": round(hit * 2048) // 16 * 16,
+            "reused": {}, "recomputed_tokens": 2048, "load_ms": load, "prefetch_ms": fetched, "hidden_ms": hidden,
+            "hidden_fraction": hidden / (load + fetched) if tier in ("l2", "l3") and load + fetched else None}
+
+
+def _routed(utilisation: float, router: str, policy: str, hit: float, waiting: float | None) -> dict[str, Any]:
+    return {"utilisation": utilisation, "per_block_ms": 13.4, "router": router, "policy": policy, "requests": 400,
+            "blocks_requested": 1000, "blocks_reused": round(hit * 1000), "kv_hit_ratio": hit,
+            "routed_by_prefix": None, "mean_waiting": waiting, "wait_p50_s": None, "wait_p99_s": None,
+            "per_replica": [210, 190], "evictions": None, "l1_used_bytes": None}
+
+
+def kv_fixtures() -> dict[str, dict[str, Any]]:
+    command = ".venv/bin/python bench/kv.py --results bench/results"
+    chunk = {"recompute_fraction": 0.0, "chunk_fallback": "", "prefill_ms_all": []}
+    return {
+        "kv-ttft": _doc("kv-ttft", [
+            _ttft("cold", None, 0.0, 1000.0), _ttft("cold-queued", None, 0.0, 1010.0),
+            _ttft("l1-0.9", "l1", 0.9, 180.0),
+            _ttft("l2-0.9", "l2", 0.9, 360.0, load=150.0),
+            _ttft("l2-0.9-prefetch", "l2", 0.9, 250.0, prefetch=True, load=10.0, fetched=190.0, hidden=150.0),
+            _ttft("l3-0.9-prefetch", "l3", 0.9, 210.0, prefetch=True, load=1.0, fetched=99.0, hidden=99.0),
+        ], {"tokens": 2048, "rounds": 5, "block_size": 16, "model": KV_MODEL, "dtype": "float32",
+            "weights": "random", "device": "cpu", "threads": 2, "block_bytes": 262144, "cold_ms": 1000.0,
+            "cold_queued_ms": 1010.0, "hit_tokens": {"0.5": 1024, "0.9": 1840},
+            "targets": {"l1_speedup_90": 5.0, "l2_prefetch_speedup_90": 3.0, "l2_hidden_fraction": 0.8}}, command),
+        "kv-chunks": _doc("kv-chunks", [
+            {**chunk, "case": "full", "recompute_tokens": None, "chunk_tokens": 0, "kl": 0.0, "max_dlogit": 0.0,
+             "greedy_agreeing": 16, "greedy_same": 16, "prefill_ms": 1000.0, "saved": 0.0},
+            {**chunk, "case": "k=0", "recompute_tokens": 0, "chunk_tokens": 1776, "kl": 4.5e-05, "max_dlogit": 0.04,
+             "greedy_agreeing": 6, "greedy_same": 9, "prefill_ms": 200.0, "saved": 0.8},
+            {**chunk, "case": "k=16", "recompute_tokens": 16, "chunk_tokens": 1760, "kl": 1.25e-05,
+             "max_dlogit": 0.02, "greedy_agreeing": 16, "greedy_same": 16, "prefill_ms": 250.0, "saved": 0.75},
+        ], {"tokens": 2040, "rounds": 5, "block_size": 16, "preamble_first": 160, "preamble_second": 136,
+            "chunk": 1776, "question": 128, "generated": 16, "model": KV_MODEL, "weights": "random",
+            "device": "cpu", "threads": 2, "recompute_fraction": 0.0}, command),
+        "kv-routing": _doc("kv-routing", [
+            _routed(0.8, "affinity", "lru", 0.25, 1.2), _routed(0.8, "affinity", "belady", 0.5, None),
+            _routed(0.8, "affinity", "lookahead", 0.26, 1.1), _routed(0.8, "default", "lru", 0.15, 0.7),
+            _routed(0.8, "default", "belady", 0.35, None), _routed(0.8, "default", "lookahead", 0.2, 0.7),
+        ], {"trace": "bench/data/mooncake_synthetic_trace.jsonl", "requests": 400, "distinct_blocks": 800,
+            "blocks": 1000, "replicas": 2, "l1_size": 0.05, "l1_capacity_blocks": 40, "arrival_rate_rps": 3.9,
+            "span_s": 102.0, "utilisations_without_reuse": [0.8], "imbalance_threshold": 10,
+            "targets": {"affinity_hit_ratio": 1.5, "queue_aware_gap_share": 0.1}}, command),
+        "kv-memory": _doc("kv-memory", [
+            {"kind": "per-token", "dtype": "float32", "bytes_per_token": 16384, "block_bytes": 262144,
+             "tokens_per_gib": 65536},
+            {"kind": "per-token", "dtype": "bfloat16", "bytes_per_token": 8192, "block_bytes": 131072,
+             "tokens_per_gib": 131072},
+            {"kind": "bound", "dtype": "float32", "capacity_bytes": 50462720, "used_bytes": 50331648,
+             "max_used_bytes": 50331648, "held_blocks": 192, "held_storage_bytes": 50331648, "stored_blocks": 512,
+             "evictions": 320, "within": True},
+        ], {"model": KV_MODEL, "block_size": 16, "layers": 8, "kv_heads": 4, "head_dim": 64, "prompts": 4,
+            "prompt_tokens": 2048, "capacity_blocks": 192.5, "device": "cpu"}, command),
+    }
+
+
 def write_fixtures(directory: Path, documents: dict[str, dict[str, Any]] | None = None) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     for part, document in (documents or fixtures()).items():
@@ -232,6 +299,8 @@ def test_the_headline_quotes_the_figures_of_the_result_files(tmp_path: Path, rep
         "+2.0 % (52.0 ms against 51.0 ms)",
         "0.90 against 0.50 (1.80×)",
         "9,000 requests, 0 errors, 150 req/s, p99 400 ms; replica RSS +3.0 % after the first 10 s",
+        "5.56× from L1, 4.00× from Redis (L2) prefetched while queued, 75.0 % of its load hidden (cold 1000 ms)",
+        "0.250 against 0.150 (1.67×)",
         "14.6 M accesses per minute",
     ]
     assert rows[0].endswith("[details](docs/benchmarks.md#semantic-caching-streams) |")
@@ -316,6 +385,13 @@ def _broken(part: str, change: Any) -> dict[str, dict[str, Any]]:
      "RESULTS/semantic-pairs.json: rows[0]: field 'run' must be cold, warm or static, got 'hot'"),
     ("eviction-mooncake", lambda d: d["rows"].pop(4),  # Belady at 5 %
      "RESULTS/eviction-mooncake.json: at size 0.05 expected one 'lru' row and one 'belady' row, got 1 and 0"),
+    ("kv-ttft", lambda d: d["rows"].pop(2), "RESULTS/kv-ttft.json: no row for case 'l1-0.9'"),
+    ("kv-ttft", lambda d: d["rows"][3].update(tier="l4"),
+     "RESULTS/kv-ttft.json: rows[3]: field 'tier' must be l1, l2, l3 or null, got 'l4'"),
+    ("kv-routing", lambda d: d["rows"].pop(1),
+     "RESULTS/kv-routing.json: at utilisation 0.8 the affinity router has no 'belady' row"),
+    ("kv-memory", lambda d: d["rows"][2].update(kind="other"),
+     "RESULTS/kv-memory.json: rows[2]: field 'kind' must be per-token or bound, got 'other'"),
 ])
 def test_a_malformed_result_file_is_a_clear_error_and_nothing_is_written(
         tmp_path: Path, report: ModuleType, capsys: pytest.CaptureFixture[str], part: str, change: Any,
