@@ -77,6 +77,7 @@ def test_blocks_come_back_from_l2_and_l3_into_a_cold_replica_exactly(generator, 
         lower = {k: v for k, v in runtime.store.tiers.items() if k in ("l2", "l3")}
         warm = attach(generator, lower)
         run(generator, ids, plan_for(tiers=("l1", *tiers)), KvUsage())
+        warm.flush_writes()  # L2/L3 writes run off the request's path
         cold = attach(generator, lower)  # another replica: empty L1, the same L2/L3
         usage = KvUsage()
         assert run(generator, ids, plan_for(tiers=("l1", *tiers)), usage) == expected
@@ -122,6 +123,7 @@ def test_a_tampered_block_in_l2_is_never_used(generator, redis_url):
     lower = {"l2": runtime.store.tiers["l2"]}
     attach(generator, lower)
     run(generator, ids, plan_for(tiers=("l1", "l2")), KvUsage())
+    generator.kv.flush_writes()
     client = redis.Redis.from_url(redis_url)
     keys = [k for k in client.keys("*") if client.type(k) == b"string"]  # the entries, not bookkeeping
     assert keys
@@ -146,6 +148,7 @@ def test_redis_killed_mid_request_is_a_recompute(generator, restartable_redis):
                                                           timeout_s=0.2)))
     attach(generator, {"l2": runtime.store.tiers["l2"]})
     run(generator, ids, plan_for(tiers=("l1", "l2")), KvUsage())
+    generator.kv.flush_writes()
     attach(generator, {"l2": runtime.store.tiers["l2"]})  # a cold L1: the blocks are in Redis only
     pieces = generator.stream("", ids, GREEDY, plan_for(tiers=("l1", "l2")), KvUsage())
     restartable_redis.stop()
@@ -190,6 +193,7 @@ def test_prefetch_loads_a_waiting_requests_blocks_in_position_order(generator, t
     disk = _Recording(runtime.store.tiers["l3"])
     warm = attach(generator, {"l3": disk})
     run(generator, ids, plan_for(tiers=("l1", "l3")), KvUsage())
+    warm.flush_writes()
     cold = attach(generator, {"l3": disk}, prefetch=True)
     hashes = cold.hashes(ids, plan_for().salt)
     disk.asked.clear()
@@ -202,3 +206,17 @@ def test_prefetch_loads_a_waiting_requests_blocks_in_position_order(generator, t
     warm.close()
     cold.close()
     runtime.close()
+
+
+def test_the_l1_policy_is_told_each_blocks_place_in_its_request_and_may_be_the_lookahead_over_learned(generator):
+    told = []
+    kv = attach(generator, eviction="lookahead:learned")
+    assert type(kv.l1.policy).__name__ == "LookaheadPolicy"
+    assert type(kv.l1.policy.base).__name__.startswith("Learned")
+    put = kv.l1.put
+    kv.l1.put = lambda key, block, info: told.append(info) or put(key, block, info)
+    ids = prompt_ids(41, seed=12)  # 5 full blocks
+    run(generator, ids, plan_for(), KvUsage())
+    hashes = kv.hashes(ids, plan_for().salt)
+    assert [(i.pos, i.req_len, i.parent) for i in told] == [(j, 5, hashes[j - 1] if j else None) for j in range(5)]
+    assert len({i.req for i in told}) == 1

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import itertools
 import logging
 import threading
 import time
@@ -49,7 +50,8 @@ _OTHER_TENANT_MEMORY = 65_536
 
 class KvConfig(BaseModel):
     """A replica's KV prefix cache: ``l1_bytes`` of device memory for blocks,
-    the L1 ``eviction`` policy (``lookahead`` keeps the blocks of waiting requests; its base is ``lru``), the
+    the L1 ``eviction`` policy (``lookahead`` keeps the blocks of waiting requests, over ``lru``; ``lookahead:learned``
+    over the learned policy), the
     layers per L2/L3 payload (``layer_group``, 0: all), the ``ttl_s`` of blocks in L2/L3, and ``prefetch``:
     load a waiting request's blocks from L2/L3 into L1 while it waits."""
 
@@ -135,6 +137,9 @@ class KvPrefixCache:
         self._next_req = 0
         self.accessed: dict[BlockHash, int] = {}  # accesses per block in the current window (reuse rate)
         self._prefetched: dict[BlockHash, str] = {}  # blocks the prefetch put in L1 -> the tier they came from
+        self._requests = itertools.count()
+        self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="evocache-kv-write")
+        self._pending: list[concurrent.futures.Future] = []
         self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="evocache-kv-prefetch")
 
     # -- hashing -------------------------------------------------------------------------------------------
@@ -233,6 +238,29 @@ class KvPrefixCache:
             return "never-seen"
         return "evicted"
 
+    def _info(self, plan: KvPlan, hashes: Sequence[BlockHash], i: int, req: int) -> EntryInfo:
+        """What the L1 policy is told of block ``i`` of a request: its place in the request's chain, the
+        request's number and length, and its parent, as the replay tells the learned policy."""
+        return EntryInfo(size=self.geometry.block_bytes(), ns=plan.salt, req=req, pos=i, req_len=len(hashes),
+                         parent=hashes[i - 1] if i else None)
+
+    def _write_lower(self, salt: str, tiers: list[tuple[str, Any]], writes: list[tuple[BlockHash, Any]],
+                     now: float) -> None:
+        for h, block in writes:
+            for tier_name, tier in tiers:
+                items = [(self._key(h, g), Entry(encode_group(block[a:b], self.geometry, a), now + self.config.ttl_s,
+                                                 now, "kv")) for g in self.groups for a, b in [g]]
+                try:
+                    tier.set_many(salt, items)
+                except TierError as exc:
+                    self.errors += 1
+                    log.info("KV %s write failed (not stored): %s", tier_name, exc)
+
+    def flush_writes(self, timeout: float | None = None) -> None:
+        """Wait until the blocks stored so far are written to L2/L3."""
+        for future in list(self._pending):
+            future.result(timeout)
+
     def _content(self, input_ids: Sequence[int]) -> bytes:
         data = ",".join(map(str, input_ids[: self.block_size])).encode()
         return hashlib.blake2b(data, digest_size=16).digest()
@@ -244,6 +272,7 @@ class KvPrefixCache:
         found: list[Any] = []
         per_tier: dict[str, int] = {}
         pending = list(hashes[start:])
+        req = next(self._requests)
         for tier_name in LOWER_TIERS:
             tier = self.lower.get(tier_name)
             if tier is None or tier_name not in plan.tiers or not pending:
@@ -272,8 +301,7 @@ class KvPrefixCache:
                     break
                 found.append(block)
                 if into_l1:
-                    self.l1.put(h, block, EntryInfo(size=self.geometry.block_bytes(), ns=plan.salt,
-                                                    pos=start + len(found) - 1))
+                    self.l1.put(h, block, self._info(plan, hashes, start + len(found) - 1, req))
                     if prefetching:
                         with self._lock:
                             self._prefetched[h] = tier_name
@@ -313,6 +341,8 @@ class KvPrefixCache:
         if stop_block is not None:
             n = min(n, stop_block)
         now = self.clock()
+        req = next(self._requests)
+        writes: list[tuple[BlockHash, Any]] = []
         for i in range(start_block, n):
             h = hashes[i]
             block = tuple(
@@ -320,23 +350,18 @@ class KvPrefixCache:
                 for layer in cache.layers
             )
             if "l1" in plan.tiers:
-                self.l1.put(h, block, EntryInfo(size=self.geometry.block_bytes(), ns=plan.salt, pos=i))
-            for tier_name in LOWER_TIERS:
-                tier = self.lower.get(tier_name)
-                if tier is None or tier_name not in plan.tiers:
-                    continue
-                items = [(self._key(h, g), Entry(encode_group(block[a:b], self.geometry, a), now + self.config.ttl_s,
-                                                 now, "kv")) for g in self.groups for a, b in [g]]
-                try:
-                    tier.set_many(plan.salt, items)
-                except TierError as exc:
-                    self.errors += 1
-                    log.info("KV %s write failed (not stored): %s", tier_name, exc)
+                self.l1.put(h, block, self._info(plan, hashes, i, req))
+            writes.append((h, block))
             usage.stored_blocks += 1
             with self._lock:
                 self._seen[h] = None
                 if len(self._seen) > _OTHER_TENANT_MEMORY:
                     self._seen.popitem(last=False)
+        tiers = [(name, self.lower[name]) for name in LOWER_TIERS if name in self.lower and name in plan.tiers]
+        if writes and tiers:
+            # Off the request's path: the first token does not wait for L2/L3 (flush_writes() waits for them).
+            self._pending.append(self._writer.submit(self._write_lower, plan.salt, tiers, writes, now))
+            self._pending = [f for f in self._pending if not f.done()]
         if n and start_block == 0:
             with self._lock:
                 self._first[self._content(input_ids)] = plan.salt
@@ -434,3 +459,4 @@ class KvPrefixCache:
 
     def close(self) -> None:
         self._loader.shutdown(wait=False, cancel_futures=True)
+        self._writer.shutdown(wait=True)

@@ -185,14 +185,16 @@ Block = tuple  # one block: a (keys, values) pair of tensors per layer
 class DeviceBlocks:
     """L1: blocks as tensors on the model's device, at most ``capacity_bytes``, evicted by ``policy`` (a name
     of the controller's eviction registry, e.g. ``lru`` or ``lookahead``, whose ``on_queue`` is told the waiting
-    requests). Thread-safe."""
+    requests; ``lookahead:learned`` is the look-ahead over another base). Thread-safe."""
 
     def __init__(self, capacity_bytes: int, block_bytes: int, policy: str = "lru") -> None:
         if capacity_bytes < block_bytes:
             raise ValueError(f"KV L1 of {capacity_bytes} bytes cannot hold one block of {block_bytes}")
         self.capacity = capacity_bytes
         self.block_bytes = block_bytes
-        self.policy = make_eviction_policy(policy, capacity=capacity_bytes)
+        name, _, base = policy.partition(":")  # "lookahead:learned": the look-ahead over another policy
+        options = {"base": base} if base else {}
+        self.policy = make_eviction_policy(name, capacity=capacity_bytes, **options)
         self._blocks: dict[Hashable, Block] = {}
         self._lock = threading.Lock()
         self.used = 0
