@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -385,14 +384,7 @@ class ModelServer:
             self.follower.stop()
         if self.policy_store is not None:
             self.policy_store.close()
+        if self.kv is not None:
+            self.kv.close()  # waits for its L2/L3 writes, before the tiers close
         self.runtime.close()
 
-
-def wait_for(condition: Any, timeout: float, interval: float = 0.05) -> bool:
-    """Poll ``condition()`` until true or ``timeout`` seconds pass (used by the app's start-up checks)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(interval)
-    return bool(condition())
