@@ -12,9 +12,9 @@ field by field) has a ``SloBreaker``, measured on its own:
   wrong.
 
 Over the last ``window`` (``SLICES`` slices, each expiring whole), with at least ``min_samples`` of the
-measurement concerned, the rule trips when the wrong share of its verdicts exceeds ``max_error_rate`` or its
-lookup p99 exceeds ``p99_ms`` (more than 1 % of its lookups slower: the p99 by nearest rank is above the limit
-exactly then). Tripped, it is ``open`` for ``cool_down``: its calls run in safe mode, ``semantic-off`` (exact
+measurement concerned (and at least ``P99_MIN_LOOKUPS`` lookups for the p99), the rule trips when the wrong
+share of its verdicts exceeds ``max_error_rate`` or its lookup p99 exceeds ``p99_ms`` (more than 1 % of its
+lookups slower: the p99 by nearest rank is above the limit exactly then). Tripped, it is ``open`` for ``cool_down``: its calls run in safe mode, ``semantic-off`` (exact
 caching only; their events carry reason ``slo-breaker``) or ``bypass`` (no cache; a bypass event with reason
 ``slo-breaker``). Then ``half-open``: a fraction ``probe`` of its calls (every ``round(1 / probe)``-th, the
 first one included) run normally, the rest stay safe, and only the probes are measured, from zero. Once the
@@ -57,6 +57,9 @@ STATES = {CLOSED: 0, HALF_OPEN: 1, OPEN: 2}  # the value of evocache_slo_state
 SLO_REASON = "slo-breaker"  # the reason of the decisions a tripped rule makes in safe mode
 SLICES = 10  # a window is this many slices; a slice's measurements expire together
 ERROR_RATE, P99 = "error-rate", "p99"
+# A p99 needs 100 lookups to mean anything: with fewer, "more than 1 % slower" is "any one slower", and a single
+# cold start (an embedder loading on the first semantic lookup) would trip the rule.
+P99_MIN_LOOKUPS = 100
 
 # A tally is a list, for speed: [lookups, slow lookups, verdicts, wrong verdicts].
 _LOOKUPS, _SLOW, _VERDICTS, _WRONG = range(4)
@@ -184,7 +187,8 @@ class SloBreaker:
         if (spec.max_error_rate is not None and tally[_VERDICTS] >= enough
                 and tally[_WRONG] > spec.max_error_rate * tally[_VERDICTS]):
             return ERROR_RATE
-        if spec.p99_ms is not None and tally[_LOOKUPS] >= enough and tally[_SLOW] * 100 > tally[_LOOKUPS]:
+        if (spec.p99_ms is not None and tally[_LOOKUPS] >= max(enough, P99_MIN_LOOKUPS)
+                and tally[_SLOW] * 100 > tally[_LOOKUPS]):
             return P99
         return None
 
@@ -209,7 +213,8 @@ class SloBreaker:
         if broken is not None:
             return self._open(now, broken)
         needed = _VERDICTS if self.reason == ERROR_RATE else _LOOKUPS
-        if self._probes[needed] < self.spec.min_samples:
+        least = self.spec.min_samples if needed == _VERDICTS else max(self.spec.min_samples, P99_MIN_LOOKUPS)
+        if self._probes[needed] < least:
             return None  # inconclusive: no pass
         return self._enter(CLOSED, "probes-held")
 

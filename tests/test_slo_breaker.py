@@ -304,13 +304,14 @@ def test_slow_lookups_trip_the_rule_to_bypass_even_for_what_l1_holds(clock):
         return x * 10
 
     assert tool(0) == 0 and tool(0) == 0  # an L1 hit on the hit path
-    for x in (1, 2, 3):
-        tool(x)  # misses: each lookup waits on the slow L2 (4 of 5 lookups slow)
+    for _ in range(100):
+        tool(0)  # fast L1 hits: a p99 is judged on at least 100 lookups
+    tool(1)  # a miss: its lookup waits on the slow L2, like the first one (2 of 103 lookups slow)
     assert rt.slo.states() == {"tools": "open"}
     assert slo_events(rt) == [("slo-open", "tools", "p99", "p@1")]
     before = len(rt.events.events())
     assert tool(0) == 0 and tool(0) == 0  # bypassed: L1 holds it, but nothing is read or written
-    assert calls == [0, 1, 2, 3, 0, 0]
+    assert calls == [0, 1, 0, 0]
     assert [(e.outcome, e.reason) for e in rt.events.events()[before:]] == [("bypass", "slo-breaker")] * 2
     assert tool.cache_info().bypasses == 2
 
@@ -352,7 +353,7 @@ def test_an_async_function_is_bypassed_too(clock):
         return x
 
     async def run() -> None:
-        for x in (1, 2, 1, 1):
+        for x in (1, *[1] * 100, 2, 1, 1):  # a slow miss, 100 fast hits (a p99 needs 100), a slow miss
             await tool(x)
 
     asyncio.run(run())
@@ -487,9 +488,25 @@ def test_l1_hits_counted_before_the_breaker_existed_are_not_in_its_window(clock)
         "r", SloSpec(p99_ms=10, min_samples=2).resolved(), clock=clock,
         notify=lambda rule, state, reason: changes.append((state, reason)), l1_hits=lambda: 1000.0,
     )
-    breaker.observe(0.5)
-    breaker.observe(0.5)  # 2 slow of 2: the 1000 earlier hits do not dilute them
+    for _ in range(100):
+        breaker.observe(0.5)  # 100 slow of 100: the 1000 earlier hits do not dilute them
     assert changes == [("open", "p99")]
+
+
+def test_a_p99_is_not_judged_on_fewer_than_100_lookups(clock):
+    """One slow lookup among a few (an embedder loading on the first semantic lookup) is not a p99 breach."""
+    changes: list[tuple[str, str]] = []
+    breaker = SloBreaker("r", SloSpec(p99_ms=10, min_samples=20).resolved(), clock=clock,
+                         notify=lambda rule, state, reason: changes.append((state, reason)), l1_hits=lambda: 0.0)
+    breaker.observe(5.0)
+    for _ in range(98):
+        breaker.observe(0.001)
+    assert changes == []  # 1 slow of 99: too few lookups to say anything of the p99
+    breaker.observe(0.001)
+    breaker.observe(0.001)
+    assert changes == []  # 1 of 101: within the p99
+    breaker.observe(5.0)
+    assert changes == [("open", "p99")]  # 2 of 102: over 1 %
 
 
 def test_half_open_closes_only_on_enough_of_the_measurement_that_tripped_it(clock):
