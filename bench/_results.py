@@ -208,3 +208,27 @@ def _json_type(value: Any) -> str:
         return "null"
     return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
             dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def part_sink(results: Path | None, json_path: Path | None, argv: Sequence[str] | None = None):
+    """What a bench of several parts calls as each part ends, ``finished(part, (rows, context))``: print the part
+    (rows without their ``*_all`` sample lists), keep every finished part in ``json_path`` (when given), and write
+    the part's result file under ``results`` (when given) with the command that ran."""
+    command = command_line(argv) if results is not None else None
+    everything: dict[str, Any] = {}
+
+    def finished(part: str, done: tuple[Sequence[Mapping[str, Any]], Mapping[str, Any]]) -> None:
+        rows, context = done
+        print(f"== {part}  {json.dumps(context, default=str)}")
+        for row in rows:
+            shown_row = {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()
+                         if not k.endswith("_all")}
+            print("   " + json.dumps(shown_row), flush=True)
+        everything[part] = {"rows": rows, "context": context}
+        if json_path:
+            json_path.write_text(json.dumps(everything, indent=2) + "\n")
+        if results is not None:
+            path = write(results, part, rows, command=command, context=context)
+            print(f"(written to {path})", flush=True)
+
+    return finished

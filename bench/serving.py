@@ -658,34 +658,11 @@ def run(args: argparse.Namespace, finished: Callable[[str, Done], None]) -> None
             finished(PARTS[part], done)
 
 
-def show(part: str, done: Done) -> None:
-    rows, context = done
-    print(f"== {part}  {json.dumps(context, default=str)}")
-    for row in rows:
-        shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
-        print("   " + json.dumps(shown), flush=True)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
+    from _results import part_sink  # bench/_results.py: this script's directory is on sys.path
+
     args = options(argv)
-    command = None
-    if args.results is not None:
-        from _results import command_line, write  # bench/_results.py: this script's directory is on sys.path
-
-        command = command_line(argv)
-    everything: dict[str, Any] = {}
-
-    def finished(part: str, done: Done) -> None:
-        show(part, done)
-        rows, context = done
-        everything[part] = {"rows": rows, "context": context}
-        if args.json:
-            args.json.write_text(json.dumps(everything, indent=2) + "\n")
-        if args.results is not None:
-            path = write(args.results, part, rows, command=command, context=context)
-            print(f"(written to {path})", flush=True)
-
-    run(args, finished)
+    run(args, part_sink(args.results, args.json, argv))
 
 
 if __name__ == "__main__":

@@ -7,10 +7,8 @@ The replica's work (``ModelServer``), the HTTP API (``Api``, ``build_fastapi``),
 tenants need no Ray; ``build_app`` and the deployments import it when called. See docs/serving.md.
 """
 
-import importlib as _importlib
-from typing import Any as _Any
-
 from ._affinity import BlockLedger
+from ._lazy import lazy_getattr as _lazy_getattr
 from ._model import ByteTokenizer, CallableGenerator, GenerationParams, HFGenerator, ModelConfig, load_tokenizer
 from ._request import Completion, Decision, Finish, GenerateRequest
 from ._auth import (
@@ -74,14 +72,7 @@ _LAZY = {
     "build_app": "._app", "start_local": "._app",
 }  # fmt: skip
 
-
-def __getattr__(name: str) -> _Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(_importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = _lazy_getattr(__name__, _LAZY, globals())
 
 
 __all__ = [

@@ -34,10 +34,10 @@ def _key_file(workdir: Path) -> tuple[Path, str | None]:
     path = workdir / "api-keys.yaml"
     if path.exists():
         return path, None
-    key = "sk-evc-" + secrets.token_urlsafe(24)
-    import hashlib  # noqa: PLC0415
+    from ._auth import key_digest  # noqa: PLC0415
 
-    digest = hashlib.sha256(key.encode()).hexdigest()
+    key = "sk-evc-" + secrets.token_urlsafe(24)
+    digest = key_digest(key).hex()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(f"keys:\n  - sha256: {digest}\n    tenant: default\n    tier: default\n")

@@ -227,9 +227,8 @@ class ModelServer:
                       chunks=request.chunks)
 
     def _view(self, request: GenerateRequest) -> dict[str, Any]:
-        return {"prompt": request.prompt, "input_ids": list(request.input_ids), "max_tokens": request.max_tokens,
-                "temperature": request.temperature, "top_p": request.top_p, "top_k": 0, "seed": request.seed,
-                "stop": list(request.stop), "endpoint": request.endpoint, "stream": request.stream,
+        """The request view a policy decides on: the answer function's arguments, and what the contract adds."""
+        return {**self._kwargs(request), "stream": request.stream,
                 "tenant": {"id": request.tenant, "tier": request.tenant_tier},
                 "model": self.spec.model.id, "model_revision": self.spec.model.revision}
 

@@ -5,7 +5,6 @@ how fast anything was; the routing replay is checked on a hand-made trace."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -13,26 +12,17 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from _bench_scripts import load_bench_script
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 PARTS = ("kv-ttft", "kv-chunks", "kv-routing", "kv-memory")
 
 
-def _module(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """A bench script, loaded as its own directory on sys.path would find it."""
-    monkeypatch.syspath_prepend(str(BENCH))
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.fixture
 def kv(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    return _module("kv", monkeypatch)
+    return load_bench_script("kv", monkeypatch)
 
 
 def test_affinity_sends_a_shared_prefix_back_to_the_replica_that_holds_it(kv):
@@ -89,7 +79,7 @@ def test_quick_run_writes_a_sane_result_file_per_part_and_the_report_renders_the
                           capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert sorted(p.name for p in results.iterdir()) == sorted(f"{p}.json" for p in PARTS)
-    load = _module("_results", monkeypatch).load
+    load = load_bench_script("_results", monkeypatch).load
     files = {part: load(results / f"{part}.json") for part in PARTS}
     assert all(f.command.endswith(f"bench/kv.py --quick --results {results}") for f in files.values())
 
@@ -144,7 +134,7 @@ def test_quick_run_writes_a_sane_result_file_per_part_and_the_report_renders_the
     assert bound["evictions"] > 0 and bound["stored_blocks"] == bound["held_blocks"] + bound["evictions"]
     assert bound["held_storage_bytes"] == bound["used_bytes"]
 
-    report = _module("report", monkeypatch)
+    report = load_bench_script("report", monkeypatch)
     section = report.kv_ttft(files)
     assert any(line.startswith("| 90 % prefix from L1") for line in section)
     assert report.kv_chunks(files)[0].startswith("Chunk reuse")

@@ -4,7 +4,6 @@ writes and checks them. Fixture results (small, hand-made numbers) are rendered 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,26 +13,17 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from _bench_scripts import load_bench_script
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 EXPECTED = Path(__file__).resolve().parent / "data" / "bench_report"
 
 
-def _module(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """A bench script (not a package module), loaded as its own directory on sys.path would find it."""
-    monkeypatch.syspath_prepend(str(BENCH))
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses resolve their annotations through it
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.fixture
 def report(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    return _module("report", monkeypatch)
+    return load_bench_script("report", monkeypatch)
 
 
 MACHINE = {"cores": 2, "load_average": [0.5, 0.75, 1.0], "platform": "Linux-test-x86_64"}
@@ -422,7 +412,7 @@ def test_a_readme_without_one_block_is_refused(tmp_path: Path, report: ModuleTyp
 
 def test_the_writer_records_command_machine_and_versions_and_reads_back(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    results = _module("_results", monkeypatch)
+    results = load_bench_script("_results", monkeypatch)
     rows = [{"x": 1.5, "nan": float("nan"), "nested": {"inf": float("inf")}}]
     command = results.command_line([str(ROOT / "bench" / "data" / "t.jsonl"), f"--out={ROOT / 'build'}",
                                     str(ROOT.parent / "shared" / "x.csv"), "a b"],
@@ -440,7 +430,7 @@ def test_the_writer_records_command_machine_and_versions_and_reads_back(
 
 
 def test_the_semantic_bench_writes_its_rows_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    semantic, results = _module("semantic", monkeypatch), _module("_results", monkeypatch)
+    semantic, results = load_bench_script("semantic", monkeypatch), load_bench_script("_results", monkeypatch)
     args = semantic.options(["--out", str(tmp_path / "out"), "--embed-cache", str(tmp_path / "emb"),
                              "--results", str(tmp_path / "results")])
     documents = fixtures()
@@ -458,7 +448,7 @@ def test_the_semantic_bench_writes_its_rows_unchanged(tmp_path: Path, monkeypatc
 
 
 def test_the_eviction_bench_writes_a_result_file_per_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    results = _module("_results", monkeypatch)
+    results = load_bench_script("_results", monkeypatch)
     traces = Path(__file__).resolve().parent / "data" / "traces"
     done = subprocess.run(
         [sys.executable, str(BENCH / "eviction.py"), "--trace", str(traces / "mooncake.jsonl"), "--sizes", "0.4,1",

@@ -4,7 +4,6 @@ two cores); the measurement's bookkeeping is checked on hand-made sequences, wit
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -12,26 +11,17 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from _bench_scripts import load_bench_script
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 PARTS = ("serving-hit", "serving-miss", "serving-affinity", "serving-load")
 
 
-def _module(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """A bench script, loaded as its own directory on sys.path would find it."""
-    monkeypatch.syspath_prepend(str(BENCH))
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.fixture
 def serving(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    return _module("serving", monkeypatch)
+    return load_bench_script("serving", monkeypatch)
 
 
 def test_the_affinity_share_counts_each_reused_block_against_the_replica_that_last_answered_it(serving):
@@ -102,7 +92,7 @@ def test_the_quick_bench_writes_its_four_result_files_and_the_report_renders_the
         env={**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert sorted(p.name for p in results.iterdir()) == sorted(f"{part}.json" for part in PARTS)
-    read = _module("_results", monkeypatch)
+    read = load_bench_script("_results", monkeypatch)
     loaded = {part: read.load(results / f"{part}.json") for part in PARTS}
     for result in loaded.values():
         assert result.command.endswith(f"bench/serving.py --quick --results {results}")
@@ -139,7 +129,7 @@ def test_the_quick_bench_writes_its_four_result_files_and_the_report_renders_the
     assert load["outcomes"].get("hit", 0) > 0 and load["clients"] == 32
     assert len(load["rss"]) == 2 and all(r["start_mb"] > 0 and r["end_mb"] > 0 for r in load["rss"])
 
-    report = _module("report", monkeypatch)
+    report = load_bench_script("report", monkeypatch)
     for part, render in (("serving-hit", report.serving_hit), ("serving-miss", report.serving_miss),
                          ("serving-affinity", report.serving_affinity), ("serving-load", report.serving_load)):
         lines = render(loaded)

@@ -8,9 +8,7 @@
 math, and which RoPE scalings are exact and why, are in serving/kv/_rope.py.
 """
 
-import importlib as _importlib
-from typing import Any as _Any
-
+from .._lazy import lazy_getattr as _lazy_getattr
 from .errors import KvReuseError, RopeShiftUnsupported
 
 # torch is imported on first use, so `import evocache.serving.kv` stays light.
@@ -20,14 +18,7 @@ _LAZY = {
     "BlockGeometry": "._store", "CorruptBlock": "._store", "DeviceBlocks": "._store",
 }  # fmt: skip
 
-
-def __getattr__(name: str) -> _Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(_importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = _lazy_getattr(__name__, _LAZY, globals())
 
 
 __all__ = [
