@@ -65,7 +65,7 @@ class Outcome(NamedTuple):
 
 
 class Counts(NamedTuple):
-    """Requests, lookups and hits of one slice of a window (a rule, a tenant)."""
+    """Requests, keys asked for (``lookups``, bypassed requests included) and hits of one slice of a window."""
 
     requests: int
     lookups: int
@@ -89,8 +89,9 @@ def _frozen(value: Mapping[Any, Any]) -> Mapping[Any, Any]:
 class WindowStats:
     """One window of traffic under one policy, summarised for diagnosis.
 
-    ``requests`` counts client calls; ``lookups``/``hits`` count cache lookups (KV blocks, or one per response
-    call), so ``hit_ratio`` is per lookup, the ratio an operator reads off the metrics. ``by_rule``,
+    ``requests`` counts client calls; ``lookups`` the keys they asked for (KV blocks, or one per response call),
+    bypassed calls included, and ``hits`` those served from cache; so ``hit_ratio`` is the share of demand the
+    cache served, and a policy cannot raise it by bypassing traffic. ``by_rule``,
     ``by_tenant`` and ``by_rule_tenant`` slice the same counts. ``keys``: lookups per key (the key
     distribution the drift tests compare). ``prompt_tokens``, ``output_tokens``, ``latency_ms``: one value per
     request that knows it. ``pushed_out``: ``(evicting tenant, evicted tenant) -> entries``. ``wrong``:
@@ -138,12 +139,12 @@ def window_stats(index: int, policy: str, requests: Sequence[Request], outcomes:
     pushed: Counter[tuple[str, str]] = Counter()
     lookups = hits = bypassed = wrong = 0
     for req, out in zip(requests, outcomes, strict=True):
-        c = Counts(1, out.lookups, out.hits)
+        c = Counts(1, len(req.keys), out.hits)
         by_rule[req.rule] = by_rule.get(req.rule, Counts(0, 0, 0)) + c
         by_tenant[req.ns] = by_tenant.get(req.ns, Counts(0, 0, 0)) + c
         pair = (req.rule, req.ns)
         by_pair[pair] = by_pair.get(pair, Counts(0, 0, 0)) + c
-        lookups += out.lookups
+        lookups += len(req.keys)
         hits += out.hits
         bypassed += out.bypass
         wrong += out.wrong
@@ -216,7 +217,7 @@ def step_series(requests: Sequence[Request], outcomes: Sequence[Outcome], *, sta
         for labels in slices:
             c = cells(labels)[i]
             c[0] += 1
-            c[1] += out.lookups
+            c[1] += len(req.keys)
             c[2] += out.hits
             if req.prompt_tokens >= 0:
                 c[3] += req.prompt_tokens
