@@ -497,13 +497,74 @@ class EvictionSpec(_Model):
 
 
 class AutoApprove(_Model):
-    """Changes small enough to roll out without a person: ``ttl_change``, the largest relative ttl change."""
+    """Changes small enough for the policy loop to roll out without a person (each still goes through replay
+    evidence, a canary and the SLO watch). A change of a kind left unset here waits for a person.
+
+    ``ttl_change``: the largest relative change of a rule's ttl. ``semantic_error_change``: the largest
+    absolute change of a rule's ``semantic.max_error`` (and a static threshold's move). ``bypass``: may turn a
+    rule whose traffic never hits to ``cache: bypass``. ``eviction``: may change an eviction policy.
+    ``tenant_share_change``: the largest absolute change of a tenant's ``l1_share``/``l2_share``.
+    ``min_tokens_change``: the largest relative change of a rule's KV ``min_tokens``. ``min_gain``: the least
+    hit-ratio gain (absolute, the lower end of its confidence interval) a change must show in replay.
+    """
 
     ttl_change: Annotated[Number, Field(ge=0)] | None = None
+    semantic_error_change: Annotated[Number, Field(ge=0, le=MAX_SEMANTIC_ERROR)] | None = None
+    bypass: Bool = False
+    eviction: Bool = False
+    tenant_share_change: Share | None = None
+    min_tokens_change: Annotated[Number, Field(ge=0)] | None = None
+    min_gain: Share = 0.0
+
+
+class CanarySpec(_Model):
+    """How the loop rolls out an approved change: ``fraction`` of requests (by key, the policy store's canary)
+    for at least ``windows`` windows, promoted when the canary keeps the policy's SLOs and its hit ratio is no
+    more than ``max_drop`` below the base's over the same windows; rolled back when it breaks them. A canary
+    that has seen fewer than ``min_requests`` requests after ``max_windows`` windows is inconclusive and waits
+    for a person."""
+
+    fraction: Annotated[Number, Field(gt=0, le=1)] = 0.2
+    windows: Annotated[Int, Field(ge=1, le=100)] = 1
+    max_windows: Annotated[Int, Field(ge=1, le=1000)] = 4
+    max_drop: Share = 0.02
+    min_requests: Annotated[Int, Field(ge=1)] = 50
+
+    @model_validator(mode="after")
+    def _windows_in_order(self) -> CanarySpec:
+        if self.max_windows < self.windows:
+            raise ValueError(f"max_windows ({self.max_windows}) must be >= windows ({self.windows})")
+        return self
 
 
 class Guardrails(_Model):
+    """What the policy loop may do with this policy: what it may roll out alone (``auto_approve``), how it
+    rolls out (``canary``), the most a semantic error bound may become (``max_semantic_error``), the ttl range
+    it may propose (``ttl_min``/``ttl_max``), and the exponent of the confidence-based ttl
+    (``ttl = base x confidence ^ confidence_alpha``, 1 when unset)."""
+
     auto_approve: AutoApprove | None = None
+    canary: CanarySpec | None = None
+    max_semantic_error: Annotated[Number, Field(gt=0, le=MAX_SEMANTIC_ERROR)] | None = None
+    ttl_min: Duration | None = None
+    ttl_max: Duration | None = None
+    confidence_alpha: Annotated[Number, Field(ge=0, le=10)] | None = None
+
+    @property
+    def rollout(self) -> CanarySpec:
+        """``canary``, or the defaults when the policy sets none."""
+        return self.canary if self.canary is not None else CanarySpec()
+
+    @property
+    def alpha(self) -> float:
+        """``confidence_alpha``, 1 when unset."""
+        return 1.0 if self.confidence_alpha is None else float(self.confidence_alpha)
+
+    @model_validator(mode="after")
+    def _ttl_range(self) -> Guardrails:
+        if self.ttl_min is not None and self.ttl_max is not None and self.ttl_min > self.ttl_max:
+            raise ValueError(f"ttl_min ({self.ttl_min:g} s) must not exceed ttl_max ({self.ttl_max:g} s)")
+        return self
 
 
 class Policy(_Model):
@@ -651,6 +712,15 @@ class Policy(_Model):
                 return replace(decision, skipped=tuple(skipped)) if skipped else decision
         if skipped:
             return replace(self._fallthrough, skipped=tuple(skipped))
+        return self._fallthrough
+
+    def decision_for(self, rule: str) -> Decision:
+        """The decision of the rule named ``rule`` (its settings over the defaults), whatever a request would
+        match: what replay applies to traffic that a trace says matched that rule. A name no rule has (and
+        ``"default"``) gives the defaults alone."""
+        for _, decision in self._plan:
+            if decision.rule == rule:
+                return decision
         return self._fallthrough
 
     def __eq__(self, other: object) -> bool:
