@@ -154,8 +154,8 @@ def _print_evidence(evidence: Evidence | None) -> None:
     table = Table("metric", "base", "new", "delta", "CI")
     for name, m in evidence.metrics.items():
         unit = f" {m.unit}" if m.unit else ""
-        table.add_row(name, f"{m.base:.4g}{unit}", f"{m.new:.4g}{unit}", f"{m.delta:+.4g}",
-                      f"[{m.ci[0]:+.4g}, {m.ci[1]:+.4g}] at {m.level:.0%}")
+        ci = "-" if m.ci is None else f"[{m.ci[0]:+.4g}, {m.ci[1]:+.4g}] at {m.level:.0%}"
+        table.add_row(name, f"{m.base:.4g}{unit}", f"{m.new:.4g}{unit}", f"{m.delta:+.4g}", ci)
     _console().print(table)
     context = evidence.evidence_context()
     if context is not None:
@@ -202,7 +202,7 @@ def _review(store: Path, id: str, verdict: str, reviewer: str | None, note: str,
         proposal = _run(lambda: opened.review(id, verdict, who, note))
     typer.echo(f"{proposal.status} {proposal.id}: {proposal.base_policy} -> {proposal.new_ref} (by {who})")
     if on_review is not None:
-        on_review(proposal, verdict)
+        on_review(proposal, verdict, store)
 
 
 def add_commands(group: typer.Typer, on_review: OnReview | None = None) -> None:

@@ -5,12 +5,14 @@ the diff a person reads, the findings that motivated it and the replay evidence 
 is a small state machine, the way a rollout controller keeps one (an inconclusive analysis is a state of its
 own, never a pass)::
 
-    proposed ─┬─> approved ──> canary ─┬─> promoted
-              ├─> rejected             └─> rolled_back
+    proposed ─┬─> approved ─┬─> canary ─┬─> promoted
+              │             └─> stale   └─> rolled_back
+              ├─> rejected
               ├─> waiting (inconclusive: a person decides) ──> approved | rejected | stale
               └─> stale   (the evidence no longer holds)   ──> proposed (with fresh evidence) | rejected
 
-    rejected, promoted and rolled_back are final.
+    rejected, promoted and rolled_back are final. An approved proposal whose evidence stops holding before its
+    canary starts (its base is no longer the policy in force) is stale: it is approved again after a replay.
 
 No proposal is approved without replay evidence, and a stale one goes back to ``proposed`` only with fresh
 evidence, which replaces the old.
@@ -54,7 +56,7 @@ MOVES: Mapping[str, frozenset[str]] = MappingProxyType({
     "proposed": frozenset({"approved", "rejected", "waiting", "stale"}),
     "waiting": frozenset({"approved", "rejected", "stale"}),
     "stale": frozenset({"proposed", "rejected"}),
-    "approved": frozenset({"canary"}),
+    "approved": frozenset({"canary", "stale"}),
     "rejected": frozenset(),
     "canary": frozenset({"promoted", "rolled_back"}),
     "promoted": frozenset(),
@@ -84,11 +86,12 @@ class _Plain(BaseModel):
 
 class MetricEstimate(_Plain):
     """One replayed metric: its value under the base policy and the new one, and the confidence interval
-    ``ci`` (low, high) of the difference ``new - base`` at ``level``. ``unit``: what it counts."""
+    ``ci`` (low, high) of the difference ``new - base`` at ``level`` (None where the replay estimated none).
+    ``unit``: what it counts."""
 
     base: float
     new: float
-    ci: tuple[float, float]
+    ci: tuple[float, float] | None = None
     level: float = Field(default=0.95, gt=0, lt=1)
     unit: str = ""
 
@@ -98,7 +101,7 @@ class MetricEstimate(_Plain):
 
     @model_validator(mode="after")
     def _ordered(self) -> MetricEstimate:
-        if self.ci[0] > self.ci[1]:
+        if self.ci is not None and self.ci[0] > self.ci[1]:
             raise ValueError(f"ci low {self.ci[0]} is above ci high {self.ci[1]}")
         return self
 
@@ -125,6 +128,30 @@ class Evidence(_Plain):
 
     def evidence_context(self) -> EvidenceContext | None:
         return None if self.context is None else EvidenceContext.from_dict(self.context)
+
+    @classmethod
+    def from_replay(cls, comparison: Mapping[str, Any], *, evaluated_at: float, windows: Sequence[int] = (),
+                    plots: Sequence[str] = (), context: EvidenceContext | None = None,
+                    level: float = 0.9) -> Evidence:
+        """Evidence from a replay comparison of two arms: ``comparison["base"]`` and ``["candidate"]`` map
+        metric names to numbers (``requests`` among them is a count, not a metric), ``["ci"]`` is the
+        interval of the hit-ratio gain at ``level``; its other plain values (``gain``, ``requests``,
+        ``wrong_change``) go to ``detail``. Raises ``ValueError`` naming a missing key or a metric one arm
+        lacks."""
+        try:
+            base, new, ci = comparison["base"], comparison["candidate"], comparison["ci"]
+        except KeyError as exc:
+            raise ValueError(f"replay comparison: no {exc.args[0]!r}") from None
+        missing = sorted(set(base) ^ set(new))
+        if missing:
+            raise ValueError(f"replay comparison: metrics {', '.join(missing)} missing from one arm")
+        metrics = {name: MetricEstimate(base=base[name], new=new[name], level=level,
+                                        ci=(ci[0], ci[1]) if name == "hit_ratio" else None)
+                   for name in base if name != "requests"}
+        detail = {k: v for k, v in comparison.items()
+                  if k not in ("base", "candidate", "ci") and isinstance(v, str | int | float | bool)}
+        return cls(metrics=metrics, evaluated_at=evaluated_at, windows=tuple(windows), plots=tuple(plots),
+                   context=None if context is None else context.to_dict(), detail=detail)
 
 
 class StateChange(_Plain):
@@ -541,14 +568,14 @@ class ProposalStore:
 
     def invalidate(self, id: str, now: EvidenceContext, *, actor: str,
                    threshold: float = DEFAULT_THRESHOLD) -> str | None:
-        """The evidence check: when proposal ``id`` is proposed or waiting and its evidence was gathered
-        under a context that ``now`` invalidates (``invalidated_by``), move it to stale with the reason as the
-        note and return the reason; else change nothing and return None (also for evidence without a
-        context)."""
+        """The evidence check: when proposal ``id`` is proposed, waiting or approved (not yet on the canary)
+        and its evidence was gathered under a context that ``now`` invalidates (``invalidated_by``), move it
+        to stale with the reason as the note and return the reason; else change nothing and return None
+        (also for evidence without a context)."""
         with self._write() as db:
             proposal = self._find(db, id)
             context = proposal.evidence.evidence_context() if proposal.evidence is not None else None
-            if proposal.status not in ("proposed", "waiting") or context is None:
+            if proposal.status not in ("proposed", "waiting", "approved") or context is None:
                 return None
             reason = invalidated_by(context, now, threshold=threshold)
             if reason is None:

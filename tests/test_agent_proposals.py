@@ -116,7 +116,7 @@ def test_the_moves_are_the_rollout_state_machine() -> None:
         "proposed": ["approved", "rejected", "stale", "waiting"],
         "waiting": ["approved", "rejected", "stale"],
         "stale": ["proposed", "rejected"],
-        "approved": ["canary"],
+        "approved": ["canary", "stale"],
         "rejected": [],
         "canary": ["promoted", "rolled_back"],
         "promoted": [], "rolled_back": [],
@@ -126,7 +126,8 @@ def test_the_moves_are_the_rollout_state_machine() -> None:
 @pytest.mark.parametrize(("start", "to", "message"), [
     ("proposed", "canary", ("proposal p-0000abcd is proposed: it cannot move to canary "
                            "(from proposed: waiting, stale, approved, rejected)")),
-    ("approved", "approved", "proposal p-0000abcd is approved: it cannot move to approved (from approved: canary)"),
+    ("approved", "approved", ("proposal p-0000abcd is approved: it cannot move to approved "
+                             "(from approved: stale, canary)")),
     ("rejected", "proposed", "proposal p-0000abcd is rejected: it cannot move to proposed (rejected is final)"),
     ("promoted", "rolled_back", ("proposal p-0000abcd is promoted: it cannot move to rolled_back "
                                 "(promoted is final)")),
@@ -160,6 +161,23 @@ def test_a_stale_proposal_comes_back_only_with_fresh_evidence() -> None:
     fresh = Evidence.model_validate({**EVIDENCE, "evaluated_at": T0 + 500})
     again = stale.moved("proposed", at=T0 + 600, actor="agent", evidence=fresh)
     assert (again.status, again.evidence) == ("proposed", fresh)
+
+
+def test_evidence_from_a_replay_comparison() -> None:
+    comparison = {"base": {"requests": 900, "hit_ratio": 0.41, "wrong_rate": 0.0},
+                  "candidate": {"requests": 900, "hit_ratio": 0.47, "wrong_rate": 0.001},
+                  "gain": 0.06, "ci": [0.03, 0.09], "wrong_change": 0.001, "requests": 900}
+    evidence = Evidence.from_replay(comparison, evaluated_at=T0, windows=[3, 4], context=CONTEXT)
+    assert evidence.model_dump(mode="json") == {
+        "metrics": {"hit_ratio": {"base": 0.41, "new": 0.47, "ci": [0.03, 0.09], "level": 0.9, "unit": ""},
+                    "wrong_rate": {"base": 0.0, "new": 0.001, "ci": None, "level": 0.9, "unit": ""}},
+        "evaluated_at": T0, "windows": [3, 4], "plots": [], "context": CONTEXT.to_dict(),
+        "detail": {"gain": 0.06, "wrong_change": 0.001, "requests": 900}}
+    with pytest.raises(ValueError, match=r"^replay comparison: no 'ci'$"):
+        Evidence.from_replay({"base": {}, "candidate": {}}, evaluated_at=T0)
+    with pytest.raises(ValueError, match=r"^replay comparison: metrics wrong_rate missing from one arm$"):
+        Evidence.from_replay({"base": {"hit_ratio": 0.4, "wrong_rate": 0.0}, "candidate": {"hit_ratio": 0.5},
+                              "ci": [0.0, 0.1]}, evaluated_at=T0)
 
 
 @pytest.mark.parametrize(("change", "fragment"), [
@@ -274,6 +292,13 @@ def test_invalidate_moves_a_proposal_whose_evidence_no_longer_holds(store: Propo
     assert store.invalidate("p-0000abcd", now, actor="agent") is None  # stale already: nothing to move
     store.add(proposal("p-0000beef", evidence=None))
     assert store.invalidate("p-0000beef", now, actor="agent") is None  # no evidence, nothing it could invalidate
+    store.add(proposal("p-0000cafe"))
+    store.review("p-0000cafe", "approve", "alice", "")
+    assert store.invalidate("p-0000cafe", now, actor="agent") == reason  # approved, not yet on the canary
+    store.transition("p-0000cafe", "proposed", actor="agent", evidence={**EVIDENCE, "context": now.to_dict()})
+    store.review("p-0000cafe", "approve", "alice", "again")
+    store.transition("p-0000cafe", "canary", actor="agent")
+    assert store.invalidate("p-0000cafe", CONTEXT, actor="agent") is None  # on the canary: the canary judges it
 
 
 def test_policy_history(store: ProposalStore) -> None:
@@ -393,7 +418,7 @@ def test_of_two_processes_approving_one_wins(path: Path, tmp_path: Path) -> None
     assert [p.returncode for p in procs] == [0, 0]
     assert outs[1] == "won"
     assert outs[0] == ("lost: proposal p-0000abcd is approved: it cannot move to approved "
-                       "(from approved: canary)")
+                       "(from approved: stale, canary)")
     with ProposalStore(path) as s:
         assert len(s.reviews()) == 1 and s.get("p-0000abcd").status == "approved"
 
@@ -509,7 +534,7 @@ def test_approving_twice_exits_1(filled: Path) -> None:
     assert runner.invoke(make_app(), args).exit_code == 0
     again = runner.invoke(make_app(), args)
     assert (again.exit_code, again.stderr) == (
-        1, "error: proposal p-0000abcd is approved: it cannot move to approved (from approved: canary)\n")
+        1, "error: proposal p-0000abcd is approved: it cannot move to approved (from approved: stale, canary)\n")
 
 
 def test_a_missing_or_foreign_store_exits_2(tmp_path: Path) -> None:
