@@ -500,12 +500,12 @@ def test_show_without_evidence(filled: Path) -> None:
 
 
 def test_approve_records_the_review_and_calls_the_hook(filled: Path) -> None:
-    calls: list[tuple[str, str, str]] = []
-    app = make_app(on_review=lambda p, verdict: calls.append((p.id, p.status, verdict)))
+    calls: list[tuple[str, str, str, Path]] = []
+    app = make_app(on_review=lambda p, verdict, store: calls.append((p.id, p.status, verdict, store)))
     result = runner.invoke(app, ["approve", "p-0000abcd", "--store", str(filled), "--reviewer", "alice",
                                  "--note", "ship it"])
     assert (result.exit_code, result.stdout) == (0, "approved p-0000abcd: chat-prod@7 -> chat-prod@8 (by alice)\n")
-    assert calls == [("p-0000abcd", "approved", "approve")]
+    assert calls == [("p-0000abcd", "approved", "approve", filled)]
     with ProposalStore(filled) as s:
         assert [(r.reviewer, r.verdict, r.note) for r in s.reviews()] == [("alice", "approve", "ship it")]
     shown = runner.invoke(make_app(), ["show", "p-0000abcd", "--store", str(filled)])
