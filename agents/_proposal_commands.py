@@ -23,8 +23,9 @@ from .errors import ProposalError
 if TYPE_CHECKING:
     from ._proposals import AuditEntry, Evidence, Proposal, ProposalStore
 
-OnReview = Callable[["Proposal", str], None]
-"""Called after a review is recorded, with the proposal as stored and the verdict (``approve``/``reject``):
+OnReview = Callable[["Proposal", str, Path], None]
+"""Called after a review is recorded, with the proposal as stored, the verdict (``approve``/``reject``) and the
+store's path:
 where the `evocache` command resumes the loop's thread that waits on it. What it raises propagates: the review
 is recorded already."""
 

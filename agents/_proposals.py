@@ -58,7 +58,7 @@ MOVES: Mapping[str, frozenset[str]] = MappingProxyType({
     "stale": frozenset({"proposed", "rejected"}),
     "approved": frozenset({"canary", "stale"}),
     "rejected": frozenset(),
-    "canary": frozenset({"promoted", "rolled_back"}),
+    "canary": frozenset({"promoted", "rolled_back", "waiting"}),  # waiting: inconclusive, the canary withdrawn
     "promoted": frozenset(),
     "rolled_back": frozenset(),
 })
@@ -539,6 +539,19 @@ class ProposalStore:
             if realised_gain is not None:
                 detail["realised_gain"] = realised_gain
             self._audit(db, moved.updated_at, actor, "move", moved.id, (proposal.status, to), detail)
+        return moved
+
+    def set_realised_gain(self, id: str, gain: float, *, actor: str = "agent") -> Proposal:
+        """Record what a promoted proposal gained once it ran (measured after the promotion; no status move)."""
+        with self._write() as db:
+            proposal = self._find(db, id)
+            if proposal.status != "promoted":
+                raise ProposalError(f"proposal {proposal.id} is {proposal.status}: only a promoted one has a "
+                                    "realised gain")
+            moved = proposal.model_copy(update={"realised_gain": float(gain), "updated_at": self._clock()})
+            self._save(db, moved)
+            self._audit(db, moved.updated_at, actor, "realised", moved.id, ("promoted", "promoted"),
+                        {"realised_gain": float(gain)})
         return moved
 
     def review(self, id: str, verdict: str, reviewer: str, note: str = "") -> Proposal:

@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from evocache.agents._proposal_commands import add_commands as add_proposal_commands
+from evocache.agents.commands import add_commands as add_agent_commands
+from evocache.agents.commands import resume_waiting_review
 from evocache.controller._policy_commands import add_commands as add_policy_store_commands
 from evocache.controller.replay.commands import eviction as bench_eviction
 from evocache.controller.semantic.commands import semantic as bench_semantic
@@ -49,6 +52,14 @@ def make_app() -> typer.Typer:
     bench.command("eviction")(bench_eviction)
     bench.command("semantic")(bench_semantic)
     root.add_typer(bench, name="bench")
+    agent = typer.Typer(no_args_is_help=True, add_completion=False,
+                        help="The policy loop: diagnose traffic, propose and roll out policy changes.")
+    add_agent_commands(agent)
+    root.add_typer(agent, name="agent")
+    proposals = typer.Typer(no_args_is_help=True, add_completion=False,
+                            help="Review the policy loop's proposals: list, show, approve, reject.")
+    add_proposal_commands(proposals, on_review=resume_waiting_review)
+    root.add_typer(proposals, name="proposals")
     root.command()(serve)
     root.command()(version)
     return root

@@ -519,15 +519,16 @@ class AutoApprove(_Model):
 
 class CanarySpec(_Model):
     """How the loop rolls out an approved change: ``fraction`` of requests (by key, the policy store's canary)
-    for at least ``windows`` windows, promoted when the canary keeps the policy's SLOs and its hit ratio is no
-    more than ``max_drop`` below the base's over the same windows; rolled back when it breaks them. A canary
-    that has seen fewer than ``min_requests`` requests after ``max_windows`` windows is inconclusive and waits
-    for a person."""
+    for at least ``windows`` windows. Over the same windows, it is rolled back when it breaks the policy's SLOs or
+    its hit ratio is shown (the whole bootstrap interval of the difference) to be more than ``max_drop`` (a share
+    of the base's hit ratio) below the base's; promoted when it has seen ``min_requests`` requests and its hit
+    ratio is no more than that below. A canary still short of either after ``max_windows`` windows is
+    inconclusive: it is withdrawn and waits for a person."""
 
     fraction: Annotated[Number, Field(gt=0, le=1)] = 0.2
     windows: Annotated[Int, Field(ge=1, le=100)] = 1
     max_windows: Annotated[Int, Field(ge=1, le=1000)] = 4
-    max_drop: Share = 0.02
+    max_drop: Share = 0.05
     min_requests: Annotated[Int, Field(ge=1)] = 50
 
     @model_validator(mode="after")

@@ -118,7 +118,7 @@ def test_the_moves_are_the_rollout_state_machine() -> None:
         "stale": ["proposed", "rejected"],
         "approved": ["canary", "stale"],
         "rejected": [],
-        "canary": ["promoted", "rolled_back"],
+        "canary": ["promoted", "rolled_back", "waiting"],
         "promoted": [], "rolled_back": [],
     }
 
@@ -132,7 +132,7 @@ def test_the_moves_are_the_rollout_state_machine() -> None:
     ("promoted", "rolled_back", ("proposal p-0000abcd is promoted: it cannot move to rolled_back "
                                 "(promoted is final)")),
     ("canary", "approved", ("proposal p-0000abcd is canary: it cannot move to approved "
-                           "(from canary: promoted, rolled_back)")),
+                           "(from canary: waiting, promoted, rolled_back)")),
 ])
 def test_a_refused_move_names_the_proposal_its_status_and_the_move(start: str, to: str, message: str) -> None:
     with pytest.raises(ProposalError) as info:

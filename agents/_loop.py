@@ -1,0 +1,434 @@
+"""The loop as a LangGraph graph, and the driver that runs it over a trace.
+
+One pass per window of traffic:
+
+    observe ─┬─ (a canary is out) ──────────────────────────── watch ── END   promote, roll back, go on, or wait
+             └─ diagnose ── retrain ── propose ─┬─ (nothing worth it) ─────────── END
+                                                ├─ (inconclusive) ── waits for a person ── END
+                                                ├─ (inside the guardrails) ── approve ── canary ── END
+                                                └─ review (interrupt) ── decide ── canary ── END
+
+State is plain data (the window, the findings, the proposal id, the verdict); what the nodes act on (the policy
+store, the proposal store, the windows seen) is the ``LoopContext`` the graph was built with. ``review`` holds
+nothing but its ``interrupt``: the thread waits in the SQLite checkpointer, and any process that builds the
+graph over the same stores and checkpointer resumes it (``resume_review``), as ``evocache proposals approve``
+does. The canary is the policy store's canary fraction, the one serving reads; ``canary`` refuses a proposal
+whose base is no longer the policy in force (its evidence is stale) and marks it so.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypedDict
+
+from evocache.controller import PolicyStore
+from evocache.dsl import Policy
+
+from ._candidates import Edit, apply_edits, candidate_edits
+from ._evidence import Step, arm_difference, arm_metrics, compare
+from ._types import Finding, Outcome, Request, Series, WindowStats, step_series, window_stats
+
+log = logging.getLogger("evocache.agents")
+
+
+class LoopState(TypedDict, total=False):
+    run: str
+    thread: str
+    window: int
+    policy: str
+    route: str
+    findings: list[dict[str, Any]]
+    proposal: str | None
+    verdict: dict[str, Any] | None
+    notes: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class LoopConfig:
+    """How the loop judges: ``warmup`` windows fill the replay cache before the ``measure`` windows are
+    counted; ``realise`` windows after a promotion measure its realised gain; ``interactive``: every proposal
+    waits for a person, whatever the guardrails allow; ``max_candidates`` single edits replayed per pass;
+    ``step_s`` the series' step (None: a twentieth of the window)."""
+
+    warmup: int = 3
+    measure: int = 1
+    realise: int = 2
+    interactive: bool = False
+    max_candidates: int = 12
+    seed: int = 0
+    step_s: float | None = None
+
+
+@dataclass
+class WindowRecord:
+    """A window as it was served: its requests, outcomes, the schedule step, and which requests ran the canary."""
+
+    index: int
+    requests: Sequence[Request]
+    outcomes: list[Outcome]
+    step: Step
+    canary_arm: list[bool]
+    stats: WindowStats
+    findings: list[Finding] = field(default_factory=list)
+
+
+class LoopContext:
+    """What the graph's nodes act on. ``proposals`` is a ``ProposalStore``; ``policies`` the policy store serving
+    reads; ``windows`` the windows served so far (empty in a process that only resumes reviews)."""
+
+    def __init__(self, policies: PolicyStore, proposals: Any, *, capacity: int = 1, config: LoopConfig = LoopConfig(),
+                 vectors: Any = None, diagnose: Callable[..., list[Finding]] | None = None,
+                 plots_dir: Path | None = None, actor: str = "evocache-agent") -> None:
+        self.policies = policies
+        self.proposals = proposals
+        self.capacity = capacity
+        self.config = config
+        self.vectors = vectors
+        self.windows: list[WindowRecord] = []
+        self.series: list[Series] = []
+        self._diagnose = diagnose
+        self.plots_dir = plots_dir
+        self.actor = actor
+        self.top_version = 0
+        self.canary_started: dict[str, int] = {}
+        self.promoted_at: dict[str, tuple[int, int]] = {}  # proposal -> (canary start, promotion window)
+        self.breaches: list[dict[str, Any]] = []
+
+    # -- observing ---------------------------------------------------------------------------------------------
+
+    def record(self, requests: Sequence[Request], outcomes: list[Outcome], step: Step, canary_arm: list[bool]) -> WindowRecord:
+        index = len(self.windows)
+        stats = window_stats(index, str(step[0].ref), requests, outcomes)
+        rec = WindowRecord(index, requests, outcomes, step, canary_arm, stats)
+        self.windows.append(rec)
+        if requests:
+            span = max(requests[-1].t - requests[0].t, 1e-6)
+            step_s = self.config.step_s or span / 20
+            self.series = [*self.series, *step_series(requests, outcomes, start=requests[0].t,
+                                                       end=requests[-1].t, step_s=step_s)]
+            self.series = _merge_series(self.series)
+        return rec
+
+    def history(self) -> list[WindowStats]:
+        return [w.stats for w in self.windows]
+
+    def active(self) -> Policy:
+        state = self.policies.state()
+        assert state.active is not None
+        return self.policies.load(state.active)
+
+    # -- diagnosis -----------------------------------------------------------------------------------------
+
+    def diagnose(self) -> list[Finding]:
+        if self._diagnose is None or not self.windows:
+            return []
+        findings = self._diagnose(self.history(), self.series, plots_dir=self.plots_dir)
+        self.windows[-1].findings = findings
+        return findings
+
+    # -- proposing -----------------------------------------------------------------------------------------
+
+    def busy(self) -> bool:
+        """Whether a proposal is still on its way (one change at a time)."""
+        return any(p.status in ("proposed", "waiting", "approved", "canary") for p in self.proposals.list())
+
+    def schedule_span(self, last: int, count: int) -> tuple[list[Sequence[Request]], list[Step]]:
+        first = max(0, last - count + 1)
+        recs = self.windows[first:last + 1]
+        return [r.requests for r in recs], [r.step for r in recs]
+
+    def judge(self, base: Policy, candidate: Policy) -> dict[str, Any]:
+        """Replay evidence for ``candidate`` against ``base`` over the recent windows."""
+        cfg = self.config
+        last = len(self.windows) - 1
+        reqs, steps = self.schedule_span(last, cfg.warmup + cfg.measure)
+        base_steps = [(s[0], s[1], s[2]) for s in steps[:-cfg.measure]] + [(base, None, 0.0)] * cfg.measure
+        cand_steps = base_steps[:-cfg.measure] + [(candidate, None, 0.0)] * cfg.measure
+        evidence = compare(reqs, base_steps, cand_steps, measure=min(cfg.measure, len(reqs)),
+                           capacity=self.capacity, vectors=self.vectors, seed=cfg.seed)
+        evidence["windows"] = [last - min(cfg.measure, len(reqs)) + 1, last]
+        evidence["evaluated_at"] = time.time()
+        return evidence
+
+    def propose(self, findings: Sequence[Finding], thread: str | None = None) -> tuple[Any | None, str]:
+        """The best candidate as a stored proposal and its route (``end``, ``wait``, ``auto``, ``review``)."""
+        if self.busy() or len(self.windows) < 2:
+            return None, "end"
+        base = self.active()
+        recent = self.history()[-(self.config.warmup + self.config.measure):]
+        edits = candidate_edits(base, findings, recent)[: self.config.max_candidates]
+        if not edits:
+            return None, "end"
+        version = max(self.top_version, base.version) + 1
+        scored: list[tuple[float, list[Edit], Policy, dict[str, Any]]] = []
+        for edit in edits:
+            try:
+                cand = apply_edits(base, [edit], version)
+            except ValueError as exc:  # PolicyError / StoreConfigError: the loop never proposes what check rejects
+                log.info("edit %s refused by policy check: %s", edit.path, exc)
+                continue
+            evidence = self.judge(base, cand)
+            if self._acceptable(base, evidence):
+                scored.append((evidence["ci"][0], [edit], cand, evidence))
+        if len(scored) >= 2:  # the two best edits of different settings together
+            scored.sort(key=lambda s: s[0], reverse=True)
+            a, b = scored[0], scored[1]
+            if a[1][0].path != b[1][0].path:
+                try:
+                    cand = apply_edits(base, a[1] + b[1], version)
+                    evidence = self.judge(base, cand)
+                    if self._acceptable(base, evidence) and evidence["ci"][0] > a[0]:
+                        scored.append((evidence["ci"][0], a[1] + b[1], cand, evidence))
+                except ValueError as exc:
+                    log.info("combined edit refused by policy check: %s", exc)
+        if not scored:
+            return None, "end"
+        scored.sort(key=lambda s: s[0], reverse=True)
+        _, chosen, cand, evidence = scored[0]
+        proposal = self._store_proposal(base, cand, chosen, findings, evidence, thread)
+        self.top_version = cand.version
+        return proposal, self._route(base, chosen, evidence)
+
+    def _acceptable(self, base: Policy, evidence: dict[str, Any]) -> bool:
+        floor = base.guardrails.auto_approve.min_gain if base.guardrails.auto_approve else 0.0
+        max_error = base.slo.max_error_rate
+        wrong = evidence["candidate"]["wrong_rate"]
+        within_error = wrong <= evidence["base"]["wrong_rate"] + 1e-12 or (max_error is not None and wrong <= max_error)
+        return evidence["gain"] > 0 and evidence["ci"][0] > floor and within_error
+
+    def _route(self, base: Policy, edits: Sequence[Edit], evidence: dict[str, Any]) -> str:
+        if evidence["requests"] < base.guardrails.rollout.min_requests:
+            return "wait"
+        if not self.config.interactive and all(e.auto_approvable(base) for e in edits):
+            return "auto"
+        return "review"
+
+    def _store_proposal(self, base: Policy, cand: Policy, edits: Sequence[Edit], findings: Sequence[Finding],
+                        evidence: dict[str, Any], thread: str | None) -> Any:
+        from ._proposals import Evidence, Proposal
+
+        replay = Evidence.from_replay(evidence, evaluated_at=evidence["evaluated_at"], windows=evidence["windows"])
+        proposal = Proposal.create(base, cand, at=time.time(), edits=[e.to_dict() for e in edits],
+                                   findings=list(findings[:20]), evidence=replay, predicted_gain=evidence["gain"],
+                                   window=len(self.windows) - 1, thread_id=thread)
+        return self.proposals.add(proposal, actor=self.actor)
+
+    # -- rolling out ---------------------------------------------------------------------------------------
+
+    def start_canary(self, proposal_id: str) -> str:
+        """Put an approved proposal on the canary; ``stale`` when its base is no longer in force."""
+        from evocache.dsl import parse_policy
+
+        proposal = self.proposals.get(proposal_id)
+        state = self.policies.state()
+        if state.active != proposal.base_policy or state.canary is not None:
+            self.proposals.transition(proposal.id, "stale", actor=self.actor,
+                                      note=f"the policy in force is {state.active}, not {proposal.base_policy}")
+            return "stale"
+        base = self.policies.load(state.active)
+        fraction = base.guardrails.rollout.fraction
+        self.policies.apply(parse_policy(proposal.new_policy, proposal.new_ref), canary=fraction)
+        self.proposals.record_policy(proposal.new_ref, proposal.new_policy, kind="canary", actor=self.actor,
+                                     proposal_id=proposal.id)
+        self.proposals.transition(proposal.id, "canary", actor=self.actor, note=f"canary on {fraction:.0%}")
+        self.canary_started[proposal.id] = len(self.windows)
+        return "canary"
+
+    def watch(self) -> str:
+        """Judge the canary out now over the windows since it started: promote, roll back, go on, or wait."""
+        state = self.policies.state()
+        proposal = next((p for p in self.proposals.list(status="canary")), None)
+        if proposal is None or state.canary is None:
+            return "none"
+        base = self.policies.load(state.active)
+        spec = base.guardrails.rollout
+        start = self.canary_started.get(proposal.id, len(self.windows) - 1)
+        recs = [w for w in self.windows[start:] if w.step[1] is not None]
+        if len(recs) < spec.windows:
+            return "continue"
+        arms: dict[bool, tuple[list[Request], list[Outcome]]] = {True: ([], []), False: ([], [])}
+        for rec in recs:
+            for req, out, arm in zip(rec.requests, rec.outcomes, rec.canary_arm, strict=True):
+                arms[arm][0].append(req)
+                arms[arm][1].append(out)
+        can, bas = arm_metrics(*arms[True]), arm_metrics(*arms[False])
+        diff, low, high = arm_difference(arms[True], arms[False], seed=self.config.seed)
+        verdict = {"canary": can, "base": bas, "difference": [diff, low, high],
+                   "windows": [start, len(self.windows) - 1]}
+        tolerance = spec.max_drop * bas["hit_ratio"]  # a share of the base's hit ratio
+        breach = self._breach(base, can, bas, high, tolerance)
+        if breach:
+            self.policies.rollback()
+            self.proposals.record_policy(proposal.new_ref, proposal.new_policy, kind="rolled_back",
+                                         actor=self.actor, proposal_id=proposal.id)
+            self.proposals.transition(proposal.id, "rolled_back", actor=self.actor, note=breach, evidence=None)
+            self.breaches.append({"proposal": proposal.id, "reason": breach, "windows": len(recs), **verdict})
+            return "rolled_back"
+        # Too little traffic, or worse but not shown to be; a change whose replay predicted a loss (a person
+        # approved it against its evidence) must show it is no worse, not merely fail to show it is.
+        doubtful = low < -tolerance if (proposal.predicted_gain or 0.0) <= 0 else diff < -tolerance
+        if can["requests"] < spec.min_requests or doubtful:
+            if len(recs) >= spec.max_windows:  # inconclusive never passes: withdraw it, a person decides
+                self.policies.rollback()
+                self.proposals.transition(proposal.id, "waiting", actor=self.actor,
+                                          note=f"inconclusive after {len(recs)} windows: {can['requests']} canary "
+                                               f"requests, hit ratio difference {diff:+.3f} [{low:+.3f}, {high:+.3f}]")
+                return "waiting"
+            return "continue"
+        self.policies.promote()
+        self.proposals.record_policy(proposal.new_ref, proposal.new_policy, kind="promoted", actor=self.actor,
+                                     proposal_id=proposal.id)
+        self.proposals.transition(proposal.id, "promoted", actor=self.actor,
+                                  note=f"canary hit ratio {can['hit_ratio']:.3f} against {bas['hit_ratio']:.3f}")
+        self.promoted_at[proposal.id] = (start, len(self.windows) - 1)
+        return "promoted"
+
+    @staticmethod
+    def _breach(base: Policy, can: dict[str, float], bas: dict[str, float], high: float, tolerance: float) -> str:
+        """Why the canary must go: an SLO it breaks, or a hit ratio shown (the whole interval of the difference)
+        to be more than ``tolerance`` below the base's. "" when neither."""
+        max_error = base.slo.max_error_rate
+        if max_error is not None and can["wrong_rate"] > max_error and can["wrong_rate"] > bas["wrong_rate"]:
+            return f"SLO breach: canary error rate {can['wrong_rate']:.4f} > {max_error:g}"
+        if high < -tolerance:
+            return (f"canary hit ratio {can['hit_ratio']:.3f} is below the base's {bas['hit_ratio']:.3f} by more "
+                    f"than {tolerance:.4f} (the interval of the difference ends at {high:+.4f})")
+        return ""
+
+    def realised_gain(self, proposal_id: str) -> float | None:
+        """The promoted change's gain over the ``realise`` windows after its promotion: the schedule that ran
+        against the same schedule without it, replayed from the same cold start. None until those windows."""
+        if proposal_id not in self.promoted_at:
+            return None
+        start, promoted = self.promoted_at[proposal_id]
+        cfg = self.config
+        last = promoted + cfg.realise
+        if last >= len(self.windows):
+            return None
+        first = max(0, start - cfg.warmup)
+        recs = self.windows[first:last + 1]
+        old_base = recs[start - first].step[0]
+        actual = [r.step for r in recs]
+        without = [r.step if r.index < start else (old_base, None, 0.0) for r in recs]
+        evidence = compare([r.requests for r in recs], without, actual, measure=cfg.realise,
+                           capacity=self.capacity, vectors=self.vectors, seed=cfg.seed)
+        return float(evidence["gain"])
+
+
+def _merge_series(series: Sequence[Series], keep: int = 400) -> list[Series]:
+    """Series of one name and labels joined in time order, the newest ``keep`` points of each."""
+    joined: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[list[float], list[float], str]] = {}
+    for s in series:
+        t, v, _ = joined.setdefault((s.name, s.labels), ([], [], s.unit))
+        t.extend(s.t)
+        v.extend(s.v)
+    return [Series(name, labels, tuple(t[-keep:]), tuple(v[-keep:]), unit)
+            for (name, labels), (t, v, unit) in joined.items()]
+
+
+# -- the graph -----------------------------------------------------------------------------------------------
+
+
+def build_graph(ctx: LoopContext, checkpointer: Any) -> Any:
+    """The loop's graph over ``ctx``, compiled with ``checkpointer`` (a LangGraph ``SqliteSaver``)."""
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+
+    def observe(state: LoopState) -> LoopState:
+        for approved in ctx.proposals.list(status="approved"):  # approved with no pass waiting on it
+            ctx.start_canary(approved.id)
+        return {"policy": ctx.policies.state().active or "", "findings": [], "proposal": None, "verdict": None,
+                "route": "watch" if ctx.policies.state().canary is not None else "diagnose"}
+
+    def watch(state: LoopState) -> LoopState:
+        return {"route": "end", "notes": [f"canary: {ctx.watch()}"]}
+
+    def diagnose(state: LoopState) -> LoopState:
+        return {"findings": [f.to_dict() for f in ctx.diagnose()]}
+
+    def retrain(state: LoopState) -> LoopState:
+        return {"notes": []}
+
+    def propose(state: LoopState) -> LoopState:
+        findings = [Finding.from_dict(f) for f in state.get("findings", [])]
+        proposal, route = ctx.propose(findings, state.get("thread"))
+        if proposal is not None and route == "wait":
+            ctx.proposals.transition(proposal.id, "waiting", actor=ctx.actor,
+                                     note="inconclusive evidence: too little traffic to judge")
+        return {"proposal": None if proposal is None else proposal.id, "route": route}
+
+    def approve(state: LoopState) -> LoopState:
+        ctx.proposals.review(state["proposal"], "approve", "guardrails",
+                             "inside the policy's guardrails.auto_approve")
+        return {"route": "canary"}
+
+    def review(state: LoopState) -> LoopState:
+        return {"verdict": interrupt({"proposal": state["proposal"], "policy": state.get("policy", "")})}
+
+    def decide(state: LoopState) -> LoopState:
+        verdict = state.get("verdict") or {}
+        proposal = ctx.proposals.get(state["proposal"])
+        if proposal.status in ("proposed", "waiting"):  # the CLI records the review before it resumes
+            ctx.proposals.review(proposal.id, verdict.get("verdict", "reject"), verdict.get("reviewer", "person"),
+                                 verdict.get("note", ""))
+            proposal = ctx.proposals.get(proposal.id)
+        return {"route": "canary" if proposal.status == "approved" else "end"}
+
+    def canary(state: LoopState) -> LoopState:
+        return {"notes": [f"rollout: {ctx.start_canary(state['proposal'])}"]}
+
+    graph = StateGraph(LoopState)
+    for name, fn in (("observe", observe), ("watch", watch), ("diagnose", diagnose), ("retrain", retrain),
+                     ("propose", propose), ("approve", approve), ("review", review), ("decide", decide),
+                     ("canary", canary)):
+        graph.add_node(name, fn)
+    graph.add_edge(START, "observe")
+    graph.add_conditional_edges("observe", lambda s: s["route"], {"watch": "watch", "diagnose": "diagnose"})
+    graph.add_edge("watch", END)
+    graph.add_edge("diagnose", "retrain")
+    graph.add_edge("retrain", "propose")
+    graph.add_conditional_edges("propose", lambda s: s["route"],
+                                {"end": END, "wait": END, "auto": "approve", "review": "review"})
+    graph.add_edge("approve", "canary")
+    graph.add_edge("review", "decide")
+    graph.add_conditional_edges("decide", lambda s: s["route"], {"canary": "canary", "end": END})
+    graph.add_edge("canary", END)
+    return graph.compile(checkpointer=checkpointer)
+
+
+def thread_config(thread_id: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread_id}}
+
+
+def resume_review(graph: Any, thread_id: str, verdict: str, reviewer: str, note: str = "") -> dict[str, Any]:
+    """Resume the pass waiting in ``review`` on ``thread_id`` with a person's ``verdict`` (approve/reject)."""
+    from langgraph.types import Command
+
+    return graph.invoke(Command(resume={"verdict": verdict, "reviewer": reviewer, "note": note}),
+                        thread_config(thread_id), durability="sync")
+
+
+def resume_waiting(store: Path, thread: str, verdict: str, reviewer: str = "person") -> str:
+    """Resume ``thread`` when it waits in ``review``, over the workdir that holds the proposal store ``store``
+    (its ``policies`` store and ``checkpoints.db``); what the rollout did, or "" when nothing waited."""
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    from evocache.controller import FilePolicyStore
+
+    from ._proposals import ProposalStore
+
+    workdir = Path(store).parent
+    checkpoints = workdir / "checkpoints.db"
+    if not checkpoints.exists() or not (workdir / "policies").exists():
+        return ""
+    with SqliteSaver.from_conn_string(str(checkpoints)) as saver:
+        ctx = LoopContext(FilePolicyStore(workdir / "policies"), ProposalStore(store))
+        graph = build_graph(ctx, saver)
+        if not graph.get_state(thread_config(thread)).interrupts:
+            return ""
+        result = resume_review(graph, thread, verdict, reviewer)
+    return "; ".join(result.get("notes") or []) or f"resumed {thread}"

@@ -1,0 +1,172 @@
+"""``evocache agent run --trace``: the loop over a recorded trace, as if the trace were a deployment's traffic.
+
+The trace is cut into windows of ``window`` requests. A ``Simulator`` stands for the deployment: before each
+window it reads the policy store (the policy in force, the canary and its fraction) as a replica would, serves
+the window, and the loop's graph runs one pass on what it saw. Proposals, reviews and policy history go to the
+proposal store; the graph's threads to a SQLite checkpointer beside it, so a review left waiting can be
+approved from another process (``evocache proposals approve``). ``harmful_at`` injects, at that window, a
+proposal meant to hurt (every ttl cut to one second), approved by a person against its evidence, to show the
+canary catch it and roll it back.
+
+The result (``RunReport.to_json``) is the document ``--json`` writes:
+``{"windows": [{"index", "start", "end", "requests", "policy", "hit_ratio", "findings": [{"kind", "score",
+"p_value"}]}], "drift_detected_at", "proposals": [{"id", "window", "status", "predicted_gain",
+"realised_gain"}]}``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from evocache.controller import FilePolicyStore
+from evocache.dsl import Policy
+
+from ._candidates import Edit, apply_edits
+from ._loop import LoopConfig, LoopContext, build_graph, thread_config
+from ._types import Request
+from ._whatif import Simulator
+from ._workload import read_requests, windows
+
+DRIFT_KINDS = ("key-drift", "change-point")
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """``window`` requests per window; ``capacity`` of the simulated L1 in the trace's size unit (None:
+    ``capacity_fraction`` of the trace's distinct keys times their size); ``harmful_at`` the window at which to
+    inject a harmful proposal (None: none)."""
+
+    window: int = 300
+    capacity: int | None = None
+    capacity_fraction: float = 0.1
+    harmful_at: int | None = None
+    loop: LoopConfig = LoopConfig()
+
+
+def default_capacity(requests: list[Request], fraction: float) -> int:
+    seen: dict[tuple[str, str], int] = {}
+    for r in requests:
+        for k in r.keys:
+            seen.setdefault((r.ns, k), r.size)
+    return max(1, math.floor(fraction * sum(seen.values())))
+
+
+def embed_prompts(requests: list[Request], cache_dir: Path | None) -> Any:
+    """A ``VectorTable`` of the semantic requests' prompts (the packaged MiniLM; cached on disk), or None."""
+    prompts = sorted({r.prompt for r in requests if r.kind == "semantic" and r.prompt})
+    if not prompts:
+        return None
+    from evocache.controller.semantic import default_embedder
+    from evocache.controller.semantic._bench import VectorTable, embed_cached
+
+    embedder = default_embedder()
+    return VectorTable(prompts, embed_cached(prompts, embedder, cache_dir), embedder.name)
+
+
+def harmful_edits(policy: Policy) -> list[Edit]:
+    """Every ttl cut to one second: a change no replay would back, to be caught by the canary."""
+    edits = [Edit("ttl", "defaults.ttl", policy.defaults.ttl, 1.0, "injected: harmful on purpose")]
+    edits += [Edit("ttl", f"rules.{r.name}.ttl", r.ttl, 1.0, "injected: harmful on purpose")
+              for r in policy.rules if r.ttl is not None]
+    return edits
+
+
+def run_trace(trace: str | Path, policy: Policy, workdir: str | Path, *, options: RunOptions = RunOptions(),
+              diagnose: Callable[..., Any] | None = None, progress: Callable[[int, int], None] | None = None,
+              ) -> dict[str, Any]:
+    """Run the loop over ``trace`` under ``policy``; state under ``workdir`` (policy store, proposals, the
+    checkpointer). Returns the report document."""
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    from ._proposals import ProposalStore
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    requests = read_requests(trace)
+    spans = list(windows(requests, options.window))
+    capacity = options.capacity or default_capacity(requests, options.capacity_fraction)
+    vectors = embed_prompts(requests, workdir / "embeddings")
+    policies = FilePolicyStore(workdir / "policies")
+    if policies.state().active is None:
+        policies.apply(policy)
+    proposals = ProposalStore(workdir / "proposals.db")
+    proposals.record_policy(str(policy.ref), policy_yaml(policy), kind="applied", actor="agent run")
+    if diagnose is None:
+        from .diagnosis import diagnose as default_diagnose
+
+        diagnose = default_diagnose
+    ctx = LoopContext(policies, proposals, capacity=capacity, config=options.loop, vectors=vectors,
+                      diagnose=diagnose, plots_dir=workdir / "plots")
+    run_id = uuid.uuid4().hex[:8]
+    live = Simulator(ctx.active(), capacity, seed=options.loop.seed, vectors=vectors)
+    rows: list[dict[str, Any]] = []
+    with SqliteSaver.from_conn_string(str(workdir / "checkpoints.db")) as saver:
+        graph = build_graph(ctx, saver)
+        for i, span in enumerate(spans):
+            state = policies.state()
+            base = policies.load(state.active)
+            canary = policies.load(state.canary) if state.canary else None
+            if base != live.policy:
+                live.use(base)
+            outcomes = live.run(span, canary=canary, fraction=state.fraction)
+            arms = [canary is not None and live.arm_of(r, state.fraction) for r in span]
+            rec = ctx.record(span, outcomes, (base, canary, state.fraction), arms)
+            if options.harmful_at == i:
+                inject_harmful(ctx, base)
+            thread = f"{run_id}-w{i}"
+            graph.invoke({"run": run_id, "thread": thread, "window": i}, thread_config(thread), durability="sync")
+            rows.append(_row(rec, ctx))
+            for p in proposals.list(status="promoted"):
+                if p.realised_gain is None:
+                    gain = ctx.realised_gain(p.id)
+                    if gain is not None:
+                        proposals.set_realised_gain(p.id, gain)
+            if progress is not None:
+                progress(i + 1, len(spans))
+    report = {
+        "windows": rows,
+        "drift_detected_at": next((r["index"] for r in rows if any(f["kind"] in DRIFT_KINDS for f in r["findings"])),
+                                  None),
+        "proposals": [{"id": p.id, "window": p.window, "status": p.status, "predicted_gain": p.predicted_gain,
+                       "realised_gain": p.realised_gain} for p in sorted(proposals.list(), key=lambda p: p.created_at)],
+        "breaches": ctx.breaches,
+        "capacity": capacity,
+    }
+    return report
+
+
+def policy_yaml(policy: Policy) -> str:
+    from evocache.dsl import policy_to_yaml
+
+    return policy_to_yaml(policy)
+
+
+def inject_harmful(ctx: LoopContext, base: Policy) -> str:
+    """A harmful proposal with its (unfavourable) replay evidence, approved by a person: it goes to the canary."""
+    cand = apply_edits(base, harmful_edits(base), max(ctx.top_version, base.version) + 1)
+    ctx.top_version = cand.version
+    evidence = ctx.judge(base, cand)
+    proposal = ctx._store_proposal(base, cand, harmful_edits(base), [], evidence, None)
+    ctx.proposals.review(proposal.id, "approve", "injected", "approved against its evidence, to test the canary")
+    ctx.start_canary(proposal.id)
+    return proposal.id
+
+
+def _row(rec: Any, ctx: LoopContext) -> dict[str, Any]:
+    s = rec.stats
+    return {
+        "index": s.index, "start": s.start, "end": s.end, "requests": s.requests, "policy": s.policy,
+        "hit_ratio": s.hit_ratio, "wrong": s.wrong,
+        "canary": None if rec.step[1] is None else str(rec.step[1].ref),
+        "phases": sorted({r.phase for r in rec.requests if r.phase}),
+        "findings": [{"kind": f.kind, "score": f.score, "p_value": f.p_value, "summary": f.summary}
+                     for f in rec.findings],
+    }
+
+
