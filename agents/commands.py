@@ -10,15 +10,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
-
-console = Console()
-err = Console(stderr=True)
 
 
 def run(
@@ -36,6 +30,9 @@ def run(
 ) -> None:
     """Run the loop over a recorded trace: diagnose each window, propose, replay, review, canary, promote or
     roll back; print the windows and the proposals."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from evocache.dsl import PolicyError, load_policy
 
     from ._loop import LoopConfig
@@ -47,6 +44,7 @@ def run(
     except (PolicyError, OSError) as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(1) from None
+    console, err = Console(), Console(stderr=True)
     options = RunOptions(window=window, capacity=capacity, harmful_at=inject_harmful,
                          loop=LoopConfig(interactive=interactive))
     with Progress(TextColumn("[bold]agent"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -58,14 +56,16 @@ def run(
         except (AgentError, ValueError, OSError) as exc:
             err.print(f"[red]error:[/] {exc}")
             raise typer.Exit(1) from None
-    _print(report)
+    _print(console, report)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(report, indent=1, default=str))
         console.print(f"report: {json_out}")
 
 
-def _print(report: dict) -> None:
+def _print(console: Any, report: dict[str, Any]) -> None:
+    from rich.table import Table
+
     table = Table(title="windows")
     for col in ("window", "requests", "policy", "canary", "hit ratio", "findings"):
         table.add_column(col)
@@ -98,7 +98,7 @@ def resume_waiting_review(proposal: object, verdict: str, store: Path) -> None:
     if thread:
         note = resume_waiting(store, thread, verdict)
         if note:
-            console.print(note)
+            typer.echo(note)
 
 
 def add_commands(group: typer.Typer) -> None:
