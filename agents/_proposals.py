@@ -331,6 +331,20 @@ CREATE TABLE policy_history (
 """
 
 
+@contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back when the body raises (anything: the write is not half
+    kept after an interrupt either), the error then re-raised."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        if db.in_transaction:  # SQLite rolls some failures (a full disk) back by itself
+            db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
 class ProposalStore:
     """Proposals, reviews, the audit log and the policy history in the SQLite file ``path``.
 
@@ -379,8 +393,7 @@ class ProposalStore:
 
     def _prepare(self, db: sqlite3.Connection) -> None:
         """Make the tables in an empty file, else check it is a store of this schema version."""
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with _transaction(db):
             tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             tables.discard("sqlite_sequence")
             if not tables:
@@ -391,11 +404,6 @@ class ProposalStore:
                                [("kind", STORE_KIND), ("schema_version", str(SCHEMA_VERSION))])
             else:
                 self._check_meta(db, tables)
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
 
     def _check_meta(self, db: sqlite3.Connection, tables: set[str]) -> None:
         meta = dict(db.execute("SELECT key, value FROM meta").fetchall()) if "meta" in tables else {}
@@ -423,15 +431,8 @@ class ProposalStore:
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One ``BEGIN IMMEDIATE`` transaction: the write lock is taken before anything is read, so a check
         and the write it allows cannot interleave with another process's."""
-        with self._lock, self._errors():
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                if self._db.in_transaction:  # SQLite rolls some failures (a full disk) back by itself
-                    self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._lock, self._errors(), _transaction(self._db):
+            yield self._db
 
     @contextmanager
     def _errors(self) -> Iterator[None]:

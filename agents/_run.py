@@ -17,7 +17,6 @@ The result (``RunReport.to_json``) is the document ``--json`` writes:
 from __future__ import annotations
 
 import math
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from evocache.controller import FilePolicyStore
-from evocache.dsl import Policy
+from evocache.dsl import Policy, policy_to_yaml
 
 from ._candidates import Edit, apply_edits
 from ._loop import LoopConfig, LoopContext, build_graph, thread_config
@@ -96,7 +95,7 @@ def run_trace(trace: str | Path, policy: Policy, workdir: str | Path, *, options
     if policies.state().active is None:
         policies.apply(policy)
     proposals = ProposalStore(workdir / "proposals.db")
-    proposals.record_policy(str(policy.ref), policy_yaml(policy), kind="applied", actor="agent run")
+    proposals.record_policy(str(policy.ref), policy_to_yaml(policy), kind="applied", actor="agent run")
     if diagnose is None:
         from .diagnosis import diagnose as default_diagnose
 
@@ -141,18 +140,13 @@ def run_trace(trace: str | Path, policy: Policy, workdir: str | Path, *, options
     return report
 
 
-def policy_yaml(policy: Policy) -> str:
-    from evocache.dsl import policy_to_yaml
-
-    return policy_to_yaml(policy)
-
-
 def inject_harmful(ctx: LoopContext, base: Policy) -> str:
     """A harmful proposal with its (unfavourable) replay evidence, approved by a person: it goes to the canary."""
-    cand = apply_edits(base, harmful_edits(base), max(ctx.top_version, base.version) + 1)
+    edits = harmful_edits(base)
+    cand = apply_edits(base, edits, max(ctx.top_version, base.version) + 1)
     ctx.top_version = cand.version
     evidence = ctx.judge(base, cand)
-    proposal = ctx._store_proposal(base, cand, harmful_edits(base), [], evidence, None)
+    proposal = ctx._store_proposal(base, cand, edits, [], evidence, None)
     ctx.proposals.review(proposal.id, "approve", "injected", "approved against its evidence, to test the canary")
     ctx.start_canary(proposal.id)
     return proposal.id
