@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip install -c constraints.txt
 export HF_HUB_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: demo test bench bench-eviction bench-semantic bench-serving bench-kv bench-report venv clean redis-server
+.PHONY: demo test bench bench-eviction bench-semantic bench-serving bench-kv bench-loop bench-report venv clean redis-server
 
 $(VENV)/.stamp-base: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,11 @@ bench-serving: $(VENV)/.stamp-test
 # reuse, the Mooncake trace replayed through two replicas' L1s, memory per token; about 7 minutes on two cores.
 bench-kv: $(VENV)/.stamp-test redis-server
 	$(PY) bench/kv.py --results $(RESULTS)
+
+# The closed loop (bench/loop.py) on drifting workloads built from the shipped data: a static policy tuned for
+# phase A, the loop, and the best static policy per phase chosen in hindsight.
+bench-loop: $(VENV)/.stamp-test
+	$(PY) bench/loop.py --results $(RESULTS)
 
 bench-report: $(VENV)/.stamp-base
 	$(PY) bench/report.py
