@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -133,24 +133,60 @@ class LoopContext:
     # -- proposing -----------------------------------------------------------------------------------------
 
     def busy(self) -> bool:
-        """Whether a proposal is still on its way (one change at a time)."""
-        return any(p.status in ("proposed", "waiting", "approved", "canary") for p in self.proposals.list())
+        """Whether a change is on its way out (approved, or on the canary): one change at a time. A proposal
+        waiting for a person does not hold the loop up; a newer one supersedes it (``supersede``)."""
+        return any(p.status in ("approved", "canary") for p in self.proposals.list())
+
+    def supersede(self, newer: str) -> list[str]:
+        """Move every proposal still waiting for a decision (``proposed``, ``waiting``) other than ``newer`` to
+        stale: its evidence is older than ``newer``'s, judged on the same policy or an older one."""
+        moved = []
+        for p in self.proposals.list():
+            if p.id != newer and p.status in ("proposed", "waiting"):
+                self.proposals.transition(p.id, "stale", actor=self.actor,
+                                          note=f"superseded by {newer}, judged on newer windows")
+                moved.append(p.id)
+        return moved
+
+    def reevaluate(self, proposal_id: str) -> tuple[Any | None, str]:
+        """A stale proposal's edits judged again, on the policy in force and the newest windows: a new proposal
+        (its route, as ``propose`` gives) when the edits still apply and still gain, else ``(None, "end")``."""
+        old = self.proposals.get(proposal_id)
+        if not self.windows or not old.edits:
+            return None, "end"
+        base = self.active()
+        edits = [Edit.from_dict(e) for e in old.edits]
+        try:
+            cand = apply_edits(base, [replace(e, old=_current(base, e.path, e.old)) for e in edits],
+                               max(self.top_version, base.version) + 1)
+        except (ValueError, KeyError) as exc:
+            log.info("stale proposal %s no longer applies to %s: %s", old.id, base.ref, exc)
+            return None, "end"
+        evidence = self.judge(base, cand)
+        if not self._acceptable(base, evidence):
+            return None, "end"
+        findings = [Finding.from_dict(f) for f in old.findings]
+        proposal = self._store_proposal(base, cand, edits, findings, evidence, None)
+        self.top_version = cand.version
+        return proposal, self._route(base, edits, evidence)
 
     def schedule_span(self, last: int, count: int) -> tuple[list[Sequence[Request]], list[Step]]:
         first = max(0, last - count + 1)
         recs = self.windows[first:last + 1]
         return [r.requests for r in recs], [r.step for r in recs]
 
-    def judge(self, base: Policy, candidate: Policy) -> dict[str, Any]:
-        """Replay evidence for ``candidate`` against ``base`` over the recent windows."""
+    def judge(self, base: Policy, candidate: Policy, *, last: int | None = None) -> dict[str, Any]:
+        """Replay evidence for ``candidate`` against ``base`` over the windows up to ``last`` (the newest by
+        default): each policy in force over all ``warmup + measure`` windows from the same cold cache, the last
+        ``measure`` counted. Each arm's cache holds what its own policy kept, so the gain is the change's lasting
+        effect, the one its promotion is measured against (``realised_gain``)."""
         cfg = self.config
-        last = len(self.windows) - 1
-        reqs, steps = self.schedule_span(last, cfg.warmup + cfg.measure)
-        base_steps = [(s[0], s[1], s[2]) for s in steps[:-cfg.measure]] + [(base, None, 0.0)] * cfg.measure
-        cand_steps = base_steps[:-cfg.measure] + [(candidate, None, 0.0)] * cfg.measure
-        evidence = compare(reqs, base_steps, cand_steps, measure=min(cfg.measure, len(reqs)),
-                           capacity=self.capacity, vectors=self.vectors, seed=cfg.seed)
-        evidence["windows"] = [last - min(cfg.measure, len(reqs)) + 1, last]
+        last = len(self.windows) - 1 if last is None else last
+        reqs, _ = self.schedule_span(last, cfg.warmup + cfg.measure)
+        measure = min(cfg.measure, len(reqs))
+        evidence = compare(reqs, [(base, None, 0.0)] * len(reqs), [(candidate, None, 0.0)] * len(reqs),
+                           measure=measure, capacity=self.capacity, vectors=self.vectors, seed=cfg.seed)
+        evidence["windows"] = [last - measure + 1, last]
         evidence["evaluated_at"] = time.time()
         return evidence
 
@@ -172,6 +208,8 @@ class LoopContext:
                 log.info("edit %s refused by policy check: %s", edit.path, exc)
                 continue
             evidence = self.judge(base, cand)
+            log.info("window %d: %s %s -> %s: gain %+.4f [%+.4f, %+.4f]", len(self.windows) - 1, edit.kind,
+                     edit.path, edit.new, evidence["gain"], *evidence["ci"])
             if self._acceptable(base, evidence):
                 scored.append((evidence["ci"][0], [edit], cand, evidence))
         if len(scored) >= 2:  # the two best edits of different settings together
@@ -191,6 +229,7 @@ class LoopContext:
         _, chosen, cand, evidence = scored[0]
         proposal = self._store_proposal(base, cand, chosen, findings, evidence, thread)
         self.top_version = cand.version
+        self.supersede(proposal.id)
         return proposal, self._route(base, chosen, evidence)
 
     def _acceptable(self, base: Policy, evidence: dict[str, Any]) -> bool:
@@ -198,7 +237,7 @@ class LoopContext:
         max_error = base.slo.max_error_rate
         wrong = evidence["candidate"]["wrong_rate"]
         within_error = wrong <= evidence["base"]["wrong_rate"] + 1e-12 or (max_error is not None and wrong <= max_error)
-        return evidence["gain"] > 0 and evidence["ci"][0] > floor and within_error
+        return evidence["gain"] > floor and evidence["ci"][0] > floor and within_error
 
     def _route(self, base: Policy, edits: Sequence[Edit], evidence: dict[str, Any]) -> str:
         if evidence["requests"] < base.guardrails.rollout.min_requests:
@@ -220,7 +259,8 @@ class LoopContext:
     # -- rolling out ---------------------------------------------------------------------------------------
 
     def start_canary(self, proposal_id: str) -> str:
-        """Put an approved proposal on the canary; ``stale`` when its base is no longer in force."""
+        """Put an approved proposal on the canary; ``stale`` when its base is no longer in force (its evidence
+        is older than the policy it would replace: ``reevaluate`` judges its edits again)."""
         from evocache.dsl import parse_policy
 
         proposal = self.proposals.get(proposal_id)
@@ -239,7 +279,19 @@ class LoopContext:
         return "canary"
 
     def watch(self) -> str:
-        """Judge the canary out now over the windows since it started: promote, roll back, go on, or wait."""
+        """Judge the canary out now over the windows since it started: promote, roll back, go on, or wait.
+
+        Two views, over the same windows. The live split (canary requests against base requests) shows what
+        the change does to the requests it serves: an SLO the canary arm breaks, or a hit ratio shown to be
+        lower. But the two arms share one cache, so a change whose effect is cache-wide (a bypass that stops
+        one rule's traffic from pushing the others' out, a tenant quota, an eviction class) helps both arms
+        alike and the split cannot see it. The second view is a fresh replay: the change in force against the
+        base over the canary's windows, traffic the proposal was not chosen on. Either view showing a loss
+        beyond the tolerance rolls the canary back; it is promoted when the fresh replay's gain is positive and
+        its interval's low end within the tolerance; anything else goes on until ``max_windows``, then waits
+        for a person."""
+        from evocache.dsl import parse_policy
+
         state = self.policies.state()
         proposal = next((p for p in self.proposals.list(status="canary")), None)
         if proposal is None or state.canary is None:
@@ -257,10 +309,12 @@ class LoopContext:
                 arms[arm][1].append(out)
         can, bas = arm_metrics(*arms[True]), arm_metrics(*arms[False])
         diff, low, high = arm_difference(arms[True], arms[False], seed=self.config.seed)
+        fresh = self._fresh_replay(base, parse_policy(proposal.new_policy, proposal.new_ref), len(recs))
+        f_gain, (f_low, f_high) = fresh["gain"], fresh["ci"]
         verdict = {"canary": can, "base": bas, "difference": [diff, low, high],
-                   "windows": [start, len(self.windows) - 1]}
+                   "replay": [f_gain, f_low, f_high], "windows": [start, len(self.windows) - 1]}
         tolerance = spec.max_drop * bas["hit_ratio"]  # a share of the base's hit ratio
-        breach = self._breach(base, can, bas, high, tolerance)
+        breach = self._breach(base, can, bas, high, tolerance) or self._replay_breach(fresh, tolerance)
         if breach:
             self.policies.rollback()
             self.proposals.record_policy(proposal.new_ref, proposal.new_policy, kind="rolled_back",
@@ -268,24 +322,46 @@ class LoopContext:
             self.proposals.transition(proposal.id, "rolled_back", actor=self.actor, note=breach, evidence=None)
             self.breaches.append({"proposal": proposal.id, "reason": breach, "windows": len(recs), **verdict})
             return "rolled_back"
-        # Too little traffic, or worse but not shown to be; a change whose replay predicted a loss (a person
-        # approved it against its evidence) must show it is no worse, not merely fail to show it is.
-        doubtful = low < -tolerance if (proposal.predicted_gain or 0.0) <= 0 else diff < -tolerance
-        if can["requests"] < spec.min_requests or doubtful:
+        if can["requests"] < spec.min_requests or f_gain <= 0 or f_low < -tolerance:
             if len(recs) >= spec.max_windows:  # inconclusive never passes: withdraw it, a person decides
                 self.policies.rollback()
-                self.proposals.transition(proposal.id, "waiting", actor=self.actor,
-                                          note=f"inconclusive after {len(recs)} windows: {can['requests']} canary "
-                                               f"requests, hit ratio difference {diff:+.3f} [{low:+.3f}, {high:+.3f}]")
+                self.proposals.transition(
+                    proposal.id, "waiting", actor=self.actor,
+                    note=f"inconclusive after {len(recs)} windows: {can['requests']} canary requests, replayed "
+                         f"gain {f_gain:+.4f} [{f_low:+.4f}, {f_high:+.4f}], live difference {diff:+.4f} "
+                         f"[{low:+.4f}, {high:+.4f}]")
                 return "waiting"
             return "continue"
         self.policies.promote()
         self.proposals.record_policy(proposal.new_ref, proposal.new_policy, kind="promoted", actor=self.actor,
                                      proposal_id=proposal.id)
-        self.proposals.transition(proposal.id, "promoted", actor=self.actor,
-                                  note=f"canary hit ratio {can['hit_ratio']:.3f} against {bas['hit_ratio']:.3f}")
+        self.proposals.transition(
+            proposal.id, "promoted", actor=self.actor,
+            note=f"replayed gain over the canary's windows {f_gain:+.4f} [{f_low:+.4f}, {f_high:+.4f}]; canary "
+                 f"arm hit ratio {can['hit_ratio']:.3f} against {bas['hit_ratio']:.3f}")
         self.promoted_at[proposal.id] = (start, len(self.windows) - 1)
         return "promoted"
+
+    def _fresh_replay(self, base: Policy, candidate: Policy, windows: int) -> dict[str, Any]:
+        """``candidate`` against ``base``, each in force from a cold cache over ``warmup`` windows and the
+        newest ``windows``, those counted."""
+        cfg = self.config
+        last = len(self.windows) - 1
+        reqs, _ = self.schedule_span(last, cfg.warmup + windows)
+        return compare(reqs, [(base, None, 0.0)] * len(reqs), [(candidate, None, 0.0)] * len(reqs),
+                       measure=min(windows, len(reqs)), capacity=self.capacity, vectors=self.vectors,
+                       seed=cfg.seed)
+
+    @staticmethod
+    def _replay_breach(fresh: dict[str, Any], tolerance: float) -> str:
+        max_wrong = fresh["base"]["wrong_rate"]
+        high = fresh["ci"][1]
+        if high < -tolerance:
+            return (f"replayed over the canary's windows, the change loses hit ratio: {fresh['gain']:+.4f} "
+                    f"(the interval ends at {high:+.4f}, beyond the tolerance {tolerance:.4f})")
+        if fresh["candidate"]["wrong_rate"] > max_wrong and fresh["wrong_change"] > 0 and fresh["ci"][1] <= 0:
+            return f"replayed over the canary's windows, wrong answers rise by {fresh['wrong_change']:+.4f}"
+        return ""
 
     @staticmethod
     def _breach(base: Policy, can: dict[str, float], bas: dict[str, float], high: float, tolerance: float) -> str:
@@ -319,6 +395,21 @@ class LoopContext:
         return float(evidence["gain"])
 
 
+def _current(policy: Policy, path: str, default: Any) -> Any:
+    """The value at ``path`` (``rules.chat.ttl``) in ``policy``'s document, ``default`` when it has none."""
+    from evocache.dsl import policy_to_dict
+
+    node: Any = policy_to_dict(policy)
+    for part in path.split("."):
+        if isinstance(node, list):
+            node = next((r for r in node if isinstance(r, dict) and r.get("name") == part), None)
+        elif isinstance(node, dict):
+            node = node.get(part)
+        if node is None:
+            return default
+    return node
+
+
 def _merge_series(series: Sequence[Series], keep: int = 400) -> list[Series]:
     """Series of one name and labels joined in time order, the newest ``keep`` points of each."""
     joined: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[list[float], list[float], str]] = {}
@@ -340,7 +431,11 @@ def build_graph(ctx: LoopContext, checkpointer: Any) -> Any:
 
     def observe(state: LoopState) -> LoopState:
         for approved in ctx.proposals.list(status="approved"):  # approved with no pass waiting on it
-            ctx.start_canary(approved.id)
+            if ctx.start_canary(approved.id) == "stale":
+                fresh, route = ctx.reevaluate(approved.id)
+                if fresh is not None and route == "wait":
+                    ctx.proposals.transition(fresh.id, "waiting", actor=ctx.actor,
+                                             note="inconclusive evidence: too little traffic to judge")
         return {"policy": ctx.policies.state().active or "", "findings": [], "proposal": None, "verdict": None,
                 "route": "watch" if ctx.policies.state().canary is not None else "diagnose"}
 
@@ -379,7 +474,20 @@ def build_graph(ctx: LoopContext, checkpointer: Any) -> Any:
         return {"route": "canary" if proposal.status == "approved" else "end"}
 
     def canary(state: LoopState) -> LoopState:
-        return {"notes": [f"rollout: {ctx.start_canary(state['proposal'])}"]}
+        outcome = ctx.start_canary(state["proposal"])
+        notes = [f"rollout: {outcome}"]
+        if outcome == "stale":  # judged against a policy no longer in force: its edits judged again
+            fresh, route = ctx.reevaluate(state["proposal"])
+            if fresh is not None:
+                notes.append(f"re-evaluated as {fresh.id}")
+                if route == "auto":
+                    ctx.proposals.review(fresh.id, "approve", "guardrails",
+                                         "re-evaluated; inside the policy's guardrails.auto_approve")
+                    notes.append(f"rollout: {ctx.start_canary(fresh.id)}")
+                elif route == "wait":
+                    ctx.proposals.transition(fresh.id, "waiting", actor=ctx.actor,
+                                             note="inconclusive evidence: too little traffic to judge")
+        return {"notes": notes}
 
     graph = StateGraph(LoopState)
     for name, fn in (("observe", observe), ("watch", watch), ("diagnose", diagnose), ("retrain", retrain),

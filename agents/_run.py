@@ -32,7 +32,9 @@ from ._types import Request
 from ._whatif import Simulator
 from ._workload import read_requests, windows
 
-DRIFT_KINDS = ("key-drift", "change-point")
+DRIFT_KINDS = ("key-drift", "mix-drift")
+"""What reports a drift: the workload moved (its keys, its mix). A change point of the hit ratio is a finding of
+its own: the cache's answer to a drift, a warm-up or a policy change, not the workload."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .._types import Finding, Series, WindowStats
 from ._changepoint import changepoint_findings
-from ._drift import drift_findings
+from ._drift import drift_findings, mix_drift_findings
 from ._granger import granger_findings
 from ._knee import knee
 from ._plots import plot_finding
@@ -106,6 +106,14 @@ def diagnose(
         max_label_sets=c.granger_label_sets,
     )
     found += drift_findings(
+        history,
+        percentile=c.drift_percentile,
+        reference=c.drift_reference,
+        min_past=c.min_windows,
+        widen=c.drift_widen,
+        last=c.drift_last,
+    )
+    found += mix_drift_findings(
         history,
         percentile=c.drift_percentile,
         reference=c.drift_reference,

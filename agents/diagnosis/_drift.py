@@ -167,6 +167,82 @@ def drift_findings(
     return out
 
 
+def window_mix(window: WindowStats) -> Counter[str]:
+    """Requests per (rule, tenant) slice and per prompt-length octave of one window (the mix the
+    ``mix-drift`` test compares)."""
+    out: Counter[str] = Counter()
+    for (rule, tenant), counts in window.by_rule_tenant.items():
+        out[f"slice:{rule}/{tenant}"] += counts.requests
+    for tokens in window.prompt_tokens:
+        out[f"tokens:2^{max(0, int(tokens)).bit_length()}"] += 1
+    return out
+
+
+def mix_divergence(window: Counter[str], reference: Counter[str]) -> float:
+    """Jensen-Shannon divergence (base 2) between two mixes, each part normalised on its own (slices, lengths)
+    and the two parts averaged; 0 when either is empty."""
+    parts = []
+    for prefix in ("slice:", "tokens:"):
+        w = {k: n for k, n in window.items() if k.startswith(prefix)}
+        r = {k: n for k, n in reference.items() if k.startswith(prefix)}
+        n_w, n_r = sum(w.values()), sum(r.values())
+        if n_w and n_r:
+            names = sorted(set(w) | set(r))
+            parts.append(_jsd(np.array([w.get(k, 0) / n_w for k in names]),
+                              np.array([r.get(k, 0) / n_r for k in names])))
+    return float(np.mean(parts)) if parts else 0.0
+
+
+def mix_drift_findings(
+    history: Sequence[WindowStats],
+    *,
+    percentile: float = 95.0,
+    reference: int = 3,
+    min_past: int = 3,
+    widen: float = 0.5,
+    margin: float = 0.05,
+    last: int = 30,
+) -> list[Finding]:
+    """A ``mix-drift`` finding when the newest window's traffic mix (``window_mix``) diverges from the
+    ``reference`` windows before it by more than the band of that divergence over the history (widened as
+    ``drift_findings`` does, and by at least ``margin``). Nothing until ``min_past`` past divergences."""
+    history = list(history[-last:])
+    if len(history) < 2:
+        return []
+    mixes = [window_mix(w) for w in history]
+    divs = [mix_divergence(mixes[t], _pooled(mixes[max(0, t - reference) : t])) for t in range(1, len(mixes))]
+    if len(divs) - 1 < min_past:
+        return []
+    b = band(divs[:-1], percentile, widen)
+    b = Band(b.low, b.high, b.lower, max(b.upper, b.high + margin))
+    if divs[-1] <= b.upper:
+        return []
+    newest = history[-1]
+    before = _pooled(mixes[max(0, len(mixes) - 1 - reference) : -1])
+    moved = sorted(
+        (k for k in set(mixes[-1]) | set(before) if k.startswith("slice:")),
+        key=lambda k: -abs(mixes[-1].get(k, 0) / max(newest.requests, 1) - before.get(k, 0) / max(sum(
+            n for key, n in before.items() if key.startswith("slice:")), 1)),
+    )[:3]
+    excess = divs[-1] - b.upper
+    spread = max(b.high - b.low, MIN_MARGIN)
+    return [Finding(
+        kind="mix-drift",
+        summary=f"window {newest.index}: the traffic mix moved (divergence {divs[-1]:.3f} from the "
+        f"{min(reference, len(history) - 1)} window(s) before, band up to {b.upper:.3f}; most moved: "
+        f"{', '.join(k.removeprefix('slice:') for k in moved) or 'prompt lengths'})",
+        window=newest.index,
+        windows=(history[0].index, newest.index),
+        subject={"mix": "rule-tenant-length"},
+        statistic=divs[-1],
+        score=float(min(1.0, excess / (excess + spread))),
+        detail={"test": "mix-jsd", "band": [b.lower, b.upper], "percentile_band": [b.low, b.high],
+                "percentile": percentile, "values": [math.nan, *divs], "direction": "up",
+                "reference": min(reference, len(history) - 1),
+                "moved": [k.removeprefix("slice:") for k in moved]},
+    )]
+
+
 def _pooled(windows: Sequence[Counter[str]]) -> Counter[str]:
     out: Counter[str] = Counter()
     for w in windows:

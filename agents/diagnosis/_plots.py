@@ -169,6 +169,7 @@ def _text(ax: Any, f: Finding, history: Sequence[WindowStats], series: Sequence[
 DRAW: dict[str, Draw] = {
     "granger": _granger,
     "key-drift": _drift,
+    "mix-drift": _drift,
     "change-point": _changepoint,
     "knee": _knee,
     "output-shift": _output,
