@@ -97,7 +97,9 @@ def _set(doc: dict[str, Any], path: str, value: Any) -> None:
     head, _, rest = path.partition(".")
     if head == "rules" and rest:
         name, _, field = rest.partition(".")
-        rule = next(r for r in doc["rules"] if r["name"] == name)
+        rule = next((r for r in doc.get("rules", ()) if r["name"] == name), None)
+        if rule is None:
+            raise ValueError(f"edit {path}: the policy has no rule {name!r}")
         target, key = _descend(rule, field)
     else:
         target, key = _descend(doc.setdefault(head, {}), rest)

@@ -314,7 +314,9 @@ class LoopContext:
         verdict = {"canary": can, "base": bas, "difference": [diff, low, high],
                    "replay": [f_gain, f_low, f_high], "windows": [start, len(self.windows) - 1]}
         tolerance = spec.max_drop * bas["hit_ratio"]  # a share of the base's hit ratio
-        breach = self._breach(base, can, bas, high, tolerance) or self._replay_breach(fresh, tolerance)
+        # the live split counts only with enough canary requests: an arm of a handful shows nothing either way
+        live = self._breach(base, can, bas, high, tolerance) if can["requests"] >= spec.min_requests else ""
+        breach = live or self._replay_breach(fresh, tolerance)
         if breach:
             self.policies.rollback()
             self.proposals.record_policy(proposal.new_ref, proposal.new_policy, kind="rolled_back",

@@ -78,14 +78,76 @@ def harmful_edits(policy: Policy) -> list[Edit]:
     return edits
 
 
+class LoopRunner:
+    """The per-window work every driver shares (a trace, a live deployment): record the window, inject the
+    harmful proposal when asked, run one pass of the graph, fill in realised gains, keep the report's rows."""
+
+    def __init__(self, ctx: LoopContext, graph: Any, *, run_id: str | None = None,
+                 harmful_at: int | None = None) -> None:
+        self.ctx = ctx
+        self.graph = graph
+        self.run_id = run_id or uuid.uuid4().hex[:8]
+        self.harmful_at = harmful_at
+        self.rows: list[dict[str, Any]] = []
+
+    def window(self, requests: list[Request], outcomes: list[Any], step: Any, arms: list[bool]) -> dict[str, Any]:
+        ctx = self.ctx
+        rec = ctx.record(requests, outcomes, step, arms)
+        if self.harmful_at == rec.index:
+            inject_harmful(ctx, step[0])
+        thread = f"{self.run_id}-w{rec.index}"
+        self.graph.invoke({"run": self.run_id, "thread": thread, "window": rec.index}, thread_config(thread),
+                          durability="sync")
+        row = _row(rec, ctx)
+        self.rows.append(row)
+        for p in ctx.proposals.list(status="promoted"):
+            if p.realised_gain is None:
+                gain = ctx.realised_gain(p.id)
+                if gain is not None:
+                    ctx.proposals.set_realised_gain(p.id, gain)
+        return row
+
+    def report(self) -> dict[str, Any]:
+        rows = self.rows
+        proposals = sorted(self.ctx.proposals.list(), key=lambda p: p.created_at)
+        return {
+            "windows": rows,
+            "drift_detected_at": next(
+                (r["index"] for r in rows if any(f["kind"] in DRIFT_KINDS for f in r["findings"])), None),
+            "proposals": [{"id": p.id, "window": p.window, "status": p.status, "predicted_gain": p.predicted_gain,
+                           "realised_gain": p.realised_gain} for p in proposals],
+            "breaches": self.ctx.breaches,
+            "capacity": self.ctx.capacity,
+        }
+
+
+def open_loop(policies: Any, workdir: Path, policy: Policy, *, capacity: int, config: LoopConfig,
+              vectors: Any = None, diagnose: Callable[..., Any] | None = None, actor: str = "agent run",
+              ) -> LoopContext:
+    """The loop's context over ``policies`` (the store serving reads), with its proposal store and plots
+    under ``workdir``; ``policy`` applied when the store has none in force."""
+    from ._proposals import ProposalStore
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    if policies.state().active is None:
+        policies.apply(policy)
+    proposals = ProposalStore(workdir / "proposals.db")
+    active = policies.load(policies.state().active)
+    proposals.record_policy(str(active.ref), policy_to_yaml(active), kind="applied", actor=actor)
+    if diagnose is None:
+        from .diagnosis import diagnose as default_diagnose
+
+        diagnose = default_diagnose
+    return LoopContext(policies, proposals, capacity=capacity, config=config, vectors=vectors,
+                       diagnose=diagnose, plots_dir=workdir / "plots")
+
+
 def run_trace(trace: str | Path, policy: Policy, workdir: str | Path, *, options: RunOptions = RunOptions(),
               diagnose: Callable[..., Any] | None = None, progress: Callable[[int, int], None] | None = None,
               ) -> dict[str, Any]:
     """Run the loop over ``trace`` under ``policy``; state under ``workdir`` (policy store, proposals, the
     checkpointer). Returns the report document."""
     from langgraph.checkpoint.sqlite import SqliteSaver
-
-    from ._proposals import ProposalStore
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -94,21 +156,11 @@ def run_trace(trace: str | Path, policy: Policy, workdir: str | Path, *, options
     capacity = options.capacity or default_capacity(requests, options.capacity_fraction)
     vectors = embed_prompts(requests, workdir / "embeddings")
     policies = FilePolicyStore(workdir / "policies")
-    if policies.state().active is None:
-        policies.apply(policy)
-    proposals = ProposalStore(workdir / "proposals.db")
-    proposals.record_policy(str(policy.ref), policy_to_yaml(policy), kind="applied", actor="agent run")
-    if diagnose is None:
-        from .diagnosis import diagnose as default_diagnose
-
-        diagnose = default_diagnose
-    ctx = LoopContext(policies, proposals, capacity=capacity, config=options.loop, vectors=vectors,
-                      diagnose=diagnose, plots_dir=workdir / "plots")
-    run_id = uuid.uuid4().hex[:8]
+    ctx = open_loop(policies, workdir, policy, capacity=capacity, config=options.loop, vectors=vectors,
+                    diagnose=diagnose)
     live = Simulator(ctx.active(), capacity, seed=options.loop.seed, vectors=vectors)
-    rows: list[dict[str, Any]] = []
     with SqliteSaver.from_conn_string(str(workdir / "checkpoints.db")) as saver:
-        graph = build_graph(ctx, saver)
+        runner = LoopRunner(ctx, build_graph(ctx, saver), harmful_at=options.harmful_at)
         for i, span in enumerate(spans):
             state = policies.state()
             base = policies.load(state.active)
@@ -117,29 +169,10 @@ def run_trace(trace: str | Path, policy: Policy, workdir: str | Path, *, options
                 live.use(base)
             outcomes = live.run(span, canary=canary, fraction=state.fraction)
             arms = [canary is not None and live.arm_of(r, state.fraction) for r in span]
-            rec = ctx.record(span, outcomes, (base, canary, state.fraction), arms)
-            if options.harmful_at == i:
-                inject_harmful(ctx, base)
-            thread = f"{run_id}-w{i}"
-            graph.invoke({"run": run_id, "thread": thread, "window": i}, thread_config(thread), durability="sync")
-            rows.append(_row(rec, ctx))
-            for p in proposals.list(status="promoted"):
-                if p.realised_gain is None:
-                    gain = ctx.realised_gain(p.id)
-                    if gain is not None:
-                        proposals.set_realised_gain(p.id, gain)
+            runner.window(span, outcomes, (base, canary, state.fraction), arms)
             if progress is not None:
                 progress(i + 1, len(spans))
-    report = {
-        "windows": rows,
-        "drift_detected_at": next((r["index"] for r in rows if any(f["kind"] in DRIFT_KINDS for f in r["findings"])),
-                                  None),
-        "proposals": [{"id": p.id, "window": p.window, "status": p.status, "predicted_gain": p.predicted_gain,
-                       "realised_gain": p.realised_gain} for p in sorted(proposals.list(), key=lambda p: p.created_at)],
-        "breaches": ctx.breaches,
-        "capacity": capacity,
-    }
-    return report
+    return runner.report()
 
 
 def inject_harmful(ctx: LoopContext, base: Policy) -> str:

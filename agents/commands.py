@@ -1,6 +1,12 @@
-"""``evocache agent``: the policy loop's commands. ``run`` makes one pass over a trace.
+"""``evocache agent``: the policy loop's commands, and ``evocache demo``.
 
     evocache agent run --trace FILE --policy FILE [--window N] [--json OUT] [--workdir DIR]
+    evocache agent watch (--events FILE... | --redis URL) [--store DIR] [--window N] [--capacity BYTES]
+    evocache demo [--interactive] [--workdir DIR]
+
+``run`` makes one pass over a recorded trace; ``watch`` follows a deployment's access events and acts on the
+policy store its replicas read, until stopped; ``demo`` deploys the example model on a local Ray Serve, sends a
+drifting workload and runs the loop over it to ``report.html``.
 
 Exit codes: 0 done; 1 the trace, the policy or the loop's state could not be used (the message names which);
 2 bad usage.
@@ -39,12 +45,12 @@ def run(
     from ._run import RunOptions, run_trace
     from .errors import AgentError
 
+    console, err = Console(), Console(stderr=True)
     try:
         base = load_policy(policy)
     except (PolicyError, OSError) as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(1) from None
-    console, err = Console(), Console(stderr=True)
     options = RunOptions(window=window, capacity=capacity, harmful_at=inject_harmful,
                          loop=LoopConfig(interactive=interactive))
     with Progress(TextColumn("[bold]agent"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -101,5 +107,127 @@ def resume_waiting_review(proposal: object, verdict: str, store: Path) -> None:
             typer.echo(note)
 
 
+def watch(
+    events: Annotated[list[Path] | None, typer.Option("--events", help="A replica's JSONL access-event file "
+                                                      "(repeat for several).")] = None,
+    redis_url: Annotated[str | None, typer.Option("--redis", metavar="URL", help="Read the events' Redis stream "
+                                                  "instead.")] = None,
+    store: Annotated[Path | None, typer.Option("--store", metavar="DIR", help="The policy store the replicas "
+                                               "follow (default: the one `evocache serve` uses).")] = None,
+    policy: Annotated[Path | None, typer.Option("--policy", help="Applied when the store has none in force.")]
+    = None,
+    window: Annotated[int, typer.Option("--window", min=10, help="Requests per window.")] = 300,
+    capacity: Annotated[int, typer.Option("--capacity", min=1, help="The replicas' L1 size in bytes, for "
+                                          "replay evidence.")] = 64 * 1024 * 1024,
+    workdir: Annotated[Path, typer.Option("--workdir", help="Proposals, checkpoints, plots.")] = Path(
+        ".evocache/agent"),
+    interval: Annotated[float, typer.Option("--interval", min=0.05, help="Seconds between reads.")] = 2.0,
+    max_windows: Annotated[int | None, typer.Option("--max-windows", min=1, help="Stop after this many "
+                                                    "windows.")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Keep the report here, rewritten after "
+                                                  "each window.")] = None,
+    interactive: Annotated[bool, typer.Option("--interactive", help="Every proposal waits for a person.")] = False,
+) -> None:
+    """Follow a deployment: read its access events, run a pass of the loop per window of requests, and act on
+    the policy store its replicas follow. Runs until Ctrl-C (or --max-windows)."""
+    import os
+
+    from rich.console import Console
+
+    from evocache.controller import FilePolicyStore, PolicyStoreError, open_policy_store
+    from evocache.controller._policy_store import DEFAULT_DIRECTORY, POLICY_STORE_ENV
+    from evocache.dsl import PolicyError, load_policy
+
+    from ._live import LiveLoop
+    from ._loop import LoopConfig
+    from .errors import AgentError, SignalUnavailable
+    from .signals import EventsCollector
+
+    console, err = Console(), Console(stderr=True)
+    if (not events) == (redis_url is None):
+        err.print("[red]error:[/] give --events FILE (one or more) or --redis URL, exactly one")
+        raise typer.Exit(2)
+    try:
+        start = load_policy(policy) if policy is not None else None
+        if redis_url is not None:
+            from evocache.controller import PolicyStoreConfig
+
+            policies = open_policy_store(PolicyStoreConfig(redis_url=redis_url))
+            collector = EventsCollector.from_redis(redis_url)
+        else:
+            policies = FilePolicyStore(store or Path(os.environ.get(POLICY_STORE_ENV) or DEFAULT_DIRECTORY))
+            collector = EventsCollector.from_files(events or [])
+        loop = LiveLoop(collector, policies, workdir, window=window, capacity=capacity, policy=start,
+                        config=LoopConfig(interactive=interactive))
+    except (PolicyError, PolicyStoreError, AgentError, ValueError, OSError) as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from None
+    import time
+
+    done = 0
+    err.print(f"watching for windows of {window} requests (Ctrl-C stops)")
+    try:
+        while max_windows is None or done < max_windows:
+            try:
+                rows = loop.pump()
+            except SignalUnavailable as exc:  # Redis away: said once per outage, the loop goes on
+                err.print(f"[yellow]events unavailable:[/] {exc}")
+                rows = []
+            for row in rows[: None if max_windows is None else max_windows - done]:
+                kinds = sorted({f["kind"] for f in row["findings"] if f["kind"] != "not-testable"})
+                console.print(f"window {row['index']}: {row['requests']} requests, {row['policy']}"
+                              f"{', canary ' + row['canary'] if row['canary'] else ''}, hit ratio "
+                              f"{row['hit_ratio']:.3f}, {', '.join(kinds) or 'no findings'}")
+                done += 1
+            if rows and json_out is not None:
+                loop.write_report(json_out)
+            if max_windows is None or done < max_windows:
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        loop.close()
+    _print(console, loop.report())
+
+
+def demo(
+    workdir: Annotated[Path, typer.Option("--workdir", help="Where the demo keeps everything (emptied first).")]
+    = Path(".evocache/demo"),
+    root: Annotated[Path, typer.Option("--root", help="The repository (its examples/ and bench/data/).")]
+    = Path("."),
+    interactive: Annotated[bool, typer.Option("--interactive", help="Proposals wait for `evocache proposals "
+                                              "approve` from another terminal.")] = False,
+    windows: Annotated[int, typer.Option("--windows", min=8, help="Windows of traffic.")] = 14,
+    per_window: Annotated[int, typer.Option("--per-window", min=50, help="Requests per window.")] = 200,
+    seed: Annotated[int, typer.Option("--seed", help="The workload's seed.")] = 0,
+) -> None:
+    """The whole loop on a local Ray Serve deployment: a drifting workload from the shipped data, drift
+    detected, a diff proposed and promoted, a harmful change rolled back, and report.html."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ._demo import DemoOptions, run_demo
+
+    console, err = Console(), Console(stderr=True)
+    options = DemoOptions(workdir=workdir, root=root, windows=windows, per_window=per_window,
+                          interactive=interactive, seed=seed, drift_at=max(3, windows * 5 // 14))
+    with Progress(TextColumn("[bold]demo[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err, transient=not interactive) as bar:
+        task = bar.add_task("starting", total=windows)
+        try:
+            report = run_demo(options, say=bar.console.print,
+                              progress=lambda what, done, total: bar.update(task, description=what,
+                                                                            completed=done))
+        except (OSError, ValueError, RuntimeError) as exc:
+            err.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(1) from None
+        bar.update(task, completed=windows, description="done")
+    _print(console, report)
+    if report.get("requests_failed"):
+        console.print(f"[yellow]{report['requests_failed']} requests failed[/]: {report['errors'][:3]}")
+    console.print(f"report: {report['report_html']}")
+
+
 def add_commands(group: typer.Typer) -> None:
     group.command("run")(run)
+    group.command("watch")(watch)

@@ -417,6 +417,14 @@ class EventsCollector:
 
     def poll(self) -> list[tuple[Request, Outcome]]:
         """The pairs completed since the last poll, per source in its order."""
+        return [(s.request, s.outcome) for s in self._poll()]
+
+    def poll_labelled(self) -> list[tuple[Request, Outcome, str]]:
+        """As ``poll``, each pair with the policy version that decided it (``name@version``): what tells a
+        canary's requests from its base's."""
+        return [(s.request, s.outcome, s.policy) for s in self._poll()]
+
+    def _poll(self) -> list[_Slot]:
         released: list[_Slot] = []
         failure: SignalUnavailable | None = None
         for source, pairer in zip(self.sources, self._pairers, strict=True):
@@ -438,7 +446,7 @@ class EventsCollector:
         self._keep(released)
         if failure is not None:
             raise failure
-        return [(s.request, s.outcome) for s in released]
+        return released
 
     def requests_between(self, start: float, end: float, *, policy: str | None = None
                          ) -> list[tuple[Request, Outcome]]:

@@ -1,0 +1,394 @@
+"""``evocache demo``: the whole loop on a local Ray Serve deployment, from the shipped data, to ``report.html``.
+
+What runs, all under ``--workdir`` (default ``.evocache/demo``, emptied first):
+
+1. The serving application of ``evocache serve`` on a local Ray: the example tiny Llama (random weights from
+   ``examples/tiny-llama``, the packaged WordPiece tokenizer) with its KV prefix cache, L1 only (sized with
+   ``--l1-kib`` so that what one tenant stores can push out another's), access events to ``events.jsonl``, and
+   a policy store that the replica follows. Three API keys, one per tenant: ``acme`` and ``globex`` (tier
+   ``pro``) and ``batchco`` (tier ``batch``); the tenant comes from the key, never from the body.
+2. A workload with a drift in the middle, sent through the official ``openai`` client over HTTP:
+
+   - phase A: tenant ``acme``. Completions whose prompts follow the Mooncake trace's prefix structure (each of
+     a request's first hash ids becomes a block of words, so requests that share leading hash ids share
+     leading tokens and their KV blocks), and chat questions from Banking77 drawn with Zipf popularity, so
+     questions and their paraphrases come back (the ``faq`` rule serves them semantically);
+   - phase B: the prompts and tenants shift. ``globex`` sends the rest of the trace re-hashed (another system
+     prompt: nothing of phase A is reused) and CLINC150 questions; ``batchco`` sends one-off long documents
+     that are never asked for again, and whose answers push the others' entries out of L1.
+3. The loop (``LiveLoop``) reads the events after each window, diagnoses it (the drift shows in the traffic
+   mix and the keys), proposes a diff judged by replay of the windows it saw, approves it within the policy's
+   guardrails (or, with ``--interactive``, waits until a person runs ``evocache proposals approve``), puts it
+   on the canary and promotes it. Later a proposal meant to hurt (every ttl cut to one second) is injected,
+   approved against its evidence; the canary catches it and rolls it back.
+4. ``report.html`` (``agents._report``): hit ratio per window with the policy versions, the drift and
+   Granger findings with their plots, the latency histogram, the KV hits by token position, the diff that was
+   promoted.
+
+The demo policy is ``DEMO_POLICY``; the data are the repository's ``bench/data`` and ``examples/data`` files
+(their provenance in the READMEs there).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import secrets
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._live import LiveLoop
+
+DEMO_POLICY = """\
+# The policy evocache demo starts with. Rules are tried in order; the first whose `when` holds decides.
+policy: evocache-demo
+version: 1
+fields: {endpoint: str}
+defaults:
+  ttl: 1h
+  tiers: [l1]
+  kv: {reuse: prefix, min_tokens: 16}
+rules:
+  - name: sampled
+    when: temperature > 0
+    cache: bypass
+  - name: batch
+    when: tenant.tier == "batch"
+  - name: faq
+    when: endpoint == "chat"
+    semantic: {max_error: 0.02}
+  - name: prompts
+    when: 'true'
+slo: {max_error_rate: 0.02}
+guardrails:
+  auto_approve: {ttl_change: 0.2, bypass: true, eviction: true, tenant_share_change: 0.9}
+  canary: {fraction: 0.25, windows: 1, max_windows: 3, min_requests: 30}
+"""
+
+TENANTS = (("acme", "pro"), ("globex", "pro"), ("batchco", "batch"))
+MODEL_ID = "tiny-llama"
+BLOCK_WORDS = 16  # words per trace block: one WordPiece token each, so a block of words is one KV block
+PREFIX_BLOCKS = 6  # a request's leading trace blocks that become its prompt
+
+
+@dataclass(frozen=True, slots=True)
+class DemoOptions:
+    """``windows`` of ``per_window`` requests each, the drift after ``drift_at`` windows; ``harmful_at`` the
+    window where the harmful proposal is injected (None: ``windows - 4``); ``l1_kib`` the replica's L1;
+    ``clients`` concurrent HTTP clients."""
+
+    workdir: Path = Path(".evocache/demo")
+    root: Path = Path(".")
+    windows: int = 14
+    per_window: int = 200
+    drift_at: int = 5
+    harmful_at: int | None = None
+    l1_kib: int = 12
+    clients: int = 6
+    interactive: bool = False
+    seed: int = 0
+    port: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DemoRequest:
+    tenant: str
+    endpoint: str  # "completions" or "chat"
+    text: str
+    phase: str
+
+
+@dataclass
+class Served:
+    """What the client saw of one window: latencies, KV usage, the cache's headers."""
+
+    latencies_ms: list[float] = field(default_factory=list)
+    kv: list[tuple[int, int]] = field(default_factory=list)  # (prompt tokens, cached tokens) per completion
+    outcomes: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+# -- the workload -------------------------------------------------------------------------------------------
+
+
+def _vocabulary(root: Path) -> list[str]:
+    """Single-token words for the trace's blocks: Banking77's words that the WordPiece tokenizer keeps whole."""
+    from evocache.serving._model import MINILM, load_tokenizer
+
+    tok = load_tokenizer(MINILM)
+    words: set[str] = set()
+    for line in _jsonl(root / "examples/data/banking77_train.jsonl"):
+        words.update(re.findall(r"[a-z]{3,}", line["prompt"].lower()))
+    single = sorted(w for w in words if len(tok.encode(w)) == 1)
+    if len(single) < 100:
+        raise ValueError(f"only {len(single)} single-token words found for the demo's blocks")
+    return single
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: the demo reads the repository's shipped data; run it from the "
+                                f"repository root or give --root")
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def _block(vocab: Sequence[str], salt: str, hash_id: int) -> str:
+    rng = random.Random(hashlib.blake2b(f"{salt}:{hash_id}".encode(), digest_size=8).digest())
+    return " ".join(rng.choice(vocab) for _ in range(BLOCK_WORDS))
+
+
+def build_workload(root: Path, options: DemoOptions) -> list[list[DemoRequest]]:
+    """The demo's windows of requests (see the module docstring), the same for the same seed."""
+    rng = random.Random(options.seed)
+    vocab = _vocabulary(root)
+    trace = _jsonl(root / "bench/data/mooncake_synthetic_trace.jsonl")
+    banking = _jsonl(root / "examples/data/banking77_train.jsonl")
+    clinc = _jsonl(root / "bench/data/clinc150_train.jsonl")
+
+    def zipf(rows: list[dict[str, Any]], popular: int = 150) -> Callable[[], str]:
+        pool = [r["prompt"] for r in rows[:popular]]
+        weights = [1.0 / (rank + 1) ** 1.1 for rank in range(len(pool))]
+        return lambda: rng.choices(pool, weights=weights)[0]
+
+    def prompts(rows: list[dict[str, Any]], salt: str) -> Callable[[], str]:
+        it = iter(rows)
+        return lambda: " ".join(_block(vocab, salt, h) for h in next(it)["hash_ids"][:PREFIX_BLOCKS])
+
+    half = len(trace) // 2
+    a_prompt, b_prompt = prompts(trace[:half], "phase-a"), prompts(trace[half:], "phase-b")
+    a_faq, b_faq = zipf(banking), zipf(clinc)
+    out = []
+    for w in range(options.windows):
+        window = []
+        for i in range(options.per_window):
+            if w < options.drift_at:
+                if rng.random() < 0.55:
+                    window.append(DemoRequest("acme", "completions", a_prompt(), "A"))
+                else:
+                    window.append(DemoRequest("acme", "chat", a_faq(), "A"))
+            else:
+                u = rng.random()
+                if u < 0.35:
+                    window.append(DemoRequest("globex", "completions", b_prompt(), "B"))
+                elif u < 0.65:
+                    window.append(DemoRequest("globex", "chat", b_faq(), "B"))
+                else:
+                    doc = " ".join(_block(vocab, f"doc-{w}-{i}", j) for j in range(8))
+                    window.append(DemoRequest("batchco", "completions", doc, "B"))
+        out.append(window)
+    return out
+
+
+# -- the deployment -------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_keys(path: Path) -> dict[str, str]:
+    """One fresh API key per demo tenant; the file holds their digests only. Tenant -> key."""
+    from evocache.serving._auth import key_digest
+
+    keys = {tenant: "sk-evc-demo-" + secrets.token_urlsafe(18) for tenant, _ in TENANTS}
+    lines = ["keys:"]
+    for tenant, tier in TENANTS:
+        lines += [f"  - sha256: {key_digest(keys[tenant]).hex()}", f"    tenant: {tenant}", f"    tier: {tier}"]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    return keys
+
+
+def serving_config(options: DemoOptions, workdir: Path, keys_file: Path, port: int) -> Any:
+    from evocache.controller import EventsConfig, L1Config, PolicyStoreConfig, StoreConfig
+    from evocache.serving._app import ApiKeysConfig, DeploymentConfig, ServingConfig
+    from evocache.serving._model import MINILM, ModelConfig
+    from evocache.serving._server import ServerSpec
+
+    model = ModelConfig(kind="hf", id=MODEL_ID, path=str((options.root / "examples/tiny-llama").resolve()),
+                        tokenizer=MINILM, max_tokens=4)
+    store = StoreConfig(l1=L1Config(bytes=options.l1_kib * 1024), redis=None,
+                        events=EventsConfig(sink="jsonl", path=str(workdir / "events.jsonl")))
+    spec = ServerSpec(model=model, store=store,
+                      policy_store=PolicyStoreConfig(directory=str(workdir / "policies"), poll_interval_s=0.25))
+    return ServingConfig(server=spec, api_keys=ApiKeysConfig(file=str(keys_file)),
+                         deployment=DeploymentConfig(replicas=1, num_cpus=0.5, max_ongoing_requests=16),
+                         host="127.0.0.1", port=port)
+
+
+def wait_followed(policies: Any, timeout_s: float = 20.0) -> bool:
+    """Wait until every replica reports the store's active version and canary."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = policies.state()
+        reports = policies.status().replicas
+        if reports and all(r.ok and r.ref == state.active and r.canary == state.canary for r in reports):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# -- sending ---------------------------------------------------------------------------------------------
+
+
+def send_window(clients: dict[str, Any], window: Sequence[DemoRequest], workers: int) -> Served:
+    """Send one window's requests with ``workers`` concurrent clients; what they saw."""
+    served = Served()
+    lock = threading.Lock()
+
+    def one(req: DemoRequest) -> None:
+        client = clients[req.tenant]
+        t0 = time.perf_counter()
+        try:
+            if req.endpoint == "chat":
+                raw = client.chat.completions.with_raw_response.create(
+                    model=MODEL_ID, messages=[{"role": "user", "content": req.text}], max_tokens=4, temperature=0)
+            else:
+                raw = client.completions.with_raw_response.create(model=MODEL_ID, prompt=req.text, max_tokens=4,
+                                                                  temperature=0)
+            body = raw.http_response.json()
+        except Exception as exc:  # noqa: BLE001 - a failed request is reported, the demo goes on
+            with lock:
+                served.errors.append(f"{type(exc).__name__}: {exc}")
+            return
+        ms = (time.perf_counter() - t0) * 1000
+        usage = body.get("usage") or {}
+        cached = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
+        with lock:
+            served.latencies_ms.append(ms)
+            outcome = raw.headers.get("x-evocache-outcome", "none")
+            served.outcomes[outcome] = served.outcomes.get(outcome, 0) + 1
+            if req.endpoint == "completions" and outcome != "hit":
+                served.kv.append((int(usage.get("prompt_tokens") or 0), cached))
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(one, window))
+    return served
+
+
+# -- the run ---------------------------------------------------------------------------------------------------
+
+
+def run_demo(options: DemoOptions, *, progress: Callable[[str, int, int], None] | None = None,
+             say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the demo (module docstring); the report document, with ``report_html`` its page's path."""
+    import openai
+    from ray import serve as ray_serve
+
+    from evocache.controller import FilePolicyStore
+    from evocache.dsl import parse_policy
+
+    from ._loop import LoopConfig
+    from ._report import render_report
+    from .signals import EventsCollector
+
+    workdir = options.workdir.resolve()
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    root = options.root.resolve()
+    workload = build_workload(root, options)
+    policy = parse_policy(DEMO_POLICY, "<demo policy>")
+    (workdir / "policy.yaml").write_text(DEMO_POLICY)
+    keys = write_keys(workdir / "api-keys.yaml")
+    policies = FilePolicyStore(workdir / "policies")
+    policies.apply(policy)
+    port = options.port or _free_port()
+    config = serving_config(options, workdir, workdir / "api-keys.yaml", port)
+    (workdir / "events.jsonl").touch()
+
+    from evocache.serving._app import start_local
+
+    say(f"starting a local Ray and the model replica on 127.0.0.1:{port} ...")
+    start_local(config, temp_dir=None)
+    try:
+        if not wait_followed(policies, 60.0):
+            raise RuntimeError("the model replica did not report the demo policy within 60 s")
+        base_url = f"http://127.0.0.1:{port}/v1"
+        clients = {t: openai.OpenAI(base_url=base_url, api_key=k, max_retries=0, timeout=30.0)
+                   for t, k in keys.items()}
+        harmful_at = options.harmful_at if options.harmful_at is not None else options.windows - 4
+        loop = LiveLoop(EventsCollector.from_files([workdir / "events.jsonl"], miss_wait_s=5.0), policies,
+                        workdir, window=options.per_window, capacity=options.l1_kib * 1024, policy=policy,
+                        config=LoopConfig(interactive=options.interactive, seed=options.seed),
+                        harmful_at=harmful_at)
+        latencies: list[float] = []
+        kv_positions: list[tuple[int, int, int]] = []
+        errors: list[str] = []
+        try:
+            for i, window in enumerate(workload):
+                if progress is not None:
+                    progress(f"window {i}: sending", i, len(workload))
+                served = send_window(clients, window, options.clients)
+                latencies += served.latencies_ms
+                kv_positions += [(i, p, c) for p, c in served.kv]
+                errors += served.errors
+                rows = _await_window(loop)
+                for row in rows:
+                    say(_window_line(row))
+                if options.interactive:
+                    _await_reviews(loop, workdir, say)
+                if not wait_followed(policies):
+                    say("note: the replica had not followed the policy store within 20 s")
+            report = loop.report()
+        finally:
+            loop.close()
+    finally:
+        ray_serve.shutdown()
+    report["errors"] = errors[:20]
+    report["requests_failed"] = len(errors)
+    finding_plots = [f.plot for w in loop.ctx.windows for f in w.findings if f.plot]
+    page = render_report(report, workdir / "report", proposals=loop.ctx.proposals.list(), latencies_ms=latencies,
+                         kv_positions=kv_positions, finding_plots=finding_plots, title="evocache demo")
+    report["report_html"] = str(page)
+    (workdir / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    return report
+
+
+def _await_window(loop: LiveLoop, timeout_s: float = 30.0) -> list[dict[str, Any]]:
+    """Pump the loop until the window just sent is in (its events written out by the replica)."""
+    deadline = time.monotonic() + timeout_s
+    rows: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        rows += loop.pump()
+        if rows:
+            return rows
+        time.sleep(0.2)
+    # requests whose events never came (failed requests, a lost write): the window closes on what came
+    return [row for row in [loop.flush()] if row is not None]
+
+
+def _await_reviews(loop: LiveLoop, workdir: Path, say: Callable[[str], None]) -> None:
+    """With ``--interactive``: while a proposal waits for a person, traffic pauses until it is decided."""
+    waiting = [p for p in loop.ctx.proposals.list() if p.status == "proposed"]
+    for p in waiting:
+        store = workdir / "proposals.db"
+        say(f"\nproposal {p.id} waits for a review (window {p.window}, predicted gain {p.predicted_gain:+.4f}):\n"
+            f"{p.diff}\n  evocache proposals show {p.id} --store {store}\n"
+            f"  evocache proposals approve {p.id} --store {store}   (or reject)\nwaiting ...")
+        while loop.ctx.proposals.get(p.id).status == "proposed":
+            time.sleep(0.5)
+        say(f"proposal {p.id}: {loop.ctx.proposals.get(p.id).status}")
+
+
+def _window_line(row: dict[str, Any]) -> str:
+    kinds = sorted({f["kind"] for f in row["findings"] if f["kind"] != "not-testable"})
+    canary = f", canary {row['canary']}" if row.get("canary") else ""
+    return (f"window {row['index']:>2} {'/'.join(row.get('phases') or []):<3} {row['policy']}{canary}: "
+            f"hit ratio {row['hit_ratio']:.3f}  {', '.join(kinds) or '-'}")
+
+

@@ -1,0 +1,121 @@
+"""The loop over a live deployment: access events in, policy changes out, through the store serving reads.
+
+    loop = LiveLoop(collector, policies, workdir, window=300, capacity=l1_bytes)
+    rows = loop.pump()          # the windows completed since the last call, each with its graph pass run
+
+Replicas write their access events (the JSONL sink, or the Redis stream); an ``EventsCollector`` turns them
+into ``(request, outcome, policy)`` triples. Every ``window`` triples make a window: it is recorded as served
+under the policy store's state when it closed (the active version, the canary and its fraction), a request
+counted on the canary's arm when the version that decided it is the canary's. Then the graph runs one pass, as
+``agent run`` does over a trace: what it promotes, canaries or rolls back goes to the policy store, and the
+replicas' followers pick it up. Replay evidence replays the windows' requests (keys, sizes, rules, tenants)
+against ``capacity``, the L1 size the replicas run with in bytes, each response entry weighed as L1 weighs it
+(its payload and its key).
+
+``evocache agent watch`` runs ``LiveLoop.pump`` every ``interval`` seconds until stopped; ``evocache demo``
+calls it after each window of traffic it sends.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from evocache.dsl import Policy
+
+from ._loop import LoopConfig
+from ._run import LoopRunner, open_loop
+from ._types import Outcome, Request
+
+log = logging.getLogger("evocache.agents")
+
+
+def _weighed(request: Request) -> Request:
+    """A response entry as L1 weighs it: its payload (the event's size) and its key."""
+    if request.kind == "kv" or not request.size or not request.keys:
+        return request
+    return replace(request, size=request.size + len(request.keys[0]))
+
+
+class LiveLoop:
+    """The loop over ``collector``'s events, acting on ``policies`` (see the module docstring). ``policy`` is
+    applied when the store has none in force. ``saver``: a LangGraph checkpointer (the caller's ``with``);
+    None opens ``workdir/checkpoints.db`` and keeps it open until ``close``."""
+
+    def __init__(self, collector: Any, policies: Any, workdir: str | Path, *, window: int, capacity: int,
+                 policy: Policy | None = None, config: LoopConfig = LoopConfig(),
+                 diagnose: Callable[..., Any] | None = None, harmful_at: int | None = None,
+                 saver: Any = None) -> None:
+        from ._loop import build_graph
+
+        if window < 10:
+            raise ValueError(f"window must be at least 10 requests, got {window}")
+        self.collector = collector
+        self.policies = policies
+        self.workdir = Path(workdir)
+        self.window = window
+        if policies.state().active is None and policy is None:
+            raise ValueError("the policy store has no policy in force; give one to start with")
+        start = policy if policy is not None else policies.load(policies.state().active)
+        self.ctx = open_loop(policies, self.workdir, start, capacity=capacity, config=config,
+                             diagnose=diagnose, actor="agent watch")
+        self._owned = None
+        if saver is None:
+            from langgraph.checkpoint.sqlite import SqliteSaver
+
+            self._owned = SqliteSaver.from_conn_string(str(self.workdir / "checkpoints.db"))
+            saver = self._owned.__enter__()
+        self.runner = LoopRunner(self.ctx, build_graph(self.ctx, saver), harmful_at=harmful_at)
+        self._pending: list[tuple[Request, Outcome, str]] = []
+
+    @property
+    def pending(self) -> int:
+        """Requests seen that no window holds yet."""
+        return len(self._pending)
+
+    def pump(self) -> list[dict[str, Any]]:
+        """Read the new events; run a pass for every full window among them. The windows' report rows."""
+        self._pending.extend(self.collector.poll_labelled())
+        rows = []
+        while len(self._pending) >= self.window:
+            chunk, self._pending = self._pending[: self.window], self._pending[self.window :]
+            rows.append(self._run(chunk))
+        return rows
+
+    def flush(self, least: int = 10) -> dict[str, Any] | None:
+        """Close a window on the requests pending now, when there are at least ``least``; its row, or None."""
+        self._pending.extend(self.collector.poll_labelled())
+        if len(self._pending) < least:
+            return None
+        chunk, self._pending = self._pending, []
+        return self._run(chunk)
+
+    def _run(self, chunk: list[tuple[Request, Outcome, str]]) -> dict[str, Any]:
+        state = self.policies.state()
+        base = self.policies.load(state.active)
+        canary = self.policies.load(state.canary) if state.canary else None
+        requests = [_weighed(r) for r, _, _ in chunk]
+        outcomes = [o for _, o, _ in chunk]
+        arms = [canary is not None and ref == state.canary for _, _, ref in chunk]
+        return self.runner.window(requests, outcomes, (base, canary, state.fraction if canary else 0.0), arms)
+
+    def report(self) -> dict[str, Any]:
+        return self.runner.report()
+
+    def write_report(self, path: str | Path) -> Path:
+        """The report so far as JSON at ``path`` (written whole, then renamed over the old one)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(self.report(), indent=1, default=str))
+        tmp.replace(path)
+        return path
+
+    def close(self) -> None:
+        if self._owned is not None:
+            self._owned.__exit__(None, None, None)
+            self._owned = None
