@@ -52,6 +52,9 @@ PARTS: dict[str, str] = {
     "kv-chunks": "make bench-kv",
     "kv-routing": "make bench-kv",
     "kv-memory": "make bench-kv",
+    "loop-kv": "make bench-loop",
+    "loop-semantic": "make bench-loop",
+    "loop-stationary": "make bench-loop",
 }
 
 
@@ -964,6 +967,145 @@ def kv_memory(results: Mapping[str, Result]) -> list[str]:
     return [*lines, "", *provenance(result)]
 
 
+# -- the policy loop ---------------------------------------------------------------------------------------
+
+
+def ratio_cell(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def interval_cell(ci: Sequence[float] | None) -> str:
+    return "n/a" if not ci else f"[{ci[0]:+.4f}, {ci[1]:+.4f}]"
+
+
+def measured_cell(value: Any) -> str:
+    """A target's measured figure as bench/loop.py records it: a number, a window, a list, a status or none."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    if isinstance(value, list):
+        return ", ".join(measured_cell(v) for v in value) or "none"
+    return str(value)
+
+
+def target_rows(result: Result) -> list[list[str]]:
+    body = []
+    for i, t in enumerate(context_field(result, "targets", list)):
+        where = f"context.targets[{i}]"
+        passed = field(result, where, t, "passed", bool, optional=True)
+        body.append([field(result, where, t, "name", str), field(result, where, t, "target", str),
+                     measured_cell(t.get("measured")), "not measured" if passed is None else met(passed)])
+    return body
+
+
+def loop_drift(result: Result, what: str) -> list[str]:
+    windows = []
+    for where, row in rows_of(result):
+        windows.append([str(field(result, where, row, "window", int)),
+                        "+".join(field(result, where, row, "phases", list)),
+                        f"{field(result, where, row, 'static_a'):.3f}", f"{field(result, where, row, 'loop'):.3f}",
+                        f"{field(result, where, row, 'hindsight'):.3f}",
+                        field(result, where, row, "loop_policy", str)
+                        + (f" (canary {row['canary']})" if row.get("canary") else ""),
+                        ", ".join(field(result, where, row, "findings", list)) or "-",
+                        ratio_cell(field(result, where, row, "harmful_run", optional=True))])
+    grid = context_field(result, "grid", list)
+    b = context_field(result, "phase_b", dict)
+    found = context_field(result, "detection", dict)
+    post = context_field(result, "post_drift", dict)
+    delay = found.get("delay_windows")
+    lines = [f"{what} {context_field(result, 'requests', int):,} requests in {context_field(result, 'windows', int)} "
+             f"windows of {context_field(result, 'window', int)}, replayed by the loop's simulator with an L1 of "
+             f"{context_field(result, 'capacity', int):,} (a tenth of the trace's distinct keys, in its size unit), "
+             f"from `{context_field(result, 'policy', str)}`. Static A: the best of a grid of {len(grid)} policies "
+             f"(edits of the kinds the loop proposes) on phase A, from a cold cache: "
+             f"*{context_field(result, 'static_a', str)}*. The loop starts from static A; reviews it leaves waiting "
+             "are answered by a stand-in reviewer (approve a waiting proposal, decline an inconclusive one). "
+             "Hindsight: static A until phase B's first request, then the grid's best on phase B in the same "
+             f"warm cache: *{context_field(result, 'hindsight_b', (str, type(None))) or 'none'}*. Hit ratio: keys "
+             "served from cache / keys asked for, bypassed calls included.", ""]
+    lines += table(["over phase B", "static A", "loop", "hindsight"],
+                   [["hit ratio", ratio_cell(b.get("static_a")), ratio_cell(b.get("loop")),
+                     ratio_cell(b.get("hindsight"))]])
+    lines += ["", f"Phase B starts in window {found.get('drift_window')}; the loop reported a drift in window "
+              f"{'never' if found.get('detected_at') is None else found['detected_at']}"
+              + ("" if delay is None else f" (a delay of {delay} windows)")
+              + f"; drift findings before phase B: {measured_cell(found.get('false_alarms'))}. Over windows "
+              f"{measured_cell(post.get('windows'))} after detection the loop's hit ratio is "
+              f"{ratio_cell(post.get('loop'))} against hindsight's {ratio_cell(post.get('hindsight'))}.", ""]
+    proposals = context_field(result, "gains", list)
+    lines += ["Promoted proposals, predicted (replayed before the canary) and realised (the windows after promotion, "
+              "against the same schedule without the change) hit-ratio gains:", ""]
+    lines += table(["proposal", "window", "edits", "predicted", "its interval", "realised", "error"],
+                   [[str(p.get("id")), str(p.get("window")), "; ".join(p.get("edits") or []) or "-",
+                     f"{p['predicted_gain']:+.4f}",
+                     interval_cell(p.get("predicted_ci")),
+                     "n/a" if p.get("realised_gain") is None else f"{p['realised_gain']:+.4f}",
+                     "n/a" if p.get("relative_error") is None else percent(p["relative_error"])]
+                    for p in proposals] or [["none", "", "", "", "", "", ""]])
+    harmful = context_field(result, "harmful", (dict, type(None)))
+    if harmful is None or harmful.get("proposal") is None:
+        lines += ["", "No harmful proposal was injected (no window after detection without a canary and with room "
+                  "to judge one)."]
+    else:
+        breach = harmful.get("breach") or {}
+        served = harmful.get("canary_windows") or []
+        lines += ["", f"A harmful proposal (every ttl cut to one second, predicted gain "
+                  f"{harmful['predicted_gain']:+.4f}, approved against its evidence) injected at window "
+                  f"{harmful['at']} of a second run: its canary served windows {measured_cell(served)}, where the "
+                  f"run's hit ratio was {ratio_cell(harmful.get('harmed_hit_ratio'))} against the clean run's "
+                  f"{ratio_cell(harmful.get('clean_hit_ratio'))} (a drop of "
+                  f"{ratio_cell(harmful.get('hit_ratio_drop'))}); "
+                  f"the loop's verdict: {harmful['status']}"
+                  + ("" if harmful.get("final_status") in (None, harmful["status"])
+                     else f" (then {harmful['final_status']} by the stand-in reviewer)")
+                  + (f"; the breach: {breach['reason']}." if breach.get("reason") else ".")]
+    lines += ["", *table(["target", "goal", "measured", ""], target_rows(result))]
+    lines += ["", "Every window (hit ratio; the loop's policy and canary; its findings; the run with the harmful "
+              "proposal):", ""]
+    lines += table(["window", "phases", "static A", "loop", "hindsight", "loop's policy", "findings", "harmful run"],
+                   windows)
+    return [*lines, "", *provenance(result)]
+
+
+def loop_kv(results: Mapping[str, Result]) -> list[str]:
+    return loop_drift(results["loop-kv"], "The Mooncake trace in two phases (`agents._scenarios.kv_drift`): A, "
+                      "one chat tenant; B, its later requests under a new prefix with a batch tenant's one-off "
+                      "documents mixed in:")
+
+
+def loop_semantic(results: Mapping[str, Result]) -> list[str]:
+    return loop_drift(results["loop-semantic"], "A Banking77 question stream, then a CLINC150 one "
+                      "(`agents._scenarios.semantic_drift`, Zipf popularity over each one's first questions):")
+
+
+def loop_stationary(results: Mapping[str, Result]) -> list[str]:
+    result = results["loop-stationary"]
+    runs = context_field(result, "workloads", dict)
+    body = []
+    for name, run in runs.items():
+        where = f"context.workloads.{name}"
+        promoted = sum(p.get("status") == "promoted" for p in field(result, where, run, "proposals", list))
+        body.append([name, f"{field(result, where, run, 'requests', int):,} in "
+                           f"{field(result, where, run, 'windows', int)}",
+                     field(result, where, run, "static_a", str),
+                     f"{field(result, where, run, 'static_hit_ratio'):.3f}",
+                     f"{field(result, where, run, 'loop_hit_ratio'):.3f}", str(promoted),
+                     measured_cell(field(result, where, run, "false_alarms", list))])
+    for where, row in rows_of(result):
+        field(result, where, row, "drift", bool)
+    lines = ["Phase A alone: the whole Mooncake trace as the one chat tenant, and the Banking77 stream for as long "
+             "as the drifting stream. The loop runs as in the drifting scenarios, from the grid's best policy on "
+             "the same traffic; nothing moved, so no drift should be reported.", ""]
+    lines += table(["workload", "requests, windows", "static policy", "static hit ratio", "loop hit ratio",
+                    "promoted", "drift findings in windows"], body)
+    lines += ["", *table(["target", "goal", "measured", ""], target_rows(result))]
+    return [*lines, "", *provenance(result)]
+
+
 # -- the page and the headline -----------------------------------------------------------------------------
 
 
@@ -990,6 +1132,9 @@ SECTIONS = (
     Section("KV cache: chunk reuse", kv_chunks),
     Section("KV cache: routing and eviction on the Mooncake trace", kv_routing),
     Section("KV cache: memory", kv_memory),
+    Section("Policy loop: KV drift", loop_kv),
+    Section("Policy loop: semantic drift", loop_semantic),
+    Section("Policy loop: stationary traffic", loop_stationary),
 )
 
 INTRO = """\
@@ -1003,7 +1148,7 @@ why the mechanisms are built as they are is on the design pages: [semantic cachi
 [eviction](eviction.md), [replay](replay.md), [serving](serving.md), [the KV cache](kv.md). To measure again
 (tens of minutes on two cores) and regenerate this page and the README's headline table:
 
-    make bench bench-eviction bench-semantic bench-serving bench-kv
+    make bench bench-eviction bench-semantic bench-serving bench-kv bench-loop
     make bench-report
 """
 
@@ -1128,6 +1273,21 @@ def headline(results: Mapping[str, Result]) -> str:
     body.append(["Replay of the production LRU class over the Mooncake trace",
                  f"{field(speed, where, row, 'replay_per_min') / 1e6:.1f} M accesses per minute",
                  link("Replay throughput")])
+
+    drifts = []
+    for part, name in (("loop-kv", "KV"), ("loop-semantic", "semantic")):
+        found, post = context_field(results[part], "detection", dict), context_field(results[part], "post_drift", dict)
+        delay = found.get("delay_windows")
+        share = post.get("share")
+        drifts.append(f"{name}: {'n/a' if share is None else percent(share)}, drift reported "
+                      + ("never" if delay is None else f"{delay} windows after it came"))
+    alarms = sum(len(run.get("false_alarms") or [])
+                 for run in context_field(results["loop-stationary"], "workloads", dict).values())
+    after = context_field(results["loop-kv"], "post_drift_windows", int)
+    body.append([f"Policy loop on drifting traffic: its hit ratio over the {after} windows after it "
+                 "reports the drift, as a share of the best static policy per phase chosen in hindsight",
+                 "; ".join(drifts) + f"; {alarms} false drift reports on stationary traffic",
+                 link("Policy loop: KV drift")])
 
     lines = [BEGIN, "",
              "Generated by `make bench-report` from the result files in bench/results/; "
