@@ -20,8 +20,13 @@ $(VENV)/.stamp-test: $(VENV)/.stamp-base
 
 venv: $(VENV)/.stamp-base
 
-demo: $(VENV)/.stamp-base
-	$(PY) examples/demo.py
+$(VENV)/.stamp-demo: $(VENV)/.stamp-base
+	$(PIP) -q -e '.[demo]'
+	touch $@
+
+# The main job: the example model on a local Ray Serve, a drifting workload, the loop to report.html.
+demo: $(VENV)/.stamp-demo
+	$(PY) -m evocache.cli demo
 
 # Tests start their own redis-server on a free loopback port; this makes sure the binary exists.
 redis-server:

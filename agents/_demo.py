@@ -84,7 +84,8 @@ PREFIX_BLOCKS = 6  # a request's leading trace blocks that become its prompt
 @dataclass(frozen=True, slots=True)
 class DemoOptions:
     """``windows`` of ``per_window`` requests each, the drift after ``drift_at`` windows; ``harmful_at`` the
-    window where the harmful proposal is injected (None: ``windows - 4``); ``l1_kib`` the replica's L1;
+    window from which the harmful proposal is injected, once no other change is on its way out (None: four
+    windows after the drift, or four before the end, whichever is later); ``l1_kib`` the replica's L1;
     ``clients`` concurrent HTTP clients."""
 
     workdir: Path = Path(".evocache/demo")
@@ -321,7 +322,8 @@ def run_demo(options: DemoOptions, *, progress: Callable[[str, int, int], None] 
         base_url = f"http://127.0.0.1:{port}/v1"
         clients = {t: openai.OpenAI(base_url=base_url, api_key=k, max_retries=0, timeout=30.0)
                    for t, k in keys.items()}
-        harmful_at = options.harmful_at if options.harmful_at is not None else options.windows - 4
+        harmful_at = options.harmful_at if options.harmful_at is not None else max(
+            options.drift_at + 4, options.windows - 4)
         loop = LiveLoop(EventsCollector.from_files([workdir / "events.jsonl"], miss_wait_s=5.0), policies,
                         workdir, window=options.per_window, capacity=options.l1_kib * 1024, policy=policy,
                         config=LoopConfig(interactive=options.interactive, seed=options.seed),
@@ -351,12 +353,26 @@ def run_demo(options: DemoOptions, *, progress: Callable[[str, int, int], None] 
         ray_serve.shutdown()
     report["errors"] = errors[:20]
     report["requests_failed"] = len(errors)
-    finding_plots = [f.plot for w in loop.ctx.windows for f in w.findings if f.plot]
+    finding_plots = _plots_worth_showing(loop.ctx.windows)
     page = render_report(report, workdir / "report", proposals=loop.ctx.proposals.list(), latencies_ms=latencies,
                          kv_positions=kv_positions, finding_plots=finding_plots, title="evocache demo")
     report["report_html"] = str(page)
     (workdir / "report.json").write_text(json.dumps(report, indent=1, default=str))
     return report
+
+
+def _plots_worth_showing(windows: Sequence[Any], most: int = 12) -> list[str]:
+    """The findings' plots for the page: one per kind and window, not-testable ones left out, drift and Granger
+    first (the report orders them), at most ``most``."""
+    seen: set[tuple[str, int]] = set()
+    out = []
+    for w in windows:
+        for f in w.findings:
+            if f.plot and f.kind != "not-testable" and (f.kind, f.window) not in seen:
+                seen.add((f.kind, f.window))
+                out.append(f.plot)
+    order = {"mix-drift": 0, "key-drift": 1, "granger": 2, "change-point": 3}
+    return sorted(out, key=lambda p: order.get(Path(p).name.rsplit("-w", 1)[0], 9))[:most]
 
 
 def _await_window(loop: LiveLoop, timeout_s: float = 30.0) -> list[dict[str, Any]]:

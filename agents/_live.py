@@ -10,7 +10,7 @@ counted on the canary's arm when the version that decided it is the canary's. Th
 ``agent run`` does over a trace: what it promotes, canaries or rolls back goes to the policy store, and the
 replicas' followers pick it up. Replay evidence replays the windows' requests (keys, sizes, rules, tenants)
 against ``capacity``, the L1 size the replicas run with in bytes, each response entry weighed as L1 weighs it
-(its payload and its key).
+(its payload and its key; a request the policy did not store, its rule's mean: ``_Weights``).
 
 ``evocache agent watch`` runs ``LiveLoop.pump`` every ``interval`` seconds until stopped; ``evocache demo``
 calls it after each window of traffic it sends.
@@ -34,11 +34,32 @@ from ._types import Outcome, Request
 log = logging.getLogger("evocache.agents")
 
 
-def _weighed(request: Request) -> Request:
-    """A response entry as L1 weighs it: its payload (the event's size) and its key."""
-    if request.kind == "kv" or not request.size or not request.keys:
-        return request
-    return replace(request, size=request.size + len(request.keys[0]))
+class _Weights:
+    """What a response entry weighs in L1: its payload (the event's size) and its key. A request the policy
+    did not store (a bypass, a miss whose store was never seen) has no size in its events; it is given the
+    mean weight of its rule's entries seen so far (of all entries, before its rule has any), so that replaying
+    a policy that would store it counts the room it takes. A bypass names no key either: it gets a key of its
+    own, asked for once, as the traffic a bypass is proposed for (traffic that never hits) is."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, tuple[int, int]] = {}
+        self._unkeyed = 0
+
+    def __call__(self, request: Request) -> Request:
+        if request.kind == "kv":
+            return request
+        if not request.keys:
+            self._unkeyed += 1
+            request = replace(request, keys=(f"unkeyed:{self._unkeyed}",))
+        key = len(request.keys[0])
+        if request.size:
+            total, n = self._sums.get(request.rule, (0, 0))
+            self._sums[request.rule] = (total + request.size + key, n + 1)
+            all_total, all_n = self._sums.get("", (0, 0))
+            self._sums[""] = (all_total + request.size + key, all_n + 1)
+            return replace(request, size=request.size + key)
+        total, n = self._sums.get(request.rule) or self._sums.get("", (0, 0))
+        return replace(request, size=round(total / n)) if n else request
 
 
 class LiveLoop:
@@ -71,6 +92,7 @@ class LiveLoop:
             saver = self._owned.__enter__()
         self.runner = LoopRunner(self.ctx, build_graph(self.ctx, saver), harmful_at=harmful_at)
         self._pending: list[tuple[Request, Outcome, str]] = []
+        self._weigh = _Weights()
 
     @property
     def pending(self) -> int:
@@ -98,7 +120,7 @@ class LiveLoop:
         state = self.policies.state()
         base = self.policies.load(state.active)
         canary = self.policies.load(state.canary) if state.canary else None
-        requests = [_weighed(r) for r, _, _ in chunk]
+        requests = [self._weigh(r) for r, _, _ in chunk]
         outcomes = [o for _, o, _ in chunk]
         arms = [canary is not None and ref == state.canary for _, _, ref in chunk]
         return self.runner.window(requests, outcomes, (base, canary, state.fraction if canary else 0.0), arms)

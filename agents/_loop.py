@@ -52,7 +52,8 @@ class LoopConfig:
     """How the loop judges: ``warmup`` windows fill the replay cache before the ``measure`` windows are
     counted; ``realise`` windows after a promotion measure its realised gain; ``interactive``: every proposal
     waits for a person, whatever the guardrails allow; ``max_candidates`` single edits replayed per pass;
-    ``step_s`` the series' step (None: a twentieth of the window)."""
+    ``step_s`` the series' step (None: a twentieth of the window); ``retrain_every``: the learned eviction
+    model is retrained every that many windows (0: never)."""
 
     warmup: int = 3
     measure: int = 1
@@ -61,6 +62,7 @@ class LoopConfig:
     max_candidates: int = 12
     seed: int = 0
     step_s: float | None = None
+    retrain_every: int = 4
 
 
 @dataclass
@@ -82,7 +84,8 @@ class LoopContext:
 
     def __init__(self, policies: PolicyStore, proposals: Any, *, capacity: int = 1, config: LoopConfig = LoopConfig(),
                  vectors: Any = None, diagnose: Callable[..., list[Finding]] | None = None,
-                 plots_dir: Path | None = None, actor: str = "evocache-agent") -> None:
+                 plots_dir: Path | None = None, actor: str = "evocache-agent", planner: Any = None,
+                 model_dir: Path | None = None) -> None:
         self.policies = policies
         self.proposals = proposals
         self.capacity = capacity
@@ -97,6 +100,10 @@ class LoopContext:
         self.canary_started: dict[str, int] = {}
         self.promoted_at: dict[str, tuple[int, int]] = {}  # proposal -> (canary start, promotion window)
         self.breaches: list[dict[str, Any]] = []
+        self.planner = planner  # an ``agents._planner.Planner`` or None
+        self.model_dir = model_dir
+        self.retrains: list[dict[str, Any]] = []
+        self._kept_model: dict[str, Any] | None = None  # the newest kept retrain, until proposed
 
     # -- observing ---------------------------------------------------------------------------------------------
 
@@ -129,6 +136,30 @@ class LoopContext:
         findings = self._diagnose(self.history(), self.series, plots_dir=self.plots_dir)
         self.windows[-1].findings = findings
         return findings
+
+    # -- retraining ----------------------------------------------------------------------------------------
+
+    def retrain(self) -> dict[str, Any] | None:
+        """Every ``retrain_every`` windows: train the learned eviction model on the recent windows' head and
+        keep it only when it beats the policy in force on their held-back tail (``agents._retrain``). A kept
+        model makes ``eviction.l1: learned`` a candidate of the next proposal, judged by replay like any edit.
+        What it found, or None when it did not run."""
+        every = self.config.retrain_every
+        if every <= 0 or self.model_dir is None or not self.windows or (len(self.windows) % every):
+            return None
+        from ._retrain import retrain
+
+        base = self.active()
+        if base.eviction.l1 == "learned":
+            return None
+        reqs, _ = self.schedule_span(len(self.windows) - 1, self.config.warmup + self.config.measure)
+        result = retrain([r for w in reqs for r in w], base, capacity=self.capacity, model_dir=self.model_dir,
+                         seed=self.config.seed, vectors=self.vectors)
+        found = {"window": len(self.windows) - 1, **result.to_dict()}
+        self.retrains.append(found)
+        if result.kept:
+            self._kept_model = found
+        return found
 
     # -- proposing -----------------------------------------------------------------------------------------
 
@@ -197,9 +228,21 @@ class LoopContext:
         base = self.active()
         recent = self.history()[-(self.config.warmup + self.config.measure):]
         edits = candidate_edits(base, findings, recent)[: self.config.max_candidates]
+        version = max(self.top_version, base.version) + 1
+        if self._kept_model is not None and base.eviction.l1 != "learned":
+            edits.append(Edit("eviction", "eviction.l1", base.eviction.l1, "learned",
+                              f"a retrained model beat {base.eviction.l1} on held-back traffic: "
+                              f"{self._kept_model['new_hit_ratio']:.3f} against "
+                              f"{self._kept_model['base_hit_ratio']:.3f}"))
+            self._kept_model = None
+        rationale = ""
+        if self.planner is not None:
+            planned = self._plan(base, findings, edits, version)
+            rationale = planned.rationale
+            known = {(e.path, e.new) for e in edits}
+            edits += [e for e in planned.edits if (e.path, e.new) not in known]
         if not edits:
             return None, "end"
-        version = max(self.top_version, base.version) + 1
         scored: list[tuple[float, list[Edit], Policy, dict[str, Any]]] = []
         for edit in edits:
             try:
@@ -227,7 +270,7 @@ class LoopContext:
             return None, "end"
         scored.sort(key=lambda s: s[0], reverse=True)
         _, chosen, cand, evidence = scored[0]
-        proposal = self._store_proposal(base, cand, chosen, findings, evidence, thread)
+        proposal = self._store_proposal(base, cand, chosen, findings, evidence, thread, rationale)
         self.top_version = cand.version
         self.supersede(proposal.id)
         return proposal, self._route(base, chosen, evidence)
@@ -246,14 +289,30 @@ class LoopContext:
             return "auto"
         return "review"
 
+    def _plan(self, base: Policy, findings: Sequence[Finding], edits: Sequence[Edit], version: int) -> Any:
+        """Ask the planner (its tools: this pass's findings, replay and diff of a candidate, the last
+        retrain); its edits join the candidates, judged by replay like the others."""
+        from evocache.dsl import diff_policies
+
+        from ._planner import PlannerTools, summarise_evidence, summarise_findings
+
+        tools = PlannerTools(
+            base=base,
+            diagnose=lambda: summarise_findings(findings),
+            replay=lambda e: summarise_evidence(self.judge(base, apply_edits(base, e, version))),
+            diff=lambda e: diff_policies(base, apply_edits(base, e, version)).text,
+            retrain=(lambda: self.retrains[-1] if self.retrains else {"ran": False}),
+        )
+        return self.planner.plan(tools, findings, edits)
+
     def _store_proposal(self, base: Policy, cand: Policy, edits: Sequence[Edit], findings: Sequence[Finding],
-                        evidence: dict[str, Any], thread: str | None) -> Any:
+                        evidence: dict[str, Any], thread: str | None, rationale: str = "") -> Any:
         from ._proposals import Evidence, Proposal
 
         replay = Evidence.from_replay(evidence, evaluated_at=evidence["evaluated_at"], windows=evidence["windows"])
         proposal = Proposal.create(base, cand, at=time.time(), edits=[e.to_dict() for e in edits],
                                    findings=list(findings[:20]), evidence=replay, predicted_gain=evidence["gain"],
-                                   window=len(self.windows) - 1, thread_id=thread)
+                                   window=len(self.windows) - 1, thread_id=thread, rationale=rationale)
         return self.proposals.add(proposal, actor=self.actor)
 
     # -- rolling out ---------------------------------------------------------------------------------------
@@ -448,7 +507,10 @@ def build_graph(ctx: LoopContext, checkpointer: Any) -> Any:
         return {"findings": [f.to_dict() for f in ctx.diagnose()]}
 
     def retrain(state: LoopState) -> LoopState:
-        return {"notes": []}
+        found = ctx.retrain()
+        if found is None:
+            return {"notes": []}
+        return {"notes": [f"retrain: {'kept' if found['kept'] else 'not kept'}: {found['reason']}"]}
 
     def propose(state: LoopState) -> LoopState:
         findings = [Finding.from_dict(f) for f in state.get("findings", [])]

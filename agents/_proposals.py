@@ -193,6 +193,7 @@ class Proposal(_Plain):
     status: ProposalStatus = "proposed"
     history: tuple[StateChange, ...] = ()
     window: int = Field(default=0, ge=0)
+    rationale: str = Field(default="", max_length=8000)
 
     @field_validator("findings")
     @classmethod
@@ -210,7 +211,7 @@ class Proposal(_Plain):
     def create(cls, base: Policy, new: Policy, *, at: float, edits: Sequence[Mapping[str, Any]] = (),
                findings: Sequence[Finding] = (), evidence: Evidence | Mapping[str, Any] | None = None,
                predicted_gain: float | None = None, window: int = 0, thread_id: str | None = None,
-               id: str | None = None) -> Proposal:
+               id: str | None = None, rationale: str = "") -> Proposal:
         """A new ``proposed`` proposal to change ``base`` into ``new``, made at ``at``; the diff, refs, hash
         and YAML come from the two policies, the id from ``new_proposal_id`` unless given. Raises
         ``pydantic.ValidationError`` for malformed evidence or edits."""
@@ -220,7 +221,8 @@ class Proposal(_Plain):
                    base_hash=base.content_hash, new_policy=policy_to_yaml(new), new_ref=new.ref,
                    diff=diff_policies(base, new).text, edits=tuple(dict(e) for e in edits),
                    findings=tuple(f.to_dict() for f in findings), evidence=_evidence(evidence),
-                   predicted_gain=predicted_gain, created_at=at, updated_at=at, window=window)
+                   predicted_gain=predicted_gain, created_at=at, updated_at=at, window=window,
+                   rationale=rationale[:8000])
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)

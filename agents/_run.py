@@ -4,11 +4,11 @@ The trace is cut into windows of ``window`` requests. A ``Simulator`` stands for
 window it reads the policy store (the policy in force, the canary and its fraction) as a replica would, serves
 the window, and the loop's graph runs one pass on what it saw. Proposals, reviews and policy history go to the
 proposal store; the graph's threads to a SQLite checkpointer beside it, so a review left waiting can be
-approved from another process (``evocache proposals approve``). ``harmful_at`` injects, at that window, a
-proposal meant to hurt (every ttl cut to one second), approved by a person against its evidence, to show the
-canary catch it and roll it back.
+approved from another process (``evocache proposals approve``). ``harmful_at`` injects, at that window (or
+the first after it with no other change on its way out), a proposal meant to hurt (every ttl cut to one
+second), approved by a person against its evidence, to show the canary catch it and roll it back.
 
-The result (``RunReport.to_json``) is the document ``--json`` writes:
+The result (``LoopRunner.report``) is the document ``--json`` writes:
 ``{"windows": [{"index", "start", "end", "requests", "policy", "hit_ratio", "findings": [{"kind", "score",
 "p_value"}]}], "drift_detected_at", "proposals": [{"id", "window", "status", "predicted_gain",
 "realised_gain"}]}``.
@@ -40,8 +40,8 @@ its own: the cache's answer to a drift, a warm-up or a policy change, not the wo
 @dataclass(frozen=True, slots=True)
 class RunOptions:
     """``window`` requests per window; ``capacity`` of the simulated L1 in the trace's size unit (None:
-    ``capacity_fraction`` of the trace's distinct keys times their size); ``harmful_at`` the window at which to
-    inject a harmful proposal (None: none)."""
+    ``capacity_fraction`` of the trace's distinct keys times their size); ``harmful_at`` the window from which to
+    inject a harmful proposal, once no other change is on its way out (None: none)."""
 
     window: int = 300
     capacity: int | None = None
@@ -93,8 +93,10 @@ class LoopRunner:
     def window(self, requests: list[Request], outcomes: list[Any], step: Any, arms: list[bool]) -> dict[str, Any]:
         ctx = self.ctx
         rec = ctx.record(requests, outcomes, step, arms)
-        if self.harmful_at == rec.index:
+        if self.harmful_at is not None and rec.index >= self.harmful_at and not ctx.busy():
+            # at the first window from ``harmful_at`` on with no other change on its way out
             inject_harmful(ctx, step[0])
+            self.harmful_at = None
         thread = f"{self.run_id}-w{rec.index}"
         self.graph.invoke({"run": self.run_id, "thread": thread, "window": rec.index}, thread_config(thread),
                           durability="sync")
@@ -117,6 +119,7 @@ class LoopRunner:
             "proposals": [{"id": p.id, "window": p.window, "status": p.status, "predicted_gain": p.predicted_gain,
                            "realised_gain": p.realised_gain} for p in proposals],
             "breaches": self.ctx.breaches,
+            "retrains": self.ctx.retrains,
             "capacity": self.ctx.capacity,
         }
 
@@ -138,8 +141,11 @@ def open_loop(policies: Any, workdir: Path, policy: Policy, *, capacity: int, co
         from .diagnosis import diagnose as default_diagnose
 
         diagnose = default_diagnose
+    from ._planner import planner_from_env
+
     return LoopContext(policies, proposals, capacity=capacity, config=config, vectors=vectors,
-                       diagnose=diagnose, plots_dir=workdir / "plots")
+                       diagnose=diagnose, plots_dir=workdir / "plots", model_dir=workdir / "models",
+                       planner=planner_from_env())
 
 
 def run_trace(trace: str | Path, policy: Policy, workdir: str | Path, *, options: RunOptions = RunOptions(),

@@ -197,7 +197,8 @@ def demo(
     = Path("."),
     interactive: Annotated[bool, typer.Option("--interactive", help="Proposals wait for `evocache proposals "
                                               "approve` from another terminal.")] = False,
-    windows: Annotated[int, typer.Option("--windows", min=8, help="Windows of traffic.")] = 14,
+    windows: Annotated[int, typer.Option("--windows", min=10, help="Windows of traffic (the drift after the "
+                                         "fifth, or five fourteenths of them).")] = 14,
     per_window: Annotated[int, typer.Option("--per-window", min=50, help="Requests per window.")] = 200,
     seed: Annotated[int, typer.Option("--seed", help="The workload's seed.")] = 0,
 ) -> None:
@@ -210,7 +211,7 @@ def demo(
 
     console, err = Console(), Console(stderr=True)
     options = DemoOptions(workdir=workdir, root=root, windows=windows, per_window=per_window,
-                          interactive=interactive, seed=seed, drift_at=max(3, windows * 5 // 14))
+                          interactive=interactive, seed=seed, drift_at=max(5, windows * 5 // 14))
     with Progress(TextColumn("[bold]demo[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err, transient=not interactive) as bar:
         task = bar.add_task("starting", total=windows)

@@ -56,10 +56,13 @@ def test_agent_run_writes_its_report_and_rolls_back_the_harmful_proposal(trace: 
     for w in report["windows"]:
         assert set(w) >= {"index", "start", "end", "requests", "policy", "hit_ratio", "findings"}
         assert all(set(f) >= {"kind", "score", "p_value"} for f in w["findings"])
-    harmful = [p for p in report["proposals"] if p["window"] == 6 and p["predicted_gain"] < 0]
-    # rolled back on a shown loss, or withdrawn as not shown to be harmless: never promoted
-    assert len(harmful) == 1 and harmful[0]["status"] in ("rolled_back", "waiting")
     store = ProposalStore(tmp_path / "work" / "proposals.db")
+    injected = {p.id for p in store.list() if any(e["why"].startswith("injected") for e in p.edits)}
+    harmful = [p for p in report["proposals"] if p["id"] in injected]
+    # injected once, from window 6 on, judged a loss by its replay; rolled back on a shown loss: never promoted
+    assert len(harmful) == 1 and harmful[0]["window"] >= 6 and harmful[0]["predicted_gain"] < 0
+    assert harmful[0]["status"] == "rolled_back"
+    assert report["breaches"] and report["breaches"][0]["proposal"] == harmful[0]["id"]
     for p in store.list():
         if p.status in ("canary", "promoted", "rolled_back"):
             assert p.evidence is not None and store.reviews(p.id), p.id  # replayed and reviewed, always

@@ -18,7 +18,9 @@ How events become pairs (one pair per decision, in each source's order):
 - ``bypass``: ``Outcome(lookups=0, hits=0, bypass=True)``, latency unknown (-1).
 - ``kv`` (a replica's KV prefix cache usage after its model ran): folded into the decision of the same
   ``(ns, key)`` it follows (its ``prompt_tokens`` set from ``kv["prompt_tokens"]``, also when that pair was
-  already polled: ``requests_between`` then shows the folded request). A ``kv`` event with no such decision is
+  already polled: ``requests_between`` then shows the folded request); a ``kv`` event with no key (after a
+  bypass, which names none) into the oldest keyless bypass of its tenant and rule not folded yet. A ``kv``
+  event with no such decision is
   a pair of its own: ``Request(kind="kv", prompt_tokens=...)`` with ``Outcome(lookups=1, hits=1 if any
   token was reused else 0, tier=...)``.
 - ``store``, ``reject`` and the SLO breaker's ``slo-*`` transitions are not requests.
@@ -307,6 +309,9 @@ class _Pairer:
         self._unsized: dict[tuple[str, str], deque[_Slot]] = {}
         self._recent: OrderedDict[tuple[str, str], _Slot] = OrderedDict()  # the last decision per slot
         self._recent_max = recent
+        # keyless decisions (a bypass names no key) per (ns, rule), oldest first: a keyless ``kv`` event of
+        # the same (ns, rule) folds into the oldest one not yet folded
+        self._keyless: dict[tuple[str, str], deque[_Slot]] = {}
         self.newest = -math.inf
 
     def feed(self, e: AccessEvent) -> None:
@@ -322,6 +327,8 @@ class _Pairer:
                 self._recent.move_to_end(slot_key)
                 if len(self._recent) > self._recent_max:
                     self._recent.popitem(last=False)
+            elif e.outcome == "bypass":
+                self._keyless.setdefault((e.ns, e.rule), deque(maxlen=self._recent_max)).append(slot)
         elif e.outcome in ("store", "reject"):
             waiting = self._unsized.get(slot_key)
             if waiting:
@@ -367,7 +374,7 @@ class _Pairer:
         prompt = prompt if type(prompt) is int and prompt >= 0 else -1
         cached = usage.get("cached_tokens", e.size)
         cached = cached if type(cached) is int and cached >= 0 else e.size
-        slot = self._recent.get((e.ns, e.key)) if e.key else None
+        slot = self._recent.get((e.ns, e.key)) if e.key else self._oldest_keyless(e.ns, e.rule)
         if slot is not None and not slot.folded and slot.outcome.hits == 0:
             slot.request = dataclasses.replace(slot.request, prompt_tokens=prompt)
             slot.folded = True
@@ -376,6 +383,13 @@ class _Pairer:
         req = Request(e.t, "kv", keys, size=cached, ns=e.ns, rule=e.rule, prompt_tokens=prompt)
         out = Outcome(1, 1 if cached > 0 else 0, tier=e.tier or "")
         self._queue.append(_Slot(req, out, e.policy, True, next(self._seq)))
+
+
+    def _oldest_keyless(self, ns: str, rule: str) -> _Slot | None:
+        waiting = self._keyless.get((ns, rule))
+        while waiting and waiting[0].folded:
+            waiting.popleft()
+        return waiting[0] if waiting else None
 
 
 class EventsCollector:
