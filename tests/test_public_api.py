@@ -16,6 +16,8 @@ import pytest
         "evocache.controller.semantic",
         "evocache.serving",
         "evocache.serving.kv",
+        "evocache.agents.signals",
+        "evocache.agents.diagnosis",
     ],
 )
 def test_all_is_exact_and_importable(room):
