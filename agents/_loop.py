@@ -34,6 +34,10 @@ from ._types import Finding, Outcome, Request, Series, WindowStats, step_series,
 
 log = logging.getLogger("evocache.agents")
 
+CACHE_WIDE = frozenset({"bypass", "tenant-share", "eviction"})
+"""Edit kinds whose effect is on the whole cache, not on the requests they decide: their canary's hit ratio is
+judged by the fresh replay alone."""
+
 
 class LoopState(TypedDict, total=False):
     run: str
@@ -193,7 +197,7 @@ class LoopContext:
         except (ValueError, KeyError) as exc:
             log.info("stale proposal %s no longer applies to %s: %s", old.id, base.ref, exc)
             return None, "end"
-        evidence = self.judge(base, cand)
+        evidence = self.judge(base, cand, switch=any(e.kind == "eviction" for e in edits))
         if not self._acceptable(base, evidence):
             return None, "end"
         findings = [Finding.from_dict(f) for f in old.findings]
@@ -206,17 +210,23 @@ class LoopContext:
         recs = self.windows[first:last + 1]
         return [r.requests for r in recs], [r.step for r in recs]
 
-    def judge(self, base: Policy, candidate: Policy, *, last: int | None = None) -> dict[str, Any]:
+    def judge(self, base: Policy, candidate: Policy, *, last: int | None = None, switch: bool = False
+              ) -> dict[str, Any]:
         """Replay evidence for ``candidate`` against ``base`` over the windows up to ``last`` (the newest by
-        default): each policy in force over all ``warmup + measure`` windows from the same cold cache, the last
-        ``measure`` counted. Each arm's cache holds what its own policy kept, so the gain is the change's lasting
-        effect, the one its promotion is measured against (``realised_gain``)."""
+        default), from the same cold cache, the last ``measure`` counted. Each policy is in force over all
+        ``warmup + measure`` windows, so each arm's cache holds what its own policy kept and the gain is the
+        change's lasting effect, the one its promotion is measured against (``realised_gain``). With
+        ``switch`` (an eviction class: a new one takes over the cache as it is and learns from there), the
+        candidate takes over only for the measured windows, as it would in production."""
         cfg = self.config
         last = len(self.windows) - 1 if last is None else last
         reqs, _ = self.schedule_span(last, cfg.warmup + cfg.measure)
         measure = min(cfg.measure, len(reqs))
-        evidence = compare(reqs, [(base, None, 0.0)] * len(reqs), [(candidate, None, 0.0)] * len(reqs),
-                           measure=measure, capacity=self.capacity, vectors=self.vectors, seed=cfg.seed)
+        base_steps = [(base, None, 0.0)] * len(reqs)
+        cand_steps = (base_steps[: len(reqs) - measure] + [(candidate, None, 0.0)] * measure if switch
+                      else [(candidate, None, 0.0)] * len(reqs))
+        evidence = compare(reqs, base_steps, cand_steps, measure=measure, capacity=self.capacity,
+                           vectors=self.vectors, seed=cfg.seed)
         evidence["windows"] = [last - measure + 1, last]
         evidence["evaluated_at"] = time.time()
         return evidence
@@ -250,7 +260,7 @@ class LoopContext:
             except ValueError as exc:  # PolicyError / StoreConfigError: the loop never proposes what check rejects
                 log.info("edit %s refused by policy check: %s", edit.path, exc)
                 continue
-            evidence = self.judge(base, cand)
+            evidence = self.judge(base, cand, switch=edit.kind == "eviction")
             log.info("window %d: %s %s -> %s: gain %+.4f [%+.4f, %+.4f]", len(self.windows) - 1, edit.kind,
                      edit.path, edit.new, evidence["gain"], *evidence["ci"])
             if self._acceptable(base, evidence):
@@ -261,7 +271,7 @@ class LoopContext:
             if a[1][0].path != b[1][0].path:
                 try:
                     cand = apply_edits(base, a[1] + b[1], version)
-                    evidence = self.judge(base, cand)
+                    evidence = self.judge(base, cand, switch=any(e.kind == "eviction" for e in a[1] + b[1]))
                     if self._acceptable(base, evidence) and evidence["ci"][0] > a[0]:
                         scored.append((evidence["ci"][0], a[1] + b[1], cand, evidence))
                 except ValueError as exc:
@@ -373,15 +383,19 @@ class LoopContext:
         verdict = {"canary": can, "base": bas, "difference": [diff, low, high],
                    "replay": [f_gain, f_low, f_high], "windows": [start, len(self.windows) - 1]}
         tolerance = spec.max_drop * bas["hit_ratio"]  # a share of the base's hit ratio
-        # the live split counts only with enough canary requests: an arm of a handful shows nothing either way
-        live = self._breach(base, can, bas, high, tolerance) if can["requests"] >= spec.min_requests else ""
+        # The live split counts only with enough canary requests (an arm of a handful shows nothing either way),
+        # and its hit ratio only for a change that acts on the requests it decides: a cache-wide one (a bypass,
+        # a quota, an eviction class) changes what both arms find, and the arms differ in their traffic.
+        local = not any(e.get("kind") in CACHE_WIDE for e in proposal.edits)
+        live = (self._breach(base, can, bas, high if local else 0.0, tolerance)
+                if can["requests"] >= spec.min_requests else "")
         breach = live or self._replay_breach(fresh, tolerance)
         if breach:
             self.policies.rollback()
             self.proposals.record_policy(proposal.new_ref, proposal.new_policy, kind="rolled_back",
                                          actor=self.actor, proposal_id=proposal.id)
             self.proposals.transition(proposal.id, "rolled_back", actor=self.actor, note=breach, evidence=None)
-            self.breaches.append({"proposal": proposal.id, "reason": breach, "windows": len(recs), **verdict})
+            self.breaches.append({**verdict, "proposal": proposal.id, "reason": breach, "canary_windows": len(recs)})
             return "rolled_back"
         if can["requests"] < spec.min_requests or f_gain <= 0 or f_low < -tolerance:
             if len(recs) >= spec.max_windows:  # inconclusive never passes: withdraw it, a person decides

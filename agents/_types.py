@@ -240,6 +240,7 @@ def step_series(requests: Sequence[Request], outcomes: Sequence[Outcome], *, sta
 FindingKind = Literal[
     "granger",  # a load signal helps predict the miss ratio
     "key-drift",  # the key distribution moved (entropy beyond its band, Jensen-Shannon divergence)
+    "mix-drift",  # the traffic mix moved (rule and tenant slices, prompt-length octaves)
     "change-point",  # the hit ratio changed level
     "knee",  # the hit ratio's knee: more load or less room stops paying
     "output-shift",  # output lengths left their band

@@ -12,7 +12,8 @@ eviction policy. ``Simulator`` owns one capacity-bounded cache (the L1 a replica
   is of no use once an earlier block missed), and stores the blocks it computed;
 - a tenant with ``l1_share < 1`` evicts its own entries first once it holds its share;
 - a semantic request (a prompt and its answer group) is looked up exactly first, then, when its rule has
-  ``semantic:``, through a ``SemanticCache`` with the rule's mode and error bound over precomputed vectors;
+  ``semantic:``, through a ``SemanticCache`` with the rule's mode and error bound over precomputed vectors
+  (an answer is served semantically only while its exact entry is held: evicted or expired, it leaves the index);
   a hit whose answer group differs is ``wrong``;
 - the eviction policy is the production class the policy names for ``l1`` (``eviction.l1``, else LRU), run on
   the trace's clock, with the access context learned policies read.
@@ -29,7 +30,7 @@ import random
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from evocache.controller import canary_for
 from evocache.controller.eviction import EntryInfo, EvictionPolicy, make_eviction_policy
@@ -122,6 +123,9 @@ class Simulator:
         self._eviction: EvictionPolicy = self._build_eviction(eviction_name(policy))
         self._semantic: dict[tuple[str, float, float | None], SemanticCache] = {}
         self._inserted: list[tuple[str, str, str, str]] = []  # (ns, rule, prompt, group): to fill a new cache
+        self._entry_keys: dict[str, Hashable] = {}  # semantic entry id -> the exact key it was stored under
+        self._semantic_ids: dict[Hashable, tuple[Any, str]] = {}  # exact key held -> (scope, entry id)
+        self._live_entries: set[str] = set()  # entry ids whose exact key the cache still holds
         self._groups: dict[tuple[str, str], str] = {}  # (ns, prompt) -> group of the entry stored for it
 
     @property
@@ -232,6 +236,12 @@ class Simulator:
         self._used -= size
         self._used_ns[ns] -= size
         self._eviction.on_remove(key)
+        placed = self._semantic_ids.pop(key, None)
+        if placed is not None:  # what the cache no longer holds is not served semantically either
+            scope, entry_id = placed
+            self._live_entries.discard(entry_id)
+            for cache in self._semantic.values():
+                cache.remove(scope, [entry_id])
 
     # -- semantic ------------------------------------------------------------------------------------------
 
@@ -256,17 +266,29 @@ class Simulator:
             prompt = req.prompt if req.prompt is not None else key
             decision, entry = cache.lookup(scope, prompt, max_error=max_error)
             if entry is not None:
+                held = self._held.get(self._entry_keys[entry])
+                if held is not None and held[1] <= self._now:  # expired since it was stored
+                    self._drop(self._entry_keys[entry])
+                    entry = None
+            if entry is not None:
+                self._held.move_to_end(self._entry_keys[entry])
+                self._eviction.on_hit(self._entry_keys[entry])
                 wrong = cache.answer_ref(entry) != group
                 return Outcome(1, 1, wrong=wrong, semantic=True, tier="semantic", evicted=tuple(evicted))
         self._admit(k, info, req.t + settings.ttl, arm.quota(ns), evicted)
         self._groups[k] = group
         if spec is not None:
             prompt = req.prompt if req.prompt is not None else key
-            self._inserted.append((ns, req.rule, prompt, group))
-            entry_id = f"e{len(self._inserted)}"
-            for other in self._semantic.values():
-                other.insert(Scope(ns or "-", req.rule or "-"), entry_id, prompt, group)
-            cache.judge_miss(Scope(ns or "-", req.rule or "-"), prompt, group, decision)
+            scope = Scope(ns or "-", req.rule or "-")
+            if k in self._held and k not in self._semantic_ids:  # only what the cache holds can be served
+                self._inserted.append((ns, req.rule, prompt, group))
+                entry_id = f"e{len(self._inserted)}"
+                self._entry_keys[entry_id] = k
+                self._semantic_ids[k] = (scope, entry_id)
+                self._live_entries.add(entry_id)
+                for other in self._semantic.values():
+                    other.insert(scope, entry_id, prompt, group)
+            cache.judge_miss(scope, prompt, group, decision)
         return Outcome(1, 0, evicted=tuple(evicted))
 
     def _semantic_cache(self, mode: str, explore: float, threshold: float | None) -> SemanticCache:
@@ -283,6 +305,7 @@ class Simulator:
                                     threshold=threshold if mode == "static" else None)
             cache = SemanticCache(self._vectors, policy=options.build(), rng=random.Random(self._seed))
             for i, (ns, rule, prompt, group) in enumerate(self._inserted, start=1):
-                cache.insert(Scope(ns or "-", rule or "-"), f"e{i}", prompt, group)
+                if f"e{i}" in self._live_entries:
+                    cache.insert(Scope(ns or "-", rule or "-"), f"e{i}", prompt, group)
             self._semantic[key] = cache
         return cache

@@ -421,6 +421,7 @@ def harmful_figures(clean: Sequence[Tally], harmed: Mapping[str, Any], w: Worklo
         "hit_ratio_drop": before.hit_ratio - during.hit_ratio if served else None,
         "breach": None if breach is None else {
             "reason": breach["reason"], "windows": breach["windows"],
+            "canary_windows": breach.get("canary_windows"),
             "canary_hit_ratio": breach["canary"]["hit_ratio"],
             "base_hit_ratio": breach["base"]["hit_ratio"], "difference": breach["difference"],
             "replay": breach.get("replay")},

@@ -519,10 +519,11 @@ class AutoApprove(_Model):
 
 class CanarySpec(_Model):
     """How the loop rolls out an approved change: ``fraction`` of requests (by key, the policy store's canary)
-    for at least ``windows`` windows. Over the same windows, it is rolled back when it breaks the policy's SLOs or
-    its hit ratio is shown (the whole bootstrap interval of the difference) to be more than ``max_drop`` (a share
-    of the base's hit ratio) below the base's; promoted when it has seen ``min_requests`` requests and its hit
-    ratio is no more than that below. A canary still short of either after ``max_windows`` windows is
+    for at least ``windows`` windows. Over the same windows, it is rolled back when it breaks the policy's SLOs,
+    or its hit ratio is shown (the whole bootstrap interval) to be more than ``max_drop`` (a share of the base's
+    hit ratio) below the base's, by the live split or by a replay of those windows under both policies;
+    promoted when the canary has seen ``min_requests`` requests and that replay shows a gain whose interval
+    ends no more than ``max_drop`` below zero. A canary still short of either after ``max_windows`` windows is
     inconclusive: it is withdrawn and waits for a person."""
 
     fraction: Annotated[Number, Field(gt=0, le=1)] = 0.2

@@ -252,6 +252,9 @@ def kv_fixtures() -> dict[str, dict[str, Any]]:
              "evictions": 320, "within": True},
         ], {"model": KV_MODEL, "block_size": 16, "layers": 8, "kv_heads": 4, "head_dim": 64, "prompts": 4,
             "prompt_tokens": 2048, "capacity_blocks": 192.5, "device": "cpu"}, command),
+        # the policy loop's results are long (a row per window, a grid of static policies): frozen copies
+        **{part: json.loads((EXPECTED / f"{part}.json").read_text(encoding="utf-8"))
+           for part in ("loop-kv", "loop-semantic", "loop-stationary")},
     }
 
 
@@ -292,6 +295,8 @@ def test_the_headline_quotes_the_figures_of_the_result_files(tmp_path: Path, rep
         "5.56× from L1, 4.00× from Redis (L2) prefetched while queued, 75.0 % of its load hidden (cold 1000 ms)",
         "0.250 against 0.150 (1.67×)",
         "14.6 M accesses per minute",
+        "KV: 59.2 %, drift reported 0 windows after it came; semantic: 99.1 %, drift reported 0 windows after it "
+        "came; 0 false drift reports on stationary traffic",
     ]
     assert rows[0].endswith("[details](docs/benchmarks.md#semantic-caching-streams) |")
 
