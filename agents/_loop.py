@@ -34,6 +34,10 @@ from ._types import Finding, Outcome, Request, Series, WindowStats, step_series,
 
 log = logging.getLogger("evocache.agents")
 
+DRIFT_KINDS = ("key-drift", "mix-drift")
+"""What reports a drift: the workload moved (its keys, its mix). A change point of the hit ratio is a finding of
+its own: the cache's answer to a drift, a warm-up or a policy change, not the workload."""
+
 CACHE_WIDE = frozenset({"bypass", "tenant-share", "eviction"})
 """Edit kinds whose effect is on the whole cache, not on the requests they decide: their canary's hit ratio is
 judged by the fresh replay alone."""
@@ -216,17 +220,23 @@ class LoopContext:
         default), from the same cold cache, the last ``measure`` counted. Each policy is in force over all
         ``warmup + measure`` windows, so each arm's cache holds what its own policy kept and the gain is the
         change's lasting effect, the one its promotion is measured against (``realised_gain``). With
-        ``switch`` (an eviction class: a new one takes over the cache as it is and learns from there), the
-        candidate takes over only for the measured windows, as it would in production."""
+        ``switch`` (an eviction class: a new one takes over the cache as it is and learns from there), it is
+        also judged taking over only for the measured windows, as it would in production, and the evidence is
+        the less favourable of the two (the lower end of its interval): a class that only wins the transition
+        after a drift, or only once it has the cache to itself, is not shown to be better."""
         cfg = self.config
         last = len(self.windows) - 1 if last is None else last
         reqs, _ = self.schedule_span(last, cfg.warmup + cfg.measure)
         measure = min(cfg.measure, len(reqs))
         base_steps = [(base, None, 0.0)] * len(reqs)
-        cand_steps = (base_steps[: len(reqs) - measure] + [(candidate, None, 0.0)] * measure if switch
-                      else [(candidate, None, 0.0)] * len(reqs))
-        evidence = compare(reqs, base_steps, cand_steps, measure=measure, capacity=self.capacity,
-                           vectors=self.vectors, seed=cfg.seed)
+        views = {"lasting": [(candidate, None, 0.0)] * len(reqs)}
+        if switch:
+            views["switch"] = base_steps[: len(reqs) - measure] + [(candidate, None, 0.0)] * measure
+        judged = {name: compare(reqs, base_steps, steps, measure=measure, capacity=self.capacity,
+                                vectors=self.vectors, seed=cfg.seed) for name, steps in views.items()}
+        view = min(judged, key=lambda name: judged[name]["ci"][0])
+        evidence = judged[view]
+        evidence["view"] = view
         evidence["windows"] = [last - measure + 1, last]
         evidence["evaluated_at"] = time.time()
         return evidence
@@ -245,6 +255,11 @@ class LoopContext:
                               f"{self._kept_model['new_hit_ratio']:.3f} against "
                               f"{self._kept_model['base_hit_ratio']:.3f}"))
             self._kept_model = None
+        span = self.windows[-(self.config.warmup + self.config.measure):]
+        if any(f.kind in DRIFT_KINDS for w in span for f in w.findings):
+            # replayed across a drift, an eviction class is judged on how it weathers the transition, which
+            # says little about how it does in the new regime: judged once the span is past the drift
+            edits = [e for e in edits if e.kind != "eviction"]
         rationale = ""
         if self.planner is not None:
             planned = self._plan(base, findings, edits, version)
@@ -387,7 +402,7 @@ class LoopContext:
         # and its hit ratio only for a change that acts on the requests it decides: a cache-wide one (a bypass,
         # a quota, an eviction class) changes what both arms find, and the arms differ in their traffic.
         local = not any(e.get("kind") in CACHE_WIDE for e in proposal.edits)
-        live = (self._breach(base, can, bas, high if local else 0.0, tolerance)
+        live = (self._breach(base, can, bas, high, tolerance, hit_ratio=local)
                 if can["requests"] >= spec.min_requests else "")
         breach = live or self._replay_breach(fresh, tolerance)
         if breach:
@@ -439,13 +454,14 @@ class LoopContext:
         return ""
 
     @staticmethod
-    def _breach(base: Policy, can: dict[str, float], bas: dict[str, float], high: float, tolerance: float) -> str:
-        """Why the canary must go: an SLO it breaks, or a hit ratio shown (the whole interval of the difference)
-        to be more than ``tolerance`` below the base's. "" when neither."""
+    def _breach(base: Policy, can: dict[str, float], bas: dict[str, float], high: float, tolerance: float, *,
+                hit_ratio: bool = True) -> str:
+        """Why the canary must go: an SLO it breaks, or (with ``hit_ratio``) a hit ratio shown (the whole
+        interval of the difference) to be more than ``tolerance`` below the base's. "" when neither."""
         max_error = base.slo.max_error_rate
         if max_error is not None and can["wrong_rate"] > max_error and can["wrong_rate"] > bas["wrong_rate"]:
             return f"SLO breach: canary error rate {can['wrong_rate']:.4f} > {max_error:g}"
-        if high < -tolerance:
+        if hit_ratio and high < -tolerance:
             return (f"canary hit ratio {can['hit_ratio']:.3f} is below the base's {bas['hit_ratio']:.3f} by more "
                     f"than {tolerance:.4f} (the interval of the difference ends at {high:+.4f})")
         return ""

@@ -27,14 +27,12 @@ from evocache.controller import FilePolicyStore
 from evocache.dsl import Policy, policy_to_yaml
 
 from ._candidates import Edit, apply_edits
-from ._loop import LoopConfig, LoopContext, build_graph, thread_config
+from ._loop import DRIFT_KINDS, LoopConfig, LoopContext, build_graph, thread_config
 from ._types import Request
 from ._whatif import Simulator
 from ._workload import read_requests, windows
 
-DRIFT_KINDS = ("key-drift", "mix-drift")
-"""What reports a drift: the workload moved (its keys, its mix). A change point of the hit ratio is a finding of
-its own: the cache's answer to a drift, a warm-up or a policy change, not the workload."""
+
 
 
 @dataclass(frozen=True, slots=True)
