@@ -297,6 +297,9 @@ def test_the_headline_quotes_the_figures_of_the_result_files(tmp_path: Path, rep
         "14.6 M accesses per minute",
         "KV: 59.2 %, drift reported 0 windows after it came; semantic: 99.1 %, drift reported 0 windows after it "
         "came; 0 false drift reports on stationary traffic",
+        "rules.batch.cache: response -> bypass: predicted +0.064 [+0.015, +0.135], realised +0.040; "
+        "rules.faq.semantic.max_error: 0.03 -> 0.04: predicted +0.024 [+0.008, +0.044], not measured; "
+        "harmful proposals rolled back: 1 of 2",
     ]
     assert rows[0].endswith("[details](docs/benchmarks.md#semantic-caching-streams) |")
 
