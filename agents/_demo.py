@@ -327,7 +327,7 @@ def run_demo(options: DemoOptions, *, progress: Callable[[str, int, int], None] 
         loop = LiveLoop(EventsCollector.from_files([workdir / "events.jsonl"], miss_wait_s=5.0), policies,
                         workdir, window=options.per_window, capacity=options.l1_kib * 1024, policy=policy,
                         config=LoopConfig(interactive=options.interactive, seed=options.seed),
-                        harmful_at=harmful_at)
+                        harmful_at=harmful_at, model=(MODEL_ID, "", ""))
         latencies: list[float] = []
         kv_positions: list[tuple[int, int, int]] = []
         errors: list[str] = []

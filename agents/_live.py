@@ -65,12 +65,13 @@ class _Weights:
 class LiveLoop:
     """The loop over ``collector``'s events, acting on ``policies`` (see the module docstring). ``policy`` is
     applied when the store has none in force. ``saver``: a LangGraph checkpointer (the caller's ``with``);
-    None opens ``workdir/checkpoints.db`` and keeps it open until ``close``."""
+    None opens ``workdir/checkpoints.db`` and keeps it open until ``close``. ``model``: what the replicas
+    serve (id, revision, prompt-template hash), part of the evidence's context."""
 
     def __init__(self, collector: Any, policies: Any, workdir: str | Path, *, window: int, capacity: int,
                  policy: Policy | None = None, config: LoopConfig = LoopConfig(),
                  diagnose: Callable[..., Any] | None = None, harmful_at: int | None = None,
-                 saver: Any = None) -> None:
+                 saver: Any = None, model: tuple[str, str, str] = ("", "", "")) -> None:
         from ._loop import build_graph
 
         if window < 10:
@@ -83,7 +84,7 @@ class LiveLoop:
             raise ValueError("the policy store has no policy in force; give one to start with")
         start = policy if policy is not None else policies.load(policies.state().active)
         self.ctx = open_loop(policies, self.workdir, start, capacity=capacity, config=config,
-                             diagnose=diagnose, actor="agent watch")
+                             diagnose=diagnose, actor="agent watch", model=model)
         self._owned = None
         if saver is None:
             from langgraph.checkpoint.sqlite import SqliteSaver

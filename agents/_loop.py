@@ -88,12 +88,15 @@ class WindowRecord:
 
 class LoopContext:
     """What the graph's nodes act on. ``proposals`` is a ``ProposalStore``; ``policies`` the policy store serving
-    reads; ``windows`` the windows served so far (empty in a process that only resumes reviews)."""
+    reads; ``windows`` the windows served so far (empty in a process that only resumes reviews). ``model`` is
+    what serves the traffic (model id, revision, prompt-template hash): with the policy in force and a
+    fingerprint of the recent output lengths, it is the context every proposal's evidence is stored under, and a
+    change of any of them makes undecided proposals stale (``check_evidence``)."""
 
     def __init__(self, policies: PolicyStore, proposals: Any, *, capacity: int = 1, config: LoopConfig = LoopConfig(),
                  vectors: Any = None, diagnose: Callable[..., list[Finding]] | None = None,
                  plots_dir: Path | None = None, actor: str = "evocache-agent", planner: Any = None,
-                 model_dir: Path | None = None) -> None:
+                 model_dir: Path | None = None, model: tuple[str, str, str] = ("", "", "")) -> None:
         self.policies = policies
         self.proposals = proposals
         self.capacity = capacity
@@ -109,6 +112,7 @@ class LoopContext:
         self.promoted_at: dict[str, tuple[int, int]] = {}  # proposal -> (canary start, promotion window)
         self.breaches: list[dict[str, Any]] = []
         self.planner = planner  # an ``agents._planner.Planner`` or None
+        self.model = model  # what serves the traffic: (model id, revision, prompt template hash)
         self.model_dir = model_dir
         self.retrains: list[dict[str, Any]] = []
         self._kept_model: dict[str, Any] | None = None  # the newest kept retrain, until proposed
@@ -144,6 +148,40 @@ class LoopContext:
         findings = self._diagnose(self.history(), self.series, plots_dir=self.plots_dir)
         self.windows[-1].findings = findings
         return findings
+
+    # -- the evidence's context ---------------------------------------------------------------------------
+
+    def evidence_context(self, policy: Policy) -> Any:
+        """What traffic is served by now (``agents._fingerprint.EvidenceContext``): ``policy``, the model, and
+        a fingerprint of the recent windows' output lengths (None with fewer than 64 known)."""
+        from ._fingerprint import EvidenceContext, OutputFingerprint
+
+        span = self.windows[-(self.config.warmup + self.config.measure):]
+        lengths = [n for w in span for n in w.stats.output_tokens if n >= 0]
+        fingerprint = OutputFingerprint.of_lengths(lengths) if len(lengths) >= 64 else None
+        model_id, revision, template = self.model
+        return EvidenceContext(policy_ref=str(policy.ref), policy_hash=policy.content_hash, model_id=model_id,
+                               model_revision=revision, template_hash=template, output_fingerprint=fingerprint)
+
+    def check_evidence(self) -> list[tuple[str, str]]:
+        """Every proposal still to be decided or rolled out (proposed, waiting, approved) whose evidence no
+        longer holds under the context now (another policy in force, another model or template, outputs of
+        another shape) becomes stale; an approved one is judged again (``reevaluate``). ``(id, reason)`` of
+        each."""
+        if not self.windows:
+            return []
+        now = self.evidence_context(self.active())
+        moved = []
+        for p in self.proposals.list():
+            if p.status not in ("proposed", "waiting", "approved"):
+                continue
+            was = p.status
+            reason = self.proposals.invalidate(p.id, now, actor=self.actor)
+            if reason is not None:
+                moved.append((p.id, reason))
+                if was == "approved":
+                    self.reevaluate(p.id)
+        return moved
 
     # -- retraining ----------------------------------------------------------------------------------------
 
@@ -334,7 +372,8 @@ class LoopContext:
                         evidence: dict[str, Any], thread: str | None, rationale: str = "") -> Any:
         from ._proposals import Evidence, Proposal
 
-        replay = Evidence.from_replay(evidence, evaluated_at=evidence["evaluated_at"], windows=evidence["windows"])
+        replay = Evidence.from_replay(evidence, evaluated_at=evidence["evaluated_at"], windows=evidence["windows"],
+                                      context=self.evidence_context(base))
         proposal = Proposal.create(base, cand, at=time.time(), edits=[e.to_dict() for e in edits],
                                    findings=list(findings[:20]), evidence=replay, predicted_gain=evidence["gain"],
                                    window=len(self.windows) - 1, thread_id=thread, rationale=rationale)
@@ -521,6 +560,7 @@ def build_graph(ctx: LoopContext, checkpointer: Any) -> Any:
     from langgraph.types import interrupt
 
     def observe(state: LoopState) -> LoopState:
+        ctx.check_evidence()
         for approved in ctx.proposals.list(status="approved"):  # approved with no pass waiting on it
             if ctx.start_canary(approved.id) == "stale":
                 fresh, route = ctx.reevaluate(approved.id)

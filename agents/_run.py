@@ -124,9 +124,10 @@ class LoopRunner:
 
 def open_loop(policies: Any, workdir: Path, policy: Policy, *, capacity: int, config: LoopConfig,
               vectors: Any = None, diagnose: Callable[..., Any] | None = None, actor: str = "agent run",
-              ) -> LoopContext:
+              model: tuple[str, str, str] = ("", "", "")) -> LoopContext:
     """The loop's context over ``policies`` (the store serving reads), with its proposal store and plots
-    under ``workdir``; ``policy`` applied when the store has none in force."""
+    under ``workdir``; ``policy`` applied when the store has none in force. ``model``: what serves the
+    traffic (id, revision, prompt-template hash), part of the evidence's context."""
     from ._proposals import ProposalStore
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -143,7 +144,7 @@ def open_loop(policies: Any, workdir: Path, policy: Policy, *, capacity: int, co
 
     return LoopContext(policies, proposals, capacity=capacity, config=config, vectors=vectors,
                        diagnose=diagnose, plots_dir=workdir / "plots", model_dir=workdir / "models",
-                       planner=planner_from_env())
+                       planner=planner_from_env(), model=model, actor=actor)
 
 
 def run_trace(trace: str | Path, policy: Policy, workdir: str | Path, *, options: RunOptions = RunOptions(),
