@@ -75,6 +75,7 @@ guardrails:
   canary: {fraction: 0.25, windows: 1, max_windows: 3, min_requests: 30}
 """
 
+MARKER = ".evocache-demo"
 TENANTS = (("acme", "pro"), ("globex", "pro"), ("batchco", "batch"))
 MODEL_ID = "tiny-llama"
 BLOCK_WORDS = 16  # words per trace block: one WordPiece token each, so a block of words is one KV block
@@ -298,9 +299,13 @@ def run_demo(options: DemoOptions, *, progress: Callable[[str, int, int], None] 
     from .signals import EventsCollector
 
     workdir = options.workdir.resolve()
-    if workdir.exists():
+    if workdir.exists() and any(workdir.iterdir()):
+        if not (workdir / MARKER).is_file():  # never empty a folder the demo did not make
+            raise ValueError(f"--workdir {workdir}: not empty and not a demo's folder (no {MARKER}); give a new "
+                             f"or empty one")
         shutil.rmtree(workdir)
-    workdir.mkdir(parents=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / MARKER).write_text("made by evocache demo; emptied by the next run\n")
     root = options.root.resolve()
     workload = build_workload(root, options)
     policy = parse_policy(DEMO_POLICY, "<demo policy>")

@@ -100,11 +100,12 @@ class LiveLoop:
         """Requests seen that no window holds yet."""
         return len(self._pending)
 
-    def pump(self) -> list[dict[str, Any]]:
-        """Read the new events; run a pass for every full window among them. The windows' report rows."""
+    def pump(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """Read the new events; run a pass for every full window among them (at most ``limit``; the rest stay
+        pending). The windows' report rows."""
         self._pending.extend(self.collector.poll_labelled())
-        rows = []
-        while len(self._pending) >= self.window:
+        rows: list[dict[str, Any]] = []
+        while len(self._pending) >= self.window and (limit is None or len(rows) < limit):
             chunk, self._pending = self._pending[: self.window], self._pending[self.window :]
             rows.append(self._run(chunk))
         return rows
@@ -118,6 +119,8 @@ class LiveLoop:
         return self._run(chunk)
 
     def _run(self, chunk: list[tuple[Request, Outcome, str]]) -> dict[str, Any]:
+        # several replicas' sources come one after another, and a replica's clock may step back: time order
+        chunk = sorted(chunk, key=lambda item: item[0].t)
         state = self.policies.state()
         base = self.policies.load(state.active)
         canary = self.policies.load(state.canary) if state.canary else None

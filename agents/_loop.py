@@ -38,6 +38,9 @@ DRIFT_KINDS = ("key-drift", "mix-drift")
 """What reports a drift: the workload moved (its keys, its mix). A change point of the hit ratio is a finding of
 its own: the cache's answer to a drift, a warm-up or a policy change, not the workload."""
 
+HISTORY = 60
+"""Windows whose key counts the loop keeps (the drift tests read the newest 30)."""
+
 CACHE_WIDE = frozenset({"bypass", "tenant-share", "eviction"})
 """Edit kinds whose effect is on the whole cache, not on the requests they decide: their canary's hit ratio is
 judged by the fresh replay alone."""
@@ -119,25 +122,45 @@ class LoopContext:
 
     # -- observing ---------------------------------------------------------------------------------------------
 
-    def record(self, requests: Sequence[Request], outcomes: list[Outcome], step: Step, canary_arm: list[bool]) -> WindowRecord:
+    def record(self, requests: Sequence[Request], outcomes: list[Outcome], step: Step,
+               canary_arm: list[bool]) -> WindowRecord:
+        """Keep one served window. Only the newest windows keep their requests (what replay needs); older ones
+        keep their summary, and only the newest ``HISTORY`` windows their key counts, so a loop that runs
+        for days holds a bounded amount."""
         index = len(self.windows)
         stats = window_stats(index, str(step[0].ref), requests, outcomes)
         rec = WindowRecord(index, requests, outcomes, step, canary_arm, stats)
         self.windows.append(rec)
         if requests:
-            span = max(requests[-1].t - requests[0].t, 1e-6)
-            step_s = self.config.step_s or span / 20
-            self.series = [*self.series, *step_series(requests, outcomes, start=requests[0].t,
-                                                       end=requests[-1].t, step_s=step_s)]
-            self.series = _merge_series(self.series)
+            first, last = min(r.t for r in requests), max(r.t for r in requests)
+            step_s = self.config.step_s or max(last - first, 1e-6) / 20
+            self.series = _merge_series([*self.series, *step_series(requests, outcomes, start=first, end=last,
+                                                                     step_s=step_s)])
+        self._forget(step[0].guardrails.rollout.max_windows)
         return rec
 
+    def _forget(self, canary_windows: int) -> None:
+        cfg = self.config
+        keep = cfg.warmup + max(cfg.measure, cfg.realise) + canary_windows + 2
+        if len(self.windows) > keep:
+            old = self.windows[-keep - 1]
+            if old.requests:
+                old.requests, old.outcomes, old.canary_arm = (), [], []
+        if len(self.windows) > HISTORY:
+            old = self.windows[-HISTORY - 1]
+            if old.stats.keys:
+                old.stats = replace(old.stats, keys={})
+
     def history(self) -> list[WindowStats]:
-        return [w.stats for w in self.windows]
+        """The newest ``HISTORY`` windows' summaries, oldest first: what diagnosis reads."""
+        return [w.stats for w in self.windows[-HISTORY:]]
 
     def active(self) -> Policy:
+        from .errors import AgentError
+
         state = self.policies.state()
-        assert state.active is not None
+        if state.active is None:
+            raise AgentError("the policy store has no policy in force")
         return self.policies.load(state.active)
 
     # -- diagnosis -----------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from ._loop import DRIFT_KINDS, LoopConfig, LoopContext, build_graph, thread_con
 from ._types import Request
 from ._whatif import Simulator
 from ._workload import read_requests, windows
+from .errors import AgentError, WorkloadError
 
 
 
@@ -98,6 +99,9 @@ class LoopRunner:
         thread = f"{self.run_id}-w{rec.index}"
         self.graph.invoke({"run": self.run_id, "thread": thread, "window": rec.index}, thread_config(thread),
                           durability="sync")
+        if not self.graph.get_state(thread_config(thread)).interrupts:
+            # a pass that ran to its end is done with: only a pass waiting for a person is resumed later
+            self.graph.checkpointer.delete_thread(thread)
         row = _row(rec, ctx)
         self.rows.append(row)
         for p in ctx.proposals.list(status="promoted"):
@@ -156,11 +160,19 @@ def run_trace(trace: str | Path, policy: Policy, workdir: str | Path, *, options
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    requests = read_requests(trace)
+    requests = sorted(read_requests(trace), key=lambda r: r.t)  # stable: a trace's ties keep their order
+    if not requests:
+        raise WorkloadError(f"{trace}: no requests")
     spans = list(windows(requests, options.window))
     capacity = options.capacity or default_capacity(requests, options.capacity_fraction)
     vectors = embed_prompts(requests, workdir / "embeddings")
     policies = FilePolicyStore(workdir / "policies")
+    active = policies.state().active
+    if active is not None and policies.load(active).content_hash != policy.content_hash:
+        if policy.version <= policies.load(active).version:
+            raise AgentError(f"{workdir} already runs {active}, not the policy given ({policy.ref}): give a "
+                             f"fresh --workdir, that policy, or a newer version")
+        policies.apply(policy)  # a newer version: in force from the first window on
     ctx = open_loop(policies, workdir, policy, capacity=capacity, config=options.loop, vectors=vectors,
                     diagnose=diagnose)
     live = Simulator(ctx.active(), capacity, seed=options.loop.seed, vectors=vectors)

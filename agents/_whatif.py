@@ -236,10 +236,12 @@ class Simulator:
         self._used -= size
         self._used_ns[ns] -= size
         self._eviction.on_remove(key)
+        self._groups.pop(key, None)
         placed = self._semantic_ids.pop(key, None)
         if placed is not None:  # what the cache no longer holds is not served semantically either
             scope, entry_id = placed
             self._live_entries.discard(entry_id)
+            self._entry_keys.pop(entry_id, None)
             for cache in self._semantic.values():
                 cache.remove(scope, [entry_id])
 

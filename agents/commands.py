@@ -64,8 +64,12 @@ def run(
             raise typer.Exit(1) from None
     _print(console, report)
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(report, indent=1, default=str))
+        try:
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_text(json.dumps(report, indent=1, default=str))
+        except OSError as exc:
+            err.print(f"[red]error:[/] --json {json_out}: {exc}")
+            raise typer.Exit(1) from None
         console.print(f"report: {json_out}")
 
 
@@ -105,6 +109,10 @@ def resume_waiting_review(proposal: object, verdict: str, store: Path) -> None:
         note = resume_waiting(store, thread, verdict)
         if note:
             typer.echo(note)
+
+
+MAX_FAILED_PASSES = 5
+"""``agent watch`` stops after this many passes in a row fail (a store away for good, a broken workdir)."""
 
 
 def watch(
@@ -162,18 +170,33 @@ def watch(
     except (PolicyError, PolicyStoreError, AgentError, ValueError, OSError) as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(1) from None
+    except Exception as exc:  # noqa: BLE001 - a client library's own error (Redis refusing the connection)
+        where = redis_url or store or "the policy store"
+        err.print(f"[red]error:[/] {where}: cannot be read: {type(exc).__name__}: {exc}")
+        raise typer.Exit(1) from None
     import time
 
-    done = 0
+    done = failures = 0
     err.print(f"watching for windows of {window} requests (Ctrl-C stops)")
+    for path in events or []:
+        if not path.exists():
+            err.print(f"[yellow]note:[/] {path} does not exist yet; waiting for a replica to write it")
     try:
         while max_windows is None or done < max_windows:
             try:
-                rows = loop.pump()
+                rows = loop.pump(None if max_windows is None else max_windows - done)
+                failures = 0
             except SignalUnavailable as exc:  # Redis away: said once per outage, the loop goes on
                 err.print(f"[yellow]events unavailable:[/] {exc}")
                 rows = []
-            for row in rows[: None if max_windows is None else max_windows - done]:
+            except Exception as exc:  # noqa: BLE001 - one failed pass (a store busy or away) must not stop a daemon
+                failures += 1
+                err.print(f"[yellow]pass failed ({failures} in a row):[/] {type(exc).__name__}: {exc}")
+                if failures >= MAX_FAILED_PASSES:
+                    err.print(f"[red]error:[/] {failures} passes failed in a row; stopping")
+                    raise typer.Exit(1) from None
+                rows = []
+            for row in rows:
                 kinds = sorted({f["kind"] for f in row["findings"] if f["kind"] != "not-testable"})
                 console.print(f"window {row['index']}: {row['requests']} requests, {row['policy']}"
                               f"{', canary ' + row['canary'] if row['canary'] else ''}, hit ratio "
