@@ -1,16 +1,17 @@
 """Candidate edits: the policy changes the findings suggest, each a small, named change of one setting.
 
-An ``Edit`` is plain data (``kind``, ``path`` in the document, ``old``, ``new``, ``why``), applied to the policy
-document and validated back into a ``Policy`` (``apply_edits``), then checked by the controller as
+An ``Edit`` is plain data (``kind``, ``path`` in the document, ``old``, ``new``, ``why``), applied to the
+policy document and validated back into a ``Policy`` (``apply_edits``), then checked by the controller as
 ``evocache policy check`` does: the loop never proposes a document that check rejects. The kinds:
 
-- ``ttl``: a rule's ttl halved or doubled, and the confidence-based ttl ``base x confidence ^ alpha`` (confidence:
-  the share of the rule's hits that were right), within the guardrails' ``ttl_min``/``ttl_max``;
+- ``ttl``: a rule's ttl halved or doubled, and the confidence-based ttl ``base x confidence ^ alpha``
+  (confidence: the share of the rule's hits that were right), within the guardrails' ``ttl_min``/``ttl_max``;
 - ``bypass``: a rule whose traffic never hits stops being cached (``cache: bypass``);
 - ``tenant-share``: a tenant that pushes others out gets a smaller ``l1_share``;
 - ``eviction``: another L1 eviction policy;
 - ``min-tokens``: a KV rule's ``min_tokens`` raised to a quantile of the recent prompt lengths;
-- ``semantic``: a rule's error bound moved by a step, within ``max_semantic_error``, or a static threshold moved.
+- ``semantic``: a rule's error bound moved by a step, within ``max_semantic_error``, or a static threshold
+  moved.
 
 ``Edit.auto_approvable`` says whether the policy's ``guardrails.auto_approve`` lets the loop roll it out
 without a person.
@@ -38,8 +39,9 @@ SHARES = (0.1, 0.25)
 
 @dataclass(frozen=True, slots=True)
 class Edit:
-    """One change: ``kind`` (see the module docstring), ``path`` (``rules.faq.ttl``, ``tenants.batch.l1_share``,
-    ``eviction.l1``), the value before and after (document spelling: seconds for ttls) and ``why`` (the finding
+    """One change: ``kind`` (see the module docstring), ``path`` (``rules.faq.ttl``,
+    ``tenants.batch.l1_share``, ``eviction.l1``), the value before and after (document spelling: seconds for
+    ttls) and ``why`` (the finding
     or heuristic behind it)."""
 
     kind: str
@@ -67,12 +69,20 @@ class Edit:
         if self.kind == "eviction":
             return auto.eviction
         if self.kind == "tenant-share":
-            return auto.tenant_share_change is not None and abs(self.new - self.old) <= auto.tenant_share_change + 1e-9
+            return (
+                auto.tenant_share_change is not None
+                and abs(self.new - self.old) <= auto.tenant_share_change + 1e-9
+            )
         if self.kind == "min-tokens":
-            return auto.min_tokens_change is not None and _relative(self.old or 1, self.new) <= auto.min_tokens_change
+            return (
+                auto.min_tokens_change is not None
+                and _relative(self.old or 1, self.new) <= auto.min_tokens_change
+            )
         if self.kind == "semantic":
-            return (auto.semantic_error_change is not None
-                    and abs(float(self.new) - float(self.old)) <= auto.semantic_error_change + 1e-9)
+            return (
+                auto.semantic_error_change is not None
+                and abs(float(self.new) - float(self.old)) <= auto.semantic_error_change + 1e-9
+            )
         return False
 
 
@@ -83,7 +93,8 @@ def _relative(old: float, new: float) -> float:
 def apply_edits(base: Policy, edits: Sequence[Edit], version: int | None = None) -> Policy:
     """``base`` with ``edits`` applied, as ``version`` (default: one above ``base``'s; a store that saw a
     rolled-back version needs one above that), validated and checked. Raises the dsl's
-    ``PolicyError`` or the controller's ``StoreConfigError`` for a result that would not pass ``policy check``."""
+    ``PolicyError`` or the controller's ``StoreConfigError`` for a result that would not pass ``policy
+    check``."""
     doc = copy.deepcopy(policy_to_dict(base))
     for edit in edits:
         _set(doc, edit.path, edit.new)
@@ -130,8 +141,11 @@ def candidate_edits(base: Policy, findings: Sequence[Finding], recent: Sequence[
     current = base.eviction.l1 or "lru"
     drifted = any(f.kind in ("key-drift", "change-point") for f in findings)
     if drifted or any(f.kind == "push-out" for f in findings):
-        edits.extend(Edit("eviction", "eviction.l1", current, name, "the traffic changed: another eviction order")
-                     for name in EVICTION_CHOICES if name != current)
+        edits.extend(
+            Edit("eviction", "eviction.l1", current, name, "the traffic changed: another eviction order")
+            for name in EVICTION_CHOICES
+            if name != current
+        )
     targets = [(name, f"rules.{name}") for name in sorted(seen_rules)]
     if any(name not in rules for w in recent for name in w.by_rule):
         targets.append(("", "defaults"))  # traffic no rule names runs on the defaults
@@ -152,7 +166,9 @@ def _unique(edits: Iterable[Edit]) -> list[Edit]:
 def _share_edits(base: Policy, tenant: str, why: str) -> list[Edit]:
     spec = base.tenants.get(tenant)
     old = 1.0 if spec is None else float(spec.l1_share)
-    return [Edit("tenant-share", f"tenants.{tenant}.l1_share", old, share, why) for share in SHARES if share < old]
+    return [
+        Edit("tenant-share", f"tenants.{tenant}.l1_share", old, share, why) for share in SHARES if share < old
+    ]
 
 
 def _ttl_edits(base: Policy, rule: str, where: str, recent: Sequence[WindowStats]) -> list[Edit]:
@@ -166,8 +182,11 @@ def _ttl_edits(base: Policy, rule: str, where: str, recent: Sequence[WindowStats
     hits = sum(w.by_rule[rule].hits for w in recent if rule in w.by_rule)
     wrong = sum(w.wrong for w in recent if rule in w.by_rule and len(w.by_rule) == 1)
     confidence = 1.0 - wrong / hits if hits else 1.0
-    for new, why in ((old * confidence ** g.alpha, f"confidence-based ttl: confidence {confidence:.3f}"),
-                     (old / 2, "shorter ttl"), (old * 2, "longer ttl")):
+    for new, why in (
+        (old * confidence**g.alpha, f"confidence-based ttl: confidence {confidence:.3f}"),
+        (old / 2, "shorter ttl"),
+        (old * 2, "longer ttl"),
+    ):
         new = float(round(min(high, max(low, new))))
         if abs(new - old) >= 1.0:
             out.append(Edit("ttl", f"{where}.ttl", old, new, why))
@@ -186,8 +205,15 @@ def _min_tokens_edits(base: Policy, rule: str, where: str, recent: Sequence[Wind
     for q in (0.25, 0.5):
         new = int(np.quantile(lengths, q))
         if new > old:
-            out.append(Edit("min-tokens", f"{where}.kv.min_tokens", old, new,
-                            f"cache only prompts of at least the {int(q * 100)}th percentile length"))
+            out.append(
+                Edit(
+                    "min-tokens",
+                    f"{where}.kv.min_tokens",
+                    old,
+                    new,
+                    f"cache only prompts of at least the {int(q * 100)}th percentile length",
+                )
+            )
     return out
 
 
@@ -207,5 +233,7 @@ def _semantic_edits(base: Policy, rule: str, where: str, recent: Sequence[Window
         for new in (t - THRESHOLD_STEP, t + THRESHOLD_STEP, t + 2 * THRESHOLD_STEP):
             new = round(new, 3)
             if 0 < new <= 1:
-                out.append(Edit("semantic", f"{where}.semantic.threshold", t, new, "another static threshold"))
+                out.append(
+                    Edit("semantic", f"{where}.semantic.threshold", t, new, "another static threshold")
+                )
     return out

@@ -1,4 +1,5 @@
-"""``evocache demo``: the whole loop on a local Ray Serve deployment, from the shipped data, to ``report.html``.
+"""``evocache demo``: the whole loop on a local Ray Serve deployment, from the shipped data, to
+``report.html``.
 
 What runs, all under ``--workdir`` (default ``.evocache/demo``, emptied first):
 
@@ -124,7 +125,8 @@ class Served:
 
 
 def _vocabulary(root: Path) -> list[str]:
-    """Single-token words for the trace's blocks: Banking77's words that the WordPiece tokenizer keeps whole."""
+    """Single-token words for the trace's blocks: Banking77's words that the WordPiece tokenizer keeps
+    whole."""
     from evocache.serving._model import MINILM, load_tokenizer
 
     tok = load_tokenizer(MINILM)
@@ -139,8 +141,10 @@ def _vocabulary(root: Path) -> list[str]:
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: the demo reads the repository's shipped data; run it from the "
-                                f"repository root or give --root")
+        raise FileNotFoundError(
+            f"{path}: the demo reads the repository's shipped data; run it from the "
+            f"repository root or give --root"
+        )
     with open(path, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
 
@@ -192,7 +196,7 @@ def build_workload(root: Path, options: DemoOptions) -> list[list[DemoRequest]]:
     return out
 
 
-# -- the deployment -------------------------------------------------------------------------------------------
+# -- the deployment ------------------------------------------------------------------------------------------
 
 
 def _free_port() -> int:
@@ -208,7 +212,11 @@ def write_keys(path: Path) -> dict[str, str]:
     keys = {tenant: "sk-evc-demo-" + secrets.token_urlsafe(18) for tenant, _ in TENANTS}
     lines = ["keys:"]
     for tenant, tier in TENANTS:
-        lines += [f"  - sha256: {key_digest(keys[tenant]).hex()}", f"    tenant: {tenant}", f"    tier: {tier}"]
+        lines += [
+            f"  - sha256: {key_digest(keys[tenant]).hex()}",
+            f"    tenant: {tenant}",
+            f"    tier: {tier}",
+        ]
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write("\n".join(lines) + "\n")
@@ -221,15 +229,30 @@ def serving_config(options: DemoOptions, workdir: Path, keys_file: Path, port: i
     from evocache.serving._model import MINILM, ModelConfig
     from evocache.serving._server import ServerSpec
 
-    model = ModelConfig(kind="hf", id=MODEL_ID, path=str((options.root / "examples/tiny-llama").resolve()),
-                        tokenizer=MINILM, max_tokens=4)
-    store = StoreConfig(l1=L1Config(bytes=options.l1_kib * 1024), redis=None,
-                        events=EventsConfig(sink="jsonl", path=str(workdir / "events.jsonl")))
-    spec = ServerSpec(model=model, store=store,
-                      policy_store=PolicyStoreConfig(directory=str(workdir / "policies"), poll_interval_s=0.25))
-    return ServingConfig(server=spec, api_keys=ApiKeysConfig(file=str(keys_file)),
-                         deployment=DeploymentConfig(replicas=1, num_cpus=0.5, max_ongoing_requests=16),
-                         host="127.0.0.1", port=port)
+    model = ModelConfig(
+        kind="hf",
+        id=MODEL_ID,
+        path=str((options.root / "examples/tiny-llama").resolve()),
+        tokenizer=MINILM,
+        max_tokens=4,
+    )
+    store = StoreConfig(
+        l1=L1Config(bytes=options.l1_kib * 1024),
+        redis=None,
+        events=EventsConfig(sink="jsonl", path=str(workdir / "events.jsonl")),
+    )
+    spec = ServerSpec(
+        model=model,
+        store=store,
+        policy_store=PolicyStoreConfig(directory=str(workdir / "policies"), poll_interval_s=0.25),
+    )
+    return ServingConfig(
+        server=spec,
+        api_keys=ApiKeysConfig(file=str(keys_file)),
+        deployment=DeploymentConfig(replicas=1, num_cpus=0.5, max_ongoing_requests=16),
+        host="127.0.0.1",
+        port=port,
+    )
 
 
 def wait_followed(policies: Any, timeout_s: float = 20.0) -> bool:
@@ -258,10 +281,15 @@ def send_window(clients: dict[str, Any], window: Sequence[DemoRequest], workers:
         try:
             if req.endpoint == "chat":
                 raw = client.chat.completions.with_raw_response.create(
-                    model=MODEL_ID, messages=[{"role": "user", "content": req.text}], max_tokens=4, temperature=0)
+                    model=MODEL_ID,
+                    messages=[{"role": "user", "content": req.text}],
+                    max_tokens=4,
+                    temperature=0,
+                )
             else:
-                raw = client.completions.with_raw_response.create(model=MODEL_ID, prompt=req.text, max_tokens=4,
-                                                                  temperature=0)
+                raw = client.completions.with_raw_response.create(
+                    model=MODEL_ID, prompt=req.text, max_tokens=4, temperature=0
+                )
             body = raw.http_response.json()
         except Exception as exc:  # noqa: BLE001 - a failed request is reported, the demo goes on
             with lock:
@@ -282,11 +310,15 @@ def send_window(clients: dict[str, Any], window: Sequence[DemoRequest], workers:
     return served
 
 
-# -- the run ---------------------------------------------------------------------------------------------------
+# -- the run -------------------------------------------------------------------------------------------------
 
 
-def run_demo(options: DemoOptions, *, progress: Callable[[str, int, int], None] | None = None,
-             say: Callable[[str], None] = print) -> dict[str, Any]:
+def run_demo(
+    options: DemoOptions,
+    *,
+    progress: Callable[[str, int, int], None] | None = None,
+    say: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Run the demo (module docstring); the report document, with ``report_html`` its page's path."""
     import openai
     from ray import serve as ray_serve
@@ -301,8 +333,10 @@ def run_demo(options: DemoOptions, *, progress: Callable[[str, int, int], None] 
     workdir = options.workdir.resolve()
     if workdir.exists() and any(workdir.iterdir()):
         if not (workdir / MARKER).is_file():  # never empty a folder the demo did not make
-            raise ValueError(f"--workdir {workdir}: not empty and not a demo's folder (no {MARKER}); give a new "
-                             f"or empty one")
+            raise ValueError(
+                f"--workdir {workdir}: not empty and not a demo's folder (no {MARKER}); give a new "
+                f"or empty one"
+            )
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / MARKER).write_text("made by evocache demo; emptied by the next run\n")
@@ -325,14 +359,26 @@ def run_demo(options: DemoOptions, *, progress: Callable[[str, int, int], None] 
         if not wait_followed(policies, 60.0):
             raise RuntimeError("the model replica did not report the demo policy within 60 s")
         base_url = f"http://127.0.0.1:{port}/v1"
-        clients = {t: openai.OpenAI(base_url=base_url, api_key=k, max_retries=0, timeout=30.0)
-                   for t, k in keys.items()}
-        harmful_at = options.harmful_at if options.harmful_at is not None else max(
-            options.drift_at + 4, options.windows - 4)
-        loop = LiveLoop(EventsCollector.from_files([workdir / "events.jsonl"], miss_wait_s=5.0), policies,
-                        workdir, window=options.per_window, capacity=options.l1_kib * 1024, policy=policy,
-                        config=LoopConfig(interactive=options.interactive, seed=options.seed),
-                        harmful_at=harmful_at, model=(MODEL_ID, "", ""))
+        clients = {
+            t: openai.OpenAI(base_url=base_url, api_key=k, max_retries=0, timeout=30.0)
+            for t, k in keys.items()
+        }
+        harmful_at = (
+            options.harmful_at
+            if options.harmful_at is not None
+            else max(options.drift_at + 4, options.windows - 4)
+        )
+        loop = LiveLoop(
+            EventsCollector.from_files([workdir / "events.jsonl"], miss_wait_s=5.0),
+            policies,
+            workdir,
+            window=options.per_window,
+            capacity=options.l1_kib * 1024,
+            policy=policy,
+            config=LoopConfig(interactive=options.interactive, seed=options.seed),
+            harmful_at=harmful_at,
+            model=(MODEL_ID, "", ""),
+        )
         latencies: list[float] = []
         kv_positions: list[tuple[int, int, int]] = []
         errors: list[str] = []
@@ -359,15 +405,23 @@ def run_demo(options: DemoOptions, *, progress: Callable[[str, int, int], None] 
     report["errors"] = errors[:20]
     report["requests_failed"] = len(errors)
     finding_plots = _plots_worth_showing(loop.ctx.windows)
-    page = render_report(report, workdir / "report", proposals=loop.ctx.proposals.list(), latencies_ms=latencies,
-                         kv_positions=kv_positions, finding_plots=finding_plots, title="evocache demo")
+    page = render_report(
+        report,
+        workdir / "report",
+        proposals=loop.ctx.proposals.list(),
+        latencies_ms=latencies,
+        kv_positions=kv_positions,
+        finding_plots=finding_plots,
+        title="evocache demo",
+    )
     report["report_html"] = str(page)
     (workdir / "report.json").write_text(json.dumps(report, indent=1, default=str))
     return report
 
 
 def _plots_worth_showing(windows: Sequence[Any], most: int = 12) -> list[str]:
-    """The findings' plots for the page: one per kind and window, not-testable ones left out, drift and Granger
+    """The findings' plots for the page: one per kind and window, not-testable ones left out, drift and
+    Granger
     first (the report orders them), at most ``most``."""
     seen: set[tuple[str, int]] = set()
     out = []
@@ -398,9 +452,12 @@ def _await_reviews(loop: LiveLoop, workdir: Path, say: Callable[[str], None]) ->
     waiting = [p for p in loop.ctx.proposals.list() if p.status == "proposed"]
     for p in waiting:
         store = workdir / "proposals.db"
-        say(f"\nproposal {p.id} waits for a review (window {p.window}, predicted gain {p.predicted_gain:+.4f}):\n"
+        say(
+            f"\nproposal {p.id} waits for a review (window {p.window}, "
+            f"predicted gain {p.predicted_gain:+.4f}):\n"
             f"{p.diff}\n  evocache proposals show {p.id} --store {store}\n"
-            f"  evocache proposals approve {p.id} --store {store}   (or reject)\nwaiting ...")
+            f"  evocache proposals approve {p.id} --store {store}   (or reject)\nwaiting ..."
+        )
         while loop.ctx.proposals.get(p.id).status == "proposed":
             time.sleep(0.5)
         say(f"proposal {p.id}: {loop.ctx.proposals.get(p.id).status}")
@@ -409,7 +466,7 @@ def _await_reviews(loop: LiveLoop, workdir: Path, say: Callable[[str], None]) ->
 def _window_line(row: dict[str, Any]) -> str:
     kinds = sorted({f["kind"] for f in row["findings"] if f["kind"] != "not-testable"})
     canary = f", canary {row['canary']}" if row.get("canary") else ""
-    return (f"window {row['index']:>2} {'/'.join(row.get('phases') or []):<3} {row['policy']}{canary}: "
-            f"hit ratio {row['hit_ratio']:.3f}  {', '.join(kinds) or '-'}")
-
-
+    return (
+        f"window {row['index']:>2} {'/'.join(row.get('phases') or []):<3} {row['policy']}{canary}: "
+        f"hit ratio {row['hit_ratio']:.3f}  {', '.join(kinds) or '-'}"
+    )

@@ -1,4 +1,5 @@
-"""Replay evidence: what a candidate policy would have done with the recent windows, against the policy in force.
+"""Replay evidence: what a candidate policy would have done with the recent windows, against the policy in
+force.
 
 Both arms replay the same requests from the same cold cache: ``warmup`` windows fill it, then the ``measure``
 windows are counted. The gain is the candidate's hit ratio (hits over keys asked for) minus the base's, with a
@@ -38,8 +39,14 @@ class Costs:
     ms_per_key: float = 25.0
 
 
-def replay_schedule(windows: Sequence[Sequence[Request]], schedule: Sequence[Step], capacity: int, *,
-                    vectors: Any = None, seed: int = 0) -> list[list[Outcome]]:
+def replay_schedule(
+    windows: Sequence[Sequence[Request]],
+    schedule: Sequence[Step],
+    capacity: int,
+    *,
+    vectors: Any = None,
+    seed: int = 0,
+) -> list[list[Outcome]]:
     """Replay ``windows`` from a cold cache, window i under ``schedule[i]``; the outcomes of each window."""
     if len(windows) != len(schedule):
         raise ValueError(f"{len(windows)} windows but a schedule of {len(schedule)}")
@@ -54,8 +61,11 @@ def replay_schedule(windows: Sequence[Sequence[Request]], schedule: Sequence[Ste
     return out
 
 
-def arm_metrics(requests: Sequence[Request], outcomes: Sequence[Outcome], costs: Costs = Costs()) -> dict[str, float]:
-    """One arm over ``requests``: hit ratio, byte hit ratio, wrong answers per request, and the lookup and model
+def arm_metrics(
+    requests: Sequence[Request], outcomes: Sequence[Outcome], costs: Costs = Costs()
+) -> dict[str, float]:
+    """One arm over ``requests``: hit ratio, byte hit ratio, wrong answers per request, and the lookup and
+    model
     time per request (estimates, see the module docstring)."""
     keys = hits = wrong = requested = served = semantic = 0
     lookups = 0
@@ -82,9 +92,17 @@ def arm_metrics(requests: Sequence[Request], outcomes: Sequence[Outcome], costs:
     }
 
 
-def bootstrap_gain(requests: Sequence[Request], base: Sequence[Outcome], cand: Sequence[Outcome], *,
-                   resamples: int = 400, seed: int = 0, level: float = 0.9) -> tuple[float, float, float]:
-    """The candidate's hit-ratio gain over the base and its paired bootstrap interval ``(gain, low, high)``."""
+def bootstrap_gain(
+    requests: Sequence[Request],
+    base: Sequence[Outcome],
+    cand: Sequence[Outcome],
+    *,
+    resamples: int = 400,
+    seed: int = 0,
+    level: float = 0.9,
+) -> tuple[float, float, float]:
+    """The candidate's hit-ratio gain over the base and its paired bootstrap interval ``(gain, low,
+    high)``."""
     keys = np.array([len(r.keys) for r in requests], dtype=np.float64)
     hb = np.array([o.hits for o in base], dtype=np.float64)
     hc = np.array([o.hits for o in cand], dtype=np.float64)
@@ -101,8 +119,17 @@ def bootstrap_gain(requests: Sequence[Request], base: Sequence[Outcome], cand: S
     return gain, float(low), float(high)
 
 
-def compare(windows: Sequence[Sequence[Request]], base: Sequence[Step], cand: Sequence[Step], *, measure: int,
-            capacity: int, vectors: Any = None, seed: int = 0, costs: Costs = Costs()) -> dict[str, Any]:
+def compare(
+    windows: Sequence[Sequence[Request]],
+    base: Sequence[Step],
+    cand: Sequence[Step],
+    *,
+    measure: int,
+    capacity: int,
+    vectors: Any = None,
+    seed: int = 0,
+    costs: Costs = Costs(),
+) -> dict[str, Any]:
     """Replay ``windows`` under two schedules and compare them over the last ``measure`` windows: each arm's
     metrics, the gain with its interval, and the wrong-rate change."""
     if not 1 <= measure <= len(windows):
@@ -114,12 +141,24 @@ def compare(windows: Sequence[Sequence[Request]], base: Sequence[Step], cand: Se
     co = [o for w in c[-measure:] for o in w]
     gain, low, high = bootstrap_gain(reqs, bo, co, seed=seed)
     base_m, cand_m = arm_metrics(reqs, bo, costs), arm_metrics(reqs, co, costs)
-    return {"base": base_m, "candidate": cand_m, "gain": gain, "ci": [low, high],
-            "wrong_change": cand_m["wrong_rate"] - base_m["wrong_rate"], "requests": len(reqs)}
+    return {
+        "base": base_m,
+        "candidate": cand_m,
+        "gain": gain,
+        "ci": [low, high],
+        "wrong_change": cand_m["wrong_rate"] - base_m["wrong_rate"],
+        "requests": len(reqs),
+    }
 
 
-def arm_difference(a: tuple[Sequence[Request], Sequence[Outcome]], b: tuple[Sequence[Request], Sequence[Outcome]],
-                   *, resamples: int = 400, seed: int = 0, level: float = 0.9) -> tuple[float, float, float]:
+def arm_difference(
+    a: tuple[Sequence[Request], Sequence[Outcome]],
+    b: tuple[Sequence[Request], Sequence[Outcome]],
+    *,
+    resamples: int = 400,
+    seed: int = 0,
+    level: float = 0.9,
+) -> tuple[float, float, float]:
     """Hit ratio of arm ``a`` minus arm ``b`` (two sets of requests, as a canary and its base serve them) with
     a bootstrap interval ``(difference, low, high)``: each arm's requests are resampled on their own."""
     rng = np.random.default_rng(seed)

@@ -68,10 +68,21 @@ class LiveLoop:
     None opens ``workdir/checkpoints.db`` and keeps it open until ``close``. ``model``: what the replicas
     serve (id, revision, prompt-template hash), part of the evidence's context."""
 
-    def __init__(self, collector: Any, policies: Any, workdir: str | Path, *, window: int, capacity: int,
-                 policy: Policy | None = None, config: LoopConfig = LoopConfig(),
-                 diagnose: Callable[..., Any] | None = None, harmful_at: int | None = None,
-                 saver: Any = None, model: tuple[str, str, str] = ("", "", "")) -> None:
+    def __init__(
+        self,
+        collector: Any,
+        policies: Any,
+        workdir: str | Path,
+        *,
+        window: int,
+        capacity: int,
+        policy: Policy | None = None,
+        config: LoopConfig = LoopConfig(),
+        diagnose: Callable[..., Any] | None = None,
+        harmful_at: int | None = None,
+        saver: Any = None,
+        model: tuple[str, str, str] = ("", "", ""),
+    ) -> None:
         from ._loop import build_graph
 
         if window < 10:
@@ -83,8 +94,16 @@ class LiveLoop:
         if policies.state().active is None and policy is None:
             raise ValueError("the policy store has no policy in force; give one to start with")
         start = policy if policy is not None else policies.load(policies.state().active)
-        self.ctx = open_loop(policies, self.workdir, start, capacity=capacity, config=config,
-                             diagnose=diagnose, actor="agent watch", model=model)
+        self.ctx = open_loop(
+            policies,
+            self.workdir,
+            start,
+            capacity=capacity,
+            config=config,
+            diagnose=diagnose,
+            actor="agent watch",
+            model=model,
+        )
         self._owned = None
         if saver is None:
             from langgraph.checkpoint.sqlite import SqliteSaver

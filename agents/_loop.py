@@ -2,18 +2,19 @@
 
 One pass per window of traffic:
 
-    observe ─┬─ (a canary is out) ──────────────────────────── watch ── END   promote, roll back, go on, or wait
+    observe ─┬─ (a canary is out) ──────────────────────────── watch ── END   promote, roll back, go on, or
+    wait
              └─ diagnose ── retrain ── propose ─┬─ (nothing worth it) ─────────── END
                                                 ├─ (inconclusive) ── waits for a person ── END
                                                 ├─ (inside the guardrails) ── approve ── canary ── END
                                                 └─ review (interrupt) ── decide ── canary ── END
 
-State is plain data (the window, the findings, the proposal id, the verdict); what the nodes act on (the policy
-store, the proposal store, the windows seen) is the ``LoopContext`` the graph was built with. ``review`` holds
-nothing but its ``interrupt``: the thread waits in the SQLite checkpointer, and any process that builds the
-graph over the same stores and checkpointer resumes it (``resume_review``), as ``evocache proposals approve``
-does. The canary is the policy store's canary fraction, the one serving reads; ``canary`` refuses a proposal
-whose base is no longer the policy in force (its evidence is stale) and marks it so.
+State is plain data (the window, the findings, the proposal id, the verdict); what the nodes act on (the
+policy store, the proposal store, the windows seen) is the ``LoopContext`` the graph was built with.
+``review`` holds nothing but its ``interrupt``: the thread waits in the SQLite checkpointer, and any process
+that builds the graph over the same stores and checkpointer resumes it (``resume_review``), as ``evocache
+proposals approve`` does. The canary is the policy store's canary fraction, the one serving reads; ``canary``
+refuses a proposal whose base is no longer the policy in force (its evidence is stale) and marks it so.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from ._types import Finding, Outcome, Request, Series, WindowStats, step_series,
 log = logging.getLogger("evocache.agents")
 
 DRIFT_KINDS = ("key-drift", "mix-drift")
-"""What reports a drift: the workload moved (its keys, its mix). A change point of the hit ratio is a finding of
+"""What reports a drift: the workload moved (its keys, its mix). A change point of the hit ratio is a finding
+of
 its own: the cache's answer to a drift, a warm-up or a policy change, not the workload."""
 
 HISTORY = 60
@@ -78,7 +80,8 @@ class LoopConfig:
 
 @dataclass
 class WindowRecord:
-    """A window as it was served: its requests, outcomes, the schedule step, and which requests ran the canary."""
+    """A window as it was served: its requests, outcomes, the schedule step, and which requests ran the
+    canary."""
 
     index: int
     requests: Sequence[Request]
@@ -90,16 +93,28 @@ class WindowRecord:
 
 
 class LoopContext:
-    """What the graph's nodes act on. ``proposals`` is a ``ProposalStore``; ``policies`` the policy store serving
-    reads; ``windows`` the windows served so far (empty in a process that only resumes reviews). ``model`` is
-    what serves the traffic (model id, revision, prompt-template hash): with the policy in force and a
-    fingerprint of the recent output lengths, it is the context every proposal's evidence is stored under, and a
+    """What the graph's nodes act on. ``proposals`` is a ``ProposalStore``; ``policies`` the policy store
+    serving reads; ``windows`` the windows served so far (empty in a process that only resumes reviews).
+    ``model`` is what serves the traffic (model id, revision, prompt-template hash): with the policy in force
+    and a fingerprint of the recent output lengths, it is the context every proposal's evidence is stored
+    under, and a
     change of any of them makes undecided proposals stale (``check_evidence``)."""
 
-    def __init__(self, policies: PolicyStore, proposals: Any, *, capacity: int = 1, config: LoopConfig = LoopConfig(),
-                 vectors: Any = None, diagnose: Callable[..., list[Finding]] | None = None,
-                 plots_dir: Path | None = None, actor: str = "evocache-agent", planner: Any = None,
-                 model_dir: Path | None = None, model: tuple[str, str, str] = ("", "", "")) -> None:
+    def __init__(
+        self,
+        policies: PolicyStore,
+        proposals: Any,
+        *,
+        capacity: int = 1,
+        config: LoopConfig = LoopConfig(),
+        vectors: Any = None,
+        diagnose: Callable[..., list[Finding]] | None = None,
+        plots_dir: Path | None = None,
+        actor: str = "evocache-agent",
+        planner: Any = None,
+        model_dir: Path | None = None,
+        model: tuple[str, str, str] = ("", "", ""),
+    ) -> None:
         self.policies = policies
         self.proposals = proposals
         self.capacity = capacity
@@ -120,10 +135,11 @@ class LoopContext:
         self.retrains: list[dict[str, Any]] = []
         self._kept_model: dict[str, Any] | None = None  # the newest kept retrain, until proposed
 
-    # -- observing ---------------------------------------------------------------------------------------------
+    # -- observing -------------------------------------------------------------------------------------------
 
-    def record(self, requests: Sequence[Request], outcomes: list[Outcome], step: Step,
-               canary_arm: list[bool]) -> WindowRecord:
+    def record(
+        self, requests: Sequence[Request], outcomes: list[Outcome], step: Step, canary_arm: list[bool]
+    ) -> WindowRecord:
         """Keep one served window. Only the newest windows keep their requests (what replay needs); older ones
         keep their summary, and only the newest ``HISTORY`` windows their key counts, so a loop that runs
         for days holds a bounded amount."""
@@ -134,8 +150,9 @@ class LoopContext:
         if requests:
             first, last = min(r.t for r in requests), max(r.t for r in requests)
             step_s = self.config.step_s or max(last - first, 1e-6) / 20
-            self.series = _merge_series([*self.series, *step_series(requests, outcomes, start=first, end=last,
-                                                                     step_s=step_s)])
+            self.series = _merge_series(
+                [*self.series, *step_series(requests, outcomes, start=first, end=last, step_s=step_s)]
+            )
         self._forget(step[0].guardrails.rollout.max_windows)
         return rec
 
@@ -179,12 +196,18 @@ class LoopContext:
         a fingerprint of the recent windows' output lengths (None with fewer than 64 known)."""
         from ._fingerprint import EvidenceContext, OutputFingerprint
 
-        span = self.windows[-(self.config.warmup + self.config.measure):]
+        span = self.windows[-(self.config.warmup + self.config.measure) :]
         lengths = [n for w in span for n in w.stats.output_tokens if n >= 0]
         fingerprint = OutputFingerprint.of_lengths(lengths) if len(lengths) >= 64 else None
         model_id, revision, template = self.model
-        return EvidenceContext(policy_ref=str(policy.ref), policy_hash=policy.content_hash, model_id=model_id,
-                               model_revision=revision, template_hash=template, output_fingerprint=fingerprint)
+        return EvidenceContext(
+            policy_ref=str(policy.ref),
+            policy_hash=policy.content_hash,
+            model_id=model_id,
+            model_revision=revision,
+            template_hash=template,
+            output_fingerprint=fingerprint,
+        )
 
     def check_evidence(self) -> list[tuple[str, str]]:
         """Every proposal still to be decided or rolled out (proposed, waiting, approved) whose evidence no
@@ -222,8 +245,14 @@ class LoopContext:
         if base.eviction.l1 == "learned":
             return None
         reqs, _ = self.schedule_span(len(self.windows) - 1, self.config.warmup + self.config.measure)
-        result = retrain([r for w in reqs for r in w], base, capacity=self.capacity, model_dir=self.model_dir,
-                         seed=self.config.seed, vectors=self.vectors)
+        result = retrain(
+            [r for w in reqs for r in w],
+            base,
+            capacity=self.capacity,
+            model_dir=self.model_dir,
+            seed=self.config.seed,
+            vectors=self.vectors,
+        )
         found = {"window": len(self.windows) - 1, **result.to_dict()}
         self.retrains.append(found)
         if result.kept:
@@ -238,27 +267,33 @@ class LoopContext:
         return any(p.status in ("approved", "canary") for p in self.proposals.list())
 
     def supersede(self, newer: str) -> list[str]:
-        """Move every proposal still waiting for a decision (``proposed``, ``waiting``) other than ``newer`` to
+        """Move every proposal still waiting for a decision (``proposed``, ``waiting``) other than ``newer``
+        to
         stale: its evidence is older than ``newer``'s, judged on the same policy or an older one."""
         moved = []
         for p in self.proposals.list():
             if p.id != newer and p.status in ("proposed", "waiting"):
-                self.proposals.transition(p.id, "stale", actor=self.actor,
-                                          note=f"superseded by {newer}, judged on newer windows")
+                self.proposals.transition(
+                    p.id, "stale", actor=self.actor, note=f"superseded by {newer}, judged on newer windows"
+                )
                 moved.append(p.id)
         return moved
 
     def reevaluate(self, proposal_id: str) -> tuple[Any | None, str]:
-        """A stale proposal's edits judged again, on the policy in force and the newest windows: a new proposal
-        (its route, as ``propose`` gives) when the edits still apply and still gain, else ``(None, "end")``."""
+        """A stale proposal's edits judged again, on the policy in force and the newest windows: a new
+        proposal (its route, as ``propose`` gives) when the edits still apply and still gain, else ``(None,
+        "end")``."""
         old = self.proposals.get(proposal_id)
         if not self.windows or not old.edits:
             return None, "end"
         base = self.active()
         edits = [Edit.from_dict(e) for e in old.edits]
         try:
-            cand = apply_edits(base, [replace(e, old=_current(base, e.path, e.old)) for e in edits],
-                               max(self.top_version, base.version) + 1)
+            cand = apply_edits(
+                base,
+                [replace(e, old=_current(base, e.path, e.old)) for e in edits],
+                max(self.top_version, base.version) + 1,
+            )
         except (ValueError, KeyError) as exc:
             log.info("stale proposal %s no longer applies to %s: %s", old.id, base.ref, exc)
             return None, "end"
@@ -272,11 +307,12 @@ class LoopContext:
 
     def schedule_span(self, last: int, count: int) -> tuple[list[Sequence[Request]], list[Step]]:
         first = max(0, last - count + 1)
-        recs = self.windows[first:last + 1]
+        recs = self.windows[first : last + 1]
         return [r.requests for r in recs], [r.step for r in recs]
 
-    def judge(self, base: Policy, candidate: Policy, *, last: int | None = None, switch: bool = False
-              ) -> dict[str, Any]:
+    def judge(
+        self, base: Policy, candidate: Policy, *, last: int | None = None, switch: bool = False
+    ) -> dict[str, Any]:
         """Replay evidence for ``candidate`` against ``base`` over the windows up to ``last`` (the newest by
         default), from the same cold cache, the last ``measure`` counted. Each policy is in force over all
         ``warmup + measure`` windows, so each arm's cache holds what its own policy kept and the gain is the
@@ -293,8 +329,18 @@ class LoopContext:
         views = {"lasting": [(candidate, None, 0.0)] * len(reqs)}
         if switch:
             views["switch"] = base_steps[: len(reqs) - measure] + [(candidate, None, 0.0)] * measure
-        judged = {name: compare(reqs, base_steps, steps, measure=measure, capacity=self.capacity,
-                                vectors=self.vectors, seed=cfg.seed) for name, steps in views.items()}
+        judged = {
+            name: compare(
+                reqs,
+                base_steps,
+                steps,
+                measure=measure,
+                capacity=self.capacity,
+                vectors=self.vectors,
+                seed=cfg.seed,
+            )
+            for name, steps in views.items()
+        }
         view = min(judged, key=lambda name: judged[name]["ci"][0])
         evidence = judged[view]
         evidence["view"] = view
@@ -307,16 +353,23 @@ class LoopContext:
         if self.busy() or len(self.windows) < 2:
             return None, "end"
         base = self.active()
-        recent = self.history()[-(self.config.warmup + self.config.measure):]
+        recent = self.history()[-(self.config.warmup + self.config.measure) :]
         edits = candidate_edits(base, findings, recent)[: self.config.max_candidates]
         version = max(self.top_version, base.version) + 1
         if self._kept_model is not None and base.eviction.l1 != "learned":
-            edits.append(Edit("eviction", "eviction.l1", base.eviction.l1, "learned",
-                              f"a retrained model beat {base.eviction.l1} on held-back traffic: "
-                              f"{self._kept_model['new_hit_ratio']:.3f} against "
-                              f"{self._kept_model['base_hit_ratio']:.3f}"))
+            edits.append(
+                Edit(
+                    "eviction",
+                    "eviction.l1",
+                    base.eviction.l1,
+                    "learned",
+                    f"a retrained model beat {base.eviction.l1} on held-back traffic: "
+                    f"{self._kept_model['new_hit_ratio']:.3f} against "
+                    f"{self._kept_model['base_hit_ratio']:.3f}",
+                )
+            )
             self._kept_model = None
-        span = self.windows[-(self.config.warmup + self.config.measure):]
+        span = self.windows[-(self.config.warmup + self.config.measure) :]
         if any(f.kind in DRIFT_KINDS for w in span for f in w.findings):
             # replayed across a drift, an eviction class is judged on how it weathers the transition, which
             # says little about how it does in the new regime: judged once the span is past the drift
@@ -333,12 +386,21 @@ class LoopContext:
         for edit in edits:
             try:
                 cand = apply_edits(base, [edit], version)
-            except ValueError as exc:  # PolicyError / StoreConfigError: the loop never proposes what check rejects
+            except (
+                ValueError
+            ) as exc:  # PolicyError / StoreConfigError: the loop never proposes what check rejects
                 log.info("edit %s refused by policy check: %s", edit.path, exc)
                 continue
             evidence = self.judge(base, cand, switch=edit.kind == "eviction")
-            log.info("window %d: %s %s -> %s: gain %+.4f [%+.4f, %+.4f]", len(self.windows) - 1, edit.kind,
-                     edit.path, edit.new, evidence["gain"], *evidence["ci"])
+            log.info(
+                "window %d: %s %s -> %s: gain %+.4f [%+.4f, %+.4f]",
+                len(self.windows) - 1,
+                edit.kind,
+                edit.path,
+                edit.new,
+                evidence["gain"],
+                *evidence["ci"],
+            )
             if self._acceptable(base, evidence):
                 scored.append((evidence["ci"][0], [edit], cand, evidence))
         if len(scored) >= 2:  # the two best edits of different settings together
@@ -365,7 +427,9 @@ class LoopContext:
         floor = base.guardrails.auto_approve.min_gain if base.guardrails.auto_approve else 0.0
         max_error = base.slo.max_error_rate
         wrong = evidence["candidate"]["wrong_rate"]
-        within_error = wrong <= evidence["base"]["wrong_rate"] + 1e-12 or (max_error is not None and wrong <= max_error)
+        within_error = wrong <= evidence["base"]["wrong_rate"] + 1e-12 or (
+            max_error is not None and wrong <= max_error
+        )
         return evidence["gain"] > floor and evidence["ci"][0] > floor and within_error
 
     def _route(self, base: Policy, edits: Sequence[Edit], evidence: dict[str, Any]) -> str:
@@ -391,15 +455,36 @@ class LoopContext:
         )
         return self.planner.plan(tools, findings, edits)
 
-    def _store_proposal(self, base: Policy, cand: Policy, edits: Sequence[Edit], findings: Sequence[Finding],
-                        evidence: dict[str, Any], thread: str | None, rationale: str = "") -> Any:
+    def _store_proposal(
+        self,
+        base: Policy,
+        cand: Policy,
+        edits: Sequence[Edit],
+        findings: Sequence[Finding],
+        evidence: dict[str, Any],
+        thread: str | None,
+        rationale: str = "",
+    ) -> Any:
         from ._proposals import Evidence, Proposal
 
-        replay = Evidence.from_replay(evidence, evaluated_at=evidence["evaluated_at"], windows=evidence["windows"],
-                                      context=self.evidence_context(base))
-        proposal = Proposal.create(base, cand, at=time.time(), edits=[e.to_dict() for e in edits],
-                                   findings=list(findings[:20]), evidence=replay, predicted_gain=evidence["gain"],
-                                   window=len(self.windows) - 1, thread_id=thread, rationale=rationale)
+        replay = Evidence.from_replay(
+            evidence,
+            evaluated_at=evidence["evaluated_at"],
+            windows=evidence["windows"],
+            context=self.evidence_context(base),
+        )
+        proposal = Proposal.create(
+            base,
+            cand,
+            at=time.time(),
+            edits=[e.to_dict() for e in edits],
+            findings=list(findings[:20]),
+            evidence=replay,
+            predicted_gain=evidence["gain"],
+            window=len(self.windows) - 1,
+            thread_id=thread,
+            rationale=rationale,
+        )
         return self.proposals.add(proposal, actor=self.actor)
 
     # -- rolling out ---------------------------------------------------------------------------------------
@@ -412,14 +497,19 @@ class LoopContext:
         proposal = self.proposals.get(proposal_id)
         state = self.policies.state()
         if state.active != proposal.base_policy or state.canary is not None:
-            self.proposals.transition(proposal.id, "stale", actor=self.actor,
-                                      note=f"the policy in force is {state.active}, not {proposal.base_policy}")
+            self.proposals.transition(
+                proposal.id,
+                "stale",
+                actor=self.actor,
+                note=f"the policy in force is {state.active}, not {proposal.base_policy}",
+            )
             return "stale"
         base = self.policies.load(state.active)
         fraction = base.guardrails.rollout.fraction
         self.policies.apply(parse_policy(proposal.new_policy, proposal.new_ref), canary=fraction)
-        self.proposals.record_policy(proposal.new_ref, proposal.new_policy, kind="canary", actor=self.actor,
-                                     proposal_id=proposal.id)
+        self.proposals.record_policy(
+            proposal.new_ref, proposal.new_policy, kind="canary", actor=self.actor, proposal_id=proposal.id
+        )
         self.proposals.transition(proposal.id, "canary", actor=self.actor, note=f"canary on {fraction:.0%}")
         self.canary_started[proposal.id] = len(self.windows)
         return "canary"
@@ -433,8 +523,9 @@ class LoopContext:
         one rule's traffic from pushing the others' out, a tenant quota, an eviction class) helps both arms
         alike and the split cannot see it. The second view is a fresh replay: the change in force against the
         base over the canary's windows, traffic the proposal was not chosen on. Either view showing a loss
-        beyond the tolerance rolls the canary back; it is promoted when the fresh replay's gain is positive and
-        its interval's low end within the tolerance; anything else goes on until ``max_windows``, then waits
+        beyond the tolerance rolls the canary back; it is promoted when the fresh replay's gain is positive
+        and its interval's low end within the tolerance; anything else goes on until ``max_windows``, then
+        waits
         for a person."""
         from evocache.dsl import parse_policy
 
@@ -457,40 +548,65 @@ class LoopContext:
         diff, low, high = arm_difference(arms[True], arms[False], seed=self.config.seed)
         fresh = self._fresh_replay(base, parse_policy(proposal.new_policy, proposal.new_ref), len(recs))
         f_gain, (f_low, f_high) = fresh["gain"], fresh["ci"]
-        verdict = {"canary": can, "base": bas, "difference": [diff, low, high],
-                   "replay": [f_gain, f_low, f_high], "windows": [start, len(self.windows) - 1]}
+        verdict = {
+            "canary": can,
+            "base": bas,
+            "difference": [diff, low, high],
+            "replay": [f_gain, f_low, f_high],
+            "windows": [start, len(self.windows) - 1],
+        }
         tolerance = spec.max_drop * bas["hit_ratio"]  # a share of the base's hit ratio
-        # The live split counts only with enough canary requests (an arm of a handful shows nothing either way),
-        # and its hit ratio only for a change that acts on the requests it decides: a cache-wide one (a bypass,
-        # a quota, an eviction class) changes what both arms find, and the arms differ in their traffic.
+        # The live split counts only with enough canary requests (an arm of a handful shows nothing either
+        # way), and its hit ratio only for a change that acts on the requests it decides: a cache-wide one (a
+        # bypass, a quota, an eviction class) changes what both arms find, and the arms differ in their
+        # traffic.
         local = not any(e.get("kind") in CACHE_WIDE for e in proposal.edits)
-        live = (self._breach(base, can, bas, high, tolerance, hit_ratio=local)
-                if can["requests"] >= spec.min_requests else "")
+        live = (
+            self._breach(base, can, bas, high, tolerance, hit_ratio=local)
+            if can["requests"] >= spec.min_requests
+            else ""
+        )
         breach = live or self._replay_breach(fresh, tolerance)
         if breach:
             self.policies.rollback()
-            self.proposals.record_policy(proposal.new_ref, proposal.new_policy, kind="rolled_back",
-                                         actor=self.actor, proposal_id=proposal.id)
-            self.proposals.transition(proposal.id, "rolled_back", actor=self.actor, note=breach, evidence=None)
-            self.breaches.append({**verdict, "proposal": proposal.id, "reason": breach, "canary_windows": len(recs)})
+            self.proposals.record_policy(
+                proposal.new_ref,
+                proposal.new_policy,
+                kind="rolled_back",
+                actor=self.actor,
+                proposal_id=proposal.id,
+            )
+            self.proposals.transition(
+                proposal.id, "rolled_back", actor=self.actor, note=breach, evidence=None
+            )
+            self.breaches.append(
+                {**verdict, "proposal": proposal.id, "reason": breach, "canary_windows": len(recs)}
+            )
             return "rolled_back"
         if can["requests"] < spec.min_requests or f_gain <= 0 or f_low < -tolerance:
             if len(recs) >= spec.max_windows:  # inconclusive never passes: withdraw it, a person decides
                 self.policies.rollback()
                 self.proposals.transition(
-                    proposal.id, "waiting", actor=self.actor,
-                    note=f"inconclusive after {len(recs)} windows: {can['requests']} canary requests, replayed "
-                         f"gain {f_gain:+.4f} [{f_low:+.4f}, {f_high:+.4f}], live difference {diff:+.4f} "
-                         f"[{low:+.4f}, {high:+.4f}]")
+                    proposal.id,
+                    "waiting",
+                    actor=self.actor,
+                    note=f"inconclusive after {len(recs)} windows: {can['requests']} canary requests, "
+                    f"replayed gain {f_gain:+.4f} [{f_low:+.4f}, {f_high:+.4f}], live difference {diff:+.4f} "
+                    f"[{low:+.4f}, {high:+.4f}]",
+                )
                 return "waiting"
             return "continue"
         self.policies.promote()
-        self.proposals.record_policy(proposal.new_ref, proposal.new_policy, kind="promoted", actor=self.actor,
-                                     proposal_id=proposal.id)
+        self.proposals.record_policy(
+            proposal.new_ref, proposal.new_policy, kind="promoted", actor=self.actor, proposal_id=proposal.id
+        )
         self.proposals.transition(
-            proposal.id, "promoted", actor=self.actor,
-            note=f"replayed gain over the canary's windows {f_gain:+.4f} [{f_low:+.4f}, {f_high:+.4f}]; canary "
-                 f"arm hit ratio {can['hit_ratio']:.3f} against {bas['hit_ratio']:.3f}")
+            proposal.id,
+            "promoted",
+            actor=self.actor,
+            note=f"replayed gain over the canary's windows {f_gain:+.4f} [{f_low:+.4f}, {f_high:+.4f}]; "
+            f"canary arm hit ratio {can['hit_ratio']:.3f} against {bas['hit_ratio']:.3f}",
+        )
         self.promoted_at[proposal.id] = (start, len(self.windows) - 1)
         return "promoted"
 
@@ -500,32 +616,49 @@ class LoopContext:
         cfg = self.config
         last = len(self.windows) - 1
         reqs, _ = self.schedule_span(last, cfg.warmup + windows)
-        return compare(reqs, [(base, None, 0.0)] * len(reqs), [(candidate, None, 0.0)] * len(reqs),
-                       measure=min(windows, len(reqs)), capacity=self.capacity, vectors=self.vectors,
-                       seed=cfg.seed)
+        return compare(
+            reqs,
+            [(base, None, 0.0)] * len(reqs),
+            [(candidate, None, 0.0)] * len(reqs),
+            measure=min(windows, len(reqs)),
+            capacity=self.capacity,
+            vectors=self.vectors,
+            seed=cfg.seed,
+        )
 
     @staticmethod
     def _replay_breach(fresh: dict[str, Any], tolerance: float) -> str:
         max_wrong = fresh["base"]["wrong_rate"]
         high = fresh["ci"][1]
         if high < -tolerance:
-            return (f"replayed over the canary's windows, the change loses hit ratio: {fresh['gain']:+.4f} "
-                    f"(the interval ends at {high:+.4f}, beyond the tolerance {tolerance:.4f})")
+            return (
+                f"replayed over the canary's windows, the change loses hit ratio: {fresh['gain']:+.4f} "
+                f"(the interval ends at {high:+.4f}, beyond the tolerance {tolerance:.4f})"
+            )
         if fresh["candidate"]["wrong_rate"] > max_wrong and fresh["wrong_change"] > 0 and fresh["ci"][1] <= 0:
             return f"replayed over the canary's windows, wrong answers rise by {fresh['wrong_change']:+.4f}"
         return ""
 
     @staticmethod
-    def _breach(base: Policy, can: dict[str, float], bas: dict[str, float], high: float, tolerance: float, *,
-                hit_ratio: bool = True) -> str:
+    def _breach(
+        base: Policy,
+        can: dict[str, float],
+        bas: dict[str, float],
+        high: float,
+        tolerance: float,
+        *,
+        hit_ratio: bool = True,
+    ) -> str:
         """Why the canary must go: an SLO it breaks, or (with ``hit_ratio``) a hit ratio shown (the whole
         interval of the difference) to be more than ``tolerance`` below the base's. "" when neither."""
         max_error = base.slo.max_error_rate
         if max_error is not None and can["wrong_rate"] > max_error and can["wrong_rate"] > bas["wrong_rate"]:
             return f"SLO breach: canary error rate {can['wrong_rate']:.4f} > {max_error:g}"
         if hit_ratio and high < -tolerance:
-            return (f"canary hit ratio {can['hit_ratio']:.3f} is below the base's {bas['hit_ratio']:.3f} by more "
-                    f"than {tolerance:.4f} (the interval of the difference ends at {high:+.4f})")
+            return (
+                f"canary hit ratio {can['hit_ratio']:.3f} is below the base's {bas['hit_ratio']:.3f} by more "
+                f"than {tolerance:.4f} (the interval of the difference ends at {high:+.4f})"
+            )
         return ""
 
     def realised_gain(self, proposal_id: str) -> float | None:
@@ -539,12 +672,19 @@ class LoopContext:
         if last >= len(self.windows):
             return None
         first = max(0, start - cfg.warmup)
-        recs = self.windows[first:last + 1]
+        recs = self.windows[first : last + 1]
         old_base = recs[start - first].step[0]
         actual = [r.step for r in recs]
         without = [r.step if r.index < start else (old_base, None, 0.0) for r in recs]
-        evidence = compare([r.requests for r in recs], without, actual, measure=cfg.realise,
-                           capacity=self.capacity, vectors=self.vectors, seed=cfg.seed)
+        evidence = compare(
+            [r.requests for r in recs],
+            without,
+            actual,
+            measure=cfg.realise,
+            capacity=self.capacity,
+            vectors=self.vectors,
+            seed=cfg.seed,
+        )
         return float(evidence["gain"])
 
 
@@ -570,8 +710,10 @@ def _merge_series(series: Sequence[Series], keep: int = 400) -> list[Series]:
         t, v, _ = joined.setdefault((s.name, s.labels), ([], [], s.unit))
         t.extend(s.t)
         v.extend(s.v)
-    return [Series(name, labels, tuple(t[-keep:]), tuple(v[-keep:]), unit)
-            for (name, labels), (t, v, unit) in joined.items()]
+    return [
+        Series(name, labels, tuple(t[-keep:]), tuple(v[-keep:]), unit)
+        for (name, labels), (t, v, unit) in joined.items()
+    ]
 
 
 # -- the graph -----------------------------------------------------------------------------------------------
@@ -588,10 +730,19 @@ def build_graph(ctx: LoopContext, checkpointer: Any) -> Any:
             if ctx.start_canary(approved.id) == "stale":
                 fresh, route = ctx.reevaluate(approved.id)
                 if fresh is not None and route == "wait":
-                    ctx.proposals.transition(fresh.id, "waiting", actor=ctx.actor,
-                                             note="inconclusive evidence: too little traffic to judge")
-        return {"policy": ctx.policies.state().active or "", "findings": [], "proposal": None, "verdict": None,
-                "route": "watch" if ctx.policies.state().canary is not None else "diagnose"}
+                    ctx.proposals.transition(
+                        fresh.id,
+                        "waiting",
+                        actor=ctx.actor,
+                        note="inconclusive evidence: too little traffic to judge",
+                    )
+        return {
+            "policy": ctx.policies.state().active or "",
+            "findings": [],
+            "proposal": None,
+            "verdict": None,
+            "route": "watch" if ctx.policies.state().canary is not None else "diagnose",
+        }
 
     def watch(state: LoopState) -> LoopState:
         return {"route": "end", "notes": [f"canary: {ctx.watch()}"]}
@@ -609,13 +760,18 @@ def build_graph(ctx: LoopContext, checkpointer: Any) -> Any:
         findings = [Finding.from_dict(f) for f in state.get("findings", [])]
         proposal, route = ctx.propose(findings, state.get("thread"))
         if proposal is not None and route == "wait":
-            ctx.proposals.transition(proposal.id, "waiting", actor=ctx.actor,
-                                     note="inconclusive evidence: too little traffic to judge")
+            ctx.proposals.transition(
+                proposal.id,
+                "waiting",
+                actor=ctx.actor,
+                note="inconclusive evidence: too little traffic to judge",
+            )
         return {"proposal": None if proposal is None else proposal.id, "route": route}
 
     def approve(state: LoopState) -> LoopState:
-        ctx.proposals.review(state["proposal"], "approve", "guardrails",
-                             "inside the policy's guardrails.auto_approve")
+        ctx.proposals.review(
+            state["proposal"], "approve", "guardrails", "inside the policy's guardrails.auto_approve"
+        )
         return {"route": "canary"}
 
     def review(state: LoopState) -> LoopState:
@@ -625,8 +781,12 @@ def build_graph(ctx: LoopContext, checkpointer: Any) -> Any:
         verdict = state.get("verdict") or {}
         proposal = ctx.proposals.get(state["proposal"])
         if proposal.status in ("proposed", "waiting"):  # the CLI records the review before it resumes
-            ctx.proposals.review(proposal.id, verdict.get("verdict", "reject"), verdict.get("reviewer", "person"),
-                                 verdict.get("note", ""))
+            ctx.proposals.review(
+                proposal.id,
+                verdict.get("verdict", "reject"),
+                verdict.get("reviewer", "person"),
+                verdict.get("note", ""),
+            )
             proposal = ctx.proposals.get(proposal.id)
         return {"route": "canary" if proposal.status == "approved" else "end"}
 
@@ -638,26 +798,43 @@ def build_graph(ctx: LoopContext, checkpointer: Any) -> Any:
             if fresh is not None:
                 notes.append(f"re-evaluated as {fresh.id}")
                 if route == "auto":
-                    ctx.proposals.review(fresh.id, "approve", "guardrails",
-                                         "re-evaluated; inside the policy's guardrails.auto_approve")
+                    ctx.proposals.review(
+                        fresh.id,
+                        "approve",
+                        "guardrails",
+                        "re-evaluated; inside the policy's guardrails.auto_approve",
+                    )
                     notes.append(f"rollout: {ctx.start_canary(fresh.id)}")
                 elif route == "wait":
-                    ctx.proposals.transition(fresh.id, "waiting", actor=ctx.actor,
-                                             note="inconclusive evidence: too little traffic to judge")
+                    ctx.proposals.transition(
+                        fresh.id,
+                        "waiting",
+                        actor=ctx.actor,
+                        note="inconclusive evidence: too little traffic to judge",
+                    )
         return {"notes": notes}
 
     graph = StateGraph(LoopState)
-    for name, fn in (("observe", observe), ("watch", watch), ("diagnose", diagnose), ("retrain", retrain),
-                     ("propose", propose), ("approve", approve), ("review", review), ("decide", decide),
-                     ("canary", canary)):
+    for name, fn in (
+        ("observe", observe),
+        ("watch", watch),
+        ("diagnose", diagnose),
+        ("retrain", retrain),
+        ("propose", propose),
+        ("approve", approve),
+        ("review", review),
+        ("decide", decide),
+        ("canary", canary),
+    ):
         graph.add_node(name, fn)
     graph.add_edge(START, "observe")
     graph.add_conditional_edges("observe", lambda s: s["route"], {"watch": "watch", "diagnose": "diagnose"})
     graph.add_edge("watch", END)
     graph.add_edge("diagnose", "retrain")
     graph.add_edge("retrain", "propose")
-    graph.add_conditional_edges("propose", lambda s: s["route"],
-                                {"end": END, "wait": END, "auto": "approve", "review": "review"})
+    graph.add_conditional_edges(
+        "propose", lambda s: s["route"], {"end": END, "wait": END, "auto": "approve", "review": "review"}
+    )
     graph.add_edge("approve", "canary")
     graph.add_edge("review", "decide")
     graph.add_conditional_edges("decide", lambda s: s["route"], {"canary": "canary", "end": END})
@@ -673,8 +850,11 @@ def resume_review(graph: Any, thread_id: str, verdict: str, reviewer: str, note:
     """Resume the pass waiting in ``review`` on ``thread_id`` with a person's ``verdict`` (approve/reject)."""
     from langgraph.types import Command
 
-    return graph.invoke(Command(resume={"verdict": verdict, "reviewer": reviewer, "note": note}),
-                        thread_config(thread_id), durability="sync")
+    return graph.invoke(
+        Command(resume={"verdict": verdict, "reviewer": reviewer, "note": note}),
+        thread_config(thread_id),
+        durability="sync",
+    )
 
 
 def resume_waiting(store: Path, thread: str, verdict: str, reviewer: str = "person") -> str:

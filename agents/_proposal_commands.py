@@ -24,24 +24,29 @@ if TYPE_CHECKING:
     from ._proposals import AuditEntry, Evidence, Proposal, ProposalStore
 
 OnReview = Callable[["Proposal", str, Path], None]
-"""Called after a review is recorded, with the proposal as stored, the verdict (``approve``/``reject``) and the
-store's path:
+"""Called after a review is recorded, with the proposal as stored, the verdict (``approve``/``reject``) and
+the store's path:
 where the `evocache` command resumes the loop's thread that waits on it. What it raises propagates: the review
 is recorded already."""
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-_EPILOG = (f"The store: --store PATH, else ${STORE_ENV}, else {DEFAULT_STORE}. Exit codes: 0 done; {{one}}"
-           "2 a usage error, or a store that cannot be opened (missing, not a proposal store, another schema "
-           "version).")
+_EPILOG = (
+    f"The store: --store PATH, else ${STORE_ENV}, else {DEFAULT_STORE}. Exit codes: 0 done; {{one}}"
+    "2 a usage error, or a store that cannot be opened (missing, not a proposal store, another schema "
+    "version)."
+)
 _NOT_THERE = "1 a proposal that is not there (or an id prefix that begins more than one)"
 
-StoreOption = Annotated[Path, typer.Option("--store", metavar="PATH", envvar=STORE_ENV,
-                                           help="The proposal store (an SQLite file).")]
+StoreOption = Annotated[
+    Path,
+    typer.Option("--store", metavar="PATH", envvar=STORE_ENV, help="The proposal store (an SQLite file)."),
+]
 IdArgument = Annotated[str, typer.Argument(metavar="ID", help="A proposal id, or the start of one.")]
 NoteOption = Annotated[str, typer.Option("--note", help="Why: kept with the review and in the audit log.")]
-ReviewerOption = Annotated[str | None,
-                           typer.Option("--reviewer", help="Who reviews (default: the user name).")]
+ReviewerOption = Annotated[
+    str | None, typer.Option("--reviewer", help="Who reviews (default: the user name).")
+]
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -74,8 +79,9 @@ def _console() -> Any:
 
 def list_proposals(
     store: StoreOption = Path(DEFAULT_STORE),
-    status: Annotated[str | None,
-                      typer.Option("--status", help=f"Only these: {', '.join(STATUSES)}.")] = None,
+    status: Annotated[
+        str | None, typer.Option("--status", help=f"Only these: {', '.join(STATUSES)}.")
+    ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many, newest first.")] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print the proposals as a JSON list.")] = False,
 ) -> None:
@@ -95,8 +101,15 @@ def list_proposals(
 
     table = Table("id", "status", "change", "predicted", "realised", "created", "finding")
     for p in proposals:
-        table.add_row(p.id, p.status, f"{p.base_policy} -> {p.new_ref}", _gain(p.predicted_gain),
-                      _gain(p.realised_gain), _when(p.created_at), p.summary or "-")
+        table.add_row(
+            p.id,
+            p.status,
+            f"{p.base_policy} -> {p.new_ref}",
+            _gain(p.predicted_gain),
+            _gain(p.realised_gain),
+            _when(p.created_at),
+            p.summary or "-",
+        )
     _console().print(table)
 
 
@@ -147,8 +160,13 @@ def _print_evidence(evidence: Evidence | None) -> None:
         typer.echo("evidence: none (it cannot be approved before a replay)")
         return
     windows = evidence.windows
-    span = "" if not windows else f", window {windows[0]}" if len(windows) == 1 else \
-        f", windows {windows[0]}-{windows[-1]}"
+    span = (
+        ""
+        if not windows
+        else f", window {windows[0]}"
+        if len(windows) == 1
+        else f", windows {windows[0]}-{windows[-1]}"
+    )
     typer.echo(f"evidence: evaluated {_when(evidence.evaluated_at)}{span}")
     from rich.table import Table
 
@@ -160,8 +178,10 @@ def _print_evidence(evidence: Evidence | None) -> None:
     _console().print(table)
     context = evidence.evidence_context()
     if context is not None:
-        typer.echo(f"context: {context.policy_ref}, model {context.model_id} {context.model_revision}, "
-                   f"template {context.template_hash[:12]}")
+        typer.echo(
+            f"context: {context.policy_ref}, model {context.model_id} {context.model_revision}, "
+            f"template {context.template_hash[:12]}"
+        )
     for plot in evidence.plots:
         typer.echo(f"plot: {plot}")
 
@@ -196,8 +216,9 @@ def _reviewer(given: str | None) -> str:
         return "unknown"
 
 
-def _review(store: Path, id: str, verdict: str, reviewer: str | None, note: str,
-            on_review: OnReview | None) -> None:
+def _review(
+    store: Path, id: str, verdict: str, reviewer: str | None, note: str, on_review: OnReview | None
+) -> None:
     who = _reviewer(reviewer)
     with _open(store) as opened:
         proposal = _run(lambda: opened.review(id, verdict, who, note))
@@ -211,13 +232,21 @@ def add_commands(group: typer.Typer, on_review: OnReview | None = None) -> None:
     (see ``OnReview``)."""
     move = "a move its status does not allow (approving without replay evidence included)"
 
-    def approve(id: IdArgument, note: NoteOption = "", reviewer: ReviewerOption = None,
-                store: StoreOption = Path(DEFAULT_STORE)) -> None:
+    def approve(
+        id: IdArgument,
+        note: NoteOption = "",
+        reviewer: ReviewerOption = None,
+        store: StoreOption = Path(DEFAULT_STORE),
+    ) -> None:
         """Approve a proposed or waiting proposal (it needs replay evidence): it goes on to the canary."""
         _review(store, id, "approve", reviewer, note, on_review)
 
-    def reject(id: IdArgument, note: NoteOption = "", reviewer: ReviewerOption = None,
-               store: StoreOption = Path(DEFAULT_STORE)) -> None:
+    def reject(
+        id: IdArgument,
+        note: NoteOption = "",
+        reviewer: ReviewerOption = None,
+        store: StoreOption = Path(DEFAULT_STORE),
+    ) -> None:
         """Reject a proposed, waiting or stale proposal: it is final."""
         _review(store, id, "reject", reviewer, note, on_review)
 
@@ -229,7 +258,10 @@ def add_commands(group: typer.Typer, on_review: OnReview | None = None) -> None:
 
 def make_app(on_review: OnReview | None = None) -> typer.Typer:
     """A new `proposals` command group (see ``add_commands``)."""
-    group = typer.Typer(no_args_is_help=True, add_completion=False,
-                        help="List, show, approve and reject the policy loop's proposals.")
+    group = typer.Typer(
+        no_args_is_help=True,
+        add_completion=False,
+        help="List, show, approve and reject the policy loop's proposals.",
+    )
     add_commands(group, on_review)
     return group

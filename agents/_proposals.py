@@ -47,21 +47,26 @@ from .errors import ProposalError
 if TYPE_CHECKING:
     from evocache.dsl import Policy
 
-ProposalStatus = Literal["proposed", "waiting", "stale", "approved", "rejected", "canary", "promoted",
-                         "rolled_back"]
+ProposalStatus = Literal[
+    "proposed", "waiting", "stale", "approved", "rejected", "canary", "promoted", "rolled_back"
+]
 PolicyKind = Literal["applied", "canary", "promoted", "rolled_back"]
 Verdict = Literal["approve", "reject"]
 
-MOVES: Mapping[str, frozenset[str]] = MappingProxyType({
-    "proposed": frozenset({"approved", "rejected", "waiting", "stale"}),
-    "waiting": frozenset({"approved", "rejected", "stale"}),
-    "stale": frozenset({"proposed", "rejected"}),
-    "approved": frozenset({"canary", "stale"}),
-    "rejected": frozenset(),
-    "canary": frozenset({"promoted", "rolled_back", "waiting"}),  # waiting: inconclusive, the canary withdrawn
-    "promoted": frozenset(),
-    "rolled_back": frozenset(),
-})
+MOVES: Mapping[str, frozenset[str]] = MappingProxyType(
+    {
+        "proposed": frozenset({"approved", "rejected", "waiting", "stale"}),
+        "waiting": frozenset({"approved", "rejected", "stale"}),
+        "stale": frozenset({"proposed", "rejected"}),
+        "approved": frozenset({"canary", "stale"}),
+        "rejected": frozenset(),
+        "canary": frozenset(
+            {"promoted", "rolled_back", "waiting"}
+        ),  # waiting: inconclusive, the canary withdrawn
+        "promoted": frozenset(),
+        "rolled_back": frozenset(),
+    }
+)
 """Each status -> the statuses it may move to; an empty set marks a final status."""
 STATUSES: tuple[str, ...] = tuple(MOVES)
 POLICY_KINDS: tuple[str, ...] = ("applied", "canary", "promoted", "rolled_back")
@@ -130,9 +135,16 @@ class Evidence(_Plain):
         return None if self.context is None else EvidenceContext.from_dict(self.context)
 
     @classmethod
-    def from_replay(cls, comparison: Mapping[str, Any], *, evaluated_at: float, windows: Sequence[int] = (),
-                    plots: Sequence[str] = (), context: EvidenceContext | None = None,
-                    level: float = 0.9) -> Evidence:
+    def from_replay(
+        cls,
+        comparison: Mapping[str, Any],
+        *,
+        evaluated_at: float,
+        windows: Sequence[int] = (),
+        plots: Sequence[str] = (),
+        context: EvidenceContext | None = None,
+        level: float = 0.9,
+    ) -> Evidence:
         """Evidence from a replay comparison of two arms: ``comparison["base"]`` and ``["candidate"]`` map
         metric names to numbers (``requests`` among them is a count, not a metric), ``["ci"]`` is the
         interval of the hit-ratio gain at ``level``; its other plain values (``gain``, ``requests``,
@@ -145,13 +157,29 @@ class Evidence(_Plain):
         missing = sorted(set(base) ^ set(new))
         if missing:
             raise ValueError(f"replay comparison: metrics {', '.join(missing)} missing from one arm")
-        metrics = {name: MetricEstimate(base=base[name], new=new[name], level=level,
-                                        ci=(ci[0], ci[1]) if name == "hit_ratio" else None)
-                   for name in base if name != "requests"}
-        detail = {k: v for k, v in comparison.items()
-                  if k not in ("base", "candidate", "ci") and isinstance(v, str | int | float | bool)}
-        return cls(metrics=metrics, evaluated_at=evaluated_at, windows=tuple(windows), plots=tuple(plots),
-                   context=None if context is None else context.to_dict(), detail=detail)
+        metrics = {
+            name: MetricEstimate(
+                base=base[name],
+                new=new[name],
+                level=level,
+                ci=(ci[0], ci[1]) if name == "hit_ratio" else None,
+            )
+            for name in base
+            if name != "requests"
+        }
+        detail = {
+            k: v
+            for k, v in comparison.items()
+            if k not in ("base", "candidate", "ci") and isinstance(v, str | int | float | bool)
+        }
+        return cls(
+            metrics=metrics,
+            evaluated_at=evaluated_at,
+            windows=tuple(windows),
+            plots=tuple(plots),
+            context=None if context is None else context.to_dict(),
+            detail=detail,
+        )
 
 
 class StateChange(_Plain):
@@ -208,21 +236,43 @@ class Proposal(_Plain):
         return value
 
     @classmethod
-    def create(cls, base: Policy, new: Policy, *, at: float, edits: Sequence[Mapping[str, Any]] = (),
-               findings: Sequence[Finding] = (), evidence: Evidence | Mapping[str, Any] | None = None,
-               predicted_gain: float | None = None, window: int = 0, thread_id: str | None = None,
-               id: str | None = None, rationale: str = "") -> Proposal:
+    def create(
+        cls,
+        base: Policy,
+        new: Policy,
+        *,
+        at: float,
+        edits: Sequence[Mapping[str, Any]] = (),
+        findings: Sequence[Finding] = (),
+        evidence: Evidence | Mapping[str, Any] | None = None,
+        predicted_gain: float | None = None,
+        window: int = 0,
+        thread_id: str | None = None,
+        id: str | None = None,
+        rationale: str = "",
+    ) -> Proposal:
         """A new ``proposed`` proposal to change ``base`` into ``new``, made at ``at``; the diff, refs, hash
         and YAML come from the two policies, the id from ``new_proposal_id`` unless given. Raises
         ``pydantic.ValidationError`` for malformed evidence or edits."""
         from evocache.dsl import diff_policies, policy_to_yaml
 
-        return cls(id=id or new_proposal_id(), thread_id=thread_id, base_policy=base.ref,
-                   base_hash=base.content_hash, new_policy=policy_to_yaml(new), new_ref=new.ref,
-                   diff=diff_policies(base, new).text, edits=tuple(dict(e) for e in edits),
-                   findings=tuple(f.to_dict() for f in findings), evidence=_evidence(evidence),
-                   predicted_gain=predicted_gain, created_at=at, updated_at=at, window=window,
-                   rationale=rationale[:8000])
+        return cls(
+            id=id or new_proposal_id(),
+            thread_id=thread_id,
+            base_policy=base.ref,
+            base_hash=base.content_hash,
+            new_policy=policy_to_yaml(new),
+            new_ref=new.ref,
+            diff=diff_policies(base, new).text,
+            edits=tuple(dict(e) for e in edits),
+            findings=tuple(f.to_dict() for f in findings),
+            evidence=_evidence(evidence),
+            predicted_gain=predicted_gain,
+            created_at=at,
+            updated_at=at,
+            window=window,
+            rationale=rationale[:8000],
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
@@ -241,8 +291,16 @@ class Proposal(_Plain):
         """The first finding's summary ("" without findings)."""
         return str(self.findings[0].get("summary", "")) if self.findings else ""
 
-    def moved(self, to: str, *, at: float, actor: str, note: str = "", evidence: Evidence | None = None,
-              realised_gain: float | None = None) -> Proposal:
+    def moved(
+        self,
+        to: str,
+        *,
+        at: float,
+        actor: str,
+        note: str = "",
+        evidence: Evidence | None = None,
+        realised_gain: float | None = None,
+    ) -> Proposal:
         """This proposal moved to ``to``: status, history and ``updated_at`` changed, the evidence replaced
         when ``evidence`` is given, ``realised_gain`` set when given. Raises ``ProposalError`` for a move the
         state machine does not allow (naming the proposal, its status and the move), for an approval without
@@ -252,16 +310,21 @@ class Proposal(_Plain):
             raise ValueError(f"unknown proposal status {to!r} (known: {', '.join(STATUSES)})")
         allowed = MOVES[self.status]
         if to not in allowed:
-            why = (f"{self.status} is final" if not allowed
-                   else f"from {self.status}: {', '.join(sorted(allowed, key=_ORDER.__getitem__))}")
+            why = (
+                f"{self.status} is final"
+                if not allowed
+                else f"from {self.status}: {', '.join(sorted(allowed, key=_ORDER.__getitem__))}"
+            )
             raise ProposalError(f"proposal {self.id} is {self.status}: it cannot move to {to} ({why})")
         if to == "approved" and evidence is None and self.evidence is None:
             raise ProposalError(f"proposal {self.id} has no replay evidence: it cannot be approved")
         if self.status == "stale" and to == "proposed" and evidence is None:
-            raise ProposalError(f"proposal {self.id} is stale: moving it back to proposed needs fresh "
-                                "evidence")
-        change = StateChange.model_validate({"at": at, "actor": actor, "from": self.status, "to": to,
-                                             "note": note})
+            raise ProposalError(
+                f"proposal {self.id} is stale: moving it back to proposed needs fresh evidence"
+            )
+        change = StateChange.model_validate(
+            {"at": at, "actor": actor, "from": self.status, "to": to, "note": note}
+        )
         update: dict[str, Any] = {"status": to, "history": (*self.history, change), "updated_at": at}
         if evidence is not None:
             update["evidence"] = evidence
@@ -356,8 +419,14 @@ class ProposalStore:
     (locked longer than ``busy_timeout_s``, disk full). One store object may be shared by threads.
     """
 
-    def __init__(self, path: str | Path, *, clock: Callable[[], float] = time.time, create: bool = True,
-                 busy_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        clock: Callable[[], float] = time.time,
+        create: bool = True,
+        busy_timeout_s: float = 10.0,
+    ) -> None:
         self.path = Path(path)
         self._clock = clock
         self._lock = threading.RLock()
@@ -373,8 +442,9 @@ class ProposalStore:
                 why = exc.strerror or exc
                 raise ProposalStoreError(f"{self.path}: cannot make its directory: {why}") from None
         try:
-            db = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None,
-                                 check_same_thread=False)
+            db = sqlite3.connect(
+                self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
         except sqlite3.Error as exc:
             raise ProposalStoreError(f"{self.path}: cannot open the proposal store: {exc}") from None
         try:
@@ -402,20 +472,25 @@ class ProposalStore:
                 # one statement at a time: executescript would commit the transaction first
                 for statement in filter(str.strip, _SCHEMA.split(";")):
                     db.execute(statement)
-                db.executemany("INSERT INTO meta (key, value) VALUES (?, ?)",
-                               [("kind", STORE_KIND), ("schema_version", str(SCHEMA_VERSION))])
+                db.executemany(
+                    "INSERT INTO meta (key, value) VALUES (?, ?)",
+                    [("kind", STORE_KIND), ("schema_version", str(SCHEMA_VERSION))],
+                )
             else:
                 self._check_meta(db, tables)
 
     def _check_meta(self, db: sqlite3.Connection, tables: set[str]) -> None:
         meta = dict(db.execute("SELECT key, value FROM meta").fetchall()) if "meta" in tables else {}
         if meta.get("kind") != STORE_KIND:
-            raise ProposalStoreError(f"{self.path}: not a proposal store (an SQLite file with tables "
-                                     f"{', '.join(sorted(tables))})")
+            raise ProposalStoreError(
+                f"{self.path}: not a proposal store (an SQLite file with tables {', '.join(sorted(tables))})"
+            )
         if meta.get("schema_version") != str(SCHEMA_VERSION):
-            raise ProposalStoreError(f"{self.path}: a proposal store of schema version "
-                                     f"{meta.get('schema_version')}; this evocache reads version "
-                                     f"{SCHEMA_VERSION}")
+            raise ProposalStoreError(
+                f"{self.path}: a proposal store of schema version "
+                f"{meta.get('schema_version')}; this evocache reads version "
+                f"{SCHEMA_VERSION}"
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -447,23 +522,36 @@ class ProposalStore:
         with self._lock, self._errors():
             return self._db.execute(sql, args).fetchall()
 
-    def _audit(self, db: sqlite3.Connection, at: float, actor: str, action: str, proposal_id: str | None,
-               moved: tuple[str | None, str | None], detail: Mapping[str, Any]) -> None:
-        db.execute("INSERT INTO audit (at, actor, action, proposal_id, from_state, to_state, detail) "
-                   "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                   (at, actor, action, proposal_id, *moved, json.dumps(dict(detail), sort_keys=True)))
+    def _audit(
+        self,
+        db: sqlite3.Connection,
+        at: float,
+        actor: str,
+        action: str,
+        proposal_id: str | None,
+        moved: tuple[str | None, str | None],
+        detail: Mapping[str, Any],
+    ) -> None:
+        db.execute(
+            "INSERT INTO audit (at, actor, action, proposal_id, from_state, to_state, detail) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (at, actor, action, proposal_id, *moved, json.dumps(dict(detail), sort_keys=True)),
+        )
 
     def _document(self, proposal: Proposal) -> str:
         doc = json.dumps(proposal.to_dict(), sort_keys=True, ensure_ascii=False)
         if len(doc.encode()) > MAX_DOCUMENT:
-            raise ProposalError(f"proposal {proposal.id}: {len(doc.encode())} bytes of JSON, more than the "
-                                f"{MAX_DOCUMENT} a proposal may take")
+            raise ProposalError(
+                f"proposal {proposal.id}: {len(doc.encode())} bytes of JSON, more than the "
+                f"{MAX_DOCUMENT} a proposal may take"
+            )
         return doc
 
     def _parse(self, pid: str, doc: str) -> Proposal:
         if len(doc) > MAX_DOCUMENT:
-            raise ProposalStoreError(f"{self.path}: proposal {pid}: a document of {len(doc)} characters, "
-                                     f"more than {MAX_DOCUMENT}")
+            raise ProposalStoreError(
+                f"{self.path}: proposal {pid}: a document of {len(doc)} characters, more than {MAX_DOCUMENT}"
+            )
         try:
             return Proposal.from_dict(json.loads(doc))
         except (json.JSONDecodeError, ValidationError) as exc:
@@ -472,18 +560,24 @@ class ProposalStore:
     def _find(self, db: sqlite3.Connection, key: str) -> Proposal:
         rows = db.execute("SELECT id, doc FROM proposals WHERE id = ?", (key,)).fetchall()
         if not rows and key:
-            rows = db.execute("SELECT id, doc FROM proposals WHERE substr(id, 1, ?) = ? ORDER BY id LIMIT 4",
-                              (len(key), key)).fetchall()
+            rows = db.execute(
+                "SELECT id, doc FROM proposals WHERE substr(id, 1, ?) = ? ORDER BY id LIMIT 4",
+                (len(key), key),
+            ).fetchall()
         if not rows:
             raise ProposalError(f"no proposal {key!r} in {self.path}")
         if len(rows) > 1:
-            raise ProposalError(f"proposal id {key!r} is ambiguous: {', '.join(r[0] for r in rows[:3])}"
-                                f"{', ...' if len(rows) > 3 else ''} begin with it")
+            raise ProposalError(
+                f"proposal id {key!r} is ambiguous: {', '.join(r[0] for r in rows[:3])}"
+                f"{', ...' if len(rows) > 3 else ''} begin with it"
+            )
         return self._parse(*rows[0])
 
     def _save(self, db: sqlite3.Connection, proposal: Proposal) -> None:
-        db.execute("UPDATE proposals SET status = ?, updated_at = ?, doc = ? WHERE id = ?",
-                   (proposal.status, proposal.updated_at, self._document(proposal), proposal.id))
+        db.execute(
+            "UPDATE proposals SET status = ?, updated_at = ?, doc = ? WHERE id = ?",
+            (proposal.status, proposal.updated_at, self._document(proposal), proposal.id),
+        )
 
     # --- proposals ----------------------------------------------------------------------------------------
 
@@ -491,19 +585,29 @@ class ProposalStore:
         """Store a new proposal (status ``proposed``, no history yet); its history starts with the making of
         it at ``created_at``. Raises ``ProposalError`` when its id is taken or it is not new."""
         if proposal.status != "proposed" or proposal.history:
-            raise ProposalError(f"proposal {proposal.id}: only a new proposal can be added (status proposed, "
-                                f"no history), not one that is {proposal.status}")
+            raise ProposalError(
+                f"proposal {proposal.id}: only a new proposal can be added (status proposed, "
+                f"no history), not one that is {proposal.status}"
+            )
         made = StateChange.model_validate({"at": proposal.created_at, "actor": actor, "to": "proposed"})
         proposal = proposal.model_copy(update={"history": (made,)})
         doc = self._document(proposal)
         with self._write() as db:
             if db.execute("SELECT 1 FROM proposals WHERE id = ?", (proposal.id,)).fetchone():
                 raise ProposalError(f"proposal {proposal.id} is already in {self.path}")
-            db.execute("INSERT INTO proposals (id, status, created_at, updated_at, doc) "
-                       "VALUES (?, ?, ?, ?, ?)",
-                       (proposal.id, proposal.status, proposal.created_at, proposal.updated_at, doc))
-            self._audit(db, self._clock(), actor, "add", proposal.id, (None, "proposed"),
-                        {"base": proposal.base_policy, "new": proposal.new_ref})
+            db.execute(
+                "INSERT INTO proposals (id, status, created_at, updated_at, doc) VALUES (?, ?, ?, ?, ?)",
+                (proposal.id, proposal.status, proposal.created_at, proposal.updated_at, doc),
+            )
+            self._audit(
+                db,
+                self._clock(),
+                actor,
+                "add",
+                proposal.id,
+                (None, "proposed"),
+                {"base": proposal.base_policy, "new": proposal.new_ref},
+            )
         return proposal
 
     def get(self, id: str) -> Proposal:
@@ -520,21 +624,30 @@ class ProposalStore:
         if status is not None and status not in MOVES:
             raise ValueError(f"unknown proposal status {status!r} (known: {', '.join(STATUSES)})")
         where, args = ("WHERE status = ? ", [status]) if status is not None else ("", [])
-        rows = self._read(f"SELECT id, doc FROM proposals {where}ORDER BY created_at DESC, id LIMIT ?",
-                          [*args, limit])
+        rows = self._read(
+            f"SELECT id, doc FROM proposals {where}ORDER BY created_at DESC, id LIMIT ?", [*args, limit]
+        )
         return [self._parse(pid, doc) for pid, doc in rows]
 
-    def transition(self, id: str, to: str, *, actor: str, note: str = "",
-                   evidence: Evidence | Mapping[str, Any] | None = None,
-                   realised_gain: float | None = None) -> Proposal:
+    def transition(
+        self,
+        id: str,
+        to: str,
+        *,
+        actor: str,
+        note: str = "",
+        evidence: Evidence | Mapping[str, Any] | None = None,
+        realised_gain: float | None = None,
+    ) -> Proposal:
         """Move proposal ``id`` (or a unique prefix) to ``to`` (see ``Proposal.moved`` for the rules and the
         errors; ``pydantic.ValidationError`` for malformed ``evidence``), in one transaction with its audit
         line; returns it as stored."""
         fresh = _evidence(evidence)
         with self._write() as db:
             proposal = self._find(db, id)
-            moved = proposal.moved(to, at=self._clock(), actor=actor, note=note, evidence=fresh,
-                                   realised_gain=realised_gain)
+            moved = proposal.moved(
+                to, at=self._clock(), actor=actor, note=note, evidence=fresh, realised_gain=realised_gain
+            )
             self._save(db, moved)
             detail: dict[str, Any] = {"note": note}
             if fresh is not None:
@@ -545,16 +658,25 @@ class ProposalStore:
         return moved
 
     def set_realised_gain(self, id: str, gain: float, *, actor: str = "agent") -> Proposal:
-        """Record what a promoted proposal gained once it ran (measured after the promotion; no status move)."""
+        """Record what a promoted proposal gained once it ran (measured after the promotion; no status
+        move)."""
         with self._write() as db:
             proposal = self._find(db, id)
             if proposal.status != "promoted":
-                raise ProposalError(f"proposal {proposal.id} is {proposal.status}: only a promoted one has a "
-                                    "realised gain")
+                raise ProposalError(
+                    f"proposal {proposal.id} is {proposal.status}: only a promoted one has a realised gain"
+                )
             moved = proposal.model_copy(update={"realised_gain": float(gain), "updated_at": self._clock()})
             self._save(db, moved)
-            self._audit(db, moved.updated_at, actor, "realised", moved.id, ("promoted", "promoted"),
-                        {"realised_gain": float(gain)})
+            self._audit(
+                db,
+                moved.updated_at,
+                actor,
+                "realised",
+                moved.id,
+                ("promoted", "promoted"),
+                {"realised_gain": float(gain)},
+            )
         return moved
 
     def review(self, id: str, verdict: str, reviewer: str, note: str = "") -> Proposal:
@@ -568,22 +690,32 @@ class ProposalStore:
             at = self._clock()
             moved = proposal.moved(_VERDICTS[verdict], at=at, actor=reviewer, note=note)
             self._save(db, moved)
-            db.execute("INSERT INTO reviews (proposal_id, reviewer, verdict, note, at) "
-                       "VALUES (?, ?, ?, ?, ?)",
-                       (moved.id, reviewer, verdict, note, at))
-            self._audit(db, at, reviewer, "review", moved.id, (proposal.status, moved.status),
-                        {"verdict": verdict, "note": note})
+            db.execute(
+                "INSERT INTO reviews (proposal_id, reviewer, verdict, note, at) VALUES (?, ?, ?, ?, ?)",
+                (moved.id, reviewer, verdict, note, at),
+            )
+            self._audit(
+                db,
+                at,
+                reviewer,
+                "review",
+                moved.id,
+                (proposal.status, moved.status),
+                {"verdict": verdict, "note": note},
+            )
         return moved
 
     def reviews(self, proposal_id: str | None = None) -> builtins.list[Review]:
         """The reviews recorded, oldest first; of one proposal (its full id) when given."""
         where, args = ("WHERE proposal_id = ? ", [proposal_id]) if proposal_id is not None else ("", [])
-        rows = self._read("SELECT proposal_id, reviewer, verdict, note, at FROM reviews "
-                          f"{where}ORDER BY seq", args)
+        rows = self._read(
+            f"SELECT proposal_id, reviewer, verdict, note, at FROM reviews {where}ORDER BY seq", args
+        )
         return [Review(*row) for row in rows]
 
-    def invalidate(self, id: str, now: EvidenceContext, *, actor: str,
-                   threshold: float = DEFAULT_THRESHOLD) -> str | None:
+    def invalidate(
+        self, id: str, now: EvidenceContext, *, actor: str, threshold: float = DEFAULT_THRESHOLD
+    ) -> str | None:
         """The evidence check: when proposal ``id`` is proposed, waiting or approved (not yet on the canary)
         and its evidence was gathered under a context that ``now`` invalidates (``invalidated_by``), move it
         to stale with the reason as the note and return the reason; else change nothing and return None
@@ -598,14 +730,16 @@ class ProposalStore:
                 return None
             moved = proposal.moved("stale", at=self._clock(), actor=actor, note=reason)
             self._save(db, moved)
-            self._audit(db, moved.updated_at, actor, "move", moved.id, (proposal.status, "stale"),
-                        {"note": reason})
+            self._audit(
+                db, moved.updated_at, actor, "move", moved.id, (proposal.status, "stale"), {"note": reason}
+            )
         return reason
 
     # --- policies -----------------------------------------------------------------------------------------
 
-    def record_policy(self, ref: str, yaml_text: str, *, kind: str, actor: str,
-                      proposal_id: str | None = None) -> PolicyRecord:
+    def record_policy(
+        self, ref: str, yaml_text: str, *, kind: str, actor: str, proposal_id: str | None = None
+    ) -> PolicyRecord:
         """Record that policy ``ref`` (its document ``yaml_text``) was written as ``kind``, with an audit
         line. Raises ``ProposalError`` for a document that is not a valid policy or a ``proposal_id`` not
         stored; ``ValueError`` for an unknown ``kind`` or a document of another ref."""
@@ -622,28 +756,43 @@ class ProposalStore:
         with self._write() as db:
             pid = None if proposal_id is None else self._find(db, proposal_id).id
             at = self._clock()
-            cursor = db.execute("INSERT INTO policy_history (ref, content_hash, yaml, applied_at, actor, "
-                                "proposal_id, kind) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                                (ref, policy.content_hash, yaml_text, at, actor, pid, kind))
-            self._audit(db, at, actor, "policy", pid, (None, None),
-                        {"ref": ref, "hash": policy.content_hash, "kind": kind})
+            cursor = db.execute(
+                "INSERT INTO policy_history (ref, content_hash, yaml, applied_at, actor, "
+                "proposal_id, kind) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (ref, policy.content_hash, yaml_text, at, actor, pid, kind),
+            )
+            self._audit(
+                db,
+                at,
+                actor,
+                "policy",
+                pid,
+                (None, None),
+                {"ref": ref, "hash": policy.content_hash, "kind": kind},
+            )
         assert cursor.lastrowid is not None
-        return PolicyRecord(cursor.lastrowid, ref, policy.content_hash, yaml_text, at, actor, pid,
-                            kind)  # type: ignore[arg-type]  # checked against POLICY_KINDS above
+        return PolicyRecord(cursor.lastrowid, ref, policy.content_hash, yaml_text, at, actor, pid, kind)  # type: ignore[arg-type]  # checked against POLICY_KINDS above
 
     def policy_history(self) -> builtins.list[PolicyRecord]:
         """Every policy write, oldest first."""
-        rows = self._read("SELECT seq, ref, content_hash, yaml, applied_at, actor, proposal_id, kind "
-                          "FROM policy_history ORDER BY seq")
+        rows = self._read(
+            "SELECT seq, ref, content_hash, yaml, applied_at, actor, proposal_id, kind "
+            "FROM policy_history ORDER BY seq"
+        )
         return [PolicyRecord(*row) for row in rows]
 
     def audit(self, proposal_id: str | None = None) -> builtins.list[AuditEntry]:
         """The audit log, oldest first; the lines of one proposal (its full id) when given."""
         where, args = ("WHERE proposal_id = ? ", [proposal_id]) if proposal_id is not None else ("", [])
-        rows = self._read("SELECT seq, at, actor, action, proposal_id, from_state, to_state, detail "
-                          f"FROM audit {where}ORDER BY seq", args)
-        return [AuditEntry(seq, at, actor, action, pid, before, after, MappingProxyType(json.loads(detail)))
-                for seq, at, actor, action, pid, before, after, detail in rows]
+        rows = self._read(
+            "SELECT seq, at, actor, action, proposal_id, from_state, to_state, detail "
+            f"FROM audit {where}ORDER BY seq",
+            args,
+        )
+        return [
+            AuditEntry(seq, at, actor, action, pid, before, after, MappingProxyType(json.loads(detail)))
+            for seq, at, actor, action, pid, before, after, detail in rows
+        ]
 
 
 def _evidence(evidence: Evidence | Mapping[str, Any] | None) -> Evidence | None:

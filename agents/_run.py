@@ -1,4 +1,5 @@
-"""``evocache agent run --trace``: the loop over a recorded trace, as if the trace were a deployment's traffic.
+"""``evocache agent run --trace``: the loop over a recorded trace, as if the trace were a deployment's
+traffic.
 
 The trace is cut into windows of ``window`` requests. A ``Simulator`` stands for the deployment: before each
 window it reads the policy store (the policy in force, the canary and its fraction) as a replica would, serves
@@ -34,12 +35,11 @@ from ._workload import read_requests, windows
 from .errors import AgentError, WorkloadError
 
 
-
-
 @dataclass(frozen=True, slots=True)
 class RunOptions:
     """``window`` requests per window; ``capacity`` of the simulated L1 in the trace's size unit (None:
-    ``capacity_fraction`` of the trace's distinct keys times their size); ``harmful_at`` the window from which to
+    ``capacity_fraction`` of the trace's distinct keys times their size); ``harmful_at`` the window from which
+    to
     inject a harmful proposal, once no other change is on its way out (None: none)."""
 
     window: int = 300
@@ -72,8 +72,11 @@ def embed_prompts(requests: list[Request], cache_dir: Path | None) -> Any:
 def harmful_edits(policy: Policy) -> list[Edit]:
     """Every ttl cut to one second: a change no replay would back, to be caught by the canary."""
     edits = [Edit("ttl", "defaults.ttl", policy.defaults.ttl, 1.0, "injected: harmful on purpose")]
-    edits += [Edit("ttl", f"rules.{r.name}.ttl", r.ttl, 1.0, "injected: harmful on purpose")
-              for r in policy.rules if r.ttl is not None]
+    edits += [
+        Edit("ttl", f"rules.{r.name}.ttl", r.ttl, 1.0, "injected: harmful on purpose")
+        for r in policy.rules
+        if r.ttl is not None
+    ]
     return edits
 
 
@@ -81,15 +84,18 @@ class LoopRunner:
     """The per-window work every driver shares (a trace, a live deployment): record the window, inject the
     harmful proposal when asked, run one pass of the graph, fill in realised gains, keep the report's rows."""
 
-    def __init__(self, ctx: LoopContext, graph: Any, *, run_id: str | None = None,
-                 harmful_at: int | None = None) -> None:
+    def __init__(
+        self, ctx: LoopContext, graph: Any, *, run_id: str | None = None, harmful_at: int | None = None
+    ) -> None:
         self.ctx = ctx
         self.graph = graph
         self.run_id = run_id or uuid.uuid4().hex[:8]
         self.harmful_at = harmful_at
         self.rows: list[dict[str, Any]] = []
 
-    def window(self, requests: list[Request], outcomes: list[Any], step: Any, arms: list[bool]) -> dict[str, Any]:
+    def window(
+        self, requests: list[Request], outcomes: list[Any], step: Any, arms: list[bool]
+    ) -> dict[str, Any]:
         ctx = self.ctx
         rec = ctx.record(requests, outcomes, step, arms)
         if self.harmful_at is not None and rec.index >= self.harmful_at and not ctx.busy():
@@ -97,8 +103,11 @@ class LoopRunner:
             inject_harmful(ctx, step[0])
             self.harmful_at = None
         thread = f"{self.run_id}-w{rec.index}"
-        self.graph.invoke({"run": self.run_id, "thread": thread, "window": rec.index}, thread_config(thread),
-                          durability="sync")
+        self.graph.invoke(
+            {"run": self.run_id, "thread": thread, "window": rec.index},
+            thread_config(thread),
+            durability="sync",
+        )
         if not self.graph.get_state(thread_config(thread)).interrupts:
             # a pass that ran to its end is done with: only a pass waiting for a person is resumed later
             self.graph.checkpointer.delete_thread(thread)
@@ -117,18 +126,36 @@ class LoopRunner:
         return {
             "windows": rows,
             "drift_detected_at": next(
-                (r["index"] for r in rows if any(f["kind"] in DRIFT_KINDS for f in r["findings"])), None),
-            "proposals": [{"id": p.id, "window": p.window, "status": p.status, "predicted_gain": p.predicted_gain,
-                           "realised_gain": p.realised_gain} for p in proposals],
+                (r["index"] for r in rows if any(f["kind"] in DRIFT_KINDS for f in r["findings"])), None
+            ),
+            "proposals": [
+                {
+                    "id": p.id,
+                    "window": p.window,
+                    "status": p.status,
+                    "predicted_gain": p.predicted_gain,
+                    "realised_gain": p.realised_gain,
+                }
+                for p in proposals
+            ],
             "breaches": self.ctx.breaches,
             "retrains": self.ctx.retrains,
             "capacity": self.ctx.capacity,
         }
 
 
-def open_loop(policies: Any, workdir: Path, policy: Policy, *, capacity: int, config: LoopConfig,
-              vectors: Any = None, diagnose: Callable[..., Any] | None = None, actor: str = "agent run",
-              model: tuple[str, str, str] = ("", "", "")) -> LoopContext:
+def open_loop(
+    policies: Any,
+    workdir: Path,
+    policy: Policy,
+    *,
+    capacity: int,
+    config: LoopConfig,
+    vectors: Any = None,
+    diagnose: Callable[..., Any] | None = None,
+    actor: str = "agent run",
+    model: tuple[str, str, str] = ("", "", ""),
+) -> LoopContext:
     """The loop's context over ``policies`` (the store serving reads), with its proposal store and plots
     under ``workdir``; ``policy`` applied when the store has none in force. ``model``: what serves the
     traffic (id, revision, prompt-template hash), part of the evidence's context."""
@@ -146,14 +173,30 @@ def open_loop(policies: Any, workdir: Path, policy: Policy, *, capacity: int, co
         diagnose = default_diagnose
     from ._planner import planner_from_env
 
-    return LoopContext(policies, proposals, capacity=capacity, config=config, vectors=vectors,
-                       diagnose=diagnose, plots_dir=workdir / "plots", model_dir=workdir / "models",
-                       planner=planner_from_env(), model=model, actor=actor)
+    return LoopContext(
+        policies,
+        proposals,
+        capacity=capacity,
+        config=config,
+        vectors=vectors,
+        diagnose=diagnose,
+        plots_dir=workdir / "plots",
+        model_dir=workdir / "models",
+        planner=planner_from_env(),
+        model=model,
+        actor=actor,
+    )
 
 
-def run_trace(trace: str | Path, policy: Policy, workdir: str | Path, *, options: RunOptions = RunOptions(),
-              diagnose: Callable[..., Any] | None = None, progress: Callable[[int, int], None] | None = None,
-              ) -> dict[str, Any]:
+def run_trace(
+    trace: str | Path,
+    policy: Policy,
+    workdir: str | Path,
+    *,
+    options: RunOptions = RunOptions(),
+    diagnose: Callable[..., Any] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
     """Run the loop over ``trace`` under ``policy``; state under ``workdir`` (policy store, proposals, the
     checkpointer). Returns the report document."""
     from langgraph.checkpoint.sqlite import SqliteSaver
@@ -170,11 +213,14 @@ def run_trace(trace: str | Path, policy: Policy, workdir: str | Path, *, options
     active = policies.state().active
     if active is not None and policies.load(active).content_hash != policy.content_hash:
         if policy.version <= policies.load(active).version:
-            raise AgentError(f"{workdir} already runs {active}, not the policy given ({policy.ref}): give a "
-                             f"fresh --workdir, that policy, or a newer version")
+            raise AgentError(
+                f"{workdir} already runs {active}, not the policy given ({policy.ref}): give a "
+                f"fresh --workdir, that policy, or a newer version"
+            )
         policies.apply(policy)  # a newer version: in force from the first window on
-    ctx = open_loop(policies, workdir, policy, capacity=capacity, config=options.loop, vectors=vectors,
-                    diagnose=diagnose)
+    ctx = open_loop(
+        policies, workdir, policy, capacity=capacity, config=options.loop, vectors=vectors, diagnose=diagnose
+    )
     live = Simulator(ctx.active(), capacity, seed=options.loop.seed, vectors=vectors)
     with SqliteSaver.from_conn_string(str(workdir / "checkpoints.db")) as saver:
         runner = LoopRunner(ctx, build_graph(ctx, saver), harmful_at=options.harmful_at)
@@ -193,13 +239,16 @@ def run_trace(trace: str | Path, policy: Policy, workdir: str | Path, *, options
 
 
 def inject_harmful(ctx: LoopContext, base: Policy) -> str:
-    """A harmful proposal with its (unfavourable) replay evidence, approved by a person: it goes to the canary."""
+    """A harmful proposal with its (unfavourable) replay evidence, approved by a person: it goes to the
+    canary."""
     edits = harmful_edits(base)
     cand = apply_edits(base, edits, max(ctx.top_version, base.version) + 1)
     ctx.top_version = cand.version
     evidence = ctx.judge(base, cand)
     proposal = ctx._store_proposal(base, cand, edits, [], evidence, None)
-    ctx.proposals.review(proposal.id, "approve", "injected", "approved against its evidence, to test the canary")
+    ctx.proposals.review(
+        proposal.id, "approve", "injected", "approved against its evidence, to test the canary"
+    )
     ctx.start_canary(proposal.id)
     return proposal.id
 
@@ -207,12 +256,17 @@ def inject_harmful(ctx: LoopContext, base: Policy) -> str:
 def _row(rec: Any, ctx: LoopContext) -> dict[str, Any]:
     s = rec.stats
     return {
-        "index": s.index, "start": s.start, "end": s.end, "requests": s.requests, "policy": s.policy,
-        "hit_ratio": s.hit_ratio, "wrong": s.wrong,
+        "index": s.index,
+        "start": s.start,
+        "end": s.end,
+        "requests": s.requests,
+        "policy": s.policy,
+        "hit_ratio": s.hit_ratio,
+        "wrong": s.wrong,
         "canary": None if rec.step[1] is None else str(rec.step[1].ref),
         "phases": sorted({r.phase for r in rec.requests if r.phase}),
-        "findings": [{"kind": f.kind, "score": f.score, "p_value": f.p_value, "summary": f.summary}
-                     for f in rec.findings],
+        "findings": [
+            {"kind": f.kind, "score": f.score, "p_value": f.p_value, "summary": f.summary}
+            for f in rec.findings
+        ],
     }
-
-

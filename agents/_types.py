@@ -1,13 +1,13 @@
 """The loop's plain data: requests, what the cache did with them, windows, series and findings.
 
-Everything here is frozen and made of plain values (str, int, float, tuples, mappings of those), so the LangGraph
-state, the SQLite store and the JSON report can hold it without pickling.
+Everything here is frozen and made of plain values (str, int, float, tuples, mappings of those), so the
+LangGraph state, the SQLite store and the JSON report can hold it without pickling.
 
-A ``Request`` is one client call as the loop sees it, whatever the source: a Mooncake trace line (its KV blocks are
-its ``keys``), an access event pair (one response key), a semantic stream row (a prompt and its answer group). An
-``Outcome`` is what one policy did with it: how many of its lookups hit. ``WindowStats`` summarises a window of
-requests and outcomes for diagnosis; ``Series`` carries a signal at a finer step (per second, per kernel) for the
-tests that need a time series (Granger causality, change points).
+A ``Request`` is one client call as the loop sees it, whatever the source: a Mooncake trace line (its KV
+blocks are its ``keys``), an access event pair (one response key), a semantic stream row (a prompt and its
+answer group). An ``Outcome`` is what one policy did with it: how many of its lookups hit. ``WindowStats``
+summarises a window of requests and outcomes for diagnosis; ``Series`` carries a signal at a finer step (per
+second, per kernel) for the tests that need a time series (Granger causality, change points).
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ RequestKind = Literal["kv", "response", "semantic"]
 class Request:
     """One client call.
 
-    ``keys``: what the cache looks up for it, in order: KV block hashes (a prefix chain: block i is only of use
-    when blocks 0..i-1 are), or the one response key. ``size``: the size of one key's entry (tokens of a KV
-    block, bytes of a response). ``ns``: the tenant ("" when the source has none); ``rule``: the policy rule the
-    source says it matched ("" when none). ``prompt_tokens`` / ``output_tokens``: -1 when unknown.
+    ``keys``: what the cache looks up for it, in order: KV block hashes (a prefix chain: block i is only of
+    use when blocks 0..i-1 are), or the one response key. ``size``: the size of one key's entry (tokens of a
+    KV block, bytes of a response). ``ns``: the tenant ("" when the source has none); ``rule``: the policy
+    rule the source says it matched ("" when none). ``prompt_tokens`` / ``output_tokens``: -1 when unknown.
     ``latency_ms``: what serving it cost without the cache (the model's time), -1 when unknown. ``prompt`` and
-    ``group`` (semantic streams): the prompt text and its answer group, the judge of a semantic hit. ``phase``:
-    a label the source carries (a drifting benchmark's phase), never read by the loop's decisions.
+    ``group`` (semantic streams): the prompt text and its answer group, the judge of a semantic hit.
+    ``phase``: a label the source carries (a drifting benchmark's phase), never read by the loop's decisions.
     """
 
     t: float
@@ -65,7 +65,8 @@ class Outcome(NamedTuple):
 
 
 class Counts(NamedTuple):
-    """Requests, keys asked for (``lookups``, bypassed requests included) and hits of one slice of a window."""
+    """Requests, keys asked for (``lookups``, bypassed requests included) and hits of one slice of a
+    window."""
 
     requests: int
     lookups: int
@@ -89,9 +90,9 @@ def _frozen(value: Mapping[Any, Any]) -> Mapping[Any, Any]:
 class WindowStats:
     """One window of traffic under one policy, summarised for diagnosis.
 
-    ``requests`` counts client calls; ``lookups`` the keys they asked for (KV blocks, or one per response call),
-    bypassed calls included, and ``hits`` those served from cache; so ``hit_ratio`` is the share of demand the
-    cache served, and a policy cannot raise it by bypassing traffic. ``by_rule``,
+    ``requests`` counts client calls; ``lookups`` the keys they asked for (KV blocks, or one per response
+    call), bypassed calls included, and ``hits`` those served from cache; so ``hit_ratio`` is the share of
+    demand the cache served, and a policy cannot raise it by bypassing traffic. ``by_rule``,
     ``by_tenant`` and ``by_rule_tenant`` slice the same counts. ``keys``: lookups per key (the key
     distribution the drift tests compare). ``prompt_tokens``, ``output_tokens``, ``latency_ms``: one value per
     request that knows it. ``pushed_out``: ``(evicting tenant, evicted tenant) -> entries``. ``wrong``:
@@ -125,10 +126,18 @@ class WindowStats:
         return self.hits / self.lookups if self.lookups else 0.0
 
 
-def window_stats(index: int, policy: str, requests: Sequence[Request], outcomes: Sequence[Outcome],
-                 *, start: float | None = None, end: float | None = None) -> WindowStats:
-    """Summarise ``requests`` (in time order) and the ``outcomes`` one policy gave them (same order and length).
-    ``start``/``end`` default to the first and last request's ``t``. Raises ``ValueError`` when the lengths
+def window_stats(
+    index: int,
+    policy: str,
+    requests: Sequence[Request],
+    outcomes: Sequence[Outcome],
+    *,
+    start: float | None = None,
+    end: float | None = None,
+) -> WindowStats:
+    """Summarise ``requests`` (in time order) and the ``outcomes`` one policy gave them (same order and
+    length). ``start``/``end`` default to the first and last request's ``t``. Raises ``ValueError`` when the
+    lengths
     differ."""
     if len(requests) != len(outcomes):
         raise ValueError(f"{len(requests)} requests but {len(outcomes)} outcomes")
@@ -193,8 +202,15 @@ class Series:
         return dict(self.labels).get(key, default)
 
 
-def step_series(requests: Sequence[Request], outcomes: Sequence[Outcome], *, start: float, end: float,
-                step_s: float, by: Sequence[str] = ("rule", "tenant")) -> list[Series]:
+def step_series(
+    requests: Sequence[Request],
+    outcomes: Sequence[Outcome],
+    *,
+    start: float,
+    end: float,
+    step_s: float,
+    by: Sequence[str] = ("rule", "tenant"),
+) -> list[Series]:
     """Per-step series of one stretch of traffic, for the time-series tests: ``qps``, ``miss_ratio`` (of the
     step's lookups; NaN in a step without lookups), ``prompt_tokens`` (mean per request, NaN when unknown) and
     ``long_prompt_share`` (share of requests above the stretch's median prompt length), once overall and once
@@ -228,12 +244,21 @@ def step_series(requests: Sequence[Request], outcomes: Sequence[Outcome], *, sta
     nan = math.nan
     for labels, rows in sorted(groups.items()):
         out_series.append(Series("qps", labels, times, tuple(r[0] / step_s for r in rows), "1/s"))
-        out_series.append(Series("miss_ratio", labels, times,
-                                 tuple(1 - r[2] / r[1] if r[1] else nan for r in rows), "ratio"))
-        out_series.append(Series("prompt_tokens", labels, times,
-                                 tuple(r[3] / r[4] if r[4] else nan for r in rows), "tokens"))
-        out_series.append(Series("long_prompt_share", labels, times,
-                                 tuple(r[5] / r[4] if r[4] else nan for r in rows), "ratio"))
+        out_series.append(
+            Series(
+                "miss_ratio", labels, times, tuple(1 - r[2] / r[1] if r[1] else nan for r in rows), "ratio"
+            )
+        )
+        out_series.append(
+            Series(
+                "prompt_tokens", labels, times, tuple(r[3] / r[4] if r[4] else nan for r in rows), "tokens"
+            )
+        )
+        out_series.append(
+            Series(
+                "long_prompt_share", labels, times, tuple(r[5] / r[4] if r[4] else nan for r in rows), "ratio"
+            )
+        )
     return out_series
 
 
@@ -258,11 +283,11 @@ class Finding:
 
     ``kind`` says what was found; ``subject`` what about (``{"rule": "faq", "tenant": "acme"}``);
     ``window`` the index of the window it is about, ``windows`` the span of windows its test used
-    (first, last). ``statistic`` the test statistic, ``p_value`` its p-value (after the multiple-test correction
-    where one applies; None for scores without one), ``score`` a 0..1 strength for ranking findings (what the
-    planner turns into edits first). ``detail`` plain values that explain it (the lag chosen, the band, the
-    modes); ``plot`` the path of a PNG that shows it, when one was drawn. ``summary`` one sentence for a
-    person.
+    (first, last). ``statistic`` the test statistic, ``p_value`` its p-value (after the multiple-test
+    correction where one applies; None for scores without one), ``score`` a 0..1 strength for ranking findings
+    (what the planner turns into edits first). ``detail`` plain values that explain it (the lag chosen, the
+    band, the modes); ``plot`` the path of a PNG that shows it, when one was drawn. ``summary`` one sentence
+    for a person.
     """
 
     kind: FindingKind
@@ -293,14 +318,29 @@ class Finding:
             return x
 
         return {
-            "kind": self.kind, "summary": self.summary, "window": self.window, "windows": list(self.windows),
-            "subject": dict(self.subject), "statistic": plain(self.statistic), "p_value": plain(self.p_value),
-            "score": plain(self.score), "detail": plain(dict(self.detail)), "plot": self.plot,
+            "kind": self.kind,
+            "summary": self.summary,
+            "window": self.window,
+            "windows": list(self.windows),
+            "subject": dict(self.subject),
+            "statistic": plain(self.statistic),
+            "p_value": plain(self.p_value),
+            "score": plain(self.score),
+            "detail": plain(dict(self.detail)),
+            "plot": self.plot,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Finding:
-        return cls(kind=data["kind"], summary=data["summary"], window=int(data["window"]),
-                   windows=(int(data["windows"][0]), int(data["windows"][1])), subject=data.get("subject") or {},
-                   statistic=data.get("statistic"), p_value=data.get("p_value"), score=float(data.get("score") or 0),
-                   detail=data.get("detail") or {}, plot=data.get("plot"))
+        return cls(
+            kind=data["kind"],
+            summary=data["summary"],
+            window=int(data["window"]),
+            windows=(int(data["windows"][0]), int(data["windows"][1])),
+            subject=data.get("subject") or {},
+            statistic=data.get("statistic"),
+            p_value=data.get("p_value"),
+            score=float(data.get("score") or 0),
+            detail=data.get("detail") or {},
+            plot=data.get("plot"),
+        )

@@ -1,20 +1,21 @@
 """What a policy document would have done with a stretch of traffic: the replay that judges every proposal.
 
-``controller.replay`` replays one eviction policy over keys. A proposal changes more than that: a rule's ttl, a
-rule turned to bypass, a tenant's share of the capacity, the KV ``min_tokens``, a rule's semantic settings, the
-eviction policy. ``Simulator`` owns one capacity-bounded cache (the L1 a replica would have) and replays
+``controller.replay`` replays one eviction policy over keys. A proposal changes more than that: a rule's ttl,
+a rule turned to bypass, a tenant's share of the capacity, the KV ``min_tokens``, a rule's semantic settings,
+the eviction policy. ``Simulator`` owns one capacity-bounded cache (the L1 a replica would have) and replays
 ``Request``s under a ``Policy``:
 
 - each request takes the settings of the rule its source says it matched (``Request.rule``; a name the policy
   does not know takes the defaults), so edits to a rule's settings are judged, not edits to its ``when``;
-- a bypassing rule, or a KV request shorter than the rule's ``min_tokens``, makes no lookup and stores nothing;
+- a bypassing rule, or a KV request shorter than the rule's ``min_tokens``, makes no lookup and stores
+  nothing;
 - an entry lives ``ttl`` seconds of trace time; a KV request hits its leading cached blocks (a prefix: block i
   is of no use once an earlier block missed), and stores the blocks it computed;
 - a tenant with ``l1_share < 1`` evicts its own entries first once it holds its share;
 - a semantic request (a prompt and its answer group) is looked up exactly first, then, when its rule has
   ``semantic:``, through a ``SemanticCache`` with the rule's mode and error bound over precomputed vectors
-  (an answer is served semantically only while its exact entry is held: evicted or expired, it leaves the index);
-  a hit whose answer group differs is ``wrong``;
+  (an answer is served semantically only while its exact entry is held: evicted or expired, it leaves the
+  index); a hit whose answer group differs is ``wrong``;
 - the eviction policy is the production class the policy names for ``l1`` (``eviction.l1``, else LRU), run on
   the trace's clock, with the access context learned policies read.
 
@@ -61,11 +62,16 @@ def rule_settings(policy: Policy, rule: str) -> RuleSettings:
     sem = decision.semantic
     semantic = None
     if sem is not None:
-        semantic = (sem.mode or "bounded", float(sem.explore if sem.explore is not None else 0.05),
-                    None if sem.threshold is None else float(sem.threshold), float(sem.max_error))
+        semantic = (
+            sem.mode or "bounded",
+            float(sem.explore if sem.explore is not None else 0.05),
+            None if sem.threshold is None else float(sem.threshold),
+            float(sem.max_error),
+        )
     cache_kv = kv is None or kv.reuse != "off"
-    return RuleSettings(cache=decision.cache and cache_kv, ttl=float(decision.ttl), min_tokens=min_tokens,
-                        semantic=semantic)
+    return RuleSettings(
+        cache=decision.cache and cache_kv, ttl=float(decision.ttl), min_tokens=min_tokens, semantic=semantic
+    )
 
 
 class _Arm:
@@ -102,12 +108,15 @@ class Simulator:
     """A replica's L1 under a policy, replayed on the trace's clock. See the module docstring.
 
     ``capacity`` is in the requests' size unit (tokens for KV blocks, bytes for responses; each key weighs its
-    request's ``size``). ``vectors``: the embeddings of the semantic requests' prompts (``VectorTable``), needed
-    only when a rule has ``semantic:``. Raises ``ValueError`` for a capacity < 1 and ``StoreConfigError`` for an
-    eviction policy name the controller does not know (when the policy is first used).
+    request's ``size``). ``vectors``: the embeddings of the semantic requests' prompts (``VectorTable``),
+    needed only when a rule has ``semantic:``. Raises ``ValueError`` for a capacity < 1 and
+    ``StoreConfigError`` for an eviction policy name the controller does not know (when the policy is first
+    used).
     """
 
-    def __init__(self, policy: Policy, capacity: int, *, seed: int = 0, vectors: VectorTable | None = None) -> None:
+    def __init__(
+        self, policy: Policy, capacity: int, *, seed: int = 0, vectors: VectorTable | None = None
+    ) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
         self.capacity = capacity
@@ -147,15 +156,18 @@ class Simulator:
 
     def _build_eviction(self, name: str) -> EvictionPolicy:
         self._eviction_name = name
-        return make_eviction_policy(name, capacity=self.capacity, clock=lambda: self._now,
-                                    rng=random.Random(self._seed))
+        return make_eviction_policy(
+            name, capacity=self.capacity, clock=lambda: self._now, rng=random.Random(self._seed)
+        )
 
     # -- replay --------------------------------------------------------------------------------------------
 
-    def run(self, requests: Sequence[Request], *, canary: Policy | None = None,
-            fraction: float = 0.0) -> list[Outcome]:
+    def run(
+        self, requests: Sequence[Request], *, canary: Policy | None = None, fraction: float = 0.0
+    ) -> list[Outcome]:
         """Replay ``requests`` (in time order) and return one ``Outcome`` each. With ``canary``, a request
-        whose first key ``canary_for(key, fraction)`` picks is decided by it instead of the policy in force."""
+        whose first key ``canary_for(key, fraction)`` picks is decided by it instead of the policy in
+        force."""
         candidate = _Arm(canary, self.capacity) if canary is not None else None
         out: list[Outcome] = []
         for req in requests:
@@ -185,8 +197,16 @@ class Simulator:
         n = len(req.keys)
         for pos, key in enumerate(req.keys):
             k = (ns, key)
-            info = EntryInfo(req.size, ns, rule=req.rule, req=self._req, pos=pos, req_len=n, parent=parent,
-                             req_out=req.output_tokens)
+            info = EntryInfo(
+                req.size,
+                ns,
+                rule=req.rule,
+                req=self._req,
+                pos=pos,
+                req_len=n,
+                parent=parent,
+                req_out=req.output_tokens,
+            )
             if self._lookup(k, info):
                 hits += chain
             else:
@@ -247,7 +267,9 @@ class Simulator:
 
     # -- semantic ------------------------------------------------------------------------------------------
 
-    def _semantic_request(self, req: Request, settings: RuleSettings, arm: _Arm, evicted: list[str]) -> Outcome:
+    def _semantic_request(
+        self, req: Request, settings: RuleSettings, arm: _Arm, evicted: list[str]
+    ) -> Outcome:
         """An exact lookup of the prompt's key, then (when the rule has ``semantic:``) a semantic one; a miss
         stores the answer (its group) under the key and in the semantic index."""
         ns, key = req.ns, req.keys[0]
@@ -303,8 +325,11 @@ class Simulator:
 
             if self._vectors is None:
                 raise ValueError("a rule has semantic: settings but the simulator was given no vectors")
-            options = PolicyOptions(mode=mode, explore=explore if mode == "bounded" else 0.05,
-                                    threshold=threshold if mode == "static" else None)
+            options = PolicyOptions(
+                mode=mode,
+                explore=explore if mode == "bounded" else 0.05,
+                threshold=threshold if mode == "static" else None,
+            )
             cache = SemanticCache(self._vectors, policy=options.build(), rng=random.Random(self._seed))
             for i, (ns, rule, prompt, group) in enumerate(self._inserted, start=1):
                 if f"e{i}" in self._live_entries:

@@ -4,10 +4,10 @@
     for window in windows(requests, size=300): ...
 
 Formats: everything ``controller.replay.read_trace`` reads (access events, canonical, Mooncake, CSV), plus
-semantic streams (``{"prompt", "group"}`` per line). Mooncake and stream lines may carry ``tenant``, ``rule`` and
-``phase`` (a drifting benchmark's label; it travels with the request for the report and is never read by the
-loop's decisions). A Mooncake line is one request whose keys are its block hashes; any other access is a request
-with one key. Stream rows without a ``t`` are one second apart, in file order.
+semantic streams (``{"prompt", "group"}`` per line). Mooncake and stream lines may carry ``tenant``, ``rule``
+and ``phase`` (a drifting benchmark's label; it travels with the request for the report and is never read by
+the loop's decisions). A Mooncake line is one request whose keys are its block hashes; any other access is a
+request with one key. Stream rows without a ``t`` are one second apart, in file order.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from ._types import Request
 from .errors import WorkloadError
 
 MAX_PROMPT_CHARS = 32_768
-"""A stream row's prompt is refused beyond this (the embedder truncates far earlier; a bigger one is bad input)."""
+"""A stream row's prompt is refused beyond this (the embedder truncates far earlier; a bigger one is bad
+input)."""
 MAX_LINE_CHARS = 1 << 20
 BLOCK_TOKENS = 512  # Mooncake's block: a request's prompt tokens are its blocks times this when not given
 
@@ -61,7 +62,8 @@ def read_requests(path: str | Path, format: str = "auto") -> list[Request]:
 
 
 def windows(requests: Sequence[Request], size: int) -> Iterator[Sequence[Request]]:
-    """Consecutive windows of ``size`` requests (the last one may be shorter; one shorter than half a window is
+    """Consecutive windows of ``size`` requests (the last one may be shorter; one shorter than half a window
+    is
     folded into the one before, so a tail never makes a window too small to judge)."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"window size must be an int >= 1, got {size!r}")

@@ -5,8 +5,8 @@
     evocache demo [--interactive] [--workdir DIR]
 
 ``run`` makes one pass over a recorded trace; ``watch`` follows a deployment's access events and acts on the
-policy store its replicas read, until stopped; ``demo`` deploys the example model on a local Ray Serve, sends a
-drifting workload and runs the loop over it to ``report.html``.
+policy store its replicas read, until stopped; ``demo`` deploys the example model on a local Ray Serve, sends
+a drifting workload and runs the loop over it to ``report.html``.
 
 Exit codes: 0 done; 1 the trace, the policy or the loop's state could not be used (the message names which);
 2 bad usage.
@@ -27,12 +27,23 @@ def run(
     window: Annotated[int, typer.Option("--window", min=10, help="Requests per window.")] = 300,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the run's report here.")] = None,
     workdir: Annotated[Path, typer.Option("--workdir", help="Policy store, proposals, checkpoints.")] = Path(
-        ".evocache/agent"),
-    capacity: Annotated[int | None, typer.Option("--capacity", min=1, help="Simulated L1 capacity (the trace's "
-                                                 "size unit); default a tenth of its distinct keys.")] = None,
-    interactive: Annotated[bool, typer.Option("--interactive", help="Every proposal waits for a person.")] = False,
-    inject_harmful: Annotated[int | None, typer.Option("--inject-harmful", metavar="WINDOW",
-                                                       help="Inject a harmful proposal at this window.")] = None,
+        ".evocache/agent"
+    ),
+    capacity: Annotated[
+        int | None,
+        typer.Option(
+            "--capacity",
+            min=1,
+            help="Simulated L1 capacity (the trace's size unit); default a tenth of its distinct keys.",
+        ),
+    ] = None,
+    interactive: Annotated[
+        bool, typer.Option("--interactive", help="Every proposal waits for a person.")
+    ] = False,
+    inject_harmful: Annotated[
+        int | None,
+        typer.Option("--inject-harmful", metavar="WINDOW", help="Inject a harmful proposal at this window."),
+    ] = None,
 ) -> None:
     """Run the loop over a recorded trace: diagnose each window, propose, replay, review, canary, promote or
     roll back; print the windows and the proposals."""
@@ -51,14 +62,26 @@ def run(
     except (PolicyError, OSError) as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(1) from None
-    options = RunOptions(window=window, capacity=capacity, harmful_at=inject_harmful,
-                         loop=LoopConfig(interactive=interactive))
-    with Progress(TextColumn("[bold]agent"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, transient=True) as bar:
+    options = RunOptions(
+        window=window, capacity=capacity, harmful_at=inject_harmful, loop=LoopConfig(interactive=interactive)
+    )
+    with Progress(
+        TextColumn("[bold]agent"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as bar:
         task = bar.add_task("windows", total=None)
         try:
-            report = run_trace(trace, base, workdir, options=options,
-                               progress=lambda done, total: bar.update(task, completed=done, total=total))
+            report = run_trace(
+                trace,
+                base,
+                workdir,
+                options=options,
+                progress=lambda done, total: bar.update(task, completed=done, total=total),
+            )
         except (AgentError, ValueError, OSError) as exc:
             err.print(f"[red]error:[/] {exc}")
             raise typer.Exit(1) from None
@@ -81,8 +104,14 @@ def _print(console: Any, report: dict[str, Any]) -> None:
         table.add_column(col)
     for w in report["windows"]:
         kinds = sorted({f["kind"] for f in w["findings"] if f["kind"] != "not-testable"})
-        table.add_row(str(w["index"]), str(w["requests"]), w["policy"], w["canary"] or "-", f"{w['hit_ratio']:.3f}",
-                      ", ".join(kinds) or "-")
+        table.add_row(
+            str(w["index"]),
+            str(w["requests"]),
+            w["policy"],
+            w["canary"] or "-",
+            f"{w['hit_ratio']:.3f}",
+            ", ".join(kinds) or "-",
+        )
     console.print(table)
     drift = report["drift_detected_at"]
     console.print(f"drift detected at window {drift}" if drift is not None else "no drift detected")
@@ -90,7 +119,9 @@ def _print(console: Any, report: dict[str, Any]) -> None:
     for col in ("id", "window", "status", "predicted gain", "realised gain"):
         props.add_column(col)
     for p in report["proposals"]:
-        props.add_row(p["id"], str(p["window"]), p["status"], _gain(p["predicted_gain"]), _gain(p["realised_gain"]))
+        props.add_row(
+            p["id"], str(p["window"]), p["status"], _gain(p["predicted_gain"]), _gain(p["realised_gain"])
+        )
     console.print(props)
 
 
@@ -99,8 +130,9 @@ def _gain(value: float | None) -> str:
 
 
 def resume_waiting_review(proposal: object, verdict: str, store: Path) -> None:
-    """After ``evocache proposals approve/reject``: resume the loop's pass that waits on this proposal, from this
-    process (the graph over the stores beside ``store``, its SQLite checkpointer). Nothing waits: nothing to do
+    """After ``evocache proposals approve/reject``: resume the loop's pass that waits on this proposal, from
+    this process (the graph over the stores beside ``store``, its SQLite checkpointer). Nothing waits: nothing
+    to do
     (the next pass starts an approved proposal's canary)."""
     from ._loop import resume_waiting
 
@@ -116,25 +148,41 @@ MAX_FAILED_PASSES = 5
 
 
 def watch(
-    events: Annotated[list[Path] | None, typer.Option("--events", help="A replica's JSONL access-event file "
-                                                      "(repeat for several).")] = None,
-    redis_url: Annotated[str | None, typer.Option("--redis", metavar="URL", help="Read the events' Redis stream "
-                                                  "instead.")] = None,
-    store: Annotated[Path | None, typer.Option("--store", metavar="DIR", help="The policy store the replicas "
-                                               "follow (default: the one `evocache serve` uses).")] = None,
-    policy: Annotated[Path | None, typer.Option("--policy", help="Applied when the store has none in force.")]
-    = None,
+    events: Annotated[
+        list[Path] | None,
+        typer.Option("--events", help="A replica's JSONL access-event file (repeat for several)."),
+    ] = None,
+    redis_url: Annotated[
+        str | None, typer.Option("--redis", metavar="URL", help="Read the events' Redis stream instead.")
+    ] = None,
+    store: Annotated[
+        Path | None,
+        typer.Option(
+            "--store",
+            metavar="DIR",
+            help="The policy store the replicas follow (default: the one `evocache serve` uses).",
+        ),
+    ] = None,
+    policy: Annotated[
+        Path | None, typer.Option("--policy", help="Applied when the store has none in force.")
+    ] = None,
     window: Annotated[int, typer.Option("--window", min=10, help="Requests per window.")] = 300,
-    capacity: Annotated[int, typer.Option("--capacity", min=1, help="The replicas' L1 size in bytes, for "
-                                          "replay evidence.")] = 64 * 1024 * 1024,
+    capacity: Annotated[
+        int, typer.Option("--capacity", min=1, help="The replicas' L1 size in bytes, for replay evidence.")
+    ] = 64 * 1024 * 1024,
     workdir: Annotated[Path, typer.Option("--workdir", help="Proposals, checkpoints, plots.")] = Path(
-        ".evocache/agent"),
+        ".evocache/agent"
+    ),
     interval: Annotated[float, typer.Option("--interval", min=0.05, help="Seconds between reads.")] = 2.0,
-    max_windows: Annotated[int | None, typer.Option("--max-windows", min=1, help="Stop after this many "
-                                                    "windows.")] = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="Keep the report here, rewritten after "
-                                                  "each window.")] = None,
-    interactive: Annotated[bool, typer.Option("--interactive", help="Every proposal waits for a person.")] = False,
+    max_windows: Annotated[
+        int | None, typer.Option("--max-windows", min=1, help="Stop after this many windows.")
+    ] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Keep the report here, rewritten after each window.")
+    ] = None,
+    interactive: Annotated[
+        bool, typer.Option("--interactive", help="Every proposal waits for a person.")
+    ] = False,
 ) -> None:
     """Follow a deployment: read its access events, run a pass of the loop per window of requests, and act on
     the policy store its replicas follow. Runs until Ctrl-C (or --max-windows)."""
@@ -165,8 +213,15 @@ def watch(
         else:
             policies = FilePolicyStore(store or Path(os.environ.get(POLICY_STORE_ENV) or DEFAULT_DIRECTORY))
             collector = EventsCollector.from_files(events or [])
-        loop = LiveLoop(collector, policies, workdir, window=window, capacity=capacity, policy=start,
-                        config=LoopConfig(interactive=interactive))
+        loop = LiveLoop(
+            collector,
+            policies,
+            workdir,
+            window=window,
+            capacity=capacity,
+            policy=start,
+            config=LoopConfig(interactive=interactive),
+        )
     except (PolicyError, PolicyStoreError, AgentError, ValueError, OSError) as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(1) from None
@@ -198,9 +253,11 @@ def watch(
                 rows = []
             for row in rows:
                 kinds = sorted({f["kind"] for f in row["findings"] if f["kind"] != "not-testable"})
-                console.print(f"window {row['index']}: {row['requests']} requests, {row['policy']}"
-                              f"{', canary ' + row['canary'] if row['canary'] else ''}, hit ratio "
-                              f"{row['hit_ratio']:.3f}, {', '.join(kinds) or 'no findings'}")
+                console.print(
+                    f"window {row['index']}: {row['requests']} requests, {row['policy']}"
+                    f"{', canary ' + row['canary'] if row['canary'] else ''}, hit ratio "
+                    f"{row['hit_ratio']:.3f}, {', '.join(kinds) or 'no findings'}"
+                )
                 done += 1
             if rows and json_out is not None:
                 loop.write_report(json_out)
@@ -214,14 +271,26 @@ def watch(
 
 
 def demo(
-    workdir: Annotated[Path, typer.Option("--workdir", help="Where the demo keeps everything (emptied first).")]
-    = Path(".evocache/demo"),
-    root: Annotated[Path, typer.Option("--root", help="The repository (its examples/ and bench/data/).")]
-    = Path("."),
-    interactive: Annotated[bool, typer.Option("--interactive", help="Proposals wait for `evocache proposals "
-                                              "approve` from another terminal.")] = False,
-    windows: Annotated[int, typer.Option("--windows", min=10, help="Windows of traffic (the drift after the "
-                                         "fifth, or five fourteenths of them).")] = 14,
+    workdir: Annotated[
+        Path, typer.Option("--workdir", help="Where the demo keeps everything (emptied first).")
+    ] = Path(".evocache/demo"),
+    root: Annotated[
+        Path, typer.Option("--root", help="The repository (its examples/ and bench/data/).")
+    ] = Path("."),
+    interactive: Annotated[
+        bool,
+        typer.Option(
+            "--interactive", help="Proposals wait for `evocache proposals approve` from another terminal."
+        ),
+    ] = False,
+    windows: Annotated[
+        int,
+        typer.Option(
+            "--windows",
+            min=10,
+            help="Windows of traffic (the drift after the fifth, or five fourteenths of them).",
+        ),
+    ] = 14,
     per_window: Annotated[int, typer.Option("--per-window", min=50, help="Requests per window.")] = 200,
     seed: Annotated[int, typer.Option("--seed", help="The workload's seed.")] = 0,
 ) -> None:
@@ -233,15 +302,30 @@ def demo(
     from ._demo import DemoOptions, run_demo
 
     console, err = Console(), Console(stderr=True)
-    options = DemoOptions(workdir=workdir, root=root, windows=windows, per_window=per_window,
-                          interactive=interactive, seed=seed, drift_at=max(5, windows * 5 // 14))
-    with Progress(TextColumn("[bold]demo[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err, transient=not interactive) as bar:
+    options = DemoOptions(
+        workdir=workdir,
+        root=root,
+        windows=windows,
+        per_window=per_window,
+        interactive=interactive,
+        seed=seed,
+        drift_at=max(5, windows * 5 // 14),
+    )
+    with Progress(
+        TextColumn("[bold]demo[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=not interactive,
+    ) as bar:
         task = bar.add_task("starting", total=windows)
         try:
-            report = run_demo(options, say=bar.console.print,
-                              progress=lambda what, done, total: bar.update(task, description=what,
-                                                                            completed=done))
+            report = run_demo(
+                options,
+                say=bar.console.print,
+                progress=lambda what, done, total: bar.update(task, description=what, completed=done),
+            )
         except (OSError, ValueError, RuntimeError) as exc:
             err.print(f"[red]error:[/] {exc}")
             raise typer.Exit(1) from None

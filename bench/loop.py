@@ -1,29 +1,29 @@
-"""The policy loop closed over drifting traffic, against static policies: how soon it sees the drift, how close it
-comes to the best policy chosen in hindsight, whether its predicted gains come true, and whether it catches a
-harmful change.
+"""The policy loop closed over drifting traffic, against static policies: how soon it sees the drift, how
+close it comes to the best policy chosen in hindsight, whether its predicted gains come true, and whether it
+catches a harmful change.
 
     make bench-loop     (or: .venv/bin/python bench/loop.py [--quick] [--scenarios kv,semantic,stationary]
                                                             [--results DIR] [--json FILE])
 
 Scenarios (``agents._scenarios``): ``kv``, the Mooncake trace whose second half moves to new prefixes while a
-batch tenant's one-off documents push the chat prefixes out; ``semantic``, a Banking77 question stream followed
-by a CLINC150 one; ``stationary``, phase A of both alone (the whole Mooncake trace as one tenant, and Banking77
-for the length of the drifting stream), where no drift should be reported.
+batch tenant's one-off documents push the chat prefixes out; ``semantic``, a Banking77 question stream
+followed by a CLINC150 one; ``stationary``, phase A of both alone (the whole Mooncake trace as one tenant, and
+Banking77 for the length of the drifting stream), where no drift should be reported.
 
-Every policy is replayed by ``agents._whatif.Simulator`` with the capacity ``run_trace`` would choose (a tenth of
-the trace's distinct keys), cut into the loop's windows (``agents._workload.windows``):
+Every policy is replayed by ``agents._whatif.Simulator`` with the capacity ``run_trace`` would choose (a tenth
+of the trace's distinct keys), cut into the loop's windows (``agents._workload.windows``):
 
 - static A: the best of a small grid of policies (the scenario's starting policy, bench/data/policies/, under
   each combination of edits of the kinds the loop itself proposes) on phase A alone, from a cold cache; a
-  policy whose wrong answers per request exceed the policy's ``slo.max_error_rate`` is not eligible, and ties go
-  to the earlier grid entry (the unedited policy first). It then serves the whole trace.
-- loop: ``agents._run.run_trace`` from static A. Reviews the loop leaves waiting are answered after each window
-  by a stand-in reviewer: a proposal waiting in its review is approved (the loop stores only proposals whose
-  replayed interval clears its floor), one withdrawn or held as inconclusive is rejected; without an answer the
-  loop would hold every later proposal behind it (one change at a time).
-- hindsight: static A until the first request of phase B, then the grid's best on phase B (same warm cache: the
-  one replay switches policy at that request, ``Simulator.use``); so it knows both when the drift comes and what
-  suits phase B.
+  policy whose wrong answers per request exceed the policy's ``slo.max_error_rate`` is not eligible, and ties
+  go to the earlier grid entry (the unedited policy first). It then serves the whole trace.
+- loop: ``agents._run.run_trace`` from static A. Reviews the loop leaves waiting are answered after each
+  window by a stand-in reviewer: a proposal waiting in its review is approved (the loop stores only proposals
+  whose replayed interval clears its floor), one withdrawn or held as inconclusive is rejected; without an
+  answer the loop would hold every later proposal behind it (one change at a time).
+- hindsight: static A until the first request of phase B, then the grid's best on phase B (same warm cache:
+  the one replay switches policy at that request, ``Simulator.use``); so it knows both when the drift comes
+  and what suits phase B.
 
 Measured per drifting scenario: hit ratio per window of the three; the detection delay (windows from the first
 window holding phase B to the first with a finding of a drift kind, ``agents._run.DRIFT_KINDS``) and drift
@@ -77,8 +77,12 @@ class Tally:
     wrong: int = 0
 
     def __add__(self, other: Tally) -> Tally:
-        return Tally(self.requests + other.requests, self.keys + other.keys, self.hits + other.hits,
-                     self.wrong + other.wrong)
+        return Tally(
+            self.requests + other.requests,
+            self.keys + other.keys,
+            self.hits + other.hits,
+            self.wrong + other.wrong,
+        )
 
     @property
     def hit_ratio(self) -> float:
@@ -98,7 +102,8 @@ def pooled(tallies: Iterable[Tally]) -> Tally:
 
 
 def tally(requests: Sequence[Any], outcomes: Sequence[Any], phase: str | None = None) -> Tally:
-    """The tally of ``requests`` (``Request``) and their ``outcomes``; of those of ``phase`` only, when given."""
+    """The tally of ``requests`` (``Request``) and their ``outcomes``; of those of ``phase`` only, when
+    given."""
     total = Tally()
     for req, out in zip(requests, outcomes, strict=True):
         if phase is None or req.phase == phase:
@@ -110,7 +115,8 @@ def tally(requests: Sequence[Any], outcomes: Sequence[Any], phase: str | None = 
 
 
 def best_of(scores: Sequence[Tally], max_wrong_rate: float | None) -> int | None:
-    """The index of the highest hit ratio among ``scores`` whose wrong rate is within ``max_wrong_rate`` (None:
+    """The index of the highest hit ratio among ``scores`` whose wrong rate is within ``max_wrong_rate``
+    (None:
     any); the earliest on a tie; None when none is eligible."""
     best: int | None = None
     for i, s in enumerate(scores):
@@ -132,28 +138,38 @@ def detection(drift_flags: Sequence[bool], drift_window: int | None) -> dict[str
     start = len(drift_flags) if drift_window is None else drift_window
     false_alarms = [i for i, flag in enumerate(drift_flags[:start]) if flag]
     detected = next((i for i in range(start, len(drift_flags)) if drift_flags[i]), None)
-    return {"drift_window": drift_window, "detected_at": detected,
-            "delay_windows": None if detected is None or drift_window is None else detected - drift_window,
-            "false_alarms": false_alarms}
+    return {
+        "drift_window": drift_window,
+        "detected_at": detected,
+        "delay_windows": None if detected is None or drift_window is None else detected - drift_window,
+        "false_alarms": false_alarms,
+    }
 
 
-def post_drift(loop: Sequence[Tally], hindsight: Sequence[Tally], detected: int | None,
-               count: int = POST_DRIFT_WINDOWS) -> dict[str, Any]:
-    """The loop's hit ratio over the ``count`` windows after ``detected`` (fewer when the trace ends first), as
+def post_drift(
+    loop: Sequence[Tally], hindsight: Sequence[Tally], detected: int | None, count: int = POST_DRIFT_WINDOWS
+) -> dict[str, Any]:
+    """The loop's hit ratio over the ``count`` windows after ``detected`` (fewer when the trace ends first),
+    as
     a share of hindsight's over the same windows (None when hindsight hit nothing or nothing was detected)."""
     if detected is None:
         return {"windows": [], "loop": None, "hindsight": None, "share": None, "per_window": []}
     span = list(range(detected + 1, min(detected + 1 + count, len(loop), len(hindsight))))
     ours, best = pooled(loop[i] for i in span), pooled(hindsight[i] for i in span)
-    return {"windows": span, "loop": ours.hit_ratio if span else None,
-            "hindsight": best.hit_ratio if span else None,
-            "share": ours.hit_ratio / best.hit_ratio if span and best.hit_ratio > 0 else None,
-            "per_window": [loop[i].hit_ratio / hindsight[i].hit_ratio if hindsight[i].hit_ratio > 0 else None
-                           for i in span]}
+    return {
+        "windows": span,
+        "loop": ours.hit_ratio if span else None,
+        "hindsight": best.hit_ratio if span else None,
+        "share": ours.hit_ratio / best.hit_ratio if span and best.hit_ratio > 0 else None,
+        "per_window": [
+            loop[i].hit_ratio / hindsight[i].hit_ratio if hindsight[i].hit_ratio > 0 else None for i in span
+        ],
+    }
 
 
-def gain_errors(proposals: Sequence[Mapping[str, Any]],
-                tolerance: float = TARGET_GAIN_ERROR) -> list[dict[str, Any]]:
+def gain_errors(
+    proposals: Sequence[Mapping[str, Any]], tolerance: float = TARGET_GAIN_ERROR
+) -> list[dict[str, Any]]:
     """Each promoted proposal with its realised gain's relative error against the predicted one and whether it
     is within ``tolerance`` (None while its realised gain is not measured, or for a zero prediction)."""
     out = []
@@ -164,9 +180,18 @@ def gain_errors(proposals: Sequence[Mapping[str, Any]],
         error = None
         if realised is not None and predicted:
             error = (realised - predicted) / abs(predicted)
-        out.append({"id": p["id"], "window": p["window"], "edits": p.get("edits", []), "predicted_gain": predicted,
-                    "predicted_ci": p.get("predicted_ci"), "realised_gain": realised, "relative_error": error,
-                    "within": None if error is None else abs(error) <= tolerance})
+        out.append(
+            {
+                "id": p["id"],
+                "window": p["window"],
+                "edits": p.get("edits", []),
+                "predicted_gain": predicted,
+                "predicted_ci": p.get("predicted_ci"),
+                "realised_gain": realised,
+                "relative_error": error,
+                "within": None if error is None else abs(error) <= tolerance,
+            }
+        )
     return out
 
 
@@ -184,25 +209,50 @@ def target(name: str, goal: str, measured: Any, passed: bool | None) -> dict[str
     return {"name": name, "target": goal, "measured": measured, "passed": passed}
 
 
-def drift_targets(found: Mapping[str, Any], post: Mapping[str, Any], gains: Sequence[Mapping[str, Any]],
-                  harmful: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+def drift_targets(
+    found: Mapping[str, Any],
+    post: Mapping[str, Any],
+    gains: Sequence[Mapping[str, Any]],
+    harmful: Mapping[str, Any] | None,
+) -> list[dict[str, Any]]:
     """The drifting scenario's targets, computed from its figures."""
     share = post["share"]
     measured = [g for g in gains if g["within"] is not None]
     rows = [
-        target("drift reported", "a drift finding at or after the first window of phase B",
-               found["detected_at"], found["detected_at"] is not None),
-        target("no false drift", "no drift finding before phase B", found["false_alarms"],
-               not found["false_alarms"]),
-        target("post-drift hit ratio", f">= {TARGET_SHARE:.0%} of hindsight's over the {POST_DRIFT_WINDOWS} "
-               "windows after detection", share, None if share is None else share >= TARGET_SHARE),
-        target("predicted gains come true", f"every promoted proposal's realised gain within "
-               f"{TARGET_GAIN_ERROR:.0%} of its prediction", [g["relative_error"] for g in gains],
-               all(g["within"] for g in measured) if measured else None),
+        target(
+            "drift reported",
+            "a drift finding at or after the first window of phase B",
+            found["detected_at"],
+            found["detected_at"] is not None,
+        ),
+        target(
+            "no false drift",
+            "no drift finding before phase B",
+            found["false_alarms"],
+            not found["false_alarms"],
+        ),
+        target(
+            "post-drift hit ratio",
+            f">= {TARGET_SHARE:.0%} of hindsight's over the {POST_DRIFT_WINDOWS} windows after detection",
+            share,
+            None if share is None else share >= TARGET_SHARE,
+        ),
+        target(
+            "predicted gains come true",
+            f"every promoted proposal's realised gain within {TARGET_GAIN_ERROR:.0%} of its prediction",
+            [g["relative_error"] for g in gains],
+            all(g["within"] for g in measured) if measured else None,
+        ),
     ]
     if harmful is not None:
-        rows.append(target("harmful change rolled back", "the injected proposal rolled back",
-                           harmful.get("status"), harmful.get("rolled_back")))
+        rows.append(
+            target(
+                "harmful change rolled back",
+                "the injected proposal rolled back",
+                harmful.get("status"),
+                harmful.get("rolled_back"),
+            )
+        )
     return rows
 
 
@@ -238,12 +288,19 @@ def load_workload(name: str, trace: Path, work: Path, seed: int = 0, window: int
     from evocache.agents._workload import read_requests, windows
 
     requests = read_requests(trace)
-    return Workload(name, trace, list(windows(requests, window)), default_capacity(requests, 0.1),
-                    embed_prompts(requests, work / "embeddings"), seed)
+    return Workload(
+        name,
+        trace,
+        list(windows(requests, window)),
+        default_capacity(requests, 0.1),
+        embed_prompts(requests, work / "embeddings"),
+        seed,
+    )
 
 
-def replay(w: Workload, policy: Any, *, then: Any = None, at: tuple[int, int] | None = None,
-           upto: int | None = None) -> list[list[Any]]:
+def replay(
+    w: Workload, policy: Any, *, then: Any = None, at: tuple[int, int] | None = None, upto: int | None = None
+) -> list[list[Any]]:
     """The outcomes per window of ``policy`` over ``w`` from a cold cache; with ``then``, switched to it at
     ``at`` (window, offset); only the first ``upto`` windows when given."""
     from evocache.agents._whatif import Simulator
@@ -252,9 +309,9 @@ def replay(w: Workload, policy: Any, *, then: Any = None, at: tuple[int, int] | 
     out = []
     for i, span in enumerate(w.spans[:upto]):
         if then is not None and at is not None and at[0] == i:
-            outcomes = sim.run(span[:at[1]])
+            outcomes = sim.run(span[: at[1]])
             sim.use(then)
-            outcomes += sim.run(span[at[1]:])
+            outcomes += sim.run(span[at[1] :])
         else:
             outcomes = sim.run(span)
         out.append(outcomes)
@@ -279,26 +336,40 @@ def kv_axes() -> list[Axis]:
     from evocache.agents._candidates import Edit
 
     return [
-        [(f"eviction {e}", [] if e == "lru" else [Edit("eviction", "eviction.l1", None, e, "grid")])
-         for e in ("lru", "s3fifo", "arc")],
-        [("batch cached", []),
-         ("batch bypassed", [Edit("bypass", "rules.batch.cache", "response", "bypass", "grid")])],
-        [(f"batchco l1_share {s:g}",
-          [] if s == 1.0 else [Edit("tenant-share", "tenants.batchco.l1_share", 1.0, s, "grid")])
-         for s in (1.0, 0.25, 0.1)],
+        [
+            (f"eviction {e}", [] if e == "lru" else [Edit("eviction", "eviction.l1", None, e, "grid")])
+            for e in ("lru", "s3fifo", "arc")
+        ],
+        [
+            ("batch cached", []),
+            ("batch bypassed", [Edit("bypass", "rules.batch.cache", "response", "bypass", "grid")]),
+        ],
+        [
+            (
+                f"batchco l1_share {s:g}",
+                [] if s == 1.0 else [Edit("tenant-share", "tenants.batchco.l1_share", 1.0, s, "grid")],
+            )
+            for s in (1.0, 0.25, 0.1)
+        ],
     ]
 
 
 def semantic_axes() -> list[Axis]:
     from evocache.agents._candidates import Edit
 
-    bounds = [(f"max_error {m:g}", [] if m == 0.02 else [Edit("semantic", "rules.faq.semantic.max_error", 0.02, m,
-                                                             "grid")])
-              for m in (0.02, 0.01, 0.03, 0.05)]
+    bounds = [
+        (
+            f"max_error {m:g}",
+            [] if m == 0.02 else [Edit("semantic", "rules.faq.semantic.max_error", 0.02, m, "grid")],
+        )
+        for m in (0.02, 0.01, 0.03, 0.05)
+    ]
     return [
         [*bounds, ("exact only", [Edit("semantic", "rules.faq.semantic.max_error", 0.02, 0, "grid")])],
-        [(f"eviction {e}", [] if e == "lru" else [Edit("eviction", "eviction.l1", None, e, "grid")])
-         for e in ("lru", "s3fifo", "arc")],
+        [
+            (f"eviction {e}", [] if e == "lru" else [Edit("eviction", "eviction.l1", None, e, "grid")])
+            for e in ("lru", "s3fifo", "arc")
+        ],
     ]
 
 
@@ -351,8 +422,9 @@ class StandInReviewer:
             self.rejected.append(p.id)
 
 
-def run_loop(w: Workload, policy: Any, work: Path,
-             harmful_at: int | None = None) -> tuple[dict[str, Any], StandInReviewer]:
+def run_loop(
+    w: Workload, policy: Any, work: Path, harmful_at: int | None = None
+) -> tuple[dict[str, Any], StandInReviewer]:
     """``run_trace`` over ``w`` from ``policy`` in ``work`` (emptied first), with the stand-in reviewer; each
     proposal of the report gains its edits and the note of its last move."""
     from evocache.agents._loop import LoopConfig
@@ -363,8 +435,9 @@ def run_loop(w: Workload, policy: Any, work: Path,
         shutil.rmtree(work)
     reviewer = StandInReviewer(work)
     window = len(w.spans[0])
-    options = RunOptions(window=window, capacity=w.capacity, harmful_at=harmful_at,
-                         loop=LoopConfig(seed=w.seed))
+    options = RunOptions(
+        window=window, capacity=w.capacity, harmful_at=harmful_at, loop=LoopConfig(seed=w.seed)
+    )
     report = run_trace(w.trace, policy, work, options=options, progress=reviewer)
     store = ProposalStore(work / "proposals.db")
     for p in report["proposals"]:
@@ -401,8 +474,9 @@ def injected_proposal(work: Path) -> Any:
     return store.get(ids[0]) if ids else None
 
 
-def harmful_figures(clean: Sequence[Tally], harmed: Mapping[str, Any], w: Workload, at: int,
-                    work: Path) -> dict[str, Any]:
+def harmful_figures(
+    clean: Sequence[Tally], harmed: Mapping[str, Any], w: Workload, at: int, work: Path
+) -> dict[str, Any]:
     proposal = injected_proposal(work)
     if proposal is None:
         return {"at": at, "proposal": None, "status": None, "rolled_back": None, "note": "nothing injected"}
@@ -413,18 +487,27 @@ def harmful_figures(clean: Sequence[Tally], harmed: Mapping[str, Any], w: Worklo
     # the loop's own verdict: the last move that was not the stand-in reviewer's answer to it
     status = next((m.to for m in reversed(proposal.history) if m.actor != REVIEWER), proposal.status)
     return {
-        "at": at, "proposal": proposal.id, "status": status, "final_status": proposal.status,
+        "at": at,
+        "proposal": proposal.id,
+        "status": status,
+        "final_status": proposal.status,
         "rolled_back": status == "rolled_back",
-        "predicted_gain": proposal.predicted_gain, "canary_windows": served,
+        "predicted_gain": proposal.predicted_gain,
+        "canary_windows": served,
         "clean_hit_ratio": before.hit_ratio if served else None,
         "harmed_hit_ratio": during.hit_ratio if served else None,
         "hit_ratio_drop": before.hit_ratio - during.hit_ratio if served else None,
-        "breach": None if breach is None else {
-            "reason": breach["reason"], "windows": breach["windows"],
+        "breach": None
+        if breach is None
+        else {
+            "reason": breach["reason"],
+            "windows": breach["windows"],
             "canary_windows": breach.get("canary_windows"),
             "canary_hit_ratio": breach["canary"]["hit_ratio"],
-            "base_hit_ratio": breach["base"]["hit_ratio"], "difference": breach["difference"],
-            "replay": breach.get("replay")},
+            "base_hit_ratio": breach["base"]["hit_ratio"],
+            "difference": breach["difference"],
+            "replay": breach.get("replay"),
+        },
     }
 
 
@@ -457,8 +540,10 @@ def choose(w: Workload, candidates: Sequence[tuple[str, Any]], max_wrong: float 
     if a is None:
         raise RuntimeError(f"{w.name}: no grid policy keeps wrong answers within {max_wrong} on phase A")
     static = candidates[a][1]
-    rows = [{"label": label, "phase_a_hit_ratio": s.hit_ratio, "phase_a_wrong_rate": s.wrong_rate}
-            for (label, _), s in zip(candidates, scores_a, strict=True)]
+    rows = [
+        {"label": label, "phase_a_hit_ratio": s.hit_ratio, "phase_a_wrong_rate": s.wrong_rate}
+        for (label, _), s in zip(candidates, scores_a, strict=True)
+    ]
     b = None
     if at is not None:
         scores_b = [phase_tally(w, replay(w, static, then=policy, at=at), "B") for _, policy in candidates]
@@ -475,10 +560,16 @@ def drift_scenario(name: str, w: Workload, base: Any, axes: Sequence[Axis], work
     static = candidates[picked["static_a"]][1]
     static_t = window_tallies(w, replay(w, static))
     b = picked["hindsight_b"]
-    hind_t = static_t if b is None else window_tallies(w, replay(w, static, then=candidates[b][1],
-                                                                  at=picked["switch"]))
-    print(f"  {name}: grid of {len(candidates)} replayed in {time.perf_counter() - t0:.0f} s", file=sys.stderr,
-          flush=True)
+    hind_t = (
+        static_t
+        if b is None
+        else window_tallies(w, replay(w, static, then=candidates[b][1], at=picked["switch"]))
+    )
+    print(
+        f"  {name}: grid of {len(candidates)} replayed in {time.perf_counter() - t0:.0f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     report, reviewer = run_loop(w, static, work / "loop")
     loop_t = loop_tallies(report, w)
     flags = drift_flags(report)
@@ -500,27 +591,48 @@ def drift_scenario(name: str, w: Workload, base: Any, axes: Sequence[Axis], work
     rows = []
     for i, span in enumerate(w.spans):
         loop_row = report["windows"][i]
-        rows.append({
-            "window": i, "phases": w.phases[i], "requests": len(span), "static_a": static_t[i].hit_ratio,
-            "loop": loop_t[i].hit_ratio, "hindsight": hind_t[i].hit_ratio, "loop_policy": loop_row["policy"],
-            "canary": loop_row["canary"], "drift": flags[i],
-            "findings": sorted({f["kind"] for f in loop_row["findings"] if f["kind"] != "not-testable"}),
-            "harmful_run": harmed_rows[i]["hit_ratio"] if harmed_rows else None,
-            "harmful_canary": harmed_rows[i]["canary"] if harmed_rows else None,
-        })
+        rows.append(
+            {
+                "window": i,
+                "phases": w.phases[i],
+                "requests": len(span),
+                "static_a": static_t[i].hit_ratio,
+                "loop": loop_t[i].hit_ratio,
+                "hindsight": hind_t[i].hit_ratio,
+                "loop_policy": loop_row["policy"],
+                "canary": loop_row["canary"],
+                "drift": flags[i],
+                "findings": sorted({f["kind"] for f in loop_row["findings"] if f["kind"] != "not-testable"}),
+                "harmful_run": harmed_rows[i]["hit_ratio"] if harmed_rows else None,
+                "harmful_canary": harmed_rows[i]["canary"] if harmed_rows else None,
+            }
+        )
     context = {
-        "scenario": name, "trace": w.name, "requests": sum(len(s) for s in w.spans), "windows": len(w.spans),
-        "window": len(w.spans[0]), "capacity": w.capacity, "policy": _shown(POLICIES / f"{base.name}.yaml"),
-        "grid": picked["grid"], "static_a": candidates[picked["static_a"]][0],
+        "scenario": name,
+        "trace": w.name,
+        "requests": sum(len(s) for s in w.spans),
+        "windows": len(w.spans),
+        "window": len(w.spans[0]),
+        "capacity": w.capacity,
+        "policy": _shown(POLICIES / f"{base.name}.yaml"),
+        "grid": picked["grid"],
+        "static_a": candidates[picked["static_a"]][0],
         "hindsight_b": None if b is None else candidates[b][0],
-        "phase_b": {"windows": phase_b, "static_a": pooled(static_t[i] for i in phase_b).hit_ratio,
-                    "loop": pooled(loop_t[i] for i in phase_b).hit_ratio,
-                    "hindsight": pooled(hind_t[i] for i in phase_b).hit_ratio},
-        "detection": found, "post_drift_windows": POST_DRIFT_WINDOWS, "post_drift": post,
-        "proposals": report["proposals"], "gains": gains,
+        "phase_b": {
+            "windows": phase_b,
+            "static_a": pooled(static_t[i] for i in phase_b).hit_ratio,
+            "loop": pooled(loop_t[i] for i in phase_b).hit_ratio,
+            "hindsight": pooled(hind_t[i] for i in phase_b).hit_ratio,
+        },
+        "detection": found,
+        "post_drift_windows": POST_DRIFT_WINDOWS,
+        "post_drift": post,
+        "proposals": report["proposals"],
+        "gains": gains,
         "reviews": {"approved": reviewer.approved, "rejected": reviewer.rejected},
         "breaches": [{"proposal": b_["proposal"], "reason": b_["reason"]} for b_ in report["breaches"]],
-        "harmful": harmful, "targets": drift_targets(found, post, gains, harmful),
+        "harmful": harmful,
+        "targets": drift_targets(found, post, gains, harmful),
         "seconds": round(time.perf_counter() - t0, 1),
     }
     return rows, context
@@ -541,19 +653,39 @@ def stationary_part(workloads: Sequence[tuple[Workload, Any, Sequence[Axis]]], w
         flags = drift_flags(report)
         found = detection(flags, None)
         for i, row in enumerate(report["windows"]):
-            rows.append({"workload": w.name, "window": i, "requests": row["requests"],
-                         "static_a": static_t[i].hit_ratio, "loop": loop_t[i].hit_ratio,
-                         "loop_policy": row["policy"], "canary": row["canary"], "drift": flags[i],
-                         "findings": sorted({f["kind"] for f in row["findings"] if f["kind"] != "not-testable"})})
-        runs[w.name] = {"requests": sum(len(s) for s in w.spans), "windows": len(w.spans),
-                        "window": len(w.spans[0]), "capacity": w.capacity,
-                        "static_a": candidates[picked["static_a"]][0],
-                        "static_hit_ratio": pooled(static_t).hit_ratio,
-                        "loop_hit_ratio": pooled(loop_t).hit_ratio,
-                        "false_alarms": found["false_alarms"], "proposals": report["proposals"],
-                        "reviews": {"approved": reviewer.approved, "rejected": reviewer.rejected}}
-        targets.append(target(f"no false drift ({w.name})", "no drift finding on a stationary workload",
-                              found["false_alarms"], not found["false_alarms"]))
+            rows.append(
+                {
+                    "workload": w.name,
+                    "window": i,
+                    "requests": row["requests"],
+                    "static_a": static_t[i].hit_ratio,
+                    "loop": loop_t[i].hit_ratio,
+                    "loop_policy": row["policy"],
+                    "canary": row["canary"],
+                    "drift": flags[i],
+                    "findings": sorted({f["kind"] for f in row["findings"] if f["kind"] != "not-testable"}),
+                }
+            )
+        runs[w.name] = {
+            "requests": sum(len(s) for s in w.spans),
+            "windows": len(w.spans),
+            "window": len(w.spans[0]),
+            "capacity": w.capacity,
+            "static_a": candidates[picked["static_a"]][0],
+            "static_hit_ratio": pooled(static_t).hit_ratio,
+            "loop_hit_ratio": pooled(loop_t).hit_ratio,
+            "false_alarms": found["false_alarms"],
+            "proposals": report["proposals"],
+            "reviews": {"approved": reviewer.approved, "rejected": reviewer.rejected},
+        }
+        targets.append(
+            target(
+                f"no false drift ({w.name})",
+                "no drift finding on a stationary workload",
+                found["false_alarms"],
+                not found["false_alarms"],
+            )
+        )
         print(f"  stationary {w.name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     return rows, {"workloads": runs, "targets": targets, "seconds": round(time.perf_counter() - t0, 1)}
 
@@ -569,22 +701,32 @@ SCENARIOS = ("kv", "semantic", "stationary")
 
 def options(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS),
-                        help="which scenarios to run, comma-separated (default: all)")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"short traces and windows: {QUICK.kv_requests} Mooncake rows in windows of "
-                             f"{QUICK.kv_window}, {QUICK.semantic_per_phase} questions a phase in windows of "
-                             f"{QUICK.semantic_window}")
-    parser.add_argument("--results", type=Path, metavar="DIR",
-                        help="write loop-<scenario>.json here, for bench/report.py (make bench-loop passes "
-                             "bench/results)")
+    parser.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        help="which scenarios to run, comma-separated (default: all)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"short traces and windows: {QUICK.kv_requests} Mooncake rows in windows of "
+        f"{QUICK.kv_window}, {QUICK.semantic_per_phase} questions a phase in windows of "
+        f"{QUICK.semantic_window}",
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        metavar="DIR",
+        help="write loop-<scenario>.json here, for bench/report.py (make bench-loop passes bench/results)",
+    )
     parser.add_argument("--json", type=Path, help="also write every scenario's rows and context here")
     args = parser.parse_args(argv)
     chosen = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = [s for s in chosen if s not in SCENARIOS]
     if unknown or not chosen:
-        parser.error(f"--scenarios: unknown {', '.join(unknown) or '(none given)'}; "
-                     f"known: {', '.join(SCENARIOS)}")
+        parser.error(
+            f"--scenarios: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(SCENARIOS)}"
+        )
     args.scenarios = [s for s in SCENARIOS if s in chosen]
     return args
 
@@ -599,8 +741,9 @@ def run(args: argparse.Namespace, finished: Callable[[str, Done], None]) -> None
         work = Path(tmp)
 
         def semantic_trace(out: Path, per_phase: int) -> Path:
-            return semantic_drift(BANKING77, CLINC150, out, per_phase=per_phase,
-                                  popular=sizes.semantic_popular)
+            return semantic_drift(
+                BANKING77, CLINC150, out, per_phase=per_phase, popular=sizes.semantic_popular
+            )
 
         for name in args.scenarios:
             t0 = time.perf_counter()
@@ -617,13 +760,24 @@ def run(args: argparse.Namespace, finished: Callable[[str, Done], None]) -> None
                 kv = kv_drift(MOONCAKE, work / "kv-a.jsonl", requests=sizes.kv_requests, split=1.0)
                 both = semantic_trace(work / "semantic-aa.jsonl", 2 * sizes.semantic_per_phase)
                 sem = work / "semantic-a.jsonl"
-                sem.write_text("".join(line for line in both.read_text().splitlines(keepends=True)
-                                       if json.loads(line)["phase"] == "A"))
-                done = stationary_part([
-                    (load_workload("kv", kv, work, window=sizes.kv_window), kv_policy, kv_axes()),
-                    (load_workload("semantic", sem, work, window=sizes.semantic_window), faq_policy,
-                     semantic_axes()),
-                ], work)
+                sem.write_text(
+                    "".join(
+                        line
+                        for line in both.read_text().splitlines(keepends=True)
+                        if json.loads(line)["phase"] == "A"
+                    )
+                )
+                done = stationary_part(
+                    [
+                        (load_workload("kv", kv, work, window=sizes.kv_window), kv_policy, kv_axes()),
+                        (
+                            load_workload("semantic", sem, work, window=sizes.semantic_window),
+                            faq_policy,
+                            semantic_axes(),
+                        ),
+                    ],
+                    work,
+                )
             done[1]["quick"] = args.quick
             print(f"scenario {name} took {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
             finished(f"loop-{name}", done)

@@ -5,10 +5,10 @@
 
 ``history`` is the windows so far (oldest first, the newest last), ``series`` the per-step signals of the
 same stretch (``step_series``). Each test is one module: Granger causality of the load signals on the miss
-ratio (``_granger``), key and traffic-mix drift (``_drift``), change points of the hit ratio (``_changepoint``), the knee of a
-hit-ratio curve (``_knee``), output-length shifts and bimodal latency (``_shapes``), traffic that never hits
-and tenants that push others out (``_traffic``), and the plots (``_plots``). statsmodels, ruptures, scipy and
-matplotlib are imported inside the functions that use them.
+ratio (``_granger``), key and traffic-mix drift (``_drift``), change points of the hit ratio
+(``_changepoint``), the knee of a hit-ratio curve (``_knee``), output-length shifts and bimodal latency
+(``_shapes``), traffic that never hits and tenants that push others out (``_traffic``), and the plots
+(``_plots``). statsmodels, ruptures, scipy and matplotlib are imported inside the functions that use them.
 """
 
 from ._changepoint import changepoint_findings

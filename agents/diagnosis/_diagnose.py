@@ -89,7 +89,8 @@ def diagnose(
 ) -> list[Finding]:
     """Every test on ``history`` (oldest first) and ``series``, findings sorted by score, strongest first
     (ties keep the order the tests ran in). ``curve``: a hit-ratio curve (x ascending, from a replay) to find
-    the knee of. With ``plots_dir`` each finding but a not-testable one carries the path of its PNG there. Raises ``ValueError`` for
+    the knee of. With ``plots_dir`` each finding but a not-testable one carries the path of its PNG there.
+    Raises ``ValueError`` for
     an empty history."""
     if not history:
         raise ValueError("diagnose needs at least one window")
@@ -140,6 +141,8 @@ def diagnose(
     found += [f for f in singles if f is not None]
     found.sort(key=lambda f: -f.score)
     if plots_dir is not None:  # a not-testable note is text; its plot would only repeat it
-        found = [f if f.kind == "not-testable" else replace(f, plot=plot_finding(f, history, series, plots_dir))
-                 for f in found]
+        found = [
+            f if f.kind == "not-testable" else replace(f, plot=plot_finding(f, history, series, plots_dir))
+            for f in found
+        ]
     return found

@@ -1,10 +1,10 @@
 """What every collector is, the hub that asks them all, and the sample buffer the sampling collectors share.
 
-    Collector (Protocol)   name; collect(start, end) -> list[Series]; raises SignalUnavailable when it cannot
-    SignalHub(collectors)  collect(start, end): every available collector's series, the rest left out
-    SampleBuffer           bounded (name, labels, unit) -> points store, read back as Series over [start, end)
-    Sampler                a daemon thread calling a collector's sample() every period_s
-    NewFiles               which files of a directory are new or changed since the last look
+Collector (Protocol)   name; collect(start, end) -> list[Series]; raises SignalUnavailable when it cannot
+SignalHub(collectors)  collect(start, end): every available collector's series, the rest left out
+SampleBuffer           bounded (name, labels, unit) -> points store, read back as Series over [start, end)
+Sampler                a daemon thread calling a collector's sample() every period_s
+NewFiles               which files of a directory are new or changed since the last look
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ Labels = tuple[tuple[str, str], ...]
 @runtime_checkable
 class Collector(Protocol):
     """A source of signals. ``collect(start, end)`` returns the points it has gathered with
-    ``start <= t < end`` as series; it raises ``SignalUnavailable`` when it cannot run on this machine (no GPU,
+    ``start <= t < end`` as series; it raises ``SignalUnavailable`` when it cannot run on this machine (no
+    GPU,
     no driver, no directory), and the hub then leaves it out and says why once."""
 
     name: str
@@ -40,9 +41,9 @@ class SignalHub:
     """Asks each collector in turn; one that fails never stops the others or the loop.
 
     A ``SignalUnavailable`` leaves the collector out of the round and is logged once per reason (a collector
-    that comes back is logged once more); ``unavailable`` maps its name to the reason while it lasts. Any other
-    error is a collector's defect: it is logged with its traceback the first time, counted in ``errors`` and
-    the collector is left out of that round.
+    that comes back is logged once more); ``unavailable`` maps its name to the reason while it lasts. Any
+    other error is a collector's defect: it is logged with its traceback the first time, counted in ``errors``
+    and the collector is left out of that round.
     """
 
     def __init__(self, collectors: Iterable[Collector]) -> None:
@@ -73,7 +74,9 @@ class SignalHub:
                 log.info("signal %s unavailable: %s", name, exc.reason)
                 self.unavailable[name] = exc.reason
             return None
-        except Exception:  # a collector's bug must not end the loop: left out, counted, shown with its traceback
+        except (
+            Exception
+        ):  # a collector's bug must not end the loop: left out, counted, shown with its traceback
             count = self.errors[name] = self.errors.get(name, 0) + 1
             if count == 1:
                 log.exception("signal %s failed; left out of this round", name)
@@ -108,18 +111,23 @@ class SampleBuffer:
     def series(self, start: float, end: float) -> list[Series]:
         """One ``Series`` per key that has points with ``start <= t < end``, sorted by name and labels."""
         with self._lock:
-            items = [(key, [p for p in points if start <= p[0] < end]) for key, points in self._points.items()]
+            items = [
+                (key, [p for p in points if start <= p[0] < end]) for key, points in self._points.items()
+            ]
         out = []
         for (name, labels, unit), points in sorted(items, key=lambda item: item[0]):
             if points:
                 points.sort(key=lambda p: p[0])  # a file read late may carry an earlier time
-                out.append(Series(name, labels, tuple(p[0] for p in points), tuple(p[1] for p in points), unit))
+                out.append(
+                    Series(name, labels, tuple(p[0] for p in points), tuple(p[1] for p in points), unit)
+                )
         return out
 
 
 class Sampler:
-    """Calls ``sample`` every ``period_s`` seconds on a daemon thread until ``stop()``. A ``SignalUnavailable``
-    ends the thread (nothing to sample here; ``collect`` says why); other errors are logged once and counted in
+    """Calls ``sample`` every ``period_s`` seconds on a daemon thread until ``stop()``. A
+    ``SignalUnavailable`` ends the thread (nothing to sample here; ``collect`` says why); other errors are
+    logged once and counted in
     ``errors``, and the thread goes on."""
 
     def __init__(self, name: str, sample: Callable[[], object], period_s: float) -> None:

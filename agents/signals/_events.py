@@ -91,8 +91,9 @@ class JsonlTail(_Skips):
     events yet. A line longer than ``max_line_bytes`` is skipped; a read takes at most ``max_read_bytes``.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, max_line_bytes: int = 1 << 20,
-                 max_read_bytes: int = 64 << 20) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, max_line_bytes: int = 1 << 20, max_read_bytes: int = 64 << 20
+    ) -> None:
         super().__init__(str(path))
         self.path = Path(path)
         self.max_line_bytes = max_line_bytes
@@ -115,13 +116,19 @@ class JsonlTail(_Skips):
             return out
         if (st.st_dev, st.st_ino) != self._id:
             if self._partial:
-                self.skip(f"{self.path}:{self._lineno + 1}", "an unfinished last line before the file was rotated")
+                self.skip(
+                    f"{self.path}:{self._lineno + 1}", "an unfinished last line before the file was rotated"
+                )
             self.close()
             if self._open():
                 self._drain(out)
         elif st.st_size < self._offset:
-            log.info("%s: truncated (%d bytes, %d read); reading it from the start", self.path, st.st_size,
-                     self._offset)
+            log.info(
+                "%s: truncated (%d bytes, %d read); reading it from the start",
+                self.path,
+                st.st_size,
+                self._offset,
+            )
             self._restart()
             self._drain(out)
         return out
@@ -188,8 +195,16 @@ class RedisStreamTail(_Skips):
     the same id); a stream that starts over (deleted, or a Redis restarted empty) is read from its start.
     ``client``: an existing redis client, else one is made for ``url``."""
 
-    def __init__(self, url: str | None = None, *, stream: str = "evocache:events", client: Any = None,
-                 start_id: str = "0-0", batch: int = 1000, max_entries: int = 100_000) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        stream: str = "evocache:events",
+        client: Any = None,
+        start_id: str = "0-0",
+        batch: int = 1000,
+        max_entries: int = 100_000,
+    ) -> None:
         from evocache.controller._redis_client import REDIS_ERRORS, connect
 
         if client is None:
@@ -230,8 +245,12 @@ class RedisStreamTail(_Skips):
             raise SignalUnavailable("events", f"{self.name}: {type(exc).__name__}: {exc}") from exc
         top = _id(newest[0][0]) if newest else (0, 0)
         if top < _id(self.last_id):
-            log.info("%s: newest id %s is below the last read %s (a new stream); reading it from the start",
-                     self.name, f"{top[0]}-{top[1]}", self.last_id)
+            log.info(
+                "%s: newest id %s is below the last read %s (a new stream); reading it from the start",
+                self.name,
+                f"{top[0]}-{top[1]}",
+                self.last_id,
+            )
             self.last_id = "0-0"
             return True
         return False
@@ -281,7 +300,8 @@ def _event(rec: Any) -> AccessEvent:
 
 
 class _Slot:
-    """One pair while it waits and while it is kept; mutable so that a later store or kv event completes it."""
+    """One pair while it waits and while it is kept; mutable so that a later store or kv event completes
+    it."""
 
     __slots__ = ("folded", "outcome", "policy", "request", "seq", "sized")
 
@@ -343,8 +363,9 @@ class _Pairer:
     def release(self) -> list[_Slot]:
         out = []
         queue = self._queue
-        while queue and (queue[0].sized or len(queue) > self.lookahead
-                         or self.newest - queue[0].request.t > self.wait_s):
+        while queue and (
+            queue[0].sized or len(queue) > self.lookahead or self.newest - queue[0].request.t > self.wait_s
+        ):
             slot = queue.popleft()
             if not slot.sized:  # given up on: it is also the oldest waiting miss of its (ns, key)
                 key = (slot.request.ns, slot.request.keys[0] if slot.request.keys else "")
@@ -359,7 +380,9 @@ class _Pairer:
     def _decision(self, e: AccessEvent) -> _Slot:
         keys = (e.key,) if e.key else ()
         if e.outcome == "hit":
-            req = Request(e.t, "response", keys, size=e.size, ns=e.ns, rule=e.rule, latency_ms=float(e.saved_ms))
+            req = Request(
+                e.t, "response", keys, size=e.size, ns=e.ns, rule=e.rule, latency_ms=float(e.saved_ms)
+            )
             out = Outcome(1, 1, tier=e.tier or "", semantic=e.reason == "semantic")
             return _Slot(req, out, e.policy, True, next(self._seq))
         if e.outcome == "miss":
@@ -384,7 +407,6 @@ class _Pairer:
         out = Outcome(1, 1 if cached > 0 else 0, tier=e.tier or "")
         self._queue.append(_Slot(req, out, e.policy, True, next(self._seq)))
 
-
     def _oldest_keyless(self, ns: str, rule: str) -> _Slot | None:
         waiting = self._keyless.get((ns, rule))
         while waiting and waiting[0].folded:
@@ -404,9 +426,17 @@ class EventsCollector:
 
     name = "events"
 
-    def __init__(self, sources: Sequence[EventSource], *, step_s: float = 10.0,
-                 by: Sequence[str] = ("rule", "tenant"), retention_s: float = 3600.0, max_pairs: int = 500_000,
-                 miss_lookahead: int = 10_000, miss_wait_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        sources: Sequence[EventSource],
+        *,
+        step_s: float = 10.0,
+        by: Sequence[str] = ("rule", "tenant"),
+        retention_s: float = 3600.0,
+        max_pairs: int = 500_000,
+        miss_lookahead: int = 10_000,
+        miss_wait_s: float = 60.0,
+    ) -> None:
         if not sources:
             raise ValueError("EventsCollector needs at least one source")
         if not (step_s > 0 and math.isfinite(step_s)):
@@ -462,11 +492,13 @@ class EventsCollector:
             raise failure
         return released
 
-    def requests_between(self, start: float, end: float, *, policy: str | None = None
-                         ) -> list[tuple[Request, Outcome]]:
+    def requests_between(
+        self, start: float, end: float, *, policy: str | None = None
+    ) -> list[tuple[Request, Outcome]]:
         """The kept pairs with ``start <= t < end`` in time order (only ``policy``'s when given)."""
-        return [(s.request, s.outcome) for s in self._between(start, end)
-                if policy is None or s.policy == policy]
+        return [
+            (s.request, s.outcome) for s in self._between(start, end) if policy is None or s.policy == policy
+        ]
 
     def collect(self, start: float, end: float) -> list[Series]:
         self.poll()
@@ -485,8 +517,10 @@ class EventsCollector:
             i = min(n - 1, max(0, int((s.request.t - start) // self.step_s)))
             counts.setdefault(s.policy, [0.0] * n)[i] += 1
         times = tuple(start + i * self.step_s for i in range(n))
-        return [Series("policy_qps", (("policy", p),), times, tuple(c / self.step_s for c in row), "1/s")
-                for p, row in sorted(counts.items())]
+        return [
+            Series("policy_qps", (("policy", p),), times, tuple(c / self.step_s for c in row), "1/s")
+            for p, row in sorted(counts.items())
+        ]
 
     def _between(self, start: float, end: float) -> list[_Slot]:
         pairs = self._pairs

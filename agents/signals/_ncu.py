@@ -17,8 +17,8 @@ Read: ``gpu__time_duration.sum`` ("Duration"), in nsecond/usecond/msecond/second
 Numbers may carry thousands separators ("1,234.5"). Columns are found by their header names. A value that is
 not a number, a time in an unknown unit, or a hit rate outside 0-100 is left out of the kernel and said in its
 ``issues``. A line that is not CSV of the header's width is skipped and counted in ``skipped_lines`` (as are
-``==PROF==`` lines and the program's output). A file larger than ``max_bytes``, with no header, or whose header
-lacks a required column raises ``WorkloadError`` naming the file (and the column).
+``==PROF==`` lines and the program's output). A file larger than ``max_bytes``, with no header, or whose
+header lacks a required column raises ``WorkloadError`` naming the file (and the column).
 """
 
 from __future__ import annotations
@@ -43,10 +43,21 @@ _TOOL_LINE = re.compile(r"^==[A-Z]+==")  # ==PROF==, ==WARNING==, ==ERROR==
 _TIME = ("gpu__time_duration.sum", "Duration")
 _L2 = ("lts__t_sector_hit_rate.pct", "L2 Hit Rate")
 _L1 = ("l1tex__t_sector_hit_rate.pct", "L1/TEX Hit Rate")
-_FIELD_OF = {**dict.fromkeys(_TIME, "gpu_time_ns"), **dict.fromkeys(_L2, "l2_hit_pct"),
-             **dict.fromkeys(_L1, "l1_hit_pct")}
-_NS_PER = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6,
-           "second": 1e9, "s": 1e9}
+_FIELD_OF = {
+    **dict.fromkeys(_TIME, "gpu_time_ns"),
+    **dict.fromkeys(_L2, "l2_hit_pct"),
+    **dict.fromkeys(_L1, "l1_hit_pct"),
+}
+_NS_PER = {
+    "nsecond": 1.0,
+    "ns": 1.0,
+    "usecond": 1e3,
+    "us": 1e3,
+    "msecond": 1e6,
+    "ms": 1e6,
+    "second": 1e9,
+    "s": 1e9,
+}
 _LONG_COLUMNS = ("Kernel Name", "Metric Name", "Metric Unit", "Metric Value")
 
 
@@ -104,8 +115,14 @@ class _Launch:
 
     def done(self) -> KernelMetrics:
         v = self.values
-        return KernelMetrics(self.kernel, self.id, v.get("gpu_time_ns"), v.get("l2_hit_pct"),
-                             v.get("l1_hit_pct"), tuple(self.issues))
+        return KernelMetrics(
+            self.kernel,
+            self.id,
+            v.get("gpu_time_ns"),
+            v.get("l2_hit_pct"),
+            v.get("l1_hit_pct"),
+            tuple(self.issues),
+        )
 
 
 def _number(text: str) -> float | None:
@@ -154,27 +171,33 @@ def read_ncu_csv(path: str | os.PathLike[str], *, max_bytes: int = MAX_CSV_BYTES
         raise WorkloadError(f"{path}: no ncu CSV header (a line with a 'Kernel Name' column)")
     skipped += header_at
     header_line, header = rows[header_at]
-    body = rows[header_at + 1:]
+    body = rows[header_at + 1 :]
     long = "Metric Name" in header or "Metric Value" in header
     if long:
         missing = [c for c in _LONG_COLUMNS if c not in header]
         if missing:
-            raise WorkloadError(f"{path}:{header_line}: the header has no column {missing[0]!r} "
-                                f"(an ncu --page details CSV needs {list(_LONG_COLUMNS)})")
+            raise WorkloadError(
+                f"{path}:{header_line}: the header has no column {missing[0]!r} "
+                f"(an ncu --page details CSV needs {list(_LONG_COLUMNS)})"
+            )
         kernels, bad = _read_long(path, header, body)
     else:
         kernels, bad = _read_wide(path, header, body)
     return NcuReport(str(path), tuple(kernels), skipped + bad)
 
 
-def _read_long(path: Path, header: list[str], body: list[tuple[int, list[str]]]) -> tuple[list[KernelMetrics], int]:
+def _read_long(
+    path: Path, header: list[str], body: list[tuple[int, list[str]]]
+) -> tuple[list[KernelMetrics], int]:
     col = {name: header.index(name) for name in (*_LONG_COLUMNS, "ID") if name in header}
     launches: dict[str | tuple[str, int], _Launch] = {}
     bad = 0
     for lineno, fields in body:
         if len(fields) != len(header):
             bad += 1
-            log.warning("%s:%d: %d fields, the header has %d; skipped", path, lineno, len(fields), len(header))
+            log.warning(
+                "%s:%d: %d fields, the header has %d; skipped", path, lineno, len(fields), len(header)
+            )
             continue
         kernel = fields[col["Kernel Name"]]
         id_ = fields[col["ID"]] if "ID" in col else None
@@ -193,7 +216,9 @@ def _read_long(path: Path, header: list[str], body: list[tuple[int, list[str]]])
     return [launch.done() for launch in launches.values()], bad
 
 
-def _read_wide(path: Path, header: list[str], body: list[tuple[int, list[str]]]) -> tuple[list[KernelMetrics], int]:
+def _read_wide(
+    path: Path, header: list[str], body: list[tuple[int, list[str]]]
+) -> tuple[list[KernelMetrics], int]:
     ki = header.index("Kernel Name")
     ii = header.index("ID") if "ID" in header else None
     units = [""] * len(header)
@@ -206,7 +231,9 @@ def _read_wide(path: Path, header: list[str], body: list[tuple[int, list[str]]])
     for lineno, fields in body:
         if len(fields) != len(header):
             bad += 1
-            log.warning("%s:%d: %d fields, the header has %d; skipped", path, lineno, len(fields), len(header))
+            log.warning(
+                "%s:%d: %d fields, the header has %d; skipped", path, lineno, len(fields), len(header)
+            )
             continue
         launch = _Launch(fields[ki], fields[ii] if ii is not None else None)
         for i, name in metric_cols:
@@ -226,9 +253,14 @@ class NcuCollector:
 
     name = "ncu"
 
-    def __init__(self, paths: Sequence[str | os.PathLike[str]] = (), *,
-                 directory: str | os.PathLike[str] | None = None, max_bytes: int = MAX_CSV_BYTES,
-                 capacity: int = 1000) -> None:
+    def __init__(
+        self,
+        paths: Sequence[str | os.PathLike[str]] = (),
+        *,
+        directory: str | os.PathLike[str] | None = None,
+        max_bytes: int = MAX_CSV_BYTES,
+        capacity: int = 1000,
+    ) -> None:
         if not paths and directory is None:
             raise ValueError("NcuCollector needs paths or a directory")
         self.paths = [Path(p) for p in paths]

@@ -10,8 +10,8 @@ Series (labels ``gpu`` = the device index, ``name`` = the device name):
     gpu_pcie_rx     bytes/s  nvmlDeviceGetPcieThroughput(RX)
 
 Without a GPU or driver ``nvmlInit()`` fails (``NVMLError_LibraryNotFound`` and friends): ``sample()`` and
-``collect()`` then raise ``SignalUnavailable`` with NVML's reason, every time, without trying again. A reading a
-device does not support (power on some boards) is left out of that device's series and logged once.
+``collect()`` then raise ``SignalUnavailable`` with NVML's reason, every time, without trying again. A reading
+a device does not support (power on some boards) is left out of that device's series and logged once.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 
     read_trace(path, max_bytes=64 MiB) -> dict          bounded, errors name the file
     kernel_summary(trace, top=20) -> list[KernelStat]   time per kernel / operator, largest first
-    ProfileCollector(directory)                         new trace files as kernel_time_us / kernel_calls series
-    profile_callable(fn, steps=, activities=) -> Path   run torch.profiler over fn and export its trace
+    ProfileCollector(directory)                         new trace files as kernel_time_us / kernel_calls
+    series profile_callable(fn, steps=, activities=) -> Path   run torch.profiler over fn and export its trace
 
 A trace is ``{"traceEvents": [{"ph": "X", "cat", "name", "ts", "dur" (us), "pid", "tid", "args"}, ...]}``.
 Complete events (``ph == "X"``) of category ``kernel``, ``gpu_memcpy`` and ``gpu_memset`` are device ``cuda``;
@@ -181,7 +181,8 @@ class ProfileCollector:
 def profile_callable(fn: Callable[[], object], *, steps: int, activities: Sequence[str] | None = None,
                      directory: str | os.PathLike[str] | None = None) -> Path:
     """Run ``fn()`` ``steps`` times under ``torch.profiler`` and export the Chrome trace; returns its path
-    (in ``directory``, else a new temporary directory). ``activities``: ``"cpu"`` and/or ``"cuda"``; by default
+    (in ``directory``, else a new temporary directory). ``activities``: ``"cpu"`` and/or ``"cuda"``; by
+    default
     the CPU, and CUDA when torch sees a GPU."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
