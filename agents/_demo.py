@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._live import LiveLoop
+from ._live import LiveLoop, default_signals, stop_signals
 
 DEMO_POLICY = """\
 # The policy evocache demo starts with. Rules are tried in order; the first whose `when` holds decides.
@@ -378,6 +378,7 @@ def run_demo(
             config=LoopConfig(interactive=options.interactive, seed=options.seed),
             harmful_at=harmful_at,
             model=(MODEL_ID, "", ""),
+            signals=default_signals(),
         )
         latencies: list[float] = []
         kv_positions: list[tuple[int, int, int]] = []
@@ -400,6 +401,7 @@ def run_demo(
             report = loop.report()
         finally:
             loop.close()
+            stop_signals(loop.signals)
     finally:
         ray_serve.shutdown()
     report["errors"] = errors[:20]

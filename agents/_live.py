@@ -12,6 +12,10 @@ replicas' followers pick it up. Replay evidence replays the windows' requests (k
 against ``capacity``, the L1 size the replicas run with in bytes, each response entry weighed as L1 weighs it
 (its payload and its key; a request the policy did not store, its rule's mean: ``_Weights``).
 
+With ``signals`` (a ``SignalHub``: GPU through NVML, the host, torch.profiler traces, Nsight Compute exports),
+each window also reads those series over its span: they join the cache's own for diagnosis, and their means
+are in the window's row (``signals``); a collector that cannot run is reported once and left out.
+
 ``evocache agent watch`` runs ``LiveLoop.pump`` every ``interval`` seconds until stopped; ``evocache demo``
 calls it after each window of traffic it sends.
 """
@@ -82,6 +86,7 @@ class LiveLoop:
         harmful_at: int | None = None,
         saver: Any = None,
         model: tuple[str, str, str] = ("", "", ""),
+        signals: Any = None,
     ) -> None:
         from ._loop import build_graph
 
@@ -112,6 +117,7 @@ class LiveLoop:
             saver = self._owned.__enter__()
         self.runner = LoopRunner(self.ctx, build_graph(self.ctx, saver), harmful_at=harmful_at)
         self._pending: list[tuple[Request, Outcome, str]] = []
+        self.signals = signals  # a SignalHub (GPU, host, profiler, ncu) read over each window's span, or None
         self._weigh = _Weights()
 
     @property
@@ -146,10 +152,17 @@ class LiveLoop:
         requests = [self._weigh(r) for r, _, _ in chunk]
         outcomes = [o for _, o, _ in chunk]
         arms = [canary is not None and ref == state.canary for _, _, ref in chunk]
-        return self.runner.window(requests, outcomes, (base, canary, state.fraction if canary else 0.0), arms)
+        others = (
+            self.signals.collect(chunk[0][0].t, chunk[-1][0].t + 1e-6) if self.signals is not None else []
+        )
+        step = (base, canary, state.fraction if canary else 0.0)
+        return self.runner.window(requests, outcomes, step, arms, others)
 
     def report(self) -> dict[str, Any]:
-        return self.runner.report()
+        report = self.runner.report()
+        if self.signals is not None:
+            report["signals_unavailable"] = dict(self.signals.unavailable)
+        return report
 
     def write_report(self, path: str | Path) -> Path:
         """The report so far as JSON at ``path`` (written whole, then renamed over the old one)."""
@@ -164,3 +177,33 @@ class LiveLoop:
         if self._owned is not None:
             self._owned.__exit__(None, None, None)
             self._owned = None
+
+
+def default_signals(
+    *, profile_dir: str | Path | None = None, ncu_dir: str | Path | None = None, period_s: float = 1.0
+) -> Any:
+    """The signals a deployment offers besides its access events: the host and the GPUs (sampled every
+    ``period_s`` on threads, started here; without a GPU or its driver, NVML is reported unavailable once),
+    torch.profiler traces written under ``profile_dir`` and ``ncu --csv`` exports under ``ncu_dir``. A
+    ``SignalHub``; ``stop_signals`` ends the sampling."""
+    from .errors import SignalUnavailable
+    from .signals import HostCollector, NcuCollector, NvmlCollector, ProfileCollector, SignalHub
+
+    collectors: list[Any] = [HostCollector(period_s), NvmlCollector(period_s)]
+    for sampled in collectors:
+        try:
+            sampled.start()
+        except SignalUnavailable as exc:  # the hub says so once, from its first round
+            log.info("signal %s: %s", sampled.name, exc.reason)
+    if profile_dir is not None:
+        collectors.append(ProfileCollector(profile_dir))
+    if ncu_dir is not None:
+        collectors.append(NcuCollector(directory=ncu_dir))
+    return SignalHub(collectors)
+
+
+def stop_signals(hub: Any) -> None:
+    for collector in getattr(hub, "collectors", ()):
+        stop = getattr(collector, "close", None) or getattr(collector, "stop", None)
+        if stop is not None:
+            stop()

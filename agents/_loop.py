@@ -90,6 +90,7 @@ class WindowRecord:
     canary_arm: list[bool]
     stats: WindowStats
     findings: list[Finding] = field(default_factory=list)
+    signals: dict[str, float] = field(default_factory=dict)  # the mean of each other signal over the window
 
 
 class LoopContext:
@@ -138,21 +139,28 @@ class LoopContext:
     # -- observing -------------------------------------------------------------------------------------------
 
     def record(
-        self, requests: Sequence[Request], outcomes: list[Outcome], step: Step, canary_arm: list[bool]
+        self,
+        requests: Sequence[Request],
+        outcomes: list[Outcome],
+        step: Step,
+        canary_arm: list[bool],
+        signals: Sequence[Series] = (),
     ) -> WindowRecord:
-        """Keep one served window. Only the newest windows keep their requests (what replay needs); older ones
-        keep their summary, and only the newest ``HISTORY`` windows their key counts, so a loop that runs
-        for days holds a bounded amount."""
+        """Keep one served window, with the other ``signals`` read over its span (GPU, host, profiler and
+        Nsight Compute series: kept with the cache's own series for diagnosis, and their means in the
+        window's record). Only the newest windows keep their requests (what replay needs); older ones keep
+        their summary, and only the newest ``HISTORY`` windows their key counts, so a loop that runs for days
+        holds a bounded amount."""
         index = len(self.windows)
         stats = window_stats(index, str(step[0].ref), requests, outcomes)
-        rec = WindowRecord(index, requests, outcomes, step, canary_arm, stats)
+        means = {_series_name(s): float(sum(s.v) / len(s.v)) for s in signals if s.v}
+        rec = WindowRecord(index, requests, outcomes, step, canary_arm, stats, signals=means)
         self.windows.append(rec)
         if requests:
             first, last = min(r.t for r in requests), max(r.t for r in requests)
             step_s = self.config.step_s or max(last - first, 1e-6) / 20
-            self.series = _merge_series(
-                [*self.series, *step_series(requests, outcomes, start=first, end=last, step_s=step_s)]
-            )
+            own = step_series(requests, outcomes, start=first, end=last, step_s=step_s)
+            self.series = _merge_series([*self.series, *own, *signals])
         self._forget(step[0].guardrails.rollout.max_windows)
         return rec
 
@@ -686,6 +694,10 @@ class LoopContext:
             seed=cfg.seed,
         )
         return float(evidence["gain"])
+
+
+def _series_name(s: Series) -> str:
+    return s.name + "".join(f"[{k}={v}]" for k, v in s.labels)
 
 
 def _current(policy: Policy, path: str, default: Any) -> Any:

@@ -94,10 +94,10 @@ class LoopRunner:
         self.rows: list[dict[str, Any]] = []
 
     def window(
-        self, requests: list[Request], outcomes: list[Any], step: Any, arms: list[bool]
+        self, requests: list[Request], outcomes: list[Any], step: Any, arms: list[bool], signals: Any = ()
     ) -> dict[str, Any]:
         ctx = self.ctx
-        rec = ctx.record(requests, outcomes, step, arms)
+        rec = ctx.record(requests, outcomes, step, arms, signals)
         if self.harmful_at is not None and rec.index >= self.harmful_at and not ctx.busy():
             # at the first window from ``harmful_at`` on with no other change on its way out
             inject_harmful(ctx, step[0])
@@ -265,6 +265,7 @@ def _row(rec: Any, ctx: LoopContext) -> dict[str, Any]:
         "wrong": s.wrong,
         "canary": None if rec.step[1] is None else str(rec.step[1].ref),
         "phases": sorted({r.phase for r in rec.requests if r.phase}),
+        "signals": dict(rec.signals),
         "findings": [
             {"kind": f.kind, "score": f.score, "p_value": f.p_value, "summary": f.summary}
             for f in rec.findings

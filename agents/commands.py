@@ -183,6 +183,12 @@ def watch(
     interactive: Annotated[
         bool, typer.Option("--interactive", help="Every proposal waits for a person.")
     ] = False,
+    profile: Annotated[
+        Path | None, typer.Option("--profile", metavar="DIR", help="torch.profiler traces written here.")
+    ] = None,
+    ncu: Annotated[
+        Path | None, typer.Option("--ncu", metavar="DIR", help="Nsight Compute CSV exports written here.")
+    ] = None,
 ) -> None:
     """Follow a deployment: read its access events, run a pass of the loop per window of requests, and act on
     the policy store its replicas follow. Runs until Ctrl-C (or --max-windows)."""
@@ -194,7 +200,7 @@ def watch(
     from evocache.controller._policy_store import DEFAULT_DIRECTORY, POLICY_STORE_ENV
     from evocache.dsl import PolicyError, load_policy
 
-    from ._live import LiveLoop
+    from ._live import LiveLoop, default_signals, stop_signals
     from ._loop import LoopConfig
     from .errors import AgentError, SignalUnavailable
     from .signals import EventsCollector
@@ -221,6 +227,7 @@ def watch(
             capacity=capacity,
             policy=start,
             config=LoopConfig(interactive=interactive),
+            signals=default_signals(profile_dir=profile, ncu_dir=ncu),
         )
     except (PolicyError, PolicyStoreError, AgentError, ValueError, OSError) as exc:
         err.print(f"[red]error:[/] {exc}")
@@ -267,7 +274,11 @@ def watch(
         pass
     finally:
         loop.close()
-    _print(console, loop.report())
+        stop_signals(loop.signals)
+    report = loop.report()
+    for name, reason in (report.get("signals_unavailable") or {}).items():
+        err.print(f"signal {name} unavailable: {reason}")
+    _print(console, report)
 
 
 def demo(
