@@ -2,12 +2,13 @@
 
 One pass per window of traffic:
 
-    observe ─┬─ (a canary is out) ──────────────────────────── watch ── END   promote, roll back, go on, or
-    wait
-             └─ diagnose ── retrain ── propose ─┬─ (nothing worth it) ─────────── END
+    observe ── diagnose ─┬─ (a canary is out) ── watch ── END          promote, roll back, go on, or wait
+                         └─ retrain ── propose ─┬─ (nothing worth it) ── END
                                                 ├─ (inconclusive) ── waits for a person ── END
                                                 ├─ (inside the guardrails) ── approve ── canary ── END
                                                 └─ review (interrupt) ── decide ── canary ── END
+
+Every window is diagnosed, a canary out or not, so a drift during a canary is seen when it comes.
 
 State is plain data (the window, the findings, the proposal id, the verdict); what the nodes act on (the
 policy store, the proposal store, the windows seen) is the ``LoopContext`` the graph was built with.
@@ -840,9 +841,9 @@ def build_graph(ctx: LoopContext, checkpointer: Any) -> Any:
     ):
         graph.add_node(name, fn)
     graph.add_edge(START, "observe")
-    graph.add_conditional_edges("observe", lambda s: s["route"], {"watch": "watch", "diagnose": "diagnose"})
+    graph.add_edge("observe", "diagnose")  # every window is diagnosed, a canary out or not
+    graph.add_conditional_edges("diagnose", lambda s: s["route"], {"watch": "watch", "diagnose": "retrain"})
     graph.add_edge("watch", END)
-    graph.add_edge("diagnose", "retrain")
     graph.add_edge("retrain", "propose")
     graph.add_conditional_edges(
         "propose", lambda s: s["route"], {"end": END, "wait": END, "auto": "approve", "review": "review"}

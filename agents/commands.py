@@ -2,11 +2,13 @@
 
     evocache agent run --trace FILE --policy FILE [--window N] [--json OUT] [--workdir DIR]
     evocache agent watch (--events FILE... | --redis URL) [--store DIR] [--window N] [--capacity BYTES]
+    evocache agent scenario kv|semantic --out FILE
     evocache demo [--interactive] [--workdir DIR]
 
-``run`` makes one pass over a recorded trace; ``watch`` follows a deployment's access events and acts on the
-policy store its replicas read, until stopped; ``demo`` deploys the example model on a local Ray Serve, sends
-a drifting workload and runs the loop over it to ``report.html``.
+``run`` makes one pass over a recorded trace (``scenario`` writes drifting ones from the shipped data);
+``watch`` follows a deployment's access events and acts on the policy store its replicas read, until stopped;
+``demo`` deploys the example model on a local Ray Serve, sends a drifting workload and runs the loop over it
+to ``report.html``.
 
 Exit codes: 0 done; 1 the trace, the policy or the loop's state could not be used (the message names which);
 2 bad usage.
@@ -347,6 +349,48 @@ def demo(
     console.print(f"report: {report['report_html']}")
 
 
+def scenario(
+    kind: Annotated[
+        str, typer.Argument(help="kv (a Mooncake trace in two phases) or semantic (two question streams).")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Where to write the drifting trace (JSONL).")],
+    root: Annotated[
+        Path, typer.Option("--root", help="The repository (its bench/data and examples/data).")
+    ] = Path("."),
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+) -> None:
+    """Write a drifting workload built from the shipped data, for `evocache agent run`: `kv`, the Mooncake
+    trace whose second half moves to a new system prompt and a new tenant while a batch tenant's one-off
+    documents push its prefixes out; `semantic`, Banking77 questions then CLINC150 ones."""
+    from ._scenarios import kv_drift, semantic_drift
+
+    sources = {
+        "kv": [root / "bench/data/mooncake_synthetic_trace.jsonl"],
+        "semantic": [root / "examples/data/banking77_train.jsonl", root / "bench/data/clinc150_train.jsonl"],
+    }
+    if kind not in sources:
+        typer.echo(f"error: unknown scenario {kind!r}: kv or semantic", err=True)
+        raise typer.Exit(2)
+    missing = [str(p) for p in sources[kind] if not p.is_file()]
+    if missing:
+        typer.echo(
+            f"error: {', '.join(missing)}: not found (run from the repository root or give --root)", err=True
+        )
+        raise typer.Exit(1)
+    try:
+        path = (
+            kv_drift(*sources[kind], out, seed=seed)
+            if kind == "kv"
+            else semantic_drift(*sources[kind], out, seed=seed)
+        )
+    except (OSError, ValueError, KeyError) as exc:
+        typer.echo(f"error: {out}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    lines = sum(1 for _ in open(path, encoding="utf-8"))
+    typer.echo(f"wrote {path}: {lines} requests, phase A then phase B")
+
+
 def add_commands(group: typer.Typer) -> None:
     group.command("run")(run)
     group.command("watch")(watch)
+    group.command("scenario")(scenario)

@@ -88,3 +88,14 @@ def test_a_review_waiting_in_one_process_is_approved_from_another(trace: Path, t
     assert store.get(waiting[0].id).status == "canary"
     assert FilePolicyStore(work / "policies").state().canary == waiting[0].new_ref
     assert [r.reviewer for r in store.reviews(waiting[0].id)] == ["alice"]
+
+
+def test_agent_scenario_writes_a_drifting_stream_from_the_shipped_data(tmp_path: Path) -> None:
+    out = tmp_path / "semantic.jsonl"
+    done = evocache("agent", "scenario", "semantic", "--out", str(out), "--root", str(Path(__file__).parents[1]))
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 3000 and [r["phase"] for r in rows] == ["A"] * 1500 + ["B"] * 1500
+    assert all(r["rule"] == "faq" and r["prompt"] and r["group"] for r in rows)
+    bad = evocache("agent", "scenario", "other", "--out", str(out))
+    assert bad.returncode == 2 and "unknown scenario 'other'" in bad.stderr
