@@ -40,9 +40,9 @@ SHARES = (0.1, 0.25)
 @dataclass(frozen=True, slots=True)
 class Edit:
     """One change: ``kind`` (see the module docstring), ``path`` (``rules.faq.ttl``,
-    ``tenants.batch.l1_share``, ``eviction.l1``), the value before and after (document spelling: seconds for
-    ttls) and ``why`` (the finding
-    or heuristic behind it)."""
+    ``tenants.batch.l1_share``, ``eviction.l1``; a section, ``eviction``, when ``new`` sets several of its
+    fields together, as ``{"l1": "learned", "model": "..."}``), the value before and after (document
+    spelling: seconds for ttls) and ``why`` (the finding or heuristic behind it)."""
 
     kind: str
     path: str
@@ -106,6 +106,9 @@ def apply_edits(base: Policy, edits: Sequence[Edit], version: int | None = None)
 
 def _set(doc: dict[str, Any], path: str, value: Any) -> None:
     head, _, rest = path.partition(".")
+    if not rest and isinstance(value, dict):  # a whole section's fields at once (``eviction``: class and model)
+        doc.setdefault(head, {}).update(value)
+        return
     if head == "rules" and rest:
         name, _, field = rest.partition(".")
         rule = next((r for r in doc.get("rules", ()) if r["name"] == name), None)

@@ -237,7 +237,7 @@ def serving_config(options: DemoOptions, workdir: Path, keys_file: Path, port: i
         max_tokens=4,
     )
     store = StoreConfig(
-        l1=L1Config(bytes=options.l1_kib * 1024),
+        l1=L1Config(bytes=options.l1_kib * 1024, models=str(workdir / "models")),  # the loop's retrained models
         redis=None,
         events=EventsConfig(sink="jsonl", path=str(workdir / "events.jsonl")),
     )

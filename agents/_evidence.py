@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,13 +47,15 @@ def replay_schedule(
     *,
     vectors: Any = None,
     seed: int = 0,
+    models: Path | None = None,
 ) -> list[list[Outcome]]:
-    """Replay ``windows`` from a cold cache, window i under ``schedule[i]``; the outcomes of each window."""
+    """Replay ``windows`` from a cold cache, window i under ``schedule[i]``; the outcomes of each window.
+    ``models``: where the trained eviction models the policies name are (``Simulator``)."""
     if len(windows) != len(schedule):
         raise ValueError(f"{len(windows)} windows but a schedule of {len(schedule)}")
     if not windows:
         return []
-    sim = Simulator(schedule[0][0], capacity, seed=seed, vectors=vectors)
+    sim = Simulator(schedule[0][0], capacity, seed=seed, vectors=vectors, models=models)
     out: list[list[Outcome]] = []
     for reqs, (base, canary, fraction) in zip(windows, schedule, strict=True):
         if base is not sim.policy and base != sim.policy:
@@ -129,13 +132,14 @@ def compare(
     vectors: Any = None,
     seed: int = 0,
     costs: Costs = Costs(),
+    models: Path | None = None,
 ) -> dict[str, Any]:
     """Replay ``windows`` under two schedules and compare them over the last ``measure`` windows: each arm's
     metrics, the gain with its interval, and the wrong-rate change."""
     if not 1 <= measure <= len(windows):
         raise ValueError(f"measure must be in 1..{len(windows)}, got {measure}")
-    b = replay_schedule(windows, base, capacity, vectors=vectors, seed=seed)
-    c = replay_schedule(windows, cand, capacity, vectors=vectors, seed=seed)
+    b = replay_schedule(windows, base, capacity, vectors=vectors, seed=seed, models=models)
+    c = replay_schedule(windows, cand, capacity, vectors=vectors, seed=seed, models=models)
     reqs = [r for w in windows[-measure:] for r in w]
     bo = [o for w in b[-measure:] for o in w]
     co = [o for w in c[-measure:] for o in w]

@@ -20,12 +20,15 @@ refuses a proposal whose base is no longer the policy in force (its evidence is 
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypedDict
+from urllib.parse import urlsplit, urlunsplit
 
 from evocache.controller import PolicyStore
 from evocache.dsl import Policy
@@ -243,7 +246,8 @@ class LoopContext:
     def retrain(self) -> dict[str, Any] | None:
         """Every ``retrain_every`` windows: train the learned eviction model on the recent windows' head and
         keep it only when it beats the policy in force on their held-back tail (``agents._retrain``). A kept
-        model makes ``eviction.l1: learned`` a candidate of the next proposal, judged by replay like any edit.
+        model makes ``eviction: {l1: learned, model: <its file>}`` a candidate of the next proposal, judged by
+        replay like any edit (over a learned policy in force, the newer model is the candidate).
         What it found, or None when it did not run."""
         every = self.config.retrain_every
         if every <= 0 or self.model_dir is None or not self.windows or (len(self.windows) % every):
@@ -251,8 +255,6 @@ class LoopContext:
         from ._retrain import retrain
 
         base = self.active()
-        if base.eviction.l1 == "learned":
-            return None
         reqs, _ = self.schedule_span(len(self.windows) - 1, self.config.warmup + self.config.measure)
         result = retrain(
             [r for w in reqs for r in w],
@@ -347,6 +349,7 @@ class LoopContext:
                 capacity=self.capacity,
                 vectors=self.vectors,
                 seed=cfg.seed,
+                models=self.model_dir,
             )
             for name, steps in views.items()
         }
@@ -365,18 +368,16 @@ class LoopContext:
         recent = self.history()[-(self.config.warmup + self.config.measure) :]
         edits = candidate_edits(base, findings, recent)[: self.config.max_candidates]
         version = max(self.top_version, base.version) + 1
-        if self._kept_model is not None and base.eviction.l1 != "learned":
-            edits.append(
-                Edit(
-                    "eviction",
-                    "eviction.l1",
-                    base.eviction.l1,
-                    "learned",
-                    f"a retrained model beat {base.eviction.l1} on held-back traffic: "
-                    f"{self._kept_model['new_hit_ratio']:.3f} against "
-                    f"{self._kept_model['base_hit_ratio']:.3f}",
+        if self._kept_model is not None:
+            kept = Edit.from_dict(self._kept_model["edit"])
+            if kept.old == {"l1": base.eviction.l1 or "lru", "model": base.eviction.model}:
+                # still an edit of the policy in force (it was not replaced since the model was trained)
+                was = f"{base.eviction.l1 or 'lru'}" + (f" ({base.eviction.model})" if base.eviction.model else "")
+                why = (
+                    f"a retrained model beat {was} on held-back traffic: "
+                    f"{self._kept_model['new_hit_ratio']:.3f} against {self._kept_model['base_hit_ratio']:.3f}"
                 )
-            )
+                edits.append(Edit(kept.kind, kept.path, kept.old, kept.new, why))
             self._kept_model = None
         span = self.windows[-(self.config.warmup + self.config.measure) :]
         if any(f.kind in DRIFT_KINDS for w in span for f in w.findings):
@@ -633,6 +634,7 @@ class LoopContext:
             capacity=self.capacity,
             vectors=self.vectors,
             seed=cfg.seed,
+            models=self.model_dir,
         )
 
     @staticmethod
@@ -693,6 +695,7 @@ class LoopContext:
             capacity=self.capacity,
             vectors=self.vectors,
             seed=cfg.seed,
+            models=self.model_dir,
         )
         return float(evidence["gain"])
 
@@ -870,21 +873,80 @@ def resume_review(graph: Any, thread_id: str, verdict: str, reviewer: str, note:
     )
 
 
+LOOP_FILE = "loop.json"
+"""In the loop's workdir: which policy store the loop acts on, for a review resumed from another process."""
+
+
+def record_policy_store(workdir: Path, policies: Any) -> None:
+    """Write down in ``workdir`` where ``policies`` lives (a directory, or a Redis URL with any password left
+    out), so that ``resume_waiting`` opens the same store."""
+    from evocache.controller import FilePolicyStore
+
+    if isinstance(policies, FilePolicyStore):
+        where: dict[str, Any] = {"directory": str(policies.directory.resolve())}
+    else:
+        url = getattr(policies, "url", None)
+        if url is None:
+            return
+        parts = urlsplit(url)
+        netloc = parts.netloc.rpartition("@")[2]
+        where = {
+            "redis_url": urlunsplit(parts._replace(netloc=netloc)),
+            "prefix": policies.prefix,
+            "credentials": "@" in parts.netloc,
+        }
+    path = Path(workdir) / LOOP_FILE
+    path.write_text(json.dumps({"policy_store": where}, indent=2) + "\n", encoding="utf-8")
+
+
+def recorded_policy_store(workdir: Path) -> Any | None:
+    """The policy store the loop in ``workdir`` acts on (``record_policy_store``); ``policies/`` beside it for
+    a workdir from before any record (``agent run`` keeps its store there); None when there is neither. A
+    Redis store whose URL carried a password takes its URL from ``$EVOCACHE_POLICY_STORE``. Raises
+    ``AgentError`` for a record it cannot read."""
+    from evocache.controller import FilePolicyStore, PolicyStoreConfig, open_policy_store
+    from evocache.controller._policy_store import POLICY_STORE_ENV
+
+    from .errors import AgentError
+
+    workdir = Path(workdir)
+    path = workdir / LOOP_FILE
+    if not path.exists():
+        return FilePolicyStore(workdir / "policies") if (workdir / "policies").exists() else None
+    try:
+        where = json.loads(path.read_text(encoding="utf-8"))["policy_store"]
+        if "directory" in where:
+            return FilePolicyStore(where["directory"])
+        url = where["redis_url"]
+        if where.get("credentials"):
+            url = os.environ.get(POLICY_STORE_ENV) or ""
+            if not url.startswith(("redis", "rediss", "unix")):
+                raise AgentError(
+                    f"{path}: the loop's policy store is {where['redis_url']} with a password: set "
+                    f"${POLICY_STORE_ENV} to its full URL to resume the review"
+                )
+        return open_policy_store(PolicyStoreConfig(redis_url=url, prefix=where.get("prefix", "evc:policy")))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise AgentError(f"{path}: not a loop record ({type(exc).__name__}: {exc})") from None
+
+
 def resume_waiting(store: Path, thread: str, verdict: str, reviewer: str = "person") -> str:
     """Resume ``thread`` when it waits in ``review``, over the workdir that holds the proposal store ``store``
-    (its ``policies`` store and ``checkpoints.db``); what the rollout did, or "" when nothing waited."""
+    (its ``checkpoints.db``, the policy store it recorded, its ``models``); what the rollout did, or "" when
+    nothing waited."""
     from langgraph.checkpoint.sqlite import SqliteSaver
-
-    from evocache.controller import FilePolicyStore
 
     from ._proposals import ProposalStore
 
     workdir = Path(store).parent
     checkpoints = workdir / "checkpoints.db"
-    if not checkpoints.exists() or not (workdir / "policies").exists():
+    if not checkpoints.exists():
+        return ""
+    policies = recorded_policy_store(workdir)
+    if policies is None:
         return ""
     with SqliteSaver.from_conn_string(str(checkpoints)) as saver:
-        ctx = LoopContext(FilePolicyStore(workdir / "policies"), ProposalStore(store))
+        ctx = LoopContext(policies, ProposalStore(store), model_dir=workdir / "models")
         graph = build_graph(ctx, saver)
         if not graph.get_state(thread_config(thread)).interrupts:
             return ""

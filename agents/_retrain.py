@@ -23,10 +23,11 @@ candidate's hit ratio over the held-back requests beats the base's by the paired
 ``_evidence.bootstrap_gain`` (requests resampled with both arms' hits): the gain's lower bound at 90 % must be
 above 0, so a gain that a few requests make is not enough. A model that is not kept is deleted.
 
-What the policy document cannot say: a policy names an eviction class (``eviction.l1``), not a model file,
-and the runtime builds a learned policy without one. ``RetrainResult.model_path`` is the artefact whoever
-deploys the candidate loads (``LearnedBase.load_model``); the candidate policy alone starts learning from
-nothing. When the policy already uses ``learned``, the candidate document equals it but for its version.
+A kept model is deployed by name: the candidate policy says ``eviction: {l1: learned, model: <file>}``, the
+file's name under ``model_dir``, and a store whose ``l1.models`` is that directory starts its learned policy
+from it (the replay simulator too, given ``models=model_dir``); the serving policy keeps retraining online
+from there. When the policy in force already uses ``learned`` (with a model or without), the candidate is
+the newer model, judged against it on the same held-back traffic.
 
 Nothing here raises for the data: too few requests, a trainer that fails (xgboost refuses), no labelled
 samples of both classes, or a model file that cannot be written give ``kept=False`` and a ``reason``
@@ -152,10 +153,11 @@ def retrain(requests: Sequence[Request], policy: Policy, *, capacity: int, model
         return refused(f"too few requests to retrain: {len(requests)} split into {len(train)} to train on "
                        f"and {len(held)} held back; need at least {MIN_TRAIN_REQUESTS} and "
                        f"{MIN_HOLDOUT_REQUESTS}")
-    edit = Edit("eviction", "eviction.l1", eviction_name(policy), LEARNED,
-                "a learned eviction model retrained on the recent traffic")
+    before = {"l1": eviction_name(policy), "model": policy.eviction.model}
+    why = "a learned eviction model retrained on the recent traffic"
+    edit = Edit("eviction", "eviction", before, {"l1": LEARNED, "model": None}, why)
     try:
-        candidate = apply_edits(policy, [edit], version)
+        candidate = apply_edits(policy, [edit], version)  # the arm that trains: learned, from nothing
     except ValueError as exc:  # PolicyError / StoreConfigError: never propose what policy check rejects
         return refused(f"the candidate policy is refused: {exc}", edit=edit)
 
@@ -174,8 +176,11 @@ def retrain(requests: Sequence[Request], policy: Policy, *, capacity: int, model
         log.warning("retrain: the model written to %s cannot be read back: %s", path, exc)
         path.unlink(missing_ok=True)
         return refused(f"the model written to {path} cannot be read back: {exc}", candidate, edit)
+    untrained = edit, candidate
+    edit = replace(edit, new={"l1": LEARNED, "model": path.name})
+    candidate = apply_edits(policy, [edit], version)  # as above, naming the file: passes as it did
 
-    base = Simulator(policy, capacity, seed=seed, vectors=vectors)
+    base = Simulator(policy, capacity, seed=seed, vectors=vectors, models=Path(model_dir))
     base.run(train)
     evidence = _evidence(held, base.run(held), arm.run(held), seed)
     gain, (low, high) = evidence["gain"], evidence["ci"]
@@ -189,6 +194,7 @@ def retrain(requests: Sequence[Request], policy: Policy, *, capacity: int, model
                              f"the new model beats the policy in force: {summary}", edit, evidence)
     path.unlink(missing_ok=True)
     log.info("retrain: dropped the new model: %s", summary)
+    edit, candidate = untrained  # the file is gone: nothing names it
     return refused(f"the new model does not beat the policy in force: {summary}", candidate, edit, evidence)
 
 
@@ -205,7 +211,6 @@ class _CandidateArm(Simulator):
 
     def _build_eviction(self, name: str) -> EvictionPolicy:
         # Simulator's construction (the trace's clock, the seeded rng), plus the training settings.
-        self._eviction_name = name
         return make_eviction_policy(name, capacity=self.capacity, clock=lambda: self._now,
                                     rng=random.Random(self._seed), training=self._training)
 

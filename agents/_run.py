@@ -28,7 +28,7 @@ from evocache.controller import FilePolicyStore
 from evocache.dsl import Policy, policy_to_yaml
 
 from ._candidates import Edit, apply_edits
-from ._loop import DRIFT_KINDS, LoopConfig, LoopContext, build_graph, thread_config
+from ._loop import DRIFT_KINDS, LoopConfig, LoopContext, build_graph, record_policy_store, thread_config
 from ._types import Request
 from ._whatif import Simulator
 from ._workload import read_requests, windows
@@ -162,6 +162,7 @@ def open_loop(
     from ._proposals import ProposalStore
 
     workdir.mkdir(parents=True, exist_ok=True)
+    record_policy_store(workdir, policies)  # for a review resumed from another process
     if policies.state().active is None:
         policies.apply(policy)
     proposals = ProposalStore(workdir / "proposals.db")
@@ -221,7 +222,7 @@ def run_trace(
     ctx = open_loop(
         policies, workdir, policy, capacity=capacity, config=options.loop, vectors=vectors, diagnose=diagnose
     )
-    live = Simulator(ctx.active(), capacity, seed=options.loop.seed, vectors=vectors)
+    live = Simulator(ctx.active(), capacity, seed=options.loop.seed, vectors=vectors, models=ctx.model_dir)
     with SqliteSaver.from_conn_string(str(workdir / "checkpoints.db")) as saver:
         runner = LoopRunner(ctx, build_graph(ctx, saver), harmful_at=options.harmful_at)
         for i, span in enumerate(spans):

@@ -31,10 +31,18 @@ import random
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from evocache.controller import canary_for
-from evocache.controller.eviction import EntryInfo, EvictionPolicy, make_eviction_policy
+from evocache.controller import StoreConfigError
+from evocache.controller.eviction import (
+    EntryInfo,
+    EvictionPolicy,
+    LearnedBase,
+    LearnedModelError,
+    make_eviction_policy,
+)
 from evocache.dsl import Policy
 
 from ._types import Outcome, Request
@@ -109,13 +117,20 @@ class Simulator:
 
     ``capacity`` is in the requests' size unit (tokens for KV blocks, bytes for responses; each key weighs its
     request's ``size``). ``vectors``: the embeddings of the semantic requests' prompts (``VectorTable``),
-    needed only when a rule has ``semantic:``. Raises ``ValueError`` for a capacity < 1 and
-    ``StoreConfigError`` for an eviction policy name the controller does not know (when the policy is first
-    used).
+    needed only when a rule has ``semantic:``. ``models``: the directory of the trained models a policy's
+    ``eviction.model`` names (the store's ``l1.models``); a learned policy starts from the model it names, as a
+    replica does. Raises ``ValueError`` for a capacity < 1 and ``StoreConfigError`` for an eviction policy
+    name the controller does not know or a model file it cannot use (when the policy is first used).
     """
 
     def __init__(
-        self, policy: Policy, capacity: int, *, seed: int = 0, vectors: VectorTable | None = None
+        self,
+        policy: Policy,
+        capacity: int,
+        *,
+        seed: int = 0,
+        vectors: VectorTable | None = None,
+        models: Path | None = None,
     ) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
@@ -128,8 +143,9 @@ class Simulator:
         self._used_ns: dict[str, int] = {}
         self._req = 0
         self._arm = _Arm(policy, capacity)
-        self._eviction_name = ""
-        self._eviction: EvictionPolicy = self._build_eviction(eviction_name(policy))
+        self._models = models
+        self._eviction_spec: tuple[str, str | None] = ("", None)
+        self._eviction: EvictionPolicy = self._start_eviction(policy)
         self._semantic: dict[tuple[str, float, float | None], SemanticCache] = {}
         self._inserted: list[tuple[str, str, str, str]] = []  # (ns, rule, prompt, group): to fill a new cache
         self._entry_keys: dict[str, Hashable] = {}  # semantic entry id -> the exact key it was stored under
@@ -147,15 +163,31 @@ class Simulator:
         """Switch to ``policy`` from the next request on (a promotion). The cache keeps its entries; a new
         eviction policy takes over the held keys in their last-use order."""
         self._arm = _Arm(policy, self.capacity)
-        name = eviction_name(policy)
-        if name != self._eviction_name:
+        if (eviction_name(policy), policy.eviction.model) != self._eviction_spec:
             self._eviction.close()
-            self._eviction = self._build_eviction(name)
+            self._eviction = self._start_eviction(policy)
             for key, (size, _, ns) in self._held.items():
                 self._eviction.on_insert(key, EntryInfo(size, ns))
 
+    def _start_eviction(self, policy: Policy) -> EvictionPolicy:
+        """The eviction class ``policy`` names, started from the trained model it names (if any)."""
+        name, model = eviction_name(policy), policy.eviction.model
+        built = self._build_eviction(name)
+        self._eviction_spec = (name, model)
+        if model is None:
+            return built
+        try:
+            if self._models is None:
+                raise LearnedModelError("no models directory to read it from (Simulator(models=))")
+            if not isinstance(built, LearnedBase):
+                raise LearnedModelError(f"{type(built).__name__} takes no trained model")
+            built.load_model(self._models / model)
+        except (OSError, LearnedModelError) as exc:
+            built.close()
+            raise StoreConfigError(f"policy {policy.ref}: eviction.model: {exc}") from exc
+        return built
+
     def _build_eviction(self, name: str) -> EvictionPolicy:
-        self._eviction_name = name
         return make_eviction_policy(
             name, capacity=self.capacity, clock=lambda: self._now, rng=random.Random(self._seed)
         )

@@ -490,6 +490,7 @@ class RedisPolicyStore(_StoreBase):
 
         super().__init__(clock, stale_after_s)
         self._redis = redis
+        self.url = url
         self.client = client or connect(url)  # redis+cluster://...: a RedisCluster client
         self.prefix = prefix
         tag = "{" + prefix + "}"

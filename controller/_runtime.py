@@ -32,13 +32,14 @@ from ._semantic import SemanticLayer, SharedRedis
 from ._slo import SloBreakers
 from ._store_config import EventsConfig, StoreConfig
 from ._types import Namespace, TierName
-from .errors import StoreConfigError, TierUnavailable
-from .eviction import make_eviction_policy
+from .errors import LearnedModelError, StoreConfigError, TierUnavailable
+from .eviction import LearnedBase, make_eviction_policy
 from .tiers import DiskTier, MemoryTier, RedisTier, Tier, TieredStore
 
 if TYPE_CHECKING:
     from evocache.dsl import Policy
 
+    from .eviction import EvictionPolicy
     from .semantic import Embedder
 
 log = logging.getLogger("evocache.controller")
@@ -140,25 +141,26 @@ class CacheRuntime:
     def activate(self, policy: Policy | None) -> CacheRuntime:
         """Put ``policy`` in force on this runtime's store; returns the runtime to use from now on.
 
-        Everything is checked first (eviction names, L2 quotas); a policy that cannot be enforced raises
+        Everything is checked first (eviction names, the trained model file, L2 quotas); a policy that cannot be enforced raises
         ``StoreConfigError`` and changes nothing. Then, together: tenant quotas and weights switch (tiers read
-        them through the shared holder), L1 and L3 switch eviction if the policy names another one (L1's new
-        policy is told of every held entry, oldest first), and the returned runtime is a new generation, so
+        them through the shared holder), L1 and L3 switch eviction if the policy names another one (L1 also for
+        another model file; its new policy is told of every held entry, oldest first), and the returned runtime is a new generation, so
         memoised decisions of the old rules are not reused. The new rules' SLO breakers start closed, and this
         runtime's are retired (they stop deciding). The store is shared: this runtime object keeps the old
         rules but sees the new quotas, so build candidates with the replay simulator, not here.
         """
         check_policy(policy, self.config)
-        l1_name = _l1_eviction(self.config, policy)
         new_l1 = None
-        if self.l1 is not None and l1_name != _l1_eviction(self.config, self.policy):
-            new_l1 = make_eviction_policy(l1_name, capacity=self.config.l1.bytes, background=True)
+        if self.l1 is not None and _l1_spec(self.config, policy) != _l1_spec(self.config, self.policy):
+            new_l1 = _l1_policy(self.config, policy, background=True)
         disk = self.store.tiers.get("l3")
         if isinstance(disk, DiskTier):
             # The one step that can fail (another process holding the disk index locked), so it goes first.
             try:
                 disk.set_eviction(_L3_EVICTION[_l3_eviction(policy)])
             except TierUnavailable as exc:
+                if new_l1 is not None:
+                    new_l1.close()
                 raise StoreConfigError(f"policy {policy.ref if policy else None}: L3 eviction: {exc}") from exc
         # -- nothing below can fail --
         self.tenants.policy = policy
@@ -213,6 +215,43 @@ def _l1_eviction(config: StoreConfig, policy: Policy | None) -> str:
     return policy.eviction.l1 if policy is not None and policy.eviction.l1 else config.l1.eviction
 
 
+def _l1_spec(config: StoreConfig, policy: Policy | None) -> tuple[str, str | None]:
+    """What L1's eviction is built from: the class name and the model file; a change of either rebuilds it."""
+    return _l1_eviction(config, policy), (policy.eviction.model if policy is not None else None)
+
+
+def _l1_model(config: StoreConfig, policy: Policy | None) -> Path | None:
+    """The file of the trained model ``policy`` names for L1's learned eviction, or None. Raises
+    ``StoreConfigError`` when it names one and the store has no ``l1.models`` directory."""
+    name = policy.eviction.model if policy is not None else None
+    if name is None:
+        return None
+    if config.l1.models is None:
+        raise StoreConfigError(
+            f"policy {policy.ref}: eviction.model: names {name!r}, but the store has no l1.models directory "
+            "to read it from (L1Config.models)"
+        )
+    return Path(config.l1.models) / name
+
+
+def _l1_policy(config: StoreConfig, policy: Policy | None, *, background: bool) -> EvictionPolicy:
+    """L1's eviction policy for ``policy``, started from the trained model it names (if any). Raises
+    ``StoreConfigError`` for a model file that is missing, unreadable or not a model this policy can use;
+    nothing is left running then."""
+    built = make_eviction_policy(_l1_eviction(config, policy), capacity=config.l1.bytes, background=background)
+    path = _l1_model(config, policy)
+    if path is None:
+        return built
+    try:
+        if not isinstance(built, LearnedBase):
+            raise LearnedModelError(f"{type(built).__name__} takes no trained model")
+        built.load_model(path)
+    except (OSError, LearnedModelError) as exc:
+        built.close()
+        raise StoreConfigError(f"policy {policy.ref}: eviction.model: {exc}") from exc
+    return built
+
+
 def _l3_eviction(policy: Policy | None) -> str:
     return policy.eviction.l3 if policy is not None and policy.eviction.l3 else "fifo"
 
@@ -253,6 +292,8 @@ def check_policy(policy: Policy | None, config: StoreConfig | None = None) -> No
             make_eviction_policy(name)
         except StoreConfigError as exc:
             raise StoreConfigError(f"policy {policy.ref}: eviction.{field_name}: {exc}") from exc
+    if spec.model is not None and config is not None:
+        _l1_policy(config, policy, background=False).close()  # the file must hold a model it can use
     if spec.l2 is not None and spec.l2 not in _L2_EVICTION:
         raise StoreConfigError(
             f"policy {policy.ref}: eviction.l2: {spec.l2!r} is not supported; known: {sorted(_L2_EVICTION)}"
@@ -288,7 +329,7 @@ def build_runtime(
     tiers: list[Tier] = [
         MemoryTier(
             l1.bytes,
-            policy=make_eviction_policy(_l1_eviction(config, policy), capacity=l1.bytes, background=True),
+            policy=_l1_policy(config, policy, background=True),
             quota=holder.l1_quota(l1.bytes),
             weight=holder.weight,
             clock=clock,

@@ -74,12 +74,15 @@ class _Part(BaseModel):
 
 class L1Config(_Part):
     """Process memory: ``bytes`` of entries (payload and key; see ``MemoryTier``), evicted by the registered
-    policy ``eviction`` names (a policy document's ``eviction.l1`` overrides it)."""
+    policy ``eviction`` names (a policy document's ``eviction.l1`` overrides it). ``models``: the directory
+    of trained eviction models a policy's ``eviction.model`` names (JSON files, as the loop's retraining
+    writes them); without it a policy that names a model is refused."""
 
     _part: ClassVar[str] = "l1"
 
     bytes: int = Field(64 * MiB, gt=0)
     eviction: str = "lru"
+    models: str | None = Field(None, min_length=1)
 
 
 class RedisConfig(_Part):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import keyword
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from os import PathLike
@@ -482,14 +483,42 @@ class TenantSpec(_Model):
         return self
 
 
+_MODEL_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,122}\.json")
+
+
+def _check_model_file(value: str) -> str:
+    if not _MODEL_FILE.fullmatch(value):
+        raise ValueError(
+            f"model {brief(value)} is not a model file name: letters, digits, '.', '_' and '-' ending in "
+            "'.json', at most 128 characters, no directory (the store's l1.models directory holds it)"
+        )
+    return value
+
+
+ModelFile = Annotated[str, Strict(), AfterValidator(_check_model_file)]
+
+
 class EvictionSpec(_Model):
     """Eviction policy per tier, by name; ``fallback`` serves while a learned policy is unavailable. Names are
-    only checked to be identifiers here: the controller checks them against its registry."""
+    only checked to be identifiers here: the controller checks them against its registry.
+
+    ``model``: the file of a trained model for ``l1: learned`` to start from (a name in the store's
+    ``l1.models`` directory, as ``evocache agent`` writes them); without it a learned policy starts from
+    nothing and ``fallback`` decides until it has trained."""
 
     l1: Identifier | None = None
     l2: Identifier | None = None
     l3: Identifier | None = None
     fallback: Identifier = "lru"
+    model: ModelFile | None = None
+
+    @field_validator("model")
+    @classmethod
+    def _model_needs_learned(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # "l1" is absent from info.data when it was written but invalid: that is reported at l1 alone.
+        if value is not None and "l1" in info.data and info.data["l1"] != "learned":
+            raise ValueError(f"a model is a learned policy's: it needs l1: learned, not l1: {info.data['l1']}")
+        return value
 
     def per_tier(self) -> dict[str, str]:
         """``{tier: policy name}`` for the tiers this spec sets (``fallback`` is not a tier)."""

@@ -22,6 +22,7 @@ from evocache.agents._retrain import MIN_HOLDOUT_REQUESTS, MIN_TRAIN_REQUESTS, R
 from evocache.agents._types import Request
 from evocache.agents._whatif import Simulator
 from evocache.agents._workload import read_requests
+from evocache.controller import StoreConfigError
 from evocache.controller.eviction import LearnedModel, LearnedTraining
 from evocache.dsl import Policy, parse_policy, policy_to_yaml
 
@@ -81,10 +82,18 @@ def test_a_model_that_beats_lru_is_kept_as_json_with_a_policy_that_passes_check(
     loaded = LearnedModel.load(result.model_path, features=LearnedTraining().features)
     assert loaded.features == tuple(doc["features"])
 
-    assert result.edit is not None and result.edit.to_dict()["path"] == "eviction.l1"
-    assert (result.edit.old, result.edit.new) == ("lru", "learned")
+    # the candidate names the file: a store (or replay) with that models directory starts from it
+    assert result.edit is not None and result.edit.to_dict()["path"] == "eviction"
+    assert result.edit.old == {"l1": "lru", "model": None}
+    assert result.edit.new == {"l1": "learned", "model": "kv-chat-eviction-v1.json"}
     assert result.policy is not None and result.policy == apply_edits(policy("lru"), [result.edit])
-    assert (result.policy.eviction.l1, result.policy.version) == ("learned", 4)
+    assert (result.policy.eviction.l1, result.policy.eviction.model, result.policy.version) == (
+        "learned", "kv-chat-eviction-v1.json", 4)
+    started = Simulator(result.policy, capacity(mooncake, 0.03), models=model_dir)
+    assert started._eviction.model is not None
+    assert started._eviction.model.window.samples == loaded.window.samples
+    with pytest.raises(StoreConfigError, match=r"kv-chat@4: eviction\.model: no models directory"):
+        Simulator(result.policy, capacity(mooncake, 0.03))
     file = tmp_path / "candidate.yaml"
     file.write_text(policy_to_yaml(result.policy))
     done = subprocess.run([sys.executable, "-m", "evocache.cli", "policy", "check", str(file)],
@@ -93,7 +102,7 @@ def test_a_model_that_beats_lru_is_kept_as_json_with_a_policy_that_passes_check(
 
     plain = json.loads(json.dumps(result.to_dict()))
     assert plain["kept"] is True and plain["model_path"] == str(result.model_path)
-    assert plain["policy"]["eviction"]["l1"] == "learned"
+    assert plain["policy"]["eviction"] == {"l1": "learned", "fallback": "lru", "model": "kv-chat-eviction-v1.json"}
     assert plain["evidence"]["requests"] == 720
 
 
@@ -103,8 +112,9 @@ def test_the_same_seed_trains_the_same_model_and_the_next_one_takes_the_next_ver
     again = retrain(mooncake, policy("lru"), capacity=capacity(mooncake, 0.03), model_dir=model_dir, seed=0)
     assert again.model_path == model_dir / "kv-chat-eviction-v2.json"
     assert again.model_path.read_bytes() == first.model_path.read_bytes()
-    assert dataclasses.replace(again, model_path=first.model_path) == first
     again.model_path.unlink()
+    assert again.edit is not None and again.edit.new == {"l1": "learned", "model": "kv-chat-eviction-v2.json"}
+    assert dataclasses.replace(again, model_path=first.model_path, edit=first.edit, policy=first.policy) == first
 
 
 def test_a_model_is_not_kept_against_the_online_learned_policy(mooncake: list[Request],
@@ -119,6 +129,27 @@ def test_a_model_is_not_kept_against_the_online_learned_policy(mooncake: list[Re
     assert result.evidence["ci"][0] <= 0
     assert result.reason.startswith("the new model does not beat the policy in force")
     assert result.policy is not None and result.policy.eviction.l1 == "learned"
+    assert result.policy.eviction.model is None  # the file went, so the candidate names none
+
+
+def test_over_a_policy_already_on_a_trained_model_the_newer_model_is_judged_against_it(
+        kept: tuple[RetrainResult, Path], mooncake: list[Request], tmp_path: Path) -> None:
+    first, model_dir = kept
+    assert first.policy is not None
+    # the base arm starts from the kept model, read from the same directory the newer one is written to
+    again = retrain(mooncake, first.policy, capacity=capacity(mooncake, 0.03), model_dir=model_dir)
+    assert again.edit is not None
+    assert again.edit.old == {"l1": "learned", "model": "kv-chat-eviction-v1.json"}
+    base = Simulator(first.policy, capacity(mooncake, 0.03), models=model_dir)
+    base.run(mooncake[:1680])
+    tail = mooncake[1680:]
+    assert again.base_hit_ratio == arm_metrics(tail, base.run(tail))["hit_ratio"]
+    if again.kept:
+        assert again.policy is not None and again.policy.eviction.model == again.model_path.name
+        again.model_path.unlink()
+    else:
+        assert again.model_path is None
+    assert sorted(p.name for p in model_dir.iterdir()) == ["kv-chat-eviction-v1.json"]
 
 
 def test_a_held_back_tail_that_never_returns_cannot_be_helped(mooncake: list[Request],

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from evocache.controller import (
     EventsConfig,
     FilePolicyStore,
@@ -34,7 +36,9 @@ guardrails:
 """
 
 
-def test_watch_runs_a_pass_per_window_of_events_and_keeps_its_report(tmp_path: Path) -> None:
+def serve_traffic(tmp_path: Path) -> Path:
+    """A real ``@cache_if`` function under POLICY answering 480 requests, its events in a JSONL file; the
+    policy in force in a file policy store at ``tmp_path/policies``."""
     events = tmp_path / "events.jsonl"
     policy = parse_policy(POLICY, "policy.yaml")
     store = FilePolicyStore(tmp_path / "policies")
@@ -61,9 +65,11 @@ def test_watch_runs_a_pass_per_window_of_events_and_keeps_its_report(tmp_path: P
             with tenant_scope("acme", tier="pro"):
                 answer(f"question {rng.randrange(30)}")
     runtime.events.flush()
+    return events
 
-    out = tmp_path / "report.json"
-    done = subprocess.run(
+
+def watch(tmp_path: Path, events: Path, *more: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [
             sys.executable,
             "-m",
@@ -84,13 +90,18 @@ def test_watch_runs_a_pass_per_window_of_events_and_keeps_its_report(tmp_path: P
             str(8 * 1024),
             "--workdir",
             str(tmp_path / "agent"),
-            "--json",
-            str(out),
+            *more,
         ],
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def test_watch_runs_a_pass_per_window_of_events_and_keeps_its_report(tmp_path: Path) -> None:
+    events = serve_traffic(tmp_path)
+    out = tmp_path / "report.json"
+    done = watch(tmp_path, events, "--json", str(out))
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
     assert [w["index"] for w in report["windows"]] == [0, 1, 2, 3]
@@ -151,3 +162,56 @@ def test_the_live_loop_reads_the_other_signals_over_each_window(tmp_path: Path) 
         assert report["signals_unavailable"]["nvml"]
     else:
         assert any(name.startswith("gpu_") for name in row["signals"])
+
+
+def test_a_review_left_waiting_by_watch_is_approved_from_another_process_on_the_store_it_follows(
+    tmp_path: Path,
+) -> None:
+    # the policy store is the deployment's, outside the loop's workdir: the approving process finds it from
+    # the loop's record
+    events = serve_traffic(tmp_path)
+    done = watch(tmp_path, events, "--interactive")
+    assert done.returncode == 0, done.stderr
+    work = tmp_path / "agent"
+    assert json.loads((work / "loop.json").read_text()) == {
+        "policy_store": {"directory": str((tmp_path / "policies").resolve())}
+    }
+    listed = subprocess.run(
+        [sys.executable, "-m", "evocache.cli", "proposals", "list", "--store", str(work / "proposals.db"),
+         "--status", "proposed", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert listed.returncode == 0, listed.stderr
+    waiting = json.loads(listed.stdout)
+    assert len(waiting) == 1 and any(e["path"] == "rules.batch.cache" for e in waiting[0]["edits"])
+    assert FilePolicyStore(tmp_path / "policies").state().canary is None
+
+    approved = subprocess.run(
+        [sys.executable, "-m", "evocache.cli", "proposals", "approve", waiting[0]["id"], "--store",
+         str(work / "proposals.db")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert approved.returncode == 0, approved.stderr
+    state = FilePolicyStore(tmp_path / "policies").state()
+    assert state.canary == waiting[0]["new_ref"] and state.fraction > 0, approved.stdout
+    assert "canary" in approved.stdout
+
+
+def test_a_redis_store_is_recorded_without_its_password(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from evocache.agents._loop import record_policy_store, recorded_policy_store
+    from evocache.agents.errors import AgentError
+    from evocache.controller import PolicyStoreConfig, open_policy_store
+
+    store = open_policy_store(PolicyStoreConfig(redis_url="redis://ops:s3cret@127.0.0.1:1/0", prefix="evc:p"))
+    record_policy_store(tmp_path, store)
+    text = (tmp_path / "loop.json").read_text()
+    assert "s3cret" not in text and "ops" not in text
+    assert json.loads(text)["policy_store"] == {
+        "redis_url": "redis://127.0.0.1:1/0", "prefix": "evc:p", "credentials": True
+    }
+    monkeypatch.delenv("EVOCACHE_POLICY_STORE", raising=False)
+    with pytest.raises(AgentError, match=r"redis://127\.0\.0\.1:1/0 with a password: set \$EVOCACHE_POLICY_STORE"):
+        recorded_policy_store(tmp_path)
+    monkeypatch.setenv("EVOCACHE_POLICY_STORE", "redis://ops:s3cret@127.0.0.1:1/0")
+    reopened = recorded_policy_store(tmp_path)
+    assert (reopened.url, reopened.prefix) == ("redis://ops:s3cret@127.0.0.1:1/0", "evc:p")

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 FORMAT = "evocache-learned-eviction"
 FORMAT_VERSION = 1
+MAX_MODEL_BYTES = 64 * 1024 * 1024
+"""The largest model file read: a few hundred shallow trees are well under a megabyte."""
 
 _PARAMS: dict[str, Any] = {
     "objective": "binary:logistic",
@@ -94,19 +96,45 @@ class LearnedModel:
             raise LearnedModelError(
                 f"{source}: model format version {doc.get('version')!r}; this evocache reads version {FORMAT_VERSION}"
             )
-        saved = tuple(doc["features"])
+        raw_features, raw_window = doc.get("features"), doc.get("window")
+        if not isinstance(raw_features, list) or not all(isinstance(f, str) for f in raw_features):
+            raise LearnedModelError(f"{source}: features must be a list of names")
+        saved = tuple(raw_features)
         if features is not None and saved != tuple(features):
             raise LearnedModelError(f"{source}: trained on features {list(saved)}, expected {list(features)}")
+        try:
+            window = TrainingWindow(**raw_window) if isinstance(raw_window, dict) else None
+        except TypeError:
+            window = None
+        if window is None or not all(isinstance(v, int) for v in window.__dict__.values()):
+            raise LearnedModelError(f"{source}: window must hold first, last, tick, samples and positives")
         import xgboost
 
         booster = xgboost.Booster()
-        booster.load_model(bytearray(json.dumps(doc["booster"]).encode()))
-        return cls(saved, TrainingWindow(**doc["window"]), booster)
+        try:
+            booster.load_model(bytearray(json.dumps(doc.get("booster")).encode()))
+            return cls(saved, window, booster)
+        except (xgboost.core.XGBoostError, ValueError, KeyError, TypeError) as exc:
+            raise LearnedModelError(f"{source}: the booster cannot be read ({_first_line(exc)})") from None
 
     @classmethod
     def load(cls, path: str | Path, *, features: Sequence[str] | None = None) -> LearnedModel:
-        """``from_json`` of the file at ``path``; errors name the file."""
-        return cls.from_json(Path(path).read_text(), features=features, source=str(path))
+        """``from_json`` of the file at ``path``; errors name the file. A file over ``MAX_MODEL_BYTES`` is
+        refused before it is read whole. Raises ``OSError`` when it cannot be read."""
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_MODEL_BYTES + 1)
+        if len(data) > MAX_MODEL_BYTES:
+            raise LearnedModelError(f"{path}: larger than {MAX_MODEL_BYTES} bytes, not a model this policy reads")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise LearnedModelError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        return cls.from_json(text, features=features, source=str(path))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def train(
