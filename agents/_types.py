@@ -272,7 +272,6 @@ FindingKind = Literal[
     "bimodal-latency",  # two latency modes: cold starts
     "never-hits",  # a rule's (or tenant's) traffic never hits
     "push-out",  # a tenant's admissions evict another tenant's entries
-    "gpu",  # a GPU or kernel signal out of its usual range
     "not-testable",  # a test could not run on this data (constant series, too few points)
 ]
 

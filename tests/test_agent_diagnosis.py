@@ -133,6 +133,28 @@ def test_granger_finds_the_cause_at_its_lag_and_nothing_in_noise():
     assert f.window == 9 and f.windows == (0, 9)
 
 
+def test_granger_tests_gpu_and_host_signals_as_causes_of_the_overall_miss_ratio():
+    # GPU 1's memory fills two steps before the misses come; GPU 0, the host and the load say nothing
+    x, y, rng = _lagged()
+    gpu = lambda i: (("gpu", str(i)), ("name", "NVIDIA H200"))  # noqa: E731
+    series = [
+        _series("qps", rng.normal(size=200) + 10),
+        _series("miss_ratio", y),
+        _series("gpu_mem_used", rng.normal(size=200) + 40, gpu(0)),
+        _series("gpu_mem_used", x, gpu(1)),
+        _series("gpu_util", [55.0] * 200, gpu(0)),
+        _series("host_cpu_percent", rng.uniform(size=200) * 100),
+        _series("gpu_mem_total", x, gpu(1)),  # a capacity, not a load: never a cause
+    ]
+    found = granger_findings(series, window=4, windows=(0, 4))
+    significant = [(f.subject["cause"], f.detail["lag"]) for f in found if f.kind == "granger"]
+    assert significant == [("gpu_mem_used[gpu=1]", 2)]
+    assert found[0].detail["tests"] == 4  # qps, both GPUs' memory, the host's CPU
+    assert [(f.subject["cause"], f.detail["reason"]) for f in found if f.kind == "not-testable"] == [
+        ("gpu_util[gpu=0]", "gpu_util[gpu=0] is constant")
+    ]
+
+
 def test_granger_independent_noise_gives_nothing_after_correction():
     rng = np.random.default_rng(7)
     series = []

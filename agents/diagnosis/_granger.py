@@ -1,8 +1,10 @@
 """Which load signals help predict the miss ratio: Granger causality per label set, corrected for many
 tests.
 
-For each label set (overall, each rule, each tenant) and each cause in ``CAUSES``, the pair (cause, miss
-ratio) is aligned, its NaN steps filled, made stationary (an ADF test; both differenced once when either is
+For each label set (overall, each rule, each tenant) and each cause in ``CAUSES``, and for the overall miss
+ratio also each device and host series in ``RESOURCE_CAUSES`` (one cause per GPU, named by its index:
+``gpu_mem_used[gpu=0]``; a KV cache under memory pressure, or blocks arriving over PCIe, shows there before
+it shows in the hit ratio), the pair (cause, miss ratio) is aligned, its NaN steps filled, made stationary (an ADF test; both differenced once when either is
 not), given a lag (VAR order by AIC, at most ``max_lag`` and at most what the length allows) and tested with
 the F test of ``grangercausalitytests``. The p-values of all pairs that could be tested are corrected together
 (Benjamini-Hochberg); a pair that could not be tested (constant, too short, too many gaps) is a
@@ -23,6 +25,10 @@ from .._types import Finding, Series
 
 EFFECT = "miss_ratio"
 CAUSES = ("qps", "long_prompt_share", "prompt_tokens")
+RESOURCE_CAUSES = ("gpu_util", "gpu_mem_used", "gpu_pcie_rx", "host_cpu_percent", "host_mem_used")
+"""The signals (``agents.signals``: NVML, host) tested as causes of the overall miss ratio."""
+MAX_RESOURCE_CAUSES = 8
+"""At most this many resource series join the tests (a host with many GPUs: the first ones by name)."""
 MIN_POINTS = 12  # below this an F test on two lagged regressions has too few residual degrees of freedom
 MAX_GAP_SHARE = 0.5  # a series with more NaN steps than this is mostly guesswork once filled
 ADF_ALPHA = 0.05
@@ -84,9 +90,12 @@ def _candidates(
     series: Sequence[Series], max_label_sets: int
 ) -> list[tuple[Labels, str, np.ndarray, np.ndarray]]:
     by_labels: dict[Labels, dict[str, Series]] = {}
+    resources: dict[str, Series] = {}
     for s in series:
         if s.name == EFFECT or s.name in CAUSES:
             by_labels.setdefault(s.labels, {})[s.name] = s
+        elif s.name in RESOURCE_CAUSES:
+            resources[_resource_name(s)] = s
 
     def traffic(labels: Labels) -> float:
         qps = by_labels[labels].get("qps")
@@ -102,7 +111,17 @@ def _candidates(
         for cause in CAUSES:
             if cause in named:
                 out.append((labels, cause, _values(named[cause], effect), np.asarray(effect.v, dtype=float)))
+        if labels == ():
+            for cause in sorted(resources)[:MAX_RESOURCE_CAUSES]:
+                out.append((labels, cause, _values(resources[cause], effect), np.asarray(effect.v, dtype=float)))
     return out
+
+
+def _resource_name(s: Series) -> str:
+    """``gpu_util[gpu=0]`` for a device's series (its ``name`` label, the model, left out), the bare name for
+    the host's."""
+    shown = [f"{k}={v}" for k, v in s.labels if k != "name"]
+    return f"{s.name}[{','.join(shown)}]" if shown else s.name
 
 
 def _values(cause: Series, effect: Series) -> np.ndarray:

@@ -177,5 +177,4 @@ DRAW: dict[str, Draw] = {
     "never-hits": _counts,
     "push-out": _push,
     "not-testable": _text,
-    "gpu": _text,
 }
