@@ -21,6 +21,20 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
+
+
+def _check_planner(err: Any) -> None:
+    """Fail at once, naming the variable, when the environment configures the optional planner wrongly (an
+    unknown provider, a missing model, its extra not installed): before any trace is read or replica started."""
+    from ._planner import planner_from_env
+    from .errors import PlannerError
+
+    try:
+        planner_from_env()
+    except PlannerError as exc:
+        err.print("[red]error:[/]", escape(str(exc)))
+        raise typer.Exit(2) from None
 
 
 def run(
@@ -59,10 +73,11 @@ def run(
     from .errors import AgentError
 
     console, err = Console(), Console(stderr=True)
+    _check_planner(err)
     try:
         base = load_policy(policy)
     except (PolicyError, OSError) as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print("[red]error:[/]", escape(str(exc)))
         raise typer.Exit(1) from None
     options = RunOptions(
         window=window, capacity=capacity, harmful_at=inject_harmful, loop=LoopConfig(interactive=interactive)
@@ -85,7 +100,7 @@ def run(
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
             )
         except (AgentError, ValueError, OSError) as exc:
-            err.print(f"[red]error:[/] {exc}")
+            err.print("[red]error:[/]", escape(str(exc)))
             raise typer.Exit(1) from None
     _print(console, report)
     if json_out is not None:
@@ -93,7 +108,7 @@ def run(
             json_out.parent.mkdir(parents=True, exist_ok=True)
             json_out.write_text(json.dumps(report, indent=1, default=str))
         except OSError as exc:
-            err.print(f"[red]error:[/] --json {json_out}: {exc}")
+            err.print("[red]error:[/]", escape(f"--json {json_out}: {exc}"))
             raise typer.Exit(1) from None
         console.print(f"report: {json_out}")
 
@@ -208,6 +223,7 @@ def watch(
     from .signals import EventsCollector
 
     console, err = Console(), Console(stderr=True)
+    _check_planner(err)
     if (not events) == (redis_url is None):
         err.print("[red]error:[/] give --events FILE (one or more) or --redis URL, exactly one")
         raise typer.Exit(2)
@@ -232,11 +248,11 @@ def watch(
             signals=default_signals(profile_dir=profile, ncu_dir=ncu),
         )
     except (PolicyError, PolicyStoreError, AgentError, ValueError, OSError) as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print("[red]error:[/]", escape(str(exc)))
         raise typer.Exit(1) from None
     except Exception as exc:  # noqa: BLE001 - a client library's own error (Redis refusing the connection)
         where = redis_url or store or "the policy store"
-        err.print(f"[red]error:[/] {where}: cannot be read: {type(exc).__name__}: {exc}")
+        err.print("[red]error:[/]", escape(f"{where}: cannot be read: {type(exc).__name__}: {exc}"))
         raise typer.Exit(1) from None
     import time
 
@@ -251,13 +267,13 @@ def watch(
                 rows = loop.pump(None if max_windows is None else max_windows - done)
                 failures = 0
             except SignalUnavailable as exc:  # Redis away: said once per outage, the loop goes on
-                err.print(f"[yellow]events unavailable:[/] {exc}")
+                err.print("[yellow]events unavailable:[/]", escape(str(exc)))
                 rows = []
             except Exception as exc:  # noqa: BLE001 - one failed pass (a store busy or away) must not stop a daemon
                 failures += 1
-                err.print(f"[yellow]pass failed ({failures} in a row):[/] {type(exc).__name__}: {exc}")
+                err.print(f"[yellow]pass failed ({failures} in a row):[/]", escape(f"{type(exc).__name__}: {exc}"))
                 if failures >= MAX_FAILED_PASSES:
-                    err.print(f"[red]error:[/] {failures} passes failed in a row; stopping")
+                    err.print("[red]error:[/]", escape(f"{failures} passes failed in a row; stopping"))
                     raise typer.Exit(1) from None
                 rows = []
             for row in rows:
@@ -279,7 +295,7 @@ def watch(
         stop_signals(loop.signals)
     report = loop.report()
     for name, reason in (report.get("signals_unavailable") or {}).items():
-        err.print(f"signal {name} unavailable: {reason}")
+        err.print(escape(f"signal {name} unavailable: {reason}"))
     _print(console, report)
 
 
@@ -315,6 +331,7 @@ def demo(
     from ._demo import DemoOptions, run_demo
 
     console, err = Console(), Console(stderr=True)
+    _check_planner(err)
     options = DemoOptions(
         workdir=workdir,
         root=root,
@@ -340,7 +357,7 @@ def demo(
                 progress=lambda what, done, total: bar.update(task, description=what, completed=done),
             )
         except (OSError, ValueError, RuntimeError) as exc:
-            err.print(f"[red]error:[/] {exc}")
+            err.print("[red]error:[/]", escape(str(exc)))
             raise typer.Exit(1) from None
         bar.update(task, completed=windows, description="done")
     _print(console, report)

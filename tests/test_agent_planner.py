@@ -444,3 +444,25 @@ def test_a_provider_that_rejects_its_settings_becomes_a_planner_error(
     with pytest.raises(PlannerError) as err:
         planner_from_env({"EVOCACHE_PLANNER": "ollama", "EVOCACHE_PLANNER_MODEL": "m"})
     assert str(err.value) == "EVOCACHE_PLANNER=ollama: cannot make the chat model: base_url is not a URL"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["agent", "run", "--trace", "missing.jsonl", "--policy", "missing.yaml"],
+        ["agent", "watch", "--events", "missing.jsonl"],
+        ["demo", "--workdir", "demo"],
+    ],
+)
+def test_a_misconfigured_planner_stops_each_loop_command_before_it_reads_or_starts_anything(
+    command: list[str], tmp_path: Path
+) -> None:
+    import os
+    import subprocess
+
+    env = {**os.environ, "EVOCACHE_PLANNER": "openai", "EVOCACHE_PLANNER_MODEL": ""}
+    done = subprocess.run([sys.executable, "-m", "evocache.cli", *command], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "EVOCACHE_PLANNER" in done.stderr and "evocache[planner]" in done.stderr.replace("\n", "")
+    assert list(tmp_path.iterdir()) == []  # no workdir made, no demo started
