@@ -106,22 +106,15 @@ def diagnose(
         alpha=c.alpha,
         max_label_sets=c.granger_label_sets,
     )
-    found += drift_findings(
-        history,
-        percentile=c.drift_percentile,
-        reference=c.drift_reference,
-        min_past=c.min_windows,
-        widen=c.drift_widen,
-        last=c.drift_last,
-    )
-    found += mix_drift_findings(
-        history,
-        percentile=c.drift_percentile,
-        reference=c.drift_reference,
-        min_past=c.min_windows,
-        widen=c.drift_widen,
-        last=c.drift_last,
-    )
+    band = {
+        "percentile": c.drift_percentile,
+        "reference": c.drift_reference,
+        "min_past": c.min_windows,
+        "widen": c.drift_widen,
+        "last": c.drift_last,
+    }
+    found += drift_findings(history, **band)  # the keys, and the traffic mix, against their own history
+    found += mix_drift_findings(history, **band)
     found += changepoint_findings(
         history, last=c.changepoint_last, near=c.changepoint_near, min_windows=c.changepoint_min_windows
     )
