@@ -10,7 +10,9 @@ from ._neighbourhood import CLASSIFIED, FEATURES, UNCLASSIFIED
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["ErrorModel"]
+    from ._prior import ErrorPrior
+
+__all__ = ["ErrorModel", "fit_logistic"]
 
 
 def _with_classifier_blanked(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -42,10 +44,13 @@ _RAISING = [FEATURES.index(name) for name in _RAISING_FEATURES]
 
 
 def _fit_raising_nonnegative(
-    xs: np.ndarray, y: np.ndarray, w: np.ndarray, coef: np.ndarray, intercept: float
+    xs: np.ndarray, y: np.ndarray, w: np.ndarray, coef: np.ndarray, intercept: float,
+    prior: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, float]:
     """The same L2-penalised weighted logistic regression as scikit-learn's (C = 1, standardised ``xs``), with
-    the ``_RAISING`` weights bounded below by 0 (L-BFGS-B from the free fit, clipped)."""
+    the ``_RAISING`` weights bounded below by 0 (L-BFGS-B from the free fit, clipped). With ``prior``
+    (``(centre, precision)`` over the weights then the intercept), the penalty is the Gaussian prior's
+    ``(theta - centre)' precision (theta - centre) / 2`` instead (``_map_fit``)."""
     import numpy as np
     from scipy.optimize import minimize
 
@@ -54,15 +59,76 @@ def _fit_raising_nonnegative(
     def loss(theta: np.ndarray) -> tuple[float, np.ndarray]:
         z = xs @ theta[:n] + theta[n]
         # log(1 + e^z) - y z, stably; its gradient is (sigmoid(z) - y)
-        value = float(np.sum(w * (np.logaddexp(0.0, z) - y * z)) + 0.5 * theta[:n] @ theta[:n])
+        value = float(np.sum(w * (np.logaddexp(0.0, z) - y * z)))
         r = w * (1.0 / (1.0 + np.exp(-z)) - y)
-        return value, np.concatenate([xs.T @ r + theta[:n], [r.sum()]])
+        grad = np.concatenate([xs.T @ r, [r.sum()]])
+        if prior is None:
+            return value + 0.5 * theta[:n] @ theta[:n], grad + np.concatenate([theta[:n], [0.0]])
+        centre, precision = prior
+        pulled = precision @ (theta - centre)
+        return value + 0.5 * float((theta - centre) @ pulled), grad + pulled
 
     start = np.concatenate([coef, [intercept]])
     start[_RAISING] = np.maximum(start[_RAISING], 0.0)
     bounds = [(0.0, None) if i in _RAISING else (None, None) for i in range(n)] + [(None, None)]
     result = minimize(loss, start, jac=True, method="L-BFGS-B", bounds=bounds, options={"maxiter": 500})
     return result.x[:n].copy(), float(result.x[n])
+
+
+def fit_logistic(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, float, np.ndarray, np.ndarray]:
+    """The error model's fit without a prior: ``(coef, intercept, mean, scale)`` of the L2-penalised (C = 1)
+    weighted logistic regression of ``y`` on ``x`` standardised by its own mean and scale, the ``_RAISING``
+    weights held >= 0. Both classes must be present. The prior is fitted offline with it too."""
+    from sklearn.linear_model import LogisticRegression
+
+    mean, scale = x.mean(axis=0), x.std(axis=0)
+    scale[scale == 0] = 1.0
+    xs = (x - mean) / scale
+    fit = LogisticRegression(C=1.0, solver="newton-cholesky", max_iter=100).fit(xs, y, sample_weight=w)
+    coef, intercept = fit.coef_[0].copy(), float(fit.intercept_[0])
+    if x.shape[1] == len(FEATURES) and (coef[_RAISING] < 0).any():
+        coef, intercept = _fit_raising_nonnegative(xs, y, w, coef, intercept)
+    return coef, intercept, mean, scale
+
+
+def _map_fit(
+    xs: np.ndarray, y: np.ndarray, w: np.ndarray, centre: np.ndarray, precision: np.ndarray, start: np.ndarray
+) -> np.ndarray:
+    """The weighted logistic regression's maximum a posteriori weights (then the intercept) under a Gaussian
+    prior ``N(centre, precision^-1)``, over standardised ``xs``: Newton's method from ``start`` with a
+    backtracking line search. The objective is strictly convex (``precision`` is positive definite), so the
+    minimum is unique and the answer does not depend on ``start`` beyond the tolerance."""
+    import numpy as np
+
+    design = np.hstack([xs, np.ones((xs.shape[0], 1))])
+
+    def objective(theta: np.ndarray) -> float:
+        z = design @ theta
+        d = theta - centre
+        return float(np.sum(w * (np.logaddexp(0.0, z) - y * z)) + 0.5 * d @ precision @ d)
+
+    theta = start.copy()
+    value = objective(theta)
+    for _ in range(50):
+        z = design @ theta
+        p = 1.0 / (1.0 + np.exp(-z))
+        grad = design.T @ (w * (p - y)) + precision @ (theta - centre)
+        hessian = design.T @ (design * (w * p * (1.0 - p))[:, None]) + precision
+        step = np.linalg.solve(hessian, grad)
+        decrease = float(grad @ step)
+        if decrease < 1e-10 * (1.0 + abs(value)):
+            break
+        t = 1.0
+        while t > 1e-8:
+            trial = theta - t * step
+            trial_value = objective(trial)
+            if trial_value <= value - 1e-4 * t * decrease:
+                break
+            t /= 2.0
+        else:
+            break
+        theta, value = trial, trial_value
+    return theta
 
 
 class ErrorModel:
@@ -73,6 +139,13 @@ class ErrorModel:
     each carries the inverse of its chance of being observed as its weight: the fit then stands for all
     lookups, the served region included. Until it has seen ``min_each`` wrong and ``min_each`` right
     observations it knows nothing and predicts 1.0 (never serve); no estimate is below ``floor``.
+
+    With a ``prior`` (an ``ErrorPrior``, fitted offline on other data), it starts as the prior's model and
+    serves from its first lookup; each refit is then the maximum a posteriori fit of its observations under
+    a Gaussian prior centred on the prior's weights, of precision ``prior.strength x prior.information`` (worth
+    that many observations like the ones the prior was fitted on) plus the C = 1 ridge, in the prior's
+    standardisation: a model with little evidence stays near the prior, one with much moves to its own fit
+    (see docs/semantic.md, 'Prior').
     scikit-learn (about 0.9 s to import) is imported by ``prepare``, which the cache calls before it takes its
     lock to record a verdict, so the first fit, under that lock, does not hold other lookups up for it.
     """
@@ -85,6 +158,7 @@ class ErrorModel:
         refit_every: int = 500,
         memory: int = 3000,
         floor: float = 0.002,
+        prior: ErrorPrior | None = None,
     ) -> None:
         self.min_each = min_each
         self.refit_growth = refit_growth
@@ -103,6 +177,19 @@ class ErrorModel:
         self._intercept = 0.0
         self._mean: np.ndarray | None = None
         self._scale: np.ndarray | None = None
+        self.prior = prior
+        self._centre: np.ndarray | None = None
+        self._precision: np.ndarray | None = None
+        if prior is not None:
+            import numpy as np
+
+            if prior.features != FEATURES:
+                raise ValueError(f"the prior was fitted on features {list(prior.features)}, expected {list(FEATURES)}")
+            self._mean, self._scale = prior.mean, prior.scale
+            self._coef, self._intercept = prior.coef.copy(), prior.intercept
+            self._centre = np.concatenate([prior.coef, [prior.intercept]])
+            ridge = np.diag(np.concatenate([np.ones(len(FEATURES)), [0.0]]))  # C = 1, on the weights' moves
+            self._precision = prior.strength * prior.information + ridge
 
     def __len__(self) -> int:
         return self._seen
@@ -126,7 +213,8 @@ class ErrorModel:
         # An explored verdict weighs 1/chance: it moves the fit as much as that many plain ones, so it brings
         # the next refit as much nearer (a model wrong where it serves is corrected within a few of them).
         self._weight_since += weight
-        if min(self._wrong, self._seen - self._wrong) < self.min_each:
+        # A prior makes every fit well posed (and the model ready from the start): no cold start to wait out.
+        if self.prior is None and min(self._wrong, self._seen - self._wrong) < self.min_each:
             return False
         due = min(self.refit_every, max(1, int(self._fitted_at * self.refit_growth)))
         if self._coef is not None and self._weight_since < due:
@@ -136,22 +224,33 @@ class ErrorModel:
 
     def _fit(self) -> None:
         import numpy as np
-        from sklearn.linear_model import LogisticRegression
 
         # Recent observations only (``memory``): neighbourhoods change as the clusters grow, and the cold
         # start's observations would keep the model pessimistic for the rest of the stream.
         x, y, w = np.asarray(self._x), np.asarray(self._y), np.asarray(self._w)
+        if self._centre is not None:
+            self._fit_with_prior(*_with_classifier_blanked(x, y, w.astype(float)))
+            return
         if y.min() == y.max():
             return  # the window holds one class only: keep the last fit
-        x, y, w = _with_classifier_blanked(x, y, w)
-        mean, scale = x.mean(axis=0), x.std(axis=0)
-        scale[scale == 0] = 1.0
-        xs = (x - mean) / scale
-        fit = LogisticRegression(C=1.0, solver="newton-cholesky", max_iter=100).fit(xs, y, sample_weight=w)
-        coef, intercept = fit.coef_[0].copy(), float(fit.intercept_[0])
-        if x.shape[1] == len(FEATURES) and (coef[_RAISING] < 0).any():
-            coef, intercept = _fit_raising_nonnegative(xs, y, w, coef, intercept)
+        coef, intercept, mean, scale = fit_logistic(*_with_classifier_blanked(x, y, w))
         self._mean, self._scale = mean, scale
+        self._coef, self._intercept = coef, intercept
+        self._fitted_at = self._seen
+        self._weight_since = 0.0
+        self.fits += 1
+
+    def _fit_with_prior(self, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> None:
+        """The maximum a posteriori fit under the prior, in its standardisation, signs held (``_RAISING``)."""
+        import numpy as np
+
+        assert self._centre is not None and self._precision is not None and self._coef is not None
+        xs = (x - self._mean) / self._scale
+        start = np.concatenate([self._coef, [self._intercept]])
+        theta = _map_fit(xs, y.astype(float), w, self._centre, self._precision, start)
+        coef, intercept = theta[:-1].copy(), float(theta[-1])
+        if (coef[_RAISING] < 0).any():
+            coef, intercept = _fit_raising_nonnegative(xs, y, w, coef, intercept, (self._centre, self._precision))
         self._coef, self._intercept = coef, intercept
         self._fitted_at = self._seen
         self._weight_since = 0.0

@@ -9,12 +9,14 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ._error_model import ErrorModel
 from ._index import Neighbour
 from ._neighbourhood import Candidate, neighbourhood
 from ._pacing import Calibration, Pacer, PacerOptions
+from ._prior import SHIPPED_PRIOR, ErrorPrior, load_prior
 
 if TYPE_CHECKING:
     import numpy as np
@@ -217,6 +219,13 @@ class BoundedPolicy:
     model was checked on other scopes' traffic, not its. Its first ``trust`` would-be hits are all explored
     (verdicts for its own calibration; only those the draw picked join the shared sample), and its pacer reads
     its own pessimistic calibration until its verdicts earn it the shared one. A founding scope is unaffected.
+
+    ``prior``: what the error model starts from when no ``model`` is given: an ``ErrorPrior`` or the path of a
+    prior file (``SHIPPED_PRIOR``, the one shipped with the package, is what a rule's ``PolicyOptions`` gives
+    by default): the model serves from its first lookups, still paced by the calibration, which checks it
+    with explorations from the start (see docs/semantic.md, 'Prior'). None (the default here): the model
+    starts knowing nothing and serves nothing until it has seen ``ErrorModel.min_each`` wrong and right
+    verdicts.
     """
 
     mode = "bounded"
@@ -233,6 +242,7 @@ class BoundedPolicy:
         max_scopes: int = _SCOPES,
         trust: int = 10,
         item_cap: float | None = 5.0,
+        prior: ErrorPrior | str | Path | None = None,
     ) -> None:
         if not 0 <= explore < 1:
             raise ValueError(f"explore must be in [0, 1), got {explore!r}")
@@ -250,7 +260,9 @@ class BoundedPolicy:
         self.trust = trust
         self.item_cap = item_cap
         self.explorations = 0  # would-be hits explored so far, all scopes (they check one model)
-        self.model = model if model is not None else ErrorModel()  # an empty one is falsy (len 0)
+        if model is None:
+            model = ErrorModel(prior=load_prior(prior) if isinstance(prior, str | Path) else prior)
+        self.model = model
         if not isinstance(pacer, PacerOptions):
             raise TypeError(f"pacer must be a PacerOptions, got {type(pacer).__name__}")
         self._pacer_options = pacer
@@ -402,11 +414,13 @@ class BoundedPolicy:
 @dataclass(frozen=True, slots=True)
 class PolicyOptions:
     """A decision policy by mode name (``POLICIES``), as a rule's ``semantic:`` names it: ``explore`` for
-    ``bounded``, ``threshold`` for ``static`` (and only there). ``build()`` makes it."""
+    ``bounded``, ``threshold`` for ``static`` (and only there), ``prior`` (a prior file, or None) for
+    ``bounded``. ``build()`` makes it."""
 
     mode: str = "bounded"
     explore: float = 0.05
     threshold: float | None = None
+    prior: str | Path | None = SHIPPED_PRIOR  # ``bounded``: the error model's prior file (None: none)
 
     def __post_init__(self) -> None:
         if self.mode not in POLICIES:
@@ -421,7 +435,7 @@ class PolicyOptions:
 
 
 POLICIES: dict[str, Callable[[PolicyOptions], DecisionPolicy]] = {
-    "bounded": lambda o: BoundedPolicy(explore=o.explore),
+    "bounded": lambda o: BoundedPolicy(explore=o.explore, prior=o.prior),
     "static": lambda o: StaticPolicy(threshold=o.threshold),  # type: ignore[arg-type]  # checked: not None
 }
 """Semantic modes by name: each builds its ``DecisionPolicy`` from the ``PolicyOptions``."""
