@@ -75,5 +75,11 @@ bench-loop: $(VENV)/.stamp-test
 bench-report: $(VENV)/.stamp-base
 	$(PY) bench/report.py
 
+# The semantic error model's prior, refitted on the development data (bench/semantic_prior.py): the shipped one
+# and one without each data set, for cross-domain runs. Deterministic; a few minutes on two cores.
+.PHONY: semantic-prior
+semantic-prior: $(VENV)/.stamp-test
+	$(PY) bench/semantic_prior.py --out controller/semantic/prior.json --leave-one-out bench/data/semantic_priors
+
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .evocache
