@@ -52,7 +52,7 @@ from ._contract import (
 from ._keys import template_hash
 from ._metrics import LATENCY_BUCKETS
 from ._runtime import CacheRuntime, StoreConfig, build_runtime, current_runtime
-from ._semantic import Served
+from ._semantic import JudgeLimits, Served
 from ._serialize import SERIALIZERS, Serializer, Unserializable, dump_chunks, load_chunks
 from ._slo import SLO_REASON
 from ._types import L1, CacheKey, Entry, Namespace
@@ -157,10 +157,11 @@ def cache_if(
     on without a policy and says which parameter is the prompt and how answers are compared; with a policy, its
     rules' ``semantic:`` decide when. After a semantic miss the judge compares the new answer with the
     candidate neighbour's and then with one answer of each other answer cluster among the neighbours, to link
-    the new entry to every cluster that shares its answer; ``judge_links`` bounds those other clusters. The
-    candidate's judging runs in the missed call, after the model; the search for other links runs on a
-    background thread, each judge call reading a neighbour's answer from the tiers: bound it when the judge is
-    costly (a model call). Clusters then stay more fragmented and fewer prompts are served. A judge should be
+    the new entry to every cluster that shares its answer; ``judge_links`` bounds those other clusters, and
+    ``judge_budget`` (2 by default) the judge calls per semantic lookup on average. The candidate's judging
+    runs in the missed call, after the model; the search for other links runs on a background thread, each
+    judge call reading a neighbour's answer from the tiers: bound it further when the judge is costly (a model
+    call). Clusters then stay more fragmented and fewer prompts are served. A judge should be
     transitive; two clusters merge only if it also finds their answers equal.
 
     Raises ``TypeError`` for an unknown option (an option that moved into ``admission`` or ``semantic`` says
@@ -187,8 +188,9 @@ def cache_if(
             semantic_text_forms=matching.text_forms,
         )
         runtime = build_runtime(store) if isinstance(store, StoreConfig) else store
+        limits = JudgeLimits(links=matching.judge_links, budget=matching.judge_budget)
         return CachedFunction(fn, contract, _serializer(serializer), runtime, judge=matching.judge or operator.eq,
-                              judge_links=matching.judge_links).wrapper
+                              judge_limits=limits).wrapper
 
     return decorate
 
@@ -236,11 +238,11 @@ class CachedFunction:
         runtime: CacheRuntime | None,
         *,
         judge: Callable[[Any, Any], bool] = operator.eq,
-        judge_links: int | None = None,
+        judge_limits: JudgeLimits = JudgeLimits(),
     ) -> None:
         self.fn = fn
         self.judge = judge
-        self.judge_links = judge_links
+        self.judge_limits = judge_limits
         self.contract = contract
         self.identity = contract.identity
         self.serializer = serializer
@@ -409,7 +411,7 @@ class CachedFunction:
         """After an exact miss: ``(hit, value, learning)`` from the semantic layer (``SemanticLayer.lookup``),
         with the call's one event; ``learning`` is what ``_semantic_learn`` needs after a miss."""
         outcome = rt.semantic.lookup(
-            self.identity, plan.ns, plan.semantic, judge=self.judge, link_tries=self.judge_links,
+            self.identity, plan.ns, plan.semantic, judge=self.judge, limits=self.judge_limits,
             store=rt.store, decode=self._decode, read=functools.partial(self._read_neighbour, rt, plan),
         )
         served = outcome.served

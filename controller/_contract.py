@@ -16,12 +16,13 @@ import dataclasses
 import hashlib
 import inspect
 import logging
+import math
 import threading
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from numbers import Integral
+from numbers import Integral, Real
 from typing import Any, NamedTuple
 
 from evocache.dsl import (
@@ -48,6 +49,7 @@ from ._keys import (
 )
 from ._runtime import CacheRuntime
 from ._semantic import TEXT_PARAMS, SemanticPlan
+from .semantic._config import DEFAULT_JUDGE_BUDGET
 from ._types import L1, CacheKey, Namespace, TierName
 from .errors import ContractError
 
@@ -293,7 +295,8 @@ class SemanticOptions:
 ids), so they are left out of the semantic boundary with it. ``judge(new_answer, cached_answer) -> bool`` says whether two answers are
     equivalent (default ``==``): it is how the cache learns which prompts share an answer. ``judge_links``
     bounds the other answer clusters a miss's answer is judged against (None: all of them, up to 9; 0: the
-    candidate only).
+    candidate only); ``judge_budget`` the judge calls per semantic lookup on average (default 2; at least 1,
+    a miss's own verdict; None: no bound), for a judge that is costly (a model call).
 
     Checked when made: a bad value is a ``ContractError`` naming it (a misspelt field, a ``TypeError``).
     """
@@ -306,6 +309,7 @@ ids), so they are left out of the semantic boundary with it. ``judge(new_answer,
     text_forms: tuple[str, ...] = ()
     judge: Callable[[Any, Any], bool] | None = None
     judge_links: int | None = None
+    judge_budget: float | None = DEFAULT_JUDGE_BUDGET
     spec: SemanticSpec | None = field(init=False, default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -334,6 +338,13 @@ ids), so they are left out of the semantic boundary with it. ``judge(new_answer,
             if isinstance(links, bool) or not isinstance(links, Integral) or links < 0:
                 raise ContractError(f"semantic: judge_links must be an int >= 0 or None, got {links!r}")
             object.__setattr__(self, "judge_links", int(links))
+        budget = self.judge_budget
+        if budget is not None:
+            if isinstance(budget, bool) or not isinstance(budget, Real) or not 1 <= budget < math.inf:
+                raise ContractError(
+                    f"semantic: judge_budget must be a number of judge calls per lookup >= 1, or None, got {budget!r}"
+                )
+            object.__setattr__(self, "judge_budget", float(budget))
 
     @classmethod
     def of(cls, value: SemanticOptions | Mapping[str, Any] | None) -> SemanticOptions:

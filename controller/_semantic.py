@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._types import CacheKey, Namespace
-from .semantic._config import SemanticConfig
+from .semantic._config import DEFAULT_JUDGE_BUDGET, SemanticConfig
 from .semantic._signing import check_secret
 
 if TYPE_CHECKING:
@@ -81,6 +81,15 @@ class SharedRedis:
 
     def __post_init__(self) -> None:
         check_secret(self.secret, "SharedRedis.secret")
+
+
+@dataclass(frozen=True, slots=True)
+class JudgeLimits:
+    """How much judging a miss may bring (``SemanticCache``): ``links``, the other answer clusters judged for
+    a link (None: all); ``budget``, judge calls per lookup on average (None: no bound)."""
+
+    links: int | None = None
+    budget: float | None = DEFAULT_JUDGE_BUDGET
 
 
 class Served(NamedTuple):
@@ -240,13 +249,13 @@ class SemanticLayer:
         return Scope(ns, f"{self.embedder.name}|{plan.boundary}")
 
     def cache_for(
-        self, identity: str, plan: SemanticPlan, judge: Judge, *, link_tries: int | None = None
+        self, identity: str, plan: SemanticPlan, judge: Judge, *, limits: JudgeLimits = JudgeLimits()
     ) -> SemanticCache:
-        """The ``SemanticCache`` of one function under one semantic setting (made on first use); ``link_tries``
-        bounds the answer clusters judged for links after a miss (``SemanticCache``)."""
+        """The ``SemanticCache`` of one function under one semantic setting (made on first use); ``limits``
+        bound the judging after a miss (``SemanticCache``'s ``link_tries`` and ``judge_budget``)."""
         # max_error too: the pacer spends one bound's budget (a strict and a lenient rule must not share one).
         # tiers: where the answers live decides which index (shared or local) and where the judge reads them.
-        key = (identity, plan.spec, plan.tiers, link_tries)
+        key = (identity, plan.spec, plan.tiers, limits)
         cache = self._caches.get(key)
         if cache is None:
             from .semantic._cache import SemanticCache
@@ -259,7 +268,8 @@ class SemanticLayer:
                     spec = plan.spec
                     policy = PolicyOptions(mode=spec.mode, explore=spec.explore, threshold=spec.threshold).build()
                     cache = SemanticCache(
-                        embedder, index=index, judge=judge, policy=policy, link_tries=link_tries, rng=self._rng,
+                        embedder, index=index, judge=judge, policy=policy, link_tries=limits.links,
+                        judge_budget=limits.budget, rng=self._rng,
                         # An entry id is an exact key, so any replica's neighbour can be judged from the tiers.
                         answer_ref_of=lambda scope, entry_id: _Stored(
                             scope.namespace, CacheKey(entry_id), plan.tiers
@@ -277,7 +287,7 @@ class SemanticLayer:
         plan: SemanticPlan,
         *,
         judge: Judge,
-        link_tries: int | None,
+        limits: JudgeLimits,
         store: TieredStore,
         decode: Callable[[bytes], Any],
         read: Callable[[CacheKey], Served | None],
@@ -294,7 +304,7 @@ class SemanticLayer:
         try:
             if not self.embedder.fits(plan.text):
                 return Outcome(None, "semantic-too-long")
-            cache = self.cache_for(identity, plan, make_judge(_resolver(store, decode), judge), link_tries=link_tries)
+            cache = self.cache_for(identity, plan, make_judge(_resolver(store, decode), judge), limits=limits)
             scope = self.scope(ns, plan)
             decision, entry_id = cache.lookup(scope, plan.text, max_error=plan.spec.max_error)
         except Exception as exc:  # noqa: BLE001 - the embedder or index failing is a miss, never a failed call

@@ -6,6 +6,7 @@ import pytest
 
 from evocache.controller import Admission, ContractError, SemanticOptions, cache_if
 from evocache.controller._contract import Options
+from evocache.controller._semantic import JudgeLimits
 
 
 def test_the_everyday_call_needs_no_group(rt):
@@ -70,7 +71,7 @@ def test_a_misspelt_option_is_a_type_error_listing_the_options():
         cache_if("true", semantic={"max_eror": 0.02})
     assert str(err.value) == (
         "semantic: unknown option(s) ['max_eror']; known: ['max_error', 'mode', 'explore', 'threshold', 'text', "
-        "'text_forms', 'judge', 'judge_links']"
+        "'text_forms', 'judge', 'judge_links', 'judge_budget']"
     )
 
 
@@ -108,6 +109,9 @@ def test_a_bad_admission_value_is_a_contract_error_naming_it(fields, message):
         ({"judge": "=="}, "semantic: judge must be callable, got '=='"),
         ({"judge_links": -1}, "semantic: judge_links must be an int >= 0 or None, got -1"),
         ({"judge_links": True}, "semantic: judge_links must be an int >= 0 or None, got True"),
+        ({"judge_budget": 0.5}, "semantic: judge_budget must be a number of judge calls per lookup >= 1, or None"),
+        ({"judge_budget": float("inf")}, "semantic: judge_budget must be a number of judge calls per lookup >= 1"),
+        ({"judge_budget": "2"}, "semantic: judge_budget must be a number of judge calls per lookup >= 1"),
         ({"text": 3}, "semantic: text must be a parameter name, got 3"),
     ],
 )
@@ -126,10 +130,11 @@ def test_semantic_options_resolve_the_spec_once():
 
 
 def test_semantic_text_and_judge_reach_the_function_without_a_spec(rt):
-    @cache_if("true", semantic={"text": "question", "judge": min, "judge_links": 0}, store=rt)
+    @cache_if("true", semantic={"text": "question", "judge": min, "judge_links": 0, "judge_budget": 3}, store=rt)
     def ask(question: str) -> str:
         return question
 
     cached = ask.cached_function
     assert cached.contract.semantic_text == "question" and cached.contract.options.semantic is None
-    assert cached.judge is min and cached.judge_links == 0
+    assert cached.judge is min and cached.judge_limits == JudgeLimits(links=0, budget=3.0)
+    assert SemanticOptions().judge_budget == 2.0 and SemanticOptions(judge_budget=None).judge_budget is None

@@ -351,7 +351,7 @@ def test_a_judge_that_is_not_transitive_does_not_merge_two_answers() -> None:
     def lenient(new: str, old: str) -> bool:
         return bool(set(new.split()) & set(old.split()))
 
-    cache = SemanticCache(TableEmbedder(_near_table()), judge=lenient)
+    cache = SemanticCache(TableEmbedder(_near_table()), judge=lenient, judge_budget=None)
     cache.insert(SCOPE, "ea", "a", "reset")
     cache.insert(SCOPE, "eb", "b", "change")
     decision, _ = cache.lookup(SCOPE, "p", max_error=0.05)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import math
 import operator
 import random
 import threading
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._classify import AnswerClassifier
+from ._config import DEFAULT_JUDGE_BUDGET
 from ._embed import Embedder
 from ._index import Neighbour, Scope, ScopedIndex, SemanticIndex, check_scope
 from ._neighbourhood import Candidate
@@ -41,7 +43,7 @@ log = logging.getLogger("evocache.controller.semantic.cache")
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["Judge", "SemanticCache", "SemanticStats"]
+__all__ = ["DEFAULT_JUDGE_BUDGET", "JUDGE_BURST", "Judge", "SemanticCache", "SemanticStats"]
 
 Judge = Callable[[Any, Any], bool]
 """``judge(new_answer_ref, cached_answer_ref) -> bool``: do the two answers say the same thing? Before two
@@ -50,6 +52,9 @@ answer clusters merge it is also asked about two cached answers (the first linke
 _PENDING = (
     4096  # lookups awaiting their judge verdict; older ones are forgotten (their miss was never judged)
 )
+JUDGE_BURST = 1000
+"""Unspent judge credit is kept up to this many lookups' worth: a quiet stretch (exact hits, lookups with no
+neighbour) pays for the link search of a burst of new prompts after it, never for more than that."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +75,7 @@ class SemanticStats:
     calibration: float
     link_errors: int = 0  # judge calls for links (not the candidate's verdict) that raised: no link, logged
     links_dropped: int = 0  # link judging a full background queue could not take (judge_miss's ``defer``)
+    links_unjudged: int = 0  # link searches the judge budget stopped (``judge_budget``)
     fit_errors: int = 0  # answer classifier refits that failed or could not be handed over: logged, model kept
 
     @property
@@ -165,8 +171,15 @@ class SemanticCache:
     ``rng`` draws the exploration coin; seed it for reproducible runs. ``k`` neighbours are read per lookup.
     After a miss the judge compares the model's answer with the candidate's, and then with one entry of each
     other answer cluster among the neighbours (at most ``link_tries`` clusters; None: all), linking the new
-    entry to each cluster whose answer it finds equal: so fragments of one answer, never linked before, merge. With ``merge=False`` the judging
-    stops at the first equal answer (the candidate's included): fewer judge calls, less complete clusters.
+    entry to each cluster whose answer it finds equal: so fragments of one answer, never linked before, merge.
+    With ``merge=False`` the judging stops at the first equal answer (the candidate's included): fewer judge
+    calls, less complete clusters.
+
+    ``judge_budget`` bounds the judge calls per lookup on average (None: no bound): every lookup earns that
+    many, a judged miss spends one on the candidate's verdict (always made: the error bound learns from it)
+    and the link search spends what is left, most similar cluster first, stopping when the credit runs out;
+    unspent credit is kept up to ``JUDGE_BURST`` lookups' worth. So a costly judge (a model call) costs a
+    known share of the traffic; the default, 2, keeps most links (docs/semantic.md, 'Judge budget').
 
     ``classify`` (on by default) also keeps an answer classifier per scope (``classifier``, an
     ``AnswerClassifier``): a softmax regression from the scope's entries' embeddings to their answer clusters,
@@ -189,6 +202,7 @@ class SemanticCache:
         policy: DecisionPolicy | None = None,
         k: int = 10,
         link_tries: int | None = None,
+        judge_budget: float | None = DEFAULT_JUDGE_BUDGET,
         merge: bool = True,
         rng: random.Random | None = None,
         answer_ref_of: Callable[[Scope, str], Any] | None = None,
@@ -220,6 +234,16 @@ class SemanticCache:
                                        or link_tries < 0):
             raise ValueError(f"link_tries must be an int >= 0 or None, got {link_tries!r}")
         self._link_tries = link_tries
+        if judge_budget is not None and (
+            isinstance(judge_budget, bool) or not isinstance(judge_budget, int | float)
+            or not 1.0 <= judge_budget < math.inf
+        ):
+            raise ValueError(
+                f"judge_budget must be a number of judge calls per lookup >= 1 (a miss's own verdict), or None, "
+                f"got {judge_budget!r}"
+            )
+        self._judge_budget = None if judge_budget is None else float(judge_budget)
+        self._judge_credit = 0.0  # judge calls earned and not spent (``judge_budget``), under the lock
         self._merge = merge
         self._rng = rng if rng is not None else random.Random()
         self._lock = threading.RLock()
@@ -255,6 +279,7 @@ class SemanticCache:
                 "feedback_wrong",
                 "link_errors",
                 "links_dropped",
+                "links_unjudged",
                 "fit_errors",
             ),
             0,
@@ -304,6 +329,8 @@ class SemanticCache:
             raise ValueError(f"max_error must be in (0, 0.5], got {max_error!r}")
         with self._lock:
             self._counts["lookups"] += 1
+            if self._judge_budget is not None:
+                self._judge_credit = min(self._judge_credit + self._judge_budget, self._judge_budget * JUDGE_BURST)
             exact = self._exact.get((scope, prompt))
             if exact is not None:
                 self._counts["exact_hits"] += 1
@@ -541,6 +568,7 @@ class SemanticCache:
         self._prepare()
         with self._lock:
             self._counts["judge_calls"] += 1
+            self._judge_credit -= 1.0  # made whatever the credit: the bound learns from it
             self._counts["observations"] += 1
             if pending.explored:
                 self._counts["explored_wrong"] += not same
@@ -594,6 +622,18 @@ class SemanticCache:
                 else:
                     _remember(self._links, (scope, prompt), (answer, tuple(held)))
 
+    def _spend_judge_call(self) -> bool:
+        """Count one judge call for links and take it from the credit; False (nothing counted) when the
+        ``judge_budget`` has no whole call left."""
+        with self._lock:
+            if self._judge_budget is not None:
+                if self._judge_credit < 1.0:
+                    self._counts["links_unjudged"] += 1
+                    return False
+                self._judge_credit -= 1.0
+            self._counts["judge_calls"] += 1
+            return True
+
     def _count(self, name: str) -> None:
         with self._lock:
             self._counts[name] += 1
@@ -618,7 +658,7 @@ class SemanticCache:
         cluster after the first linked one, equal to that one's answer too: the first only without ``merge``.
         An answer that has gone (``LookupError``) is no link. Other judge exceptions propagate."""
         tried = {self.cluster_of(decision.neighbour)} if decision.neighbour else set()
-        for n in neighbours:
+        for n in sorted(neighbours, key=lambda n: -n.similarity):  # the likeliest to share the answer first
             if self._link_tries is not None and len(tried) > self._link_tries:
                 break
             if links and not self._merge:
@@ -629,13 +669,13 @@ class SemanticCache:
                 continue
             tried.add(root)
             try:
-                with self._lock:
-                    self._counts["judge_calls"] += 1
+                if not self._spend_judge_call():
+                    break
                 if not self._judge(answer, ref):
                     continue
                 if links:  # a second cluster: its answer must equal the first linked one's as well
-                    with self._lock:
-                        self._counts["judge_calls"] += 1
+                    if not self._spend_judge_call():
+                        break
                     if not self._judge(links[0][1], ref):
                         continue
             except LookupError:  # that answer has gone (a judge may say so): no link there, and no verdict lost

@@ -19,7 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 if TYPE_CHECKING:
     from ._embed import Embedder
 
-__all__ = ["EMBEDDERS", "EmbedderConfig", "SemanticConfig"]
+__all__ = ["DEFAULT_JUDGE_BUDGET", "EMBEDDERS", "EmbedderConfig", "SemanticConfig"]
+
+DEFAULT_JUDGE_BUDGET = 2.0
+"""Judge calls per semantic lookup, on average, by default (``SemanticCache(judge_budget=)``, the decorator's
+``SemanticOptions(judge_budget=)``)."""
 
 
 def _minilm(config: EmbedderConfig) -> Embedder:
