@@ -37,6 +37,7 @@ HEADLINE_UTILISATION = 0.8  # the queue look-ahead's load it quotes
 PARTS: dict[str, str] = {
     "semantic-streams": "make bench-semantic",
     "semantic-pairs": "make bench-semantic",
+    "semantic-generalisation": "make bench-semantic-generalisation",
     "eviction-mooncake": "make bench-eviction",
     "eviction-mooncake-output-lengths": "make bench-eviction",
     "eviction-lookahead": "make bench-eviction",
@@ -445,6 +446,109 @@ def semantic_pairs(results: Mapping[str, Result]) -> list[str]:
             cells += [" / ".join(str(run.categories[name].traps_served) for name in traps), f"{run.error_rate:.4f}"]
         per_seed.append(cells)
     lines += table(["pair seed", "cold traps", "cold error", "warm traps", "warm error"], per_seed)
+    return [*lines, "", *provenance(result)]
+
+
+@dataclass(frozen=True, slots=True)
+class GeneralisationRun:
+    run: str  # prefix, cross, pairs
+    stream: str
+    order: str
+    n: int
+    learnt_on: str | None
+    delta: float
+    hit_rate: float
+    error_rate: float
+    judge_per_query: float
+    delta_spent: float
+    static_threshold: float | None
+    static_hit_rate: float
+    static_error_rate: float
+    ratio: float | None
+    transferred: tuple[float | None, float, float] | None  # threshold, hit rate, error rate
+
+
+GENERALISATION_RUNS = ("prefix", "cross", "pairs")
+
+
+def generalisation_runs(result: Result) -> list[GeneralisationRun]:
+    runs = []
+    for where, row in rows_of(result):
+        run = field(result, where, row, "run", str)
+        if run not in GENERALISATION_RUNS:
+            raise ResultError(f"{result.path}: {where}: field 'run' must be prefix, cross or pairs, got {run!r}")
+        evo = field(result, where, row, "evocache", dict)
+        static = field(result, where, row, "best_static", dict)
+        moved = field(result, where, row, "transferred_static", dict, optional=True)
+        learnt_on = field(result, where, row, "learnt_on", str, optional=True)
+        if (moved is None) != (learnt_on is None):
+            raise ResultError(f"{result.path}: {where}: a run learnt on another stream has a transferred static "
+                              "threshold, and only such a run")
+        at = f"{where}.transferred_static"
+        runs.append(GeneralisationRun(
+            run, field(result, where, row, "stream", str), field(result, where, row, "order", str),
+            field(result, where, row, "n", int), learnt_on, field(result, where, row, "delta"),
+            field(result, f"{where}.evocache", evo, "hit_rate"), field(result, f"{where}.evocache", evo, "error_rate"),
+            field(result, where, row, "judge_per_query"), field(result, where, row, "delta_spent"),
+            field(result, f"{where}.best_static", static, "threshold", optional=True),
+            field(result, f"{where}.best_static", static, "hit_rate"),
+            field(result, f"{where}.best_static", static, "error_rate"),
+            field(result, where, row, "ratio", optional=True),
+            None if moved is None else (field(result, at, moved, "threshold", optional=True),
+                                        field(result, at, moved, "hit_rate"), field(result, at, moved, "error_rate"))))
+    return runs
+
+
+def threshold_cell(threshold: float | None) -> str:
+    return "none" if threshold is None else f"{threshold:g}"
+
+
+def semantic_generalisation(results: Mapping[str, Result]) -> list[str]:
+    result = results["semantic-generalisation"]
+    runs = generalisation_runs(result)
+    budget = context_field(result, "judge_budget")
+    summary = []
+    for key in dict.fromkeys((r.run, r.stream, r.n, r.learnt_on, r.delta) for r in runs):
+        group = [r for r in runs if (r.run, r.stream, r.n, r.learnt_on, r.delta) == key]
+        ratios = [r.ratio for r in group if r.ratio is not None]
+        moved = [r.transferred for r in group if r.transferred is not None]
+        summary.append([
+            key[0], key[1], str(key[2]), key[3] or "nothing", f"{key[4]:g}", str(len(group)),
+            span([r.hit_rate for r in group], ".3f"), span([r.static_hit_rate for r in group], ".3f"),
+            span(ratios, ".2f") if ratios else "n/a", span([r.error_rate for r in group], ".4f"),
+            span([r.delta_spent for r in group], ".2f"), span([r.judge_per_query for r in group], ".2f"),
+            f"{span([m[1] for m in moved], '.3f')} / {span([m[2] for m in moved], '.4f')}" if moved else "",
+            f"{sum(r.ratio is not None and r.ratio >= TARGET_RATIO for r in group)} of {len(group)}",
+            f"{sum(r.error_rate <= r.delta for r in group)} of {len(group)}",
+            f"{sum(r.judge_per_query <= budget for r in group)} of {len(group)}",
+        ])
+    classify = "on" if context_field(result, "classify", bool) else "off (`--no-classify`)"
+    warmup = field(result, "context", result.context, "warmup", int, optional=True)
+    learnt = "all of it" if warmup is None else f"its first {warmup:,} queries"
+    lines = ["How the cache does on traffic it was not tuned on. \"Prefix\": the first queries of a stream, in "
+             "orders shuffled by seeds 100, 101, ..., through a cache that starts knowing nothing. \"Cross\": the "
+             f"same prefixes after the cache learnt the other stream ({learnt}, as-is order) in a scope of its own, "
+             "so the prefix is a new tenant of a model fitted elsewhere. \"Pairs\": the fow pairs as one stream "
+             "(each pair's a, then its b), in several pair orders, alone and after each stream. \"Static\" is the "
+             "best fixed cosine threshold meeting δ on the run's own queries, chosen in hindsight; the ratio is "
+             "evocache's hit rate over it. \"Transferred\" is the threshold chosen in hindsight on the stream the "
+             "run learnt on, replayed on the run's queries (its error is not bounded). δ spent = error / δ; judge "
+             f"calls per query count every judge call of the run. Target: ratio ≥ {TARGET_RATIO:g}×, error ≤ δ, "
+             f"≤ {budget:g} judge calls per query. Answer classifier {classify}.", ""]
+    lines += table(["run", "stream", "queries", "learnt on", "δ", "runs", "hit rate", "static hit", "ratio",
+                    "error", "δ spent", "judge calls / query", "transferred hit / error",
+                    f"ratio ≥ {TARGET_RATIO:g}×", "error ≤ δ", f"judge ≤ {budget:g}"], summary)
+    lines += ["", "Every run:", ""]
+    lines += table(["run", "stream", "order", "queries", "learnt on", "δ", "hit rate", "error", "δ spent",
+                    "judge calls / query", "static threshold", "static hit", "static error", "ratio",
+                    "transferred threshold", "transferred hit", "transferred error"],
+                   [[r.run, r.stream, r.order, str(r.n), r.learnt_on or "", f"{r.delta:g}", f"{r.hit_rate:.3f}",
+                     f"{r.error_rate:.4f}", f"{r.delta_spent:.2f}", f"{r.judge_per_query:.2f}",
+                     threshold_cell(r.static_threshold), f"{r.static_hit_rate:.3f}", f"{r.static_error_rate:.4f}",
+                     "n/a" if r.ratio is None else f"{r.ratio:.2f}",
+                     *(["", "", ""] if r.transferred is None else
+                       [threshold_cell(r.transferred[0]), f"{r.transferred[1]:.3f}", f"{r.transferred[2]:.4f}"])]
+                    for r in runs])
     return [*lines, "", *provenance(result)]
 
 
@@ -1118,6 +1222,7 @@ class Section:
 SECTIONS = (
     Section("Semantic caching: streams", semantic_streams),
     Section("Semantic caching: fow traps", semantic_pairs),
+    Section("Semantic caching: generalisation", semantic_generalisation),
     Section("Eviction: the Mooncake trace", eviction_mooncake),
     Section("Eviction: queue look-ahead", eviction_lookahead),
     Section("Eviction: cloudPhysicsIO", eviction_cloudphysics),
@@ -1148,7 +1253,7 @@ why the mechanisms are built as they are is on the design pages: [semantic cachi
 [eviction](eviction.md), [replay](replay.md), [serving](serving.md), [the KV cache](kv.md). To measure again
 (tens of minutes on two cores) and regenerate this page and the README's headline table:
 
-    make bench bench-eviction bench-semantic bench-serving bench-kv bench-loop
+    make bench bench-eviction bench-semantic bench-semantic-generalisation bench-serving bench-kv bench-loop
     make bench-report
 """
 

@@ -4,6 +4,10 @@
                                        [--seeds 0,1,2] [--shuffled 1] [--pairs-delta 0.02] [--pairs-seeds 0]
                                        [--no-pairs] [--no-classify] [--out DIR] [--embed-cache DIR]
                                        [--results DIR]
+    .venv/bin/python bench/semantic.py --generalisation [--streams ...] [--gen-deltas 0.02]
+                                       [--gen-prefixes 1000,3000,all] [--gen-shuffles 3]
+                                       [--gen-pairs-seeds 0,1,2] [--gen-warmup all] [--no-classify]
+                                       [--out DIR] [--embed-cache DIR] [--results DIR]
 
 Every option is checked before any work; a bad one fails in one line (exit 2).
 
@@ -15,6 +19,17 @@ Every option is checked before any work; a bad one fails in one line (exit 2).
 (b) fow traps (bench/data/fow_traps.jsonl) at delta 0.02: b served and traps served per category, the error
     model warmed on the Banking77 stream (``--warmup``), and the static thresholds next to it, for the first of
     ``--pairs-seeds`` (pair orders); with more seeds, one line of traps served per seed, cold and warm.
+(c) ``--generalisation``, instead of (a) and (b): how the cache does on traffic it was not tuned on, at each of
+    ``--gen-deltas``. "prefix": the first N queries (``--gen-prefixes``) of each stream in orders shuffled by
+    seeds 100, 101, ... (``--gen-shuffles``), a cache that starts knowing nothing (one replay per order gives
+    every prefix: the first N lookups of a longer stream are the stream of N). "cross": the same prefixes,
+    after the cache learnt the other stream (its first ``--gen-warmup`` queries, as-is order; all of it by
+    default) in a scope of its own, with the static threshold chosen in hindsight on those queries replayed on
+    the prefix ("transferred"). "pairs": the fow pairs as a stream (store a, ask b; pair orders
+    ``--gen-pairs-seeds``), cold and after each stream. Every run has its own hindsight-best static threshold
+    (chosen on the run's own queries) and the ratio against it, error rate, judge calls per query and the
+    share of delta spent (error / delta). A run meets the target when error <= delta, ratio >= 1.25 and at
+    most 2 judge calls per query. Result file: semantic-generalisation.
 
 Every row is computed by the same code `evocache bench semantic` runs (``controller/semantic/_bench.py``); the
 embeddings are computed once per text set and kept under ``--embed-cache`` (default ``.evocache/embeddings``).
@@ -32,7 +47,10 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NamedTuple, NoReturn, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, NoReturn, TypeVar
+
+if TYPE_CHECKING:
+    from evocache.controller.semantic._bench import PairRow, StreamRow, VectorTable
 
 ROOT = Path(__file__).resolve().parent.parent
 STREAMS = {
@@ -59,6 +77,12 @@ class Options(NamedTuple):
     embed_cache: Path
     classify: bool = True
     results: Path | None = None
+    generalisation: bool = False
+    gen_deltas: tuple[float, ...] = (0.02,)
+    gen_prefixes: tuple[int | None, ...] = (1000, 3000, None)  # None: the whole stream
+    gen_shuffles: int = 3
+    gen_pairs_seeds: tuple[int, ...] = (0, 1, 2)
+    gen_warmup: int | None = None  # queries of the other stream learnt first; None: all of it
 
 
 class _Parser(argparse.ArgumentParser):
@@ -91,6 +115,17 @@ def _count(text: str) -> int:
     if value < 0:
         raise ValueError(text)
     return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def _prefix(text: str) -> int | None:
+    return None if text == "all" else _positive(text)
 
 
 def _stream(text: str) -> str:
@@ -128,8 +163,24 @@ def options(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument("--embed-cache", type=Path, default=ROOT / ".evocache" / "embeddings", metavar="DIR",
                         help="embeddings kept between runs, keyed by model and texts (default: %(default)s)")
     parser.add_argument("--results", type=Path, metavar="DIR",
-                        help="also write the result files semantic-streams.json and semantic-pairs.json here, for "
-                             "bench/report.py (make bench-semantic passes bench/results; default: none)")
+                        help="also write the result files semantic-streams.json and semantic-pairs.json (with "
+                             "--generalisation: semantic-generalisation.json) here, for bench/report.py (make "
+                             "bench-semantic passes bench/results; default: none)")
+    gen = parser.add_argument_group("generalisation (--generalisation)")
+    gen.add_argument("--generalisation", action="store_true",
+                     help="run the generalisation evaluation (short prefixes, cross-domain, fow pairs as a stream) "
+                          "instead of the stream table and the fow traps (default: off)")
+    gen.add_argument("--gen-deltas", default="0.02", metavar="D,...",
+                     help=f"its error bounds, each {DELTA} (default: %(default)s)")
+    gen.add_argument("--gen-prefixes", default="1000,3000,all", metavar="N,...",
+                     help="queries replayed of each stream, integers >= 1 or all (default: %(default)s)")
+    gen.add_argument("--gen-shuffles", default="3", metavar="N",
+                     help="arrival orders per stream, shuffled by seeds 100, 101, ... (default: %(default)s)")
+    gen.add_argument("--gen-pairs-seeds", default="0,1,2", metavar="S,...",
+                     help="orders of the fow pairs replayed as a stream, integers (default: %(default)s)")
+    gen.add_argument("--gen-warmup", default="all", metavar="N",
+                     help="queries of the other stream (as-is order) a cross run learns first, an integer >= 1 "
+                          "or all (default: %(default)s)")
     args = parser.parse_args(argv)
 
     known = f"a known stream ({', '.join(STREAMS)})"
@@ -145,6 +196,13 @@ def options(argv: Sequence[str] | None = None) -> Options:
         embed_cache=args.embed_cache,
         classify=not args.no_classify,
         results=args.results,
+        generalisation=args.generalisation,
+        gen_deltas=_values(parser, "--gen-deltas", args.gen_deltas, _delta, DELTA),
+        gen_prefixes=tuple(dict.fromkeys(_values(parser, "--gen-prefixes", args.gen_prefixes, _prefix,
+                                                 "an integer >= 1 or all"))),
+        gen_shuffles=_value(parser, "--gen-shuffles", args.gen_shuffles, _positive, "an integer >= 1"),
+        gen_pairs_seeds=_values(parser, "--gen-pairs-seeds", args.gen_pairs_seeds, int, "an integer"),
+        gen_warmup=_value(parser, "--gen-warmup", args.gen_warmup, _prefix, "an integer >= 1 or all"),
     )
     from evocache.controller._commands import unwritable
 
@@ -160,6 +218,8 @@ def options(argv: Sequence[str] | None = None) -> Options:
 
 def main() -> int:
     args = options()
+    if args.generalisation:
+        return generalisation_main(args)
 
     from evocache.controller.semantic import SentenceTransformerEmbedder
     from evocache.controller.semantic._bench import (
@@ -260,6 +320,126 @@ def write_results(args: Options, rows: list[dict], pairs: dict | None) -> list[P
         written.append(write(args.results, "semantic-pairs", runs + statics, command=command,
                              context={"delta": pairs["delta"], "classify": pairs["classify"]}))
     return written
+
+
+# -- (c) generalisation ----------------------------------------------------------------------------------------
+
+PAIRS_STREAM = "fow-pairs"  # the fow pairs replayed as a stream, a then b of each pair
+JUDGE_BUDGET = 2.0  # judge calls per query a run may make on average
+
+
+def generalisation_main(args: Options) -> int:
+    import numpy as np
+    from evocache.controller.semantic import SentenceTransformerEmbedder
+    from evocache.controller.semantic._bench import VectorTable, embed_cached, read_rows
+
+    embedder = SentenceTransformerEmbedder()
+    streams = {name: read_rows(STREAMS[name]) for name in args.streams}
+    pairs = read_rows(PAIRS)
+    # One text set per stream, as the stream table embeds them, so both read the same cached embeddings.
+    text_sets = [list(dict.fromkeys(r.prompt for r in rows)) for rows in streams.values()]
+    text_sets.append(list(dict.fromkeys(t for p in pairs for t in (p.a, p.b))))
+    vecs = np.concatenate([embed_cached(texts, embedder, args.embed_cache) for texts in text_sets])
+    table = VectorTable([t for texts in text_sets for t in texts], vecs, embedder.name)
+    rows = generalisation(args, streams, pairs, table)
+    (args.out / "generalisation.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (args.out / "generalisation.md").write_text(
+        generalisation_markdown(rows) + f"\nAnswer classifier: {'on' if args.classify else 'off (--no-classify)'}.\n")
+    print((args.out / "generalisation.md").read_text())
+    if args.results is not None:
+        from _results import command_line, write  # bench/_results.py: this script's directory is on sys.path
+
+        path = write(args.results, "semantic-generalisation", rows, command=command_line(),
+                     context=generalisation_context(args))
+        print(f"(written to {path})")
+    return 0
+
+
+def generalisation_context(args: Options) -> dict:
+    """What the rows of semantic-generalisation need to be read: the runs' settings and the target."""
+    return {"deltas": list(args.gen_deltas), "prefixes": list(args.gen_prefixes), "shuffles": args.gen_shuffles,
+            "pairs_seeds": list(args.gen_pairs_seeds), "warmup": args.gen_warmup, "classify": args.classify,
+            "target_ratio": TARGET_RATIO, "judge_budget": JUDGE_BUDGET}
+
+
+def generalisation(args: Options, streams: dict[str, list[StreamRow]], pairs: Sequence[PairRow],
+                   table: VectorTable) -> list[dict]:
+    """The generalisation runs (module docstring, (c)) over ``streams`` (name -> labelled rows, as-is order) and
+    the fow ``pairs``, embedded by ``table``: one row per run and delta, in the order they ran."""
+    from evocache.controller.semantic._bench import best_static, pair_rows, replay_prefixes, static_at
+
+    deltas = args.gen_deltas
+    learnt = {name: list(rows[: args.gen_warmup]) for name, rows in streams.items()}
+    # The static threshold each stream would have been tuned to in hindsight, on what a cross run learns of it.
+    tuned = {name: best_static(rows, table.embed([r.prompt for r in rows]), deltas) for name, rows in learnt.items()}
+    out: list[dict] = []
+
+    def measure(run: str, stream: str, order: str, seed: int, rows: list[StreamRow], lengths: Sequence[int],
+                others: Sequence[str]) -> None:
+        """Every prefix of ``rows`` in ``lengths``, cold and after each of ``others``, from one replay each."""
+        prefixes = {n: (rows[:n], table.embed([r.prompt for r in rows[:n]])) for n in lengths}
+        own = {n: best_static(prefix, vecs, deltas) for n, (prefix, vecs) in prefixes.items()}
+        for delta in deltas:
+            for warm in (None, *others):
+                t0 = time.perf_counter()
+                reports = replay_prefixes(rows, table, delta, lengths, seed=seed,
+                                          warmup=learnt[warm] if warm else (), classify=args.classify)
+                for n, evo in zip(lengths, reports, strict=True):
+                    prefix, vecs = prefixes[n]
+                    moved = None if warm is None else {"from": warm,
+                                                       **static_at(prefix, vecs, tuned[warm][delta]["threshold"])}
+                    kind = run if warm is None or run == "pairs" else "cross"
+                    row = generalisation_row(kind, stream, order, seed, delta, prefix, len(rows), evo,
+                                             own[n][delta], warm, len(learnt[warm]) if warm else 0, moved)
+                    out.append(row)
+                    ratio = "n/a" if row["ratio"] is None else f"{row['ratio']:.2f}"
+                    print(f"[{kind} {stream} {order} n {n}{f' after {warm}' if warm else ''} delta {delta}] hit "
+                          f"{evo['hit_rate']:.4f} err {evo['error_rate']:.4f} | static {own[n][delta]['threshold']} "
+                          f"hit {own[n][delta]['hit_rate']:.4f} | ratio {ratio} | judge/query "
+                          f"{row['judge_per_query']:.2f}", file=sys.stderr, flush=True)
+                print(f"[{stream} {order}{f' after {warm}' if warm else ''} delta {delta}] "
+                      f"{time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
+
+    for name, rows in streams.items():
+        others = [other for other in streams if other != name]
+        lengths = list(dict.fromkeys(len(rows) if n is None else min(n, len(rows)) for n in args.gen_prefixes))
+        for k in range(args.gen_shuffles):
+            shuffled = list(rows)
+            random.Random(100 + k).shuffle(shuffled)
+            measure("prefix", name, f"shuffled-{100 + k}", 100 + k, shuffled, lengths, others)
+    if pairs:
+        for seed in args.gen_pairs_seeds:
+            stream = pair_rows(pairs, seed)
+            measure("pairs", PAIRS_STREAM, f"pairs-{seed}", seed, stream, [len(stream)], list(streams))
+    return out
+
+
+def generalisation_row(run: str, stream: str, order: str, seed: int, delta: float, rows: Sequence[StreamRow], of: int,
+                       evo: dict, static: dict, learnt_on: str | None, warmup_n: int,
+                       transferred: dict | None) -> dict:
+    """One run's row: what ran, evocache's figures, the static references, and the derived figures."""
+    n = len(rows)
+    ratio = evo["hit_rate"] / static["hit_rate"] if static["hit_rate"] else None
+    judge_per_query = evo["judge_calls"] / n
+    return {"run": run, "stream": stream, "order": order, "seed": seed, "delta": delta, "n": n, "stream_n": of,
+            "learnt_on": learnt_on, "warmup_n": warmup_n,
+            "evocache": evo, "best_static": static, "transferred_static": transferred, "ratio": ratio,
+            "judge_per_query": judge_per_query, "delta_spent": evo["error_rate"] / delta,
+            "meets": (evo["error_rate"] <= delta and ratio is not None and ratio >= TARGET_RATIO
+                      and judge_per_query <= JUDGE_BUDGET)}
+
+
+def generalisation_markdown(rows: list[dict]) -> str:
+    lines = ["| run | stream | order | n | learnt on | δ | hit | error | δ spent | judge / query | static t | "
+             "static hit | ratio | transferred t: hit / error |", "|" + "---|" * 14]
+    for r in rows:
+        e, s, t = r["evocache"], r["best_static"], r["transferred_static"]
+        ratio = "n/a" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        moved = "" if t is None else f"{t['threshold']}: {t['hit_rate']:.3f} / {t['error_rate']:.4f}"
+        lines.append(f"| {r['run']} | {r['stream']} | {r['order']} | {r['n']} | {r['learnt_on'] or ''} | "
+                     f"{r['delta']:g} | {e['hit_rate']:.3f} | {e['error_rate']:.4f} | {r['delta_spent']:.2f} | "
+                     f"{r['judge_per_query']:.2f} | {s['threshold']} | {s['hit_rate']:.3f} | {ratio} | {moved} |")
+    return "\n".join(lines) + "\n"
 
 
 def _markdown(rows: list[dict], pairs: dict | None) -> str:

@@ -97,6 +97,8 @@ def fixtures() -> dict[str, dict[str, Any]]:
             {"seed": 0, "run": "static", "threshold": 0.8,
              "categories": _pairs_run(0, "static", 20, 40, 0.0)["categories"]},
         ], {"delta": 0.02, "classify": True}, semantic),
+        # a row per run (a small real run, one row without a static threshold within δ): a frozen copy
+        "semantic-generalisation": json.loads((EXPECTED / "semantic-generalisation.json").read_text(encoding="utf-8")),
         "eviction-mooncake": _doc("eviction-mooncake", [
             _replayed(p, size, hits[i]) for i, size in enumerate(sizes)
             for p, hits in {"lru": (0.1, 0.2), "arc": (0.12, 0.21), "learned": (0.11, 0.23),
@@ -381,6 +383,13 @@ def _broken(part: str, change: Any) -> dict[str, dict[str, Any]]:
      "RESULTS/semantic-streams.json: rows[3].evocache: missing field 'hit_rate'"),
     ("semantic-pairs", lambda d: d["rows"][0].update(run="hot"),
      "RESULTS/semantic-pairs.json: rows[0]: field 'run' must be cold, warm or static, got 'hot'"),
+    ("semantic-generalisation", lambda d: d["rows"][2].update(run="warm"),
+     "RESULTS/semantic-generalisation.json: rows[2]: field 'run' must be prefix, cross or pairs, got 'warm'"),
+    ("semantic-generalisation", lambda d: d["rows"][2].update(transferred_static=None),
+     "RESULTS/semantic-generalisation.json: rows[2]: a run learnt on another stream has a transferred static "
+     "threshold, and only such a run"),
+    ("semantic-generalisation", lambda d: d["rows"][4].pop("judge_per_query"),
+     "RESULTS/semantic-generalisation.json: rows[4]: missing field 'judge_per_query'"),
     ("eviction-mooncake", lambda d: d["rows"].pop(4),  # Belady at 5 %
      "RESULTS/eviction-mooncake.json: at size 0.05 expected one 'lru' row and one 'belady' row, got 1 and 0"),
     ("kv-ttft", lambda d: d["rows"].pop(2), "RESULTS/kv-ttft.json: no row for case 'l1-0.9'"),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _bench_scripts import load_bench_script
 from evocache.cli.app import app as evocache
 from evocache.controller.semantic._bench import (
     StreamRow,
@@ -18,6 +19,8 @@ from evocache.controller.semantic._bench import (
     pair_answers,
     prior_neighbours,
     read_rows,
+    replay_prefixes,
+    replay_stream,
     static_replay,
 )
 from evocache.controller.semantic._cache import SemanticCache
@@ -381,9 +384,10 @@ def test_the_bench_script_fails_without_a_traceback_and_gives_defaults_in_help()
     usage = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=120)
     text = " ".join(usage.stdout.split())
     for option in ("--streams", "--deltas", "--seeds", "--shuffled", "--pairs-delta", "--pairs-seeds", "--no-pairs",
-                   "--out", "--embed-cache"):
+                   "--out", "--embed-cache", "--generalisation", "--gen-deltas", "--gen-prefixes", "--gen-shuffles",
+                   "--gen-pairs-seeds", "--gen-warmup"):
         assert option in text
-    assert text.count("(default: ") == 9
+    assert text.count("(default: ") == 15
 
 
 def test_classify_reaches_the_cache_and_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -405,3 +409,124 @@ def test_classify_reaches_the_cache_and_the_report(tmp_path: Path, monkeypatch: 
         )
         assert result.exit_code == 0, result.output
         assert seen[-1] is on and json.loads(out.read_text())["classify"] is on
+
+
+# -- bench/semantic.py --generalisation ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--gen-prefixes", "0"], "--gen-prefixes: '0' is not an integer >= 1 or all"),
+    (["--gen-prefixes", "100,most"], "--gen-prefixes: 'most' is not an integer >= 1 or all"),
+    (["--gen-shuffles", "0"], "--gen-shuffles: '0' is not an integer >= 1"),
+    (["--gen-deltas", "0.02,0.6"], "--gen-deltas: '0.6' is not a number in (0, 0.5]"),
+    (["--gen-pairs-seeds", "0,a"], "--gen-pairs-seeds: 'a' is not an integer"),
+    (["--gen-warmup", "-5"], "--gen-warmup: '-5' is not an integer >= 1 or all"),
+])
+def test_the_generalisation_options_are_checked_before_any_work(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as exited:
+        _bench_module("semantic").options(["--generalisation", *args, "--out", str(tmp_path / "out")])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == f"semantic.py: error: {message}\n"
+
+
+def test_the_generalisation_options_read_into_values(tmp_path: Path) -> None:
+    semantic = _bench_module("semantic")
+    got = semantic.options(["--generalisation", "--gen-prefixes", "300, all,300", "--gen-shuffles", "2",
+                            "--gen-deltas", "0.01,0.05", "--gen-pairs-seeds", "4", "--gen-warmup", "500",
+                            "--out", str(tmp_path / "o"), "--embed-cache", str(tmp_path / "e")])
+    assert (got.generalisation, got.gen_prefixes, got.gen_shuffles, got.gen_deltas, got.gen_pairs_seeds,
+            got.gen_warmup) == (True, (300, None), 2, (0.01, 0.05), (4,), 500)
+    default = semantic.options(["--out", str(tmp_path / "o"), "--embed-cache", str(tmp_path / "e")])
+    assert (default.generalisation, default.gen_prefixes, default.gen_shuffles, default.gen_deltas,
+            default.gen_pairs_seeds, default.gen_warmup) == (False, (1000, 3000, None), 3, (0.02,), (0, 1, 2),
+                                                   None)
+
+
+def _two_streams() -> tuple[dict[str, list[StreamRow]], list[PairRow], VectorTable]:
+    """Two small labelled streams (their own groups and texts) and a few pairs, with their vectors."""
+    streams, texts, vecs = {}, [], []
+    for name, seed, n in (("banking77", 3, 180), ("clinc150", 4, 140)):
+        rows, v = _rows(seed, n=n, groups=6)
+        rows = [StreamRow(f"{name}:{r.prompt}", f"{name}:{r.group}") for r in rows]
+        streams[name] = rows
+        unique = list(dict.fromkeys(r.prompt for r in rows))
+        texts += unique
+        vecs.append(v[: len(unique)])
+    rng = np.random.default_rng(5)
+    pairs = []
+    for i in range(24):
+        a = rng.normal(size=16)
+        b = a + rng.normal(scale=0.3, size=16)
+        pairs.append(PairRow(f"a{i}", f"b{i}", i % 2 == 0, "paraphrase" if i % 2 == 0 else "negation"))
+        texts += [f"a{i}", f"b{i}"]
+        vecs.append(np.stack([a, b]) / np.linalg.norm(np.stack([a, b]), axis=1, keepdims=True))
+    return streams, pairs, VectorTable(texts, np.concatenate(vecs).astype(np.float32), "test")
+
+
+def test_a_prefix_of_one_replay_is_the_replay_of_that_prefix() -> None:
+    streams, _, table = _two_streams()
+    rows, warm = streams["banking77"], streams["clinc150"][:80]
+    for warmup in ((), warm):
+        at = replay_prefixes(rows, table, 0.05, [150, 40], seed=7, warmup=warmup)
+        assert at == [replay_stream(rows[:n], table, 0.05, seed=7, warmup=warmup) for n in (150, 40)]
+    with pytest.raises(ValueError, match="prefix lengths must be in 1 .. 182"):
+        replay_prefixes(rows, table, 0.05, [0, 10])
+
+
+def test_the_generalisation_runs_prefixes_cross_domain_and_pairs(tmp_path: Path, monkeypatch) -> None:
+    semantic = _bench_module("semantic")
+    args = semantic.options(["--generalisation", "--gen-prefixes", "60,all", "--gen-shuffles", "2",
+                             "--gen-deltas", "0.05", "--gen-pairs-seeds", "0,1", "--gen-warmup", "100",
+                             "--out", str(tmp_path / "o"), "--embed-cache", str(tmp_path / "e")])
+    streams, pairs, table = _two_streams()
+    rows = semantic.generalisation(args, streams, pairs, table)
+
+    # per stream: 2 orders x 2 lengths, cold and after the other stream; per pair order: cold and after each stream
+    assert [(r["run"], r["stream"], r["order"], r["n"], r["learnt_on"]) for r in rows[:4]] == [
+        ("prefix", "banking77", "shuffled-100", 60, None), ("prefix", "banking77", "shuffled-100", 182, None),
+        ("cross", "banking77", "shuffled-100", 60, "clinc150"), ("cross", "banking77", "shuffled-100", 182, "clinc150")]
+    assert len(rows) == 2 * 2 * 2 * 2 + 2 * 3
+    assert [(r["run"], r["order"], r["learnt_on"]) for r in rows[-3:]] == [
+        ("pairs", "pairs-1", None), ("pairs", "pairs-1", "banking77"), ("pairs", "pairs-1", "clinc150")]
+    assert {r["stream"] for r in rows if r["run"] == "pairs"} == {"fow-pairs"}
+    assert all(r["n"] == 48 and r["stream_n"] == 48 for r in rows if r["run"] == "pairs")
+
+    tuned = {name: best_static(stream[:100], table.embed([x.prompt for x in stream[:100]]), [0.05])[0.05]
+             for name, stream in streams.items()}
+    for r in rows:
+        evo, static = r["evocache"], r["best_static"]
+        assert r["delta"] == 0.05 and r["seed"] == int(r["order"].rsplit("-", 1)[1])
+        assert 0 <= evo["error_rate"] <= evo["hit_rate"] <= 1 and evo["hits"] == round(evo["hit_rate"] * r["n"])
+        # the warm-up's lookups are not the run's: its explorations are among the run's own misses
+        assert evo["exploration_calls"] + evo["hits"] <= r["n"] and evo["exact_hits"] <= evo["hits"]
+        assert static["error_rate"] <= 0.05
+        assert r["ratio"] == (evo["hit_rate"] / static["hit_rate"] if static["hit_rate"] else None)
+        assert r["judge_per_query"] == evo["judge_calls"] / r["n"] and r["judge_per_query"] > 0
+        assert r["delta_spent"] == evo["error_rate"] / 0.05
+        assert r["meets"] == (evo["error_rate"] <= 0.05 and r["ratio"] is not None and r["ratio"] >= 1.25
+                              and r["judge_per_query"] <= 2)
+        if r["learnt_on"] is None:
+            assert r["transferred_static"] is None and r["warmup_n"] == 0
+        else:
+            moved = r["transferred_static"]
+            assert r["warmup_n"] == 100 and moved["from"] == r["learnt_on"]
+            assert moved["threshold"] == tuned[r["learnt_on"]]["threshold"]
+            assert 0 <= moved["error_rate"] <= moved["hit_rate"] <= 1
+    # a prefix is the start of its shuffled order; the whole stream is its own best static's stream
+    shuffled = list(streams["clinc150"])
+    random.Random(101).shuffle(shuffled)
+    full = next(r for r in rows if r["stream"] == "clinc150" and r["order"] == "shuffled-101" and r["n"] == 142)
+    own = best_static(shuffled, table.embed([x.prompt for x in shuffled]), [0.05])[0.05]
+    assert full["best_static"] == own and full["stream_n"] == 142
+
+    text = semantic.generalisation_markdown(rows)
+    assert text.count("\n") == len(rows) + 2 and "| cross | banking77 | shuffled-100 | 60 | clinc150 | 0.05 |" in text
+
+    results = load_bench_script("_results", monkeypatch)
+    path = results.write(tmp_path / "results", "semantic-generalisation", rows, command="x",
+                         context=semantic.generalisation_context(args))
+    loaded = results.load(path)
+    assert loaded.rows == json.loads(json.dumps(rows))
+    assert loaded.context == {"deltas": [0.05], "prefixes": [60, None], "shuffles": 2, "pairs_seeds": [0, 1],
+                              "warmup": 100, "classify": True, "target_ratio": 1.25, "judge_budget": 2.0}

@@ -9,13 +9,15 @@ static baselines alike; ``exact_hits`` reports how many.
 
 ``best_static`` is the static threshold that, replayed the same way, has the highest hit rate with error rate
 <= delta, chosen in hindsight over a grid: the strongest static baseline. Its replay uses exact prior-neighbour
-lists (numpy), not the index, so a sweep over 100 thresholds takes seconds.
+lists (numpy), not the index, so a sweep over 100 thresholds takes seconds. ``static_at`` replays one given
+threshold (one chosen on another stream) whatever its error.
 
 Pairs (``{"a", "b", "same_answer", "category"}``): the pairs are replayed, in an order shuffled by the seed, as
 a stream of lookups ``a, b`` in one scope (an entry of one pair is a neighbour of the others, as in a real
 cache); ``a`` and ``b`` share an answer exactly when ``same_answer``, and a text written for several pairs has
 one answer (``pair_answers``). The per-category figures count lookups of ``b``: hits, exact hits, and traps
 served (a wrong answer served for the b of a pair whose b needs another answer than its a).
+``pair_rows`` gives the same lookups as a labelled stream, for ``replay_stream`` and ``best_static``.
 
 Embeddings can be cached on disk (``.npy`` keyed by the sha256 of the embedder name and the texts) so repeated
 runs skip the model.
@@ -35,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TraceError
-from ._cache import SemanticCache
+from ._cache import SemanticCache, SemanticStats
 from ._embed import Embedder
 from ._index import Scope
 from ._policies import PolicyOptions
@@ -46,9 +48,12 @@ __all__ = [
     "VectorTable",
     "best_static",
     "embed_cached",
+    "pair_rows",
     "read_rows",
     "replay_pairs",
+    "replay_prefixes",
     "replay_stream",
+    "static_at",
     "static_replay",
 ]
 
@@ -165,40 +170,81 @@ def replay_stream(
     delta: float,
     *,
     seed: int = 0,
+    warmup: Sequence[StreamRow] = (),
     mode: str = "bounded",
     explore: float = 0.05,
     threshold: float | None = None,
     classify: bool = True,
 ) -> dict[str, Any]:
     """Replay ``rows`` through a fresh ``SemanticCache`` bounded by ``delta``; the evocache part of the report.
-    ``classify``: the cache's answer classifier on (``SemanticCache(classify=)``)."""
+    ``classify``: the cache's answer classifier on (``SemanticCache(classify=)``). ``warmup`` rows are replayed
+    first in a scope of their own (``_warm_up``), so ``rows`` are a new tenant of a cache that learnt there; the
+    counters (explorations, judge calls, exact hits) are those of ``rows`` alone."""
+    return replay_prefixes(rows, table, delta, [len(rows)], seed=seed, warmup=warmup, mode=mode, explore=explore,
+                           threshold=threshold, classify=classify)[0]
+
+
+def replay_prefixes(
+    rows: Sequence[StreamRow],
+    table: VectorTable,
+    delta: float,
+    lengths: Sequence[int],
+    *,
+    seed: int = 0,
+    warmup: Sequence[StreamRow] = (),
+    mode: str = "bounded",
+    explore: float = 0.05,
+    threshold: float | None = None,
+    classify: bool = True,
+) -> list[dict[str, Any]]:
+    """``replay_stream``'s report of each prefix ``rows[:n]``, n in ``lengths`` (each in 1 .. len(rows)), from one
+    replay of the longest: a cache decides each lookup from the ones before it, so the first n lookups of a
+    longer stream are the stream of n lookups, and their figures are read as the replay passes n."""
+    if not all(1 <= n <= len(rows) for n in lengths):
+        raise ValueError(f"prefix lengths must be in 1 .. {len(rows)}, got {list(lengths)}")
     cache = SemanticCache(
         table, policy=PolicyOptions(mode=mode, explore=explore, threshold=threshold).build(),
         rng=random.Random(seed), classify=classify,
     )
+    before = _warm_up(cache, warmup, delta)
+    wanted = set(lengths)
+    at: dict[int, dict[str, Any]] = {}
     hits = wrong = 0
-    for i, row in enumerate(rows):
+    for i, row in enumerate(rows[: max(wanted)]):
         decision, entry = cache.lookup(_SCOPE, row.prompt, max_error=delta)
         if entry is not None:
             hits += 1
             wrong += cache.answer_ref(entry) != row.group
-            continue
-        cache.insert(_SCOPE, f"e{i}", row.prompt, row.group)
-        cache.judge_miss(_SCOPE, row.prompt, row.group, decision)
-    stats = cache.stats()
-    n = len(rows)
-    return {
-        "hit_rate": hits / n,
-        "error_rate": wrong / n,
-        "exploration_calls": stats.explored,
-        "judge_calls": stats.judge_calls,
-        "hits": hits,
-        "wrong": wrong,
-        "exact_hits": stats.exact_hits,
-        "explored_wrong": stats.explored_wrong,
-        "final_cutoff": stats.cutoff,
-        "calibration": stats.calibration,
-    }
+        else:
+            cache.insert(_SCOPE, f"e{i}", row.prompt, row.group)
+            cache.judge_miss(_SCOPE, row.prompt, row.group, decision)
+        if i + 1 in wanted:
+            stats = cache.stats()
+            at[i + 1] = {
+                "hit_rate": hits / (i + 1),
+                "error_rate": wrong / (i + 1),
+                "exploration_calls": stats.explored - before.explored,
+                "judge_calls": stats.judge_calls - before.judge_calls,
+                "hits": hits,
+                "wrong": wrong,
+                "exact_hits": stats.exact_hits - before.exact_hits,
+                "explored_wrong": stats.explored_wrong - before.explored_wrong,
+                "final_cutoff": stats.cutoff,
+                "calibration": stats.calibration,
+            }
+    return [at[n] for n in lengths]
+
+
+def _warm_up(cache: SemanticCache, rows: Sequence[StreamRow], delta: float) -> SemanticStats:
+    """Replay ``rows`` (a labelled stream) in the scope ``bench/warmup``: the error model and its calibration,
+    shared by a rule's scopes, learn there; entries never cross scopes. The cache's counters after it."""
+    warm = Scope("bench", "warmup")
+    for i, row in enumerate(rows):
+        decision, entry = cache.lookup(warm, row.prompt, max_error=delta)
+        if entry is None:
+            cache.insert(warm, f"w{i}", row.prompt, row.group)
+            cache.judge_miss(warm, row.prompt, row.group, decision)
+    return cache.stats()
 
 
 def oracle_hit_rate(rows: Sequence[StreamRow]) -> float:
@@ -308,6 +354,17 @@ def best_static(
     return {delta: pick(delta) for delta in deltas}
 
 
+def static_at(rows: Sequence[StreamRow], vecs: np.ndarray, threshold: float | None) -> dict[str, Any]:
+    """Hit and error rate of the static cache at ``threshold`` on ``rows``, as ``best_static`` reports them:
+    a threshold chosen elsewhere (another stream's best), replayed here, whatever its error. ``None`` (no
+    threshold met the bound where it was chosen) serves nothing."""
+    if threshold is None:
+        return {"threshold": None, "hit_rate": 0.0, "error_rate": 0.0}
+    idx, sims = prior_neighbours(vecs)
+    hits, wrong = static_replay(rows, vecs, threshold, (idx.tolist(), sims.tolist()))
+    return {"threshold": threshold, "hit_rate": hits / len(rows), "error_rate": wrong / len(rows)}
+
+
 # --- pairs ---------------------------------------------------------------------------------------------------
 
 
@@ -349,6 +406,13 @@ def pair_stream(pairs: Sequence[PairRow], seed: int) -> list[tuple[int, str, str
     return out
 
 
+def pair_rows(pairs: Sequence[PairRow], seed: int) -> list[StreamRow]:
+    """The pairs as a labelled stream (``a`` then ``b`` of each pair, pairs in the order ``pair_stream`` gives
+    ``seed``; answers from ``pair_answers``), for ``replay_stream`` and ``best_static``: the pairs' hit rate
+    against a static threshold, where ``replay_pairs`` counts traps per category."""
+    return [StreamRow(text, answer) for _, text, answer, _ in pair_stream(pairs, seed)]
+
+
 def replay_pairs(
     pairs: Sequence[PairRow],
     table: VectorTable,
@@ -370,12 +434,7 @@ def replay_pairs(
         table, policy=PolicyOptions(mode=mode, explore=explore, threshold=threshold).build(),
         rng=random.Random(seed), classify=classify,
     )
-    warm = Scope("bench", "warmup")
-    for i, row in enumerate(warmup):
-        decision, entry = cache.lookup(warm, row.prompt, max_error=delta)
-        if entry is None:
-            cache.insert(warm, f"w{i}", row.prompt, row.group)
-            cache.judge_miss(warm, row.prompt, row.group, decision)
+    _warm_up(cache, warmup, delta)
     per: dict[str, Counter[str]] = {}
     lookups = wrong_served = 0
     for n, (i, text, answer, is_b) in enumerate(pair_stream(pairs, seed)):
