@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
+
+
+def _escape(text: str) -> str:
+    """``text`` as literal text in a rich message (its brackets are not markup); rich loads only when a
+    command prints, so that importing the commands stays cheap."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
 
 
 def _check_planner(err: Any) -> None:
@@ -33,7 +40,7 @@ def _check_planner(err: Any) -> None:
     try:
         planner_from_env()
     except PlannerError as exc:
-        err.print("[red]error:[/]", escape(str(exc)))
+        err.print("[red]error:[/]", _escape(str(exc)))
         raise typer.Exit(2) from None
 
 
@@ -77,7 +84,7 @@ def run(
     try:
         base = load_policy(policy)
     except (PolicyError, OSError) as exc:
-        err.print("[red]error:[/]", escape(str(exc)))
+        err.print("[red]error:[/]", _escape(str(exc)))
         raise typer.Exit(1) from None
     options = RunOptions(
         window=window, capacity=capacity, harmful_at=inject_harmful, loop=LoopConfig(interactive=interactive)
@@ -100,7 +107,7 @@ def run(
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
             )
         except (AgentError, ValueError, OSError) as exc:
-            err.print("[red]error:[/]", escape(str(exc)))
+            err.print("[red]error:[/]", _escape(str(exc)))
             raise typer.Exit(1) from None
     _print(console, report)
     if json_out is not None:
@@ -108,7 +115,7 @@ def run(
             json_out.parent.mkdir(parents=True, exist_ok=True)
             json_out.write_text(json.dumps(report, indent=1, default=str))
         except OSError as exc:
-            err.print("[red]error:[/]", escape(f"--json {json_out}: {exc}"))
+            err.print("[red]error:[/]", _escape(f"--json {json_out}: {exc}"))
             raise typer.Exit(1) from None
         console.print(f"report: {json_out}")
 
@@ -248,11 +255,11 @@ def watch(
             signals=default_signals(profile_dir=profile, ncu_dir=ncu),
         )
     except (PolicyError, PolicyStoreError, AgentError, ValueError, OSError) as exc:
-        err.print("[red]error:[/]", escape(str(exc)))
+        err.print("[red]error:[/]", _escape(str(exc)))
         raise typer.Exit(1) from None
     except Exception as exc:  # noqa: BLE001 - a client library's own error (Redis refusing the connection)
         where = redis_url or store or "the policy store"
-        err.print("[red]error:[/]", escape(f"{where}: cannot be read: {type(exc).__name__}: {exc}"))
+        err.print("[red]error:[/]", _escape(f"{where}: cannot be read: {type(exc).__name__}: {exc}"))
         raise typer.Exit(1) from None
     import time
 
@@ -267,13 +274,13 @@ def watch(
                 rows = loop.pump(None if max_windows is None else max_windows - done)
                 failures = 0
             except SignalUnavailable as exc:  # Redis away: said once per outage, the loop goes on
-                err.print("[yellow]events unavailable:[/]", escape(str(exc)))
+                err.print("[yellow]events unavailable:[/]", _escape(str(exc)))
                 rows = []
             except Exception as exc:  # noqa: BLE001 - one failed pass (a store busy or away) must not stop a daemon
                 failures += 1
-                err.print(f"[yellow]pass failed ({failures} in a row):[/]", escape(f"{type(exc).__name__}: {exc}"))
+                err.print(f"[yellow]pass failed ({failures} in a row):[/]", _escape(f"{type(exc).__name__}: {exc}"))
                 if failures >= MAX_FAILED_PASSES:
-                    err.print("[red]error:[/]", escape(f"{failures} passes failed in a row; stopping"))
+                    err.print("[red]error:[/]", _escape(f"{failures} passes failed in a row; stopping"))
                     raise typer.Exit(1) from None
                 rows = []
             for row in rows:
@@ -295,7 +302,7 @@ def watch(
         stop_signals(loop.signals)
     report = loop.report()
     for name, reason in (report.get("signals_unavailable") or {}).items():
-        err.print(escape(f"signal {name} unavailable: {reason}"))
+        err.print(_escape(f"signal {name} unavailable: {reason}"))
     _print(console, report)
 
 
@@ -357,7 +364,7 @@ def demo(
                 progress=lambda what, done, total: bar.update(task, description=what, completed=done),
             )
         except (OSError, ValueError, RuntimeError) as exc:
-            err.print("[red]error:[/]", escape(str(exc)))
+            err.print("[red]error:[/]", _escape(str(exc)))
             raise typer.Exit(1) from None
         bar.update(task, completed=windows, description="done")
     _print(console, report)

@@ -43,7 +43,7 @@ def test_demo_detects_the_drift_and_promotes_a_change_the_replica_then_serves(de
     # the replica served the promoted version: its decisions in the access events carry its ref
     refs = {json.loads(line)["policy"] for line in (work / "events.jsonl").read_text().splitlines() if line}
     assert {p.new_ref for p in promoted} <= refs
-    assert FilePolicyStore(work / "policies").state().active == promoted[-1].new_ref
+    assert FilePolicyStore(work / "policies").state().active == promoted[0].new_ref  # the newest (list(): first)
 
 
 def test_demo_rolls_back_the_harmful_proposal(demo) -> None:
