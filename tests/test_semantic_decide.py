@@ -14,6 +14,7 @@ from evocache.controller.semantic._decide import (
     FEATURES,
     LEXICAL,
     BoundedPolicy,
+    Calibration,
     ErrorModel,
     Pacer,
     PacerOptions,
@@ -510,13 +511,14 @@ def test_a_heavy_verdict_brings_the_refit_nearer() -> None:
 
 def test_pacer_serves_the_lowest_estimates_first_within_the_budget() -> None:
     estimates = (0.01, 0.02, 0.03, 0.5, 0.5, math.inf, 0.0, 0.04, 0.045, 0.3)
-    pacer = Pacer(PacerOptions(window=10, safety=1.0, every=1))
+    calibrated = Calibration(prior=1e9)  # a prior this strong reads ratio 1: the budget is the estimates'
+    pacer = Pacer(PacerOptions(window=10, safety=1.0, every=1), calibration=calibrated)
     for p in estimates:
         pacer.record(p, served=False)
     # Budget 0.01 per lookup. Nothing spent in 10 lookups: the saving lets the next window spend 1.5 times the
     # rate, 0.15 in all. Lowest first: 0 + .01 + .02 + .03 + .04 + .045 = 0.145 fits; adding 0.3 does not.
     assert pacer.cutoff(0.01) == 0.045
-    spender = Pacer(PacerOptions(window=10, safety=1.0, every=1))
+    spender = Pacer(PacerOptions(window=10, safety=1.0, every=1), calibration=calibrated)
     for p in estimates:
         spender.record(p, served=math.isfinite(p))
     # 1.445 expected wrong answers served against a budget of 0.1: the debt closes the tap.
@@ -570,12 +572,19 @@ def test_no_answer_is_served_whose_own_estimate_passes_the_item_cap(
             BoundedPolicy(item_cap=bad)  # type: ignore[arg-type]
 
 
-def test_a_scope_whose_explorations_refute_the_shared_calibration_uses_its_own() -> None:
-    from evocache.controller.semantic._decide import Calibration, calibration_upper
-
+def _checked_elsewhere() -> Calibration:
+    """A shared calibration after 2,000 explored verdicts of a calibrated model (100 wrong at 0.05 each)."""
     shared = Calibration()
-    for i in range(200):  # elsewhere the model is calibrated: 10 wrong where it expected 10
+    for i in range(2000):
         shared.explored(0.05, wrong=i % 20 == 0)
+    assert shared.bounded and shared.value < 1.5
+    return shared
+
+
+def test_a_scope_whose_explorations_refute_the_shared_calibration_uses_its_own() -> None:
+    from evocache.controller.semantic._decide import calibration_upper
+
+    shared = _checked_elsewhere()  # elsewhere the model is calibrated: 100 wrong where it expected 100
     here, new = Pacer(calibration=shared), Pacer(calibration=shared)
     assert here.calibration == new.calibration == shared.value
     here.scope_explored(0.002, wrong=False)
@@ -625,11 +634,9 @@ def test_the_decision_explains_itself_with_the_agreed_fields() -> None:
 
 
 def test_a_newcomer_scope_earns_trust_before_the_shared_model_serves_it() -> None:
-    from evocache.controller.semantic._decide import Calibration, calibration_upper
+    from evocache.controller.semantic._decide import calibration_upper
 
-    shared = Calibration()
-    for i in range(200):  # the model was checked on other scopes' traffic: calibrated there
-        shared.explored(0.05, wrong=i % 20 == 0)
+    shared = _checked_elsewhere()  # the model was checked on other scopes' traffic: calibrated there
     founder, newcomer = Pacer(calibration=shared), Pacer(calibration=shared, newcomer=True)
     assert not founder.newcomer and newcomer.newcomer
     # Without a verdict of its own, a newcomer reads its prior alone, not the shared sample's ratio.
@@ -654,12 +661,9 @@ def test_a_newcomer_scope_earns_trust_before_the_shared_model_serves_it() -> Non
 
 
 def test_a_refuted_newcomer_counts_each_hit_at_its_own_wrong_rate() -> None:
-    from evocache.controller.semantic._decide import Calibration
     from scipy.stats import beta
 
-    shared = Calibration()
-    for i in range(200):
-        shared.explored(0.05, wrong=i % 20 == 0)
+    shared = _checked_elsewhere()
     newcomer, founder = Pacer(calibration=shared, newcomer=True), Pacer(calibration=shared)
     for pacer in (newcomer, founder):
         assert pacer.floor == 0.0
@@ -749,7 +753,8 @@ def test_each_policy_explains_an_exact_hit_and_its_readings() -> None:
     static, bounded = StaticPolicy(threshold=0.9), BoundedPolicy()
     assert static.exact(SCOPE, "e1") == SemanticDecision(True, False, "e1", 1.0, 0.9, 0.0)
     assert static.readings(SCOPE) == Readings(0.9, 1.0)
-    assert bounded.readings(SCOPE) == Readings(0.0, 1.0)  # no pacer for the scope yet
+    # no pacer for the scope yet; no verdict yet: the calibration is the prior's alone
+    assert bounded.readings(SCOPE) == Readings(0.0, bounded.calibration.start)
     assert bounded.exact(SCOPE, "e1") == SemanticDecision(True, False, "e1", 1.0, 0.0, 0.0)
     assert bounded.pacer_of(SCOPE).lookups == 1  # the exact hit counts in the scope's per-lookup rate
     assert (static.reads_shares, static.learns, bounded.reads_shares, bounded.learns) == (False, False, True, True)

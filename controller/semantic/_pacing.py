@@ -2,53 +2,155 @@
 bound, and the exploration sample that checks the error model where it serves.
 
 A ``Pacer`` per scope (tenant namespace + boundary) picks the cut-off from the scope's recent lookups'
-estimated errors so that their expected error per lookup is within the bound; an upper confidence bound on
-the exploration sample's observed/expected error ratio (``Calibration``, shared like the model) scales the
-estimates up when the model is optimistic, and a scope whose own explored verdicts refute that shared bound
-uses its own.
+estimated errors so that their expected error per lookup is within the bound. ``Calibration`` (shared like the
+model) scales the estimates by an anytime-valid upper confidence bound on the exploration sample's ratio of
+wrong answers to estimated ones; a scope whose own explored verdicts refute that shared bound uses its own
+(``ScopeCalibration``).
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["CONFIDENCE", "Calibration", "Pacer", "PacerOptions", "calibration_upper"]
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["CONFIDENCE", "Calibration", "Pacer", "PacerOptions", "ScopeCalibration", "calibration_upper"]
 
 
-# The upper quantile of observed / expected wrong answers the calibration reads. A dozen explored verdicts often
-# show no wrong answer from a model several times too optimistic, so a lower quantile lets runs end above the
-# bound; with this one (and the first 100 explorations at 25 %) the error stays within it (see docs/semantic.md,
-# 'Calibration').
+# The level of the calibration's confidence sequence: 1 - CONFIDENCE bounds the chance that its upper end is
+# ever below the ratio it bounds, over the whole life of the sample (see docs/semantic.md, 'Calibration').
+# A scope's own checks read fixed-sample quantiles at the same level.
 CONFIDENCE = 0.975
+
+# The largest share of its wealth a bettor may stake on one verdict. Betting against "the ratio is at least
+# r", it loses ``bet * (1 - r * est)`` of its wealth on a wrong answer; its Kelly stake for a model at ratio q
+# is ``1 - q / r``, so the cap binds only for ratios over 4 q, which a few right answers reject anyway. A cap
+# of 0.9 (a wrong answer costs 90 % of the wealth) gave a wider sequence on simulated streams.
+_MAX_BET = 0.75
+
+
+@functools.cache
+def _ratios() -> np.ndarray:
+    """The ratios the sequence tests, 2 % apart from 1/64 to 4096. Its upper bound is the next one above the
+    largest one not rejected: conservative by at most 2 %, and valid for a true ratio between two of them (the
+    one just below it is rejected no more often than the true one would be, and the bound is above it)."""
+    import numpy as np
+
+    return np.exp(np.arange(math.log(2.0**-6), math.log(2.0**12), math.log(1.02)))
 
 
 def calibration_upper(wrong: int, expected: float, *, prior: float, confidence: float) -> float:
     """Upper ``confidence`` quantile of the ratio observed / expected wrong answers: a Gamma posterior (Poisson
-    counts) whose prior, worth ``prior`` expected errors, says the model is calibrated (ratio 1)."""
+    counts) whose prior, worth ``prior`` expected errors, says the model is calibrated (ratio 1). A
+    fixed-sample bound: ``Calibration`` caps a young sequence with it; a scope's own checks read it
+    (``ScopeCalibration``)."""
     from scipy.stats import gamma
 
     return float(gamma.ppf(confidence, prior + wrong, scale=1.0 / (prior + expected)))
 
 
 class Calibration:
-    """The exploration sample: observed and expected wrong answers among explored would-be hits, and ``value``,
-    the upper ``confidence`` bound on their ratio (``calibration_upper``). It checks one error model, so the
-    pacers that read that model share one."""
+    """The exploration sample and an anytime-valid upper confidence sequence on its ratio of wrong answers to
+    estimated ones, ``r = E[wrong] / E[est]`` over explored would-be hits; ``value`` is what the pacers scale
+    the model's estimates by. It checks one error model, so the pacers that read that model share one.
+
+    For each tested ratio r it keeps the wealth of a bettor against "the ratio is at least r",
+    ``prod(1 + bet * (r * est - wrong))``, each bet in [0, 0.75] fixed before its verdict from the verdicts
+    before it. While the ratio is at least r that wealth is a nonnegative supermartingale started at 1, so it
+    ever reaches ``1 / (1 - confidence)`` with at most ``1 - confidence`` chance (Ville's inequality), however
+    often it is read: ``upper``, the tested ratio just above the largest one whose wealth is below that level,
+    is below the true ratio at some time with at most that chance. It is infinite until the verdicts bound the
+    ratio. What this assumes (the exploration draw, drift) is in docs/semantic.md, 'Calibration'.
+
+    ``value`` is ``upper`` once that is informative, and until then the fixed-sample bound the cache starts
+    from: ``min(upper, max(start, calibration_upper(wrong, expected)))``, ``start`` being the prior's own
+    bound (2.79 at the defaults). The cap keeps a young sample's cut-off open (an infinite ratio serves
+    nothing, so nothing is explored and the sample never grows), and rises with the wrong answers seen.
+    ``prior`` also sets the ratio the bets start from. ``explored`` costs one pass over the tested ratios
+    (631 of them); reading ``value`` after it, one Gamma quantile.
+    """
 
     def __init__(self, *, prior: float = 2.0, confidence: float = CONFIDENCE) -> None:
+        import numpy as np
+
+        self.prior = prior
+        self.confidence = confidence
+        self.start = calibration_upper(0, 0.0, prior=prior, confidence=confidence)
+        self.expected = 0.0
+        self.wrong = 0
+        self.n = 0
+        self.upper = math.inf
+        self._value: float | None = self.start  # None: to be computed when next read
+        self._level = math.log(1.0 / (1.0 - confidence))
+        self._log_wealth = np.zeros(len(_ratios()))  # of each bettor against "the ratio is at least r"
+
+    @property
+    def value(self) -> float:
+        """The ratio the pacers scale the model's estimates by (see the class)."""
+        if self._value is None:
+            fixed = calibration_upper(self.wrong, self.expected, prior=self.prior, confidence=self.confidence)
+            self._value = min(self.upper, max(self.start, fixed))
+        return self._value
+
+    @property
+    def bounded(self) -> bool:
+        """Whether ``value`` is the sequence's own bound (the cap no longer binds)."""
+        return self.upper <= self.value
+
+    def explored(self, est_error: float, wrong: bool) -> None:
+        """One explored would-be hit: the model's estimate when it was drawn, and the judge's verdict."""
+        import numpy as np
+
+        if not 0.0 <= est_error <= 1.0:
+            raise ValueError(f"est_error must be in [0, 1], got {est_error!r}")
+        ratios = _ratios()
+        # The Kelly stake against "at least r" for a model at the plug-in ratio q (the prior's ratio 1, worth
+        # ``prior`` expected wrong answers, pooled with the sample's): 1 - q / r, for estimates well below 1.
+        plug_in = (self.wrong + self.prior) / (self.expected + self.prior)
+        bets = np.clip(1.0 - plug_in / ratios, 0.0, _MAX_BET)
+        self._log_wealth += np.log1p(bets * (ratios * est_error - float(wrong)))
+        self.expected += est_error
+        self.wrong += int(wrong)
+        self.n += 1
+        self.upper = _upper_end(ratios, self._log_wealth < self._level)
+        self._value = None  # the cap's quantile is computed when read: pacers read it every ``every`` lookups
+
+
+def _upper_end(ratios: np.ndarray, kept: np.ndarray) -> float:
+    """The ratio above the largest one ``kept`` (not rejected); infinite when the largest tested is kept."""
+    import numpy as np
+
+    at = np.flatnonzero(kept)
+    top = int(at[-1]) + 1 if at.size else 0
+    return float(ratios[top]) if top < len(ratios) else math.inf
+
+
+class ScopeCalibration:
+    """One scope's share of the exploration sample: observed and expected wrong answers among its explored
+    would-be hits, and ``value``, the upper ``confidence`` quantile of their ratio (``calibration_upper``, a
+    Gamma posterior whose prior is worth ``prior`` expected errors at ratio 1). It only ever tightens what a
+    scope reads (``Pacer`` takes the larger of it and the shared ``Calibration``), so a fixed-sample bound
+    read at each verdict costs a scope hits, never the shared bound's guarantee."""
+
+    def __init__(self, *, prior: float, confidence: float = CONFIDENCE) -> None:
         self.prior = prior
         self.confidence = confidence
         self.expected = 0.0
         self.wrong = 0
         self.n = 0
-        self.value = 1.0
+        self.value = calibration_upper(0, 0.0, prior=prior, confidence=confidence)
 
     def explored(self, est_error: float, wrong: bool) -> None:
         self.expected += est_error
         self.wrong += int(wrong)
         self.n += 1
-        self.value = calibration_upper(self.wrong, self.expected, prior=self.prior, confidence=self.confidence)
+        self.value = calibration_upper(self.wrong, self.expected, prior=self.prior,
+                                       confidence=self.confidence)
 
 
 _OWN_PRIOR = 0.1
@@ -69,7 +171,8 @@ class PacerOptions:
     ``window``: the lookups whose estimates the cut-off is picked from; ``safety``: the share of the bound
     those estimates may spend; ``every``: lookups between two cut-offs (a young pacer recomputes at each of its
     first ``every``); ``prior`` and ``confidence``: the calibration's prior, worth ``prior`` expected wrong
-    answers at ratio 1, and the upper quantile it reads (``calibration_upper``). A misspelt option is a
+    answers at ratio 1 (its start and the ratio its bets start from), and the level of its confidence
+    sequence (``Calibration``) and of the scopes' own checks. A misspelt option is a
     ``TypeError``, a value out of range a ``ValueError`` naming it.
     """
 
@@ -99,9 +202,9 @@ class Pacer:
     estimates, summed and scaled by ``calibration``, average at most ``safety * max_error`` per lookup: serving
     the lowest estimates first gives the most hits for a given expected error. Errors already spent above
     budget are paid back over the next window.
-    ``calibration`` is an upper confidence bound (``confidence``) on observed / expected wrong answers among
-    explored would-be hits (``calibration_upper``): when the model underestimates the error, the cut-off
-    tightens; when it overestimates, it loosens as the evidence grows.
+    ``calibration`` is an anytime-valid upper confidence bound (``confidence``) on the ratio of wrong to
+    estimated answers among explored would-be hits (``Calibration``): when the model underestimates the error,
+    the cut-off tightens; when it overestimates, it loosens as the evidence grows.
     """
 
     def __init__(
@@ -135,7 +238,7 @@ class Pacer:
         # Its prior is weak (worth a tenth of an expected error): it is read only once the shared value is refuted
         # here, and then it must be free to say how wrong the model is (a prior worth 2 expected errors kept a
         # model 90 times too optimistic at 6 times).
-        self._own = Calibration(prior=_OWN_PRIOR, confidence=confidence) if calibration is not None else None
+        self._own = ScopeCalibration(prior=_OWN_PRIOR, confidence=confidence) if calibration is not None else None
         # A newcomer: a scope first seen when the shared model had already been checked on other scopes' traffic
         # (BoundedPolicy). It must earn trust: its own calibration always counts (from its prior alone until its
         # first verdict: 2.8 times the model's estimates), its cut-off never splits a run of equal
@@ -144,12 +247,10 @@ class Pacer:
         self.newcomer = newcomer and self._own is not None
         self.trust = trust  # the verdicts of its own a newcomer's floor waits for
         if self.newcomer:
-            assert self._own is not None
             # Its own calibration has the shared one's prior (worth ``prior`` expected errors at ratio 1), not
             # the weak one a founder's refutation check reads: with that one, a single wrong answer where half
             # of one was expected reads a ratio near 7 and closes the tenant for hundreds of lookups.
-            self._own.prior = prior
-            self._own.value = calibration_upper(0, 0.0, prior=prior, confidence=confidence)
+            self._own = ScopeCalibration(prior=prior, confidence=confidence)
         self.explored_here = 0  # this scope's would-be hits explored so far (drawn at decision time)
 
     @property
