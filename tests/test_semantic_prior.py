@@ -52,9 +52,10 @@ def test_the_shipped_prior_is_json_of_the_declared_format_with_its_provenance() 
         (lambda d: d.update(features=d["features"][:-1]), "fitted on features"),
         (lambda d: d.update(coef=d["coef"][:-1]), "coef must be a list of 23 finite numbers"),
         (lambda d: d.update(scale=[0.0] * len(d["scale"])), "scale must be positive"),
-        (lambda d: d.update(information=[[1.0]]), "information must be a symmetric 24 x 24 matrix"),
+        (lambda d: d.update(information=[[1.0]]), "information must be a symmetric positive semi-definite 24 x 24 matrix"),
         (lambda d: d["coef"].__setitem__(FEATURES.index("negation_differs"), -1.0), "can only raise the error"),
         (lambda d: d.update(strength=-1), "strength must be a finite number >= 0"),
+        (lambda d: d["information"][0].__setitem__(0, -1e3), "positive semi-definite"),
     ],
 )
 def test_a_prior_of_another_version_or_with_broken_numbers_is_a_clear_error(tmp_path, change, message) -> None:
@@ -194,3 +195,11 @@ def test_the_refit_is_deterministic_on_a_small_slice() -> None:
     assert first == once()
     prior = ErrorPrior.from_json(first)
     assert [d["name"] for d in prior.fitted_on] == ["banking77", "clinc150"] and prior.strength == 100.0
+
+
+def test_the_prior_is_package_data_so_an_installed_wheel_has_it() -> None:
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    data = config["tool"]["setuptools"]["package-data"]["evocache.controller.semantic"]
+    assert SHIPPED_PRIOR.name in data and SHIPPED_PRIOR.parent == ROOT / "controller" / "semantic"

@@ -188,7 +188,9 @@ class ErrorModel:
             self._mean, self._scale = prior.mean, prior.scale
             self._coef, self._intercept = prior.coef.copy(), prior.intercept
             self._centre = np.concatenate([prior.coef, [prior.intercept]])
-            ridge = np.diag(np.concatenate([np.ones(len(FEATURES)), [0.0]]))  # C = 1, on the weights' moves
+            # C = 1 on the weights' moves; a trace on the intercept keeps every Newton step solvable when the
+            # prior is worth nothing and the fit saturates (p (1 - p) = 0 on every observation).
+            ridge = np.diag(np.concatenate([np.ones(len(FEATURES)), [1e-6]]))
             self._precision = prior.strength * prior.information + ridge
 
     def __len__(self) -> int:

@@ -108,29 +108,27 @@ class ErrorPrior:
             raise SemanticError(f"{source}: fitted on features {features!r}, expected {list(FEATURES)}")
         n = len(FEATURES)
 
-        def vector(name: str, length: int) -> np.ndarray:
-            value = doc.get(name)
+        def array(name: str, shape: tuple[int, ...], what: str) -> np.ndarray:
             try:
-                array = np.asarray(value, dtype=float)
+                value = np.asarray(doc.get(name), dtype=float)
             except (TypeError, ValueError):
-                array = None
-            if array is None or array.shape != (length,) or not np.isfinite(array).all():
-                raise SemanticError(f"{source}: {name} must be a list of {length} finite numbers")
-            return array
+                value = None
+            if value is None or value.shape != shape or not np.isfinite(value).all():
+                raise SemanticError(f"{source}: {name} must be {what}")
+            return value
 
-        coef, mean, scale = vector("coef", n), vector("mean", n), vector("scale", n)
+        numbers = f"a list of {n} finite numbers"
+        coef, mean, scale = (array(name, (n,), numbers) for name in ("coef", "mean", "scale"))
         intercept = doc.get("intercept")
         if isinstance(intercept, bool) or not isinstance(intercept, int | float) or not math.isfinite(intercept):
             raise SemanticError(f"{source}: intercept must be a finite number")
         if not (scale > 0).all():
             raise SemanticError(f"{source}: scale must be positive")
-        try:
-            information = np.asarray(doc.get("information"), dtype=float)
-        except (TypeError, ValueError):
-            information = None
-        if (information is None or information.shape != (n + 1, n + 1) or not np.isfinite(information).all()
-                or not np.allclose(information, information.T)):
-            raise SemanticError(f"{source}: information must be a symmetric {n + 1} x {n + 1} matrix of finite numbers")
+        matrix = f"a symmetric positive semi-definite {n + 1} x {n + 1} matrix of finite numbers"
+        information = array("information", (n + 1, n + 1), matrix)
+        # An information matrix is never negative: the online fit's penalty must be a convex bowl.
+        if not np.allclose(information, information.T) or np.linalg.eigvalsh(information).min() < -1e-9:
+            raise SemanticError(f"{source}: information must be {matrix}")
         from ._error_model import _RAISING_FEATURES
 
         negative = [name for name in _RAISING_FEATURES if coef[FEATURES.index(name)] < 0]
