@@ -41,6 +41,7 @@ from ._cache import SemanticCache, SemanticStats
 from ._embed import Embedder
 from ._index import Scope
 from ._policies import PolicyOptions
+from ._prior import SHIPPED_PRIOR  # ``prior=``: the error model's prior file of every replay (None: none)
 
 __all__ = [
     "PairRow",
@@ -175,13 +176,14 @@ def replay_stream(
     explore: float = 0.05,
     threshold: float | None = None,
     classify: bool = True,
+    prior: str | Path | None = SHIPPED_PRIOR,
 ) -> dict[str, Any]:
     """Replay ``rows`` through a fresh ``SemanticCache`` bounded by ``delta``; the evocache part of the report.
     ``classify``: the cache's answer classifier on (``SemanticCache(classify=)``). ``warmup`` rows are replayed
     first in a scope of their own (``_warm_up``), so ``rows`` are a new tenant of a cache that learnt there; the
     counters (explorations, judge calls, exact hits) are those of ``rows`` alone."""
     return replay_prefixes(rows, table, delta, [len(rows)], seed=seed, warmup=warmup, mode=mode, explore=explore,
-                           threshold=threshold, classify=classify)[0]
+                           threshold=threshold, classify=classify, prior=prior)[0]
 
 
 def replay_prefixes(
@@ -196,6 +198,7 @@ def replay_prefixes(
     explore: float = 0.05,
     threshold: float | None = None,
     classify: bool = True,
+    prior: str | Path | None = SHIPPED_PRIOR,
 ) -> list[dict[str, Any]]:
     """``replay_stream``'s report of each prefix ``rows[:n]``, n in ``lengths`` (each in 1 .. len(rows)), from one
     replay of the longest: a cache decides each lookup from the ones before it, so the first n lookups of a
@@ -203,7 +206,7 @@ def replay_prefixes(
     if not all(1 <= n <= len(rows) for n in lengths):
         raise ValueError(f"prefix lengths must be in 1 .. {len(rows)}, got {list(lengths)}")
     cache = SemanticCache(
-        table, policy=PolicyOptions(mode=mode, explore=explore, threshold=threshold).build(),
+        table, policy=PolicyOptions(mode=mode, explore=explore, threshold=threshold, prior=prior).build(),
         rng=random.Random(seed), classify=classify,
     )
     before = _warm_up(cache, warmup, delta)
@@ -424,6 +427,7 @@ def replay_pairs(
     explore: float = 0.05,
     threshold: float | None = None,
     classify: bool = True,
+    prior: str | Path | None = SHIPPED_PRIOR,
 ) -> dict[str, Any]:
     """Per category of ``b``: pairs, hits (``exact_hits`` of them: the same text stored before, from another
     pair), wrong answers served, and for trap categories ``traps_served``: b lookups served an answer that is
@@ -431,7 +435,7 @@ def replay_pairs(
     replayed first in their own scope, so the error model starts from what it learnt there (entries never
     cross)."""
     cache = SemanticCache(
-        table, policy=PolicyOptions(mode=mode, explore=explore, threshold=threshold).build(),
+        table, policy=PolicyOptions(mode=mode, explore=explore, threshold=threshold, prior=prior).build(),
         rng=random.Random(seed), classify=classify,
     )
     _warm_up(cache, warmup, delta)
