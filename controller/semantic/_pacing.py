@@ -30,7 +30,7 @@ CONFIDENCE = 0.975
 # The largest share of its wealth a bettor may stake on one verdict. Betting against "the ratio is at least
 # r", it loses ``bet * (1 - r * est)`` of its wealth on a wrong answer; its Kelly stake for a model at ratio q
 # is ``1 - q / r``, so the cap binds only for ratios over 4 q, which a few right answers reject anyway. A cap
-# of 0.9 (a wrong answer costs 90 % of the wealth) gave a wider sequence on simulated streams.
+# of 0.9 (a wrong answer costs 90 % of the wealth) gave no narrower a sequence on simulated streams.
 _MAX_BET = 0.75
 
 
