@@ -22,7 +22,8 @@ Every option is checked before any work; a bad one fails in one line (exit 2).
 (c) ``--generalisation``, instead of (a) and (b): how the cache does on traffic it was not tuned on, at each of
     ``--gen-deltas``. "prefix": the first N queries (``--gen-prefixes``) of each stream in orders shuffled by
     seeds 100, 101, ... (``--gen-shuffles``), a cache that starts knowing nothing (one replay per order gives
-    every prefix: the first N lookups of a longer stream are the stream of N). "cross": the same prefixes,
+    every prefix: the first N lookups of a longer stream are the stream of N) but the error model's prior,
+    fitted without the measured stream (``held_out_prior``). "cross": the same prefixes,
     after the cache learnt the other stream (its first ``--gen-warmup`` queries, as-is order; all of it by
     default) in a scope of its own, with the static threshold chosen in hindsight on those queries replayed on
     the prefix ("transferred"). "pairs": the fow pairs as a stream (store a, ask b; pair orders
@@ -355,11 +356,19 @@ def generalisation_main(args: Options) -> int:
     return 0
 
 
+def held_out_prior(stream: str) -> Path:
+    """The error model's prior fitted without ``stream`` (bench/data/semantic_priors/, ``make
+    semantic-prior``): a run measures the cache on traffic its prior never saw, as a user's would be."""
+    name = "fow_traps" if stream == PAIRS_STREAM else stream
+    return ROOT / "bench" / "data" / "semantic_priors" / f"without_{name}.json"
+
+
 def generalisation_context(args: Options) -> dict:
     """What the rows of semantic-generalisation need to be read: the runs' settings and the target."""
     return {"deltas": list(args.gen_deltas), "prefixes": list(args.gen_prefixes), "shuffles": args.gen_shuffles,
             "pairs_seeds": list(args.gen_pairs_seeds), "warmup": args.gen_warmup, "classify": args.classify,
-            "target_ratio": TARGET_RATIO, "judge_budget": JUDGE_BUDGET}
+            "target_ratio": TARGET_RATIO, "judge_budget": JUDGE_BUDGET,
+            "prior": "fitted without the measured stream (bench/data/semantic_priors/without_<stream>.json)"}
 
 
 def generalisation(args: Options, streams: dict[str, list[StreamRow]], pairs: Sequence[PairRow],
@@ -383,7 +392,8 @@ def generalisation(args: Options, streams: dict[str, list[StreamRow]], pairs: Se
             for warm in (None, *others):
                 t0 = time.perf_counter()
                 reports = replay_prefixes(rows, table, delta, lengths, seed=seed,
-                                          warmup=learnt[warm] if warm else (), classify=args.classify)
+                                          warmup=learnt[warm] if warm else (), classify=args.classify,
+                                          prior=held_out_prior(stream))
                 for n, evo in zip(lengths, reports, strict=True):
                     prefix, vecs = prefixes[n]
                     moved = None if warm is None else {"from": warm,

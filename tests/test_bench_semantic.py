@@ -529,4 +529,6 @@ def test_the_generalisation_runs_prefixes_cross_domain_and_pairs(tmp_path: Path,
     loaded = results.load(path)
     assert loaded.rows == json.loads(json.dumps(rows))
     assert loaded.context == {"deltas": [0.05], "prefixes": [60, None], "shuffles": 2, "pairs_seeds": [0, 1],
-                              "warmup": 100, "classify": True, "target_ratio": 1.25, "judge_budget": 2.0}
+                              "warmup": 100, "classify": True, "target_ratio": 1.25, "judge_budget": 2.0,
+                              "prior": "fitted without the measured stream "
+                                       "(bench/data/semantic_priors/without_<stream>.json)"}

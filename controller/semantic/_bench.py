@@ -38,6 +38,7 @@ import numpy as np
 
 from ..errors import TraceError
 from ._cache import SemanticCache, SemanticStats
+from ._config import DEFAULT_JUDGE_BUDGET
 from ._embed import Embedder
 from ._index import Scope
 from ._policies import PolicyOptions
@@ -177,13 +178,14 @@ def replay_stream(
     threshold: float | None = None,
     classify: bool = True,
     prior: str | Path | None = SHIPPED_PRIOR,
+    judge_budget: float | None = DEFAULT_JUDGE_BUDGET,
 ) -> dict[str, Any]:
     """Replay ``rows`` through a fresh ``SemanticCache`` bounded by ``delta``; the evocache part of the report.
     ``classify``: the cache's answer classifier on (``SemanticCache(classify=)``). ``warmup`` rows are replayed
     first in a scope of their own (``_warm_up``), so ``rows`` are a new tenant of a cache that learnt there; the
     counters (explorations, judge calls, exact hits) are those of ``rows`` alone."""
     return replay_prefixes(rows, table, delta, [len(rows)], seed=seed, warmup=warmup, mode=mode, explore=explore,
-                           threshold=threshold, classify=classify, prior=prior)[0]
+                           threshold=threshold, classify=classify, prior=prior, judge_budget=judge_budget)[0]
 
 
 def replay_prefixes(
@@ -199,6 +201,7 @@ def replay_prefixes(
     threshold: float | None = None,
     classify: bool = True,
     prior: str | Path | None = SHIPPED_PRIOR,
+    judge_budget: float | None = DEFAULT_JUDGE_BUDGET,
 ) -> list[dict[str, Any]]:
     """``replay_stream``'s report of each prefix ``rows[:n]``, n in ``lengths`` (each in 1 .. len(rows)), from one
     replay of the longest: a cache decides each lookup from the ones before it, so the first n lookups of a
@@ -207,7 +210,7 @@ def replay_prefixes(
         raise ValueError(f"prefix lengths must be in 1 .. {len(rows)}, got {list(lengths)}")
     cache = SemanticCache(
         table, policy=PolicyOptions(mode=mode, explore=explore, threshold=threshold, prior=prior).build(),
-        rng=random.Random(seed), classify=classify,
+        rng=random.Random(seed), classify=classify, judge_budget=judge_budget,
     )
     before = _warm_up(cache, warmup, delta)
     wanted = set(lengths)
@@ -428,6 +431,7 @@ def replay_pairs(
     threshold: float | None = None,
     classify: bool = True,
     prior: str | Path | None = SHIPPED_PRIOR,
+    judge_budget: float | None = DEFAULT_JUDGE_BUDGET,
 ) -> dict[str, Any]:
     """Per category of ``b``: pairs, hits (``exact_hits`` of them: the same text stored before, from another
     pair), wrong answers served, and for trap categories ``traps_served``: b lookups served an answer that is
@@ -436,7 +440,7 @@ def replay_pairs(
     cross)."""
     cache = SemanticCache(
         table, policy=PolicyOptions(mode=mode, explore=explore, threshold=threshold, prior=prior).build(),
-        rng=random.Random(seed), classify=classify,
+        rng=random.Random(seed), classify=classify, judge_budget=judge_budget,
     )
     _warm_up(cache, warmup, delta)
     per: dict[str, Counter[str]] = {}

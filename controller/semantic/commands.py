@@ -22,6 +22,7 @@ from .._commands import Failed as _Failed
 from .._commands import error as _error
 from .._commands import usage as _usage
 from .._commands import writable as _writable
+from ._config import DEFAULT_JUDGE_BUDGET
 
 if TYPE_CHECKING:
     from ._bench import VectorTable
@@ -99,6 +100,10 @@ def semantic(
         bool, typer.Option("--classify/--no-classify", help="Learn, per scope, which answer cluster a prompt "
                            "belongs to from the answers the judge linked, and use it in the error estimate.")
     ] = True,
+    judge_budget: Annotated[
+        str, typer.Option("--judge-budget", metavar="CALLS", help="Judge calls per lookup on average (>= 1), or "
+                          "none for no bound.")
+    ] = f"{DEFAULT_JUDGE_BUDGET:g}",
 ) -> None:
     """Replay a labelled stream through the semantic cache and report hit and error rates against the best
     static threshold chosen in hindsight.
@@ -111,14 +116,27 @@ def semantic(
     """
     try:
         _bench(data, delta, json_out, embedder_spec, seed, shuffle, explore, mode, threshold, warmup,
-               embed_cache, classify)
+               embed_cache, classify, _judge_budget(judge_budget))
     except _Failed as failed:
         raise typer.Exit(failed.code) from None
 
 
+def _judge_budget(text: str) -> float | None:
+    """``--judge-budget``: a number >= 1, or ``none``."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 1):
+        raise _usage("--judge-budget", f"expected judge calls per lookup >= 1, or none; got {text!r}")
+    return value
+
+
 def _bench(data: Path, delta: float, json_out: Path | None, embedder_spec: str, seed: int, shuffle: bool,
            explore: float, mode: Mode, threshold: float | None, warmup: Path | None, embed_cache: Path | None,
-           classify: bool = True) -> None:
+           classify: bool = True, judge_budget: float | None = DEFAULT_JUDGE_BUDGET) -> None:
     if not (math.isfinite(delta) and 0 < delta <= 0.5):
         raise _usage("--delta", f"expected a number in (0, 0.5], got {delta}")
     if not 0 <= explore < 1:
@@ -142,15 +160,15 @@ def _bench(data: Path, delta: float, json_out: Path | None, embedder_spec: str, 
     embedder = _make_embedder(embedder_spec)
     if isinstance(rows[0], PairRow):
         report = _pairs(rows, warm, embedder, embed_cache, delta, seed, explore, mode.value, threshold,  # type: ignore[arg-type]
-                        classify)
+                        classify, judge_budget)
     else:
         if shuffle:
             rows = list(rows)
             random.Random(seed).shuffle(rows)
         report = _stream(rows, embedder, embed_cache, delta, seed, explore, mode.value, threshold,  # type: ignore[arg-type]
-                         classify)
+                         classify, judge_budget)
     report = {"data": str(data), "delta": delta, "seed": seed, "shuffled": shuffle, "embedder": embedder.name,
-              "mode": mode.value, "classify": classify, **report}
+              "mode": mode.value, "classify": classify, "judge_budget": judge_budget, **report}
     if json_out is not None:
         try:
             json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -190,12 +208,13 @@ def _table(texts: list[str], embedder: Embedder, embed_cache: Path | None) -> Ve
 
 
 def _stream(rows: list[Any], embedder: Embedder, embed_cache: Path | None, delta: float, seed: int,
-            explore: float, mode: str, threshold: float | None, classify: bool = True) -> dict[str, Any]:
+            explore: float, mode: str, threshold: float | None, classify: bool = True,
+            judge_budget: float | None = DEFAULT_JUDGE_BUDGET) -> dict[str, Any]:
     from ._bench import best_static, oracle_hit_rate, replay_stream
 
     table = _table([r.prompt for r in rows], embedder, embed_cache)
     evocache = replay_stream(rows, table, delta, seed=seed, mode=mode, explore=explore, threshold=threshold,
-                             classify=classify)
+                             classify=classify, judge_budget=judge_budget)
     static = best_static(rows, table.embed([r.prompt for r in rows]), [delta])[delta]
     n = len(rows)
     report = {
@@ -219,13 +238,14 @@ def _stream(rows: list[Any], embedder: Embedder, embed_cache: Path | None, delta
 
 
 def _pairs(pairs: list[Any], warm: list[Any], embedder: Embedder, embed_cache: Path | None, delta: float,
-           seed: int, explore: float, mode: str, threshold: float | None, classify: bool = True) -> dict[str, Any]:
+           seed: int, explore: float, mode: str, threshold: float | None, classify: bool = True,
+           judge_budget: float | None = DEFAULT_JUDGE_BUDGET) -> dict[str, Any]:
     from ._bench import replay_pairs
 
     texts = [t for p in pairs for t in (p.a, p.b)] + [r.prompt for r in warm]
     table = _table(texts, embedder, embed_cache)
     evocache = replay_pairs(pairs, table, delta, seed=seed, warmup=warm, mode=mode, explore=explore,
-                            threshold=threshold, classify=classify)
+                            threshold=threshold, classify=classify, judge_budget=judge_budget)
     static = {
         f"{t:g}": replay_pairs(pairs, table, delta, seed=seed, mode="static", threshold=t)["categories"]
         for t in PAIR_THRESHOLDS
