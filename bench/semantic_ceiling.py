@@ -3,6 +3,11 @@
 The analysis behind docs/semantic.md, 'Ceiling'.
 
     .venv/bin/python bench/semantic_ceiling.py [--streams banking77,clinc150] [--deltas 0.01,0.02,0.05]
+                                               [--prefixes 1000,3000 --orders 100,101,102]
+
+With ``--prefixes``, the same for the first N queries of each stream in each order (``--orders``: the seeds
+that shuffle it, as the generalisation runs of bench/semantic.py do; default the order as shipped): how far the
+target is on a short stream, where the oracle too has stored less.
 
 A *label oracle* that no real cache can be: it stores every prompt (hits included) and knows the true answer
 group of every stored prompt. For each query it predicts the group by a similarity-weighted vote of its 10
@@ -19,6 +24,7 @@ near the frontier is out of its reach whatever its decision rule.
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -80,28 +86,39 @@ def main() -> int:
     parser.add_argument("--streams", default="banking77,clinc150")
     parser.add_argument("--deltas", default="0.01,0.02,0.05")
     parser.add_argument("--embed-cache", type=Path, default=ROOT / ".evocache" / "embeddings")
+    parser.add_argument("--prefixes", default="", help="first N queries, comma-separated (default: whole streams)")
+    parser.add_argument("--orders", default="", help="shuffle seeds, comma-separated (default: as shipped)")
     args = parser.parse_args()
+    prefixes = [int(n) for n in args.prefixes.split(",") if n.strip()] or [None]
+    orders = [int(n) for n in args.orders.split(",") if n.strip()] or [None]
 
     from evocache.controller.semantic import SentenceTransformerEmbedder
     from evocache.controller.semantic._bench import VectorTable, best_static, embed_cached, read_rows
 
     deltas = [float(d) for d in args.deltas.split(",")]
     embedder = SentenceTransformerEmbedder()
-    print("| stream | δ | label-oracle frontier | best static (hindsight) | 1.25x static | share of the frontier |")
-    print("|---|---|---|---|---|---|")
+    print("| stream | order | queries | δ | label-oracle frontier | best static (hindsight) | 1.25x static | "
+          "share of the frontier |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in args.streams.split(","):
-        rows = read_rows(STREAMS[name])
-        texts = list(dict.fromkeys(r.prompt for r in rows))
+        shipped = read_rows(STREAMS[name])
+        texts = list(dict.fromkeys(r.prompt for r in shipped))
         table = VectorTable(texts, embed_cached(texts, embedder, args.embed_cache), embedder.name)
-        vecs = table.embed([r.prompt for r in rows])
-        confidence, correct = label_oracle([r.group for r in rows], vecs)
-        static = best_static(rows, vecs, deltas)
-        for delta in deltas:
-            ceiling = frontier(confidence, correct, delta)
-            needed = TARGET_RATIO * static[delta]["hit_rate"]
-            share = f"{needed / ceiling:.0%}" if ceiling else "n/a"
-            print(f"| {name} | {delta:g} | {ceiling:.3f} | {static[delta]['hit_rate']:.3f} | {needed:.3f} | "
-                  f"{share} |", flush=True)
+        for order in orders:
+            rows = list(shipped)
+            if order is not None:
+                random.Random(order).shuffle(rows)
+            for n in prefixes:
+                part = rows if n is None else rows[:n]
+                vecs = table.embed([r.prompt for r in part])
+                confidence, correct = label_oracle([r.group for r in part], vecs)
+                static = best_static(part, vecs, deltas)
+                for delta in deltas:
+                    ceiling = frontier(confidence, correct, delta)
+                    needed = TARGET_RATIO * static[delta]["hit_rate"]
+                    share = f"{needed / ceiling:.0%}" if ceiling else "n/a"
+                    print(f"| {name} | {'as shipped' if order is None else order} | {len(part)} | {delta:g} | "
+                          f"{ceiling:.3f} | {static[delta]['hit_rate']:.3f} | {needed:.3f} | {share} |", flush=True)
     return 0
 
 
