@@ -103,7 +103,24 @@ def test_unspent_credit_is_kept_up_to_the_burst() -> None:
     cache.insert(SCOPE, "e0", "t0 q0", "a")
     for _ in range(JUDGE_BURST + 500):
         cache.lookup(SCOPE, "t0 q0", max_error=0.05)
-    assert cache._judge_credit == 2.0 * JUDGE_BURST
+    assert cache._judge_credit == {SCOPE: 2.0 * JUDGE_BURST}
+
+
+def test_one_tenants_unspent_credit_never_pays_for_anothers_link_search() -> None:
+    vectors = Vectors(topics=2, per_topic=20)
+    judge = CountingJudge()
+    cache = SemanticCache(vectors, judge=judge, judge_budget=1.0)
+    quiet, busy = SCOPE, Scope("tenant-b", SCOPE.boundary)
+    prompts = [p for p in vectors.table if p.startswith("t0")]
+    cache.insert(quiet, "q0", prompts[0], "a")
+    for _ in range(50):  # the quiet tenant's exact hits earn it 50 calls
+        cache.lookup(quiet, prompts[0], max_error=0.05)
+    for i, prompt in enumerate(prompts[1:6]):  # the busy tenant: five clusters, never linked
+        cache.insert(busy, f"b{i}", prompt, f"answer {i}")
+    decision, _ = cache.lookup(busy, prompts[6], max_error=0.05)
+    cache.judge_miss(busy, prompts[6], "answer 9", decision)
+    stats = cache.stats()
+    assert (stats.judge_calls, stats.links_unjudged) == (1, 1)  # its verdict, then no credit of its own
 
 
 @pytest.mark.parametrize("budget", [0.5, 0, -1, True, float("inf"), float("nan"), "2"])

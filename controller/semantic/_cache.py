@@ -53,6 +53,8 @@ _PENDING = (
     4096  # lookups awaiting their judge verdict; older ones are forgotten (their miss was never judged)
 )
 JUDGE_BURST = 1000
+CREDIT_SCOPES = 4096
+"""Scopes whose judge credit is kept; one looked up after being forgotten starts again from nothing."""
 """Unspent judge credit is kept up to this many lookups' worth: a quiet stretch (exact hits, lookups with no
 neighbour) pays for the link search of a burst of new prompts after it, never for more than that."""
 
@@ -175,8 +177,8 @@ class SemanticCache:
     With ``merge=False`` the judging stops at the first equal answer (the candidate's included): fewer judge
     calls, less complete clusters.
 
-    ``judge_budget`` bounds the judge calls per lookup on average (None: no bound): every lookup earns that
-    many, a judged miss spends one on the candidate's verdict (always made: the error bound learns from it)
+    ``judge_budget`` bounds the judge calls per lookup on average (None: no bound), per scope: every lookup
+    earns its scope that many, a judged miss spends one on the candidate's verdict (always made: the error bound learns from it)
     and the link search spends what is left, most similar cluster first, stopping when the credit runs out;
     unspent credit is kept up to ``JUDGE_BURST`` lookups' worth. So a costly judge (a model call) costs a
     known share of the traffic; the default, 2, keeps most links (docs/semantic.md, 'Judge budget').
@@ -243,7 +245,9 @@ class SemanticCache:
                 f"got {judge_budget!r}"
             )
         self._judge_budget = None if judge_budget is None else float(judge_budget)
-        self._judge_credit = 0.0  # judge calls earned and not spent (``judge_budget``), under the lock
+        # Per scope, judge calls earned and not spent (``judge_budget``), under the lock: one tenant's quiet
+        # stretch never pays for another's link search. The least recently looked-up scopes are forgotten.
+        self._judge_credit: OrderedDict[Scope, float] = OrderedDict()
         self._merge = merge
         self._rng = rng if rng is not None else random.Random()
         self._lock = threading.RLock()
@@ -330,7 +334,10 @@ class SemanticCache:
         with self._lock:
             self._counts["lookups"] += 1
             if self._judge_budget is not None:
-                self._judge_credit = min(self._judge_credit + self._judge_budget, self._judge_budget * JUDGE_BURST)
+                credit = self._judge_credit.pop(scope, 0.0) + self._judge_budget
+                self._judge_credit[scope] = min(credit, self._judge_budget * JUDGE_BURST)
+                if len(self._judge_credit) > CREDIT_SCOPES:
+                    self._judge_credit.popitem(last=False)
             exact = self._exact.get((scope, prompt))
             if exact is not None:
                 self._counts["exact_hits"] += 1
@@ -568,7 +575,8 @@ class SemanticCache:
         self._prepare()
         with self._lock:
             self._counts["judge_calls"] += 1
-            self._judge_credit -= 1.0  # made whatever the credit: the bound learns from it
+            if scope in self._judge_credit:  # made whatever the credit: the bound learns from it
+                self._judge_credit[scope] -= 1.0
             self._counts["observations"] += 1
             if pending.explored:
                 self._counts["explored_wrong"] += not same
@@ -622,15 +630,15 @@ class SemanticCache:
                 else:
                     _remember(self._links, (scope, prompt), (answer, tuple(held)))
 
-    def _spend_judge_call(self) -> bool:
-        """Count one judge call for links and take it from the credit; False (nothing counted) when the
-        ``judge_budget`` has no whole call left."""
+    def _spend_judge_call(self, scope: Scope) -> bool:
+        """Count one judge call for links and take it from ``scope``'s credit; False (nothing counted) when the
+        ``judge_budget`` leaves the scope no whole call."""
         with self._lock:
             if self._judge_budget is not None:
-                if self._judge_credit < 1.0:
+                if self._judge_credit.get(scope, 0.0) < 1.0:
                     self._counts["links_unjudged"] += 1
                     return False
-                self._judge_credit -= 1.0
+                self._judge_credit[scope] -= 1.0
             self._counts["judge_calls"] += 1
             return True
 
@@ -669,12 +677,12 @@ class SemanticCache:
                 continue
             tried.add(root)
             try:
-                if not self._spend_judge_call():
+                if not self._spend_judge_call(scope):
                     break
                 if not self._judge(answer, ref):
                     continue
                 if links:  # a second cluster: its answer must equal the first linked one's as well
-                    if not self._spend_judge_call():
+                    if not self._spend_judge_call(scope):
                         break
                     if not self._judge(links[0][1], ref):
                         continue
