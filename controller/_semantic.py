@@ -83,6 +83,16 @@ class SharedRedis:
         check_secret(self.secret, "SharedRedis.secret")
 
 
+def _prior_for(embedder: Embedder) -> Any:
+    """The shipped error-model prior when it was fitted on ``embedder``'s similarities, else None: a prior
+    fitted on another embedder's similarity scale would start the model miscalibrated (docs/semantic.md,
+    'Prior')."""
+    from .semantic._prior import SHIPPED_PRIOR, shipped_prior
+
+    fitted = shipped_prior().meta.get("fit", {})
+    return SHIPPED_PRIOR if isinstance(fitted, dict) and fitted.get("embedder") == embedder.name else None
+
+
 @dataclass(frozen=True, slots=True)
 class JudgeLimits:
     """How much judging a miss may bring (``SemanticCache``): ``links``, the other answer clusters judged for
@@ -266,7 +276,9 @@ class SemanticLayer:
                 cache = self._caches.get(key)
                 if cache is None:
                     spec = plan.spec
-                    policy = PolicyOptions(mode=spec.mode, explore=spec.explore, threshold=spec.threshold).build()
+                    policy = PolicyOptions(
+                        mode=spec.mode, explore=spec.explore, threshold=spec.threshold, prior=_prior_for(embedder)
+                    ).build()
                     cache = SemanticCache(
                         embedder, index=index, judge=judge, policy=policy, link_tries=limits.links,
                         judge_budget=limits.budget, rng=self._rng,

@@ -149,3 +149,16 @@ def test_two_runtimes_built_with_the_same_rng_explore_the_same_calls():
 def test_build_runtime_refuses_an_rng_that_is_not_a_random_random():
     with pytest.raises(TypeError, match=r"build_runtime\(rng=\) takes a random.Random or None, got int"):
         build_runtime(StoreConfig(), rng=7)  # type: ignore[arg-type]
+
+
+def test_the_shipped_prior_starts_a_rule_only_on_the_embedder_it_was_fitted_on():
+    # the prior's weights read MiniLM similarities; another embedder's scale would start the model miscalibrated
+    other = SemanticLayer(SemanticConfig(shared=False), embedder=HashEmbedder())
+    minilm = SemanticLayer(SemanticConfig(shared=False))
+    try:
+        assert other.cache_for("f", plan("p1"), lambda a, b: a == b)._policy.model.prior is None
+        started = minilm.cache_for("f", plan("p1"), lambda a, b: a == b)._policy.model.prior
+        assert started is not None and started.meta["fit"]["embedder"] == minilm.embedder.name
+    finally:
+        other.close()
+        minilm.close()
