@@ -36,13 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from evocache.controller import canary_for
 from evocache.controller import StoreConfigError
-from evocache.controller.eviction import (
-    EntryInfo,
-    EvictionPolicy,
-    LearnedBase,
-    LearnedModelError,
-    make_eviction_policy,
-)
+from evocache.controller.eviction import EntryInfo, EvictionPolicy, make_eviction_policy, start_from_model
 from evocache.dsl import Policy
 
 from ._types import Outcome, Request
@@ -172,20 +166,13 @@ class Simulator:
     def _start_eviction(self, policy: Policy) -> EvictionPolicy:
         """The eviction class ``policy`` names, started from the trained model it names (if any)."""
         name, model = eviction_name(policy), policy.eviction.model
+        if model is not None and self._models is None:
+            raise StoreConfigError(
+                f"policy {policy.ref}: eviction.model: no models directory to read it from (Simulator(models=))"
+            )
         built = self._build_eviction(name)
         self._eviction_spec = (name, model)
-        if model is None:
-            return built
-        try:
-            if self._models is None:
-                raise LearnedModelError("no models directory to read it from (Simulator(models=))")
-            if not isinstance(built, LearnedBase):
-                raise LearnedModelError(f"{type(built).__name__} takes no trained model")
-            built.load_model(self._models / model)
-        except (OSError, LearnedModelError) as exc:
-            built.close()
-            raise StoreConfigError(f"policy {policy.ref}: eviction.model: {exc}") from exc
-        return built
+        return start_from_model(built, None if model is None else self._models / model, policy.ref)
 
     def _build_eviction(self, name: str) -> EvictionPolicy:
         return make_eviction_policy(

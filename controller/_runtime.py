@@ -32,8 +32,8 @@ from ._semantic import SemanticLayer, SharedRedis
 from ._slo import SloBreakers
 from ._store_config import EventsConfig, StoreConfig
 from ._types import Namespace, TierName
-from .errors import LearnedModelError, StoreConfigError, TierUnavailable
-from .eviction import LearnedBase, make_eviction_policy
+from .errors import StoreConfigError, TierUnavailable
+from .eviction import make_eviction_policy, start_from_model
 from .tiers import DiskTier, MemoryTier, RedisTier, Tier, TieredStore
 
 if TYPE_CHECKING:
@@ -238,18 +238,9 @@ def _l1_policy(config: StoreConfig, policy: Policy | None, *, background: bool) 
     """L1's eviction policy for ``policy``, started from the trained model it names (if any). Raises
     ``StoreConfigError`` for a model file that is missing, unreadable or not a model this policy can use;
     nothing is left running then."""
+    path = _l1_model(config, policy)  # before anything is built: a store without the directory refuses
     built = make_eviction_policy(_l1_eviction(config, policy), capacity=config.l1.bytes, background=background)
-    path = _l1_model(config, policy)
-    if path is None:
-        return built
-    try:
-        if not isinstance(built, LearnedBase):
-            raise LearnedModelError(f"{type(built).__name__} takes no trained model")
-        built.load_model(path)
-    except (OSError, LearnedModelError) as exc:
-        built.close()
-        raise StoreConfigError(f"policy {policy.ref}: eviction.model: {exc}") from exc
-    return built
+    return start_from_model(built, path, policy.ref if policy is not None else "")
 
 
 def _l3_eviction(policy: Policy | None) -> str:

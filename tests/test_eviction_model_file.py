@@ -175,3 +175,11 @@ def test_the_language_checks_the_model_name_where_it_is_written(eviction: str, w
         parse_policy(policy_text(eviction), "chat.yaml")
     text = str(caught.value)
     assert where in text and says in text
+
+
+def test_a_fifo_at_the_model_path_is_refused_not_waited_on(models: Path) -> None:
+    import os
+
+    os.mkfifo(models / "chat-eviction-v9.json")
+    with pytest.raises(StoreConfigError, match=r"eviction\.model: .*not a regular file"):
+        check_policy(learned("chat-eviction-v9.json"), store(models))

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 from typing import Any
+
+from ..errors import StoreConfigError
 
 from ._arc import ARCPolicy
 from ._base import BuildContext, Clock, EntryInfo, EvictionPolicy
@@ -48,6 +51,7 @@ __all__ = [
     "TrainingWindow",
     "WeightedPolicy",
     "make_eviction_policy",
+    "start_from_model",
 ]
 
 EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
@@ -80,3 +84,20 @@ def make_eviction_policy(
     context = BuildContext(EVICTION_POLICIES, capacity=capacity, background=background, clock=clock,
                            rng=rng if rng is not None else random.Random(0))
     return context.build(name, **options)
+
+
+def start_from_model(policy: EvictionPolicy, path: Path | None, ref: str) -> EvictionPolicy:
+    """``policy`` (just built for the policy document ``ref``) started from the trained model in ``path``
+    (``eviction.model``; None: as it is). Raises ``StoreConfigError`` naming ``eviction.model`` for a file that
+    is missing, unreadable or not a model this policy can use, after closing ``policy``: nothing is left
+    running."""
+    if path is None:
+        return policy
+    try:
+        if not isinstance(policy, LearnedBase):
+            raise LearnedModelError(f"{type(policy).__name__} takes no trained model")
+        policy.load_model(path)
+    except (OSError, LearnedModelError) as exc:
+        policy.close()
+        raise StoreConfigError(f"policy {ref}: eviction.model: {exc}") from exc
+    return policy

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._files import read_bounded
 from ..errors import LearnedModelError
 
 if TYPE_CHECKING:
@@ -121,8 +122,7 @@ class LearnedModel:
     def load(cls, path: str | Path, *, features: Sequence[str] | None = None) -> LearnedModel:
         """``from_json`` of the file at ``path``; errors name the file. A file over ``MAX_MODEL_BYTES`` is
         refused before it is read whole. Raises ``OSError`` when it cannot be read."""
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_MODEL_BYTES + 1)
+        data, _ = read_bounded(path, MAX_MODEL_BYTES)  # a FIFO or device at the path is refused, not waited on
         if len(data) > MAX_MODEL_BYTES:
             raise LearnedModelError(f"{path}: larger than {MAX_MODEL_BYTES} bytes, not a model this policy reads")
         try:

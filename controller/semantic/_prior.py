@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._files import read_bounded
 from ..errors import SemanticError
 from ._neighbourhood import FEATURES
 
@@ -154,8 +155,7 @@ class ErrorPrior:
     def load(cls, path: str | Path) -> ErrorPrior:
         """``from_json`` of the file at ``path``; errors name the file. A file over ``MAX_PRIOR_BYTES`` is
         refused before it is read whole. ``OSError`` when it cannot be read."""
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_PRIOR_BYTES + 1)
+        data, _ = read_bounded(path, MAX_PRIOR_BYTES)  # a FIFO or device at the path is refused, not waited on
         if len(data) > MAX_PRIOR_BYTES:
             raise SemanticError(f"{path}: larger than {MAX_PRIOR_BYTES} bytes, not a prior")
         try:
