@@ -744,7 +744,7 @@ def test_a_misspelt_or_misplaced_policy_option_is_refused() -> None:
         PacerOptions(confidence=1.0)
     with pytest.raises(TypeError, match="options must be a PacerOptions, got dict"):
         Pacer({"window": 10})  # type: ignore[arg-type]
-    assert PolicyOptions(mode="static", threshold=0.9).build().readings() == (0.9, 1.0)
+    assert PolicyOptions(mode="static", threshold=0.9).build().readings() == (0.9, 1.0, False)
 
 
 def test_each_policy_explains_an_exact_hit_and_its_readings() -> None:
@@ -754,7 +754,12 @@ def test_each_policy_explains_an_exact_hit_and_its_readings() -> None:
     assert static.exact(SCOPE, "e1") == SemanticDecision(True, False, "e1", 1.0, 0.9, 0.0)
     assert static.readings(SCOPE) == Readings(0.9, 1.0)
     # no pacer for the scope yet; no verdict yet: the calibration is the prior's alone
-    assert bounded.readings(SCOPE) == Readings(0.0, bounded.calibration.start)
+    assert bounded.readings(SCOPE) == Readings(0.0, bounded.calibration.start, False)
     assert bounded.exact(SCOPE, "e1") == SemanticDecision(True, False, "e1", 1.0, 0.0, 0.0)
     assert bounded.pacer_of(SCOPE).lookups == 1  # the exact hit counts in the scope's per-lookup rate
     assert (static.reads_shares, static.learns, bounded.reads_shares, bounded.learns) == (False, False, True, True)
+    # a calibrated model explored long enough: the sequence's own bound replaces the prior's cap
+    for i in range(1, 5001):
+        bounded.calibration.explored(0.02, i % 50 == 0)
+    readings = bounded.readings(SCOPE)
+    assert readings.bounded and readings.calibration == bounded.calibration.upper < bounded.calibration.start

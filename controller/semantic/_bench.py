@@ -237,6 +237,7 @@ def replay_prefixes(
                 "explored_wrong": stats.explored_wrong - before.explored_wrong,
                 "final_cutoff": stats.cutoff,
                 "calibration": stats.calibration,
+                "calibration_bounded": stats.calibration_bounded,
             }
     return [at[n] for n in lengths]
 

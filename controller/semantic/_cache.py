@@ -79,6 +79,7 @@ class SemanticStats:
     links_dropped: int = 0  # link judging a full background queue could not take (judge_miss's ``defer``)
     links_unjudged: int = 0  # link searches the judge budget stopped (``judge_budget``)
     fit_errors: int = 0  # answer classifier refits that failed or could not be handed over: logged, model kept
+    calibration_bounded: bool = False  # ``calibration`` is the confidence sequence's bound, not the prior's cap
 
     @property
     def realised_error(self) -> float:
@@ -721,8 +722,8 @@ class SemanticCache:
         """The counters (over all scopes); ``cutoff`` is ``scope``'s (each scope paces its own budget; by
         default the scope looked up last; 0.0 for a scope without a pacer), ``calibration`` the shared one."""
         with self._lock:
-            cutoff, calibration = self._policy.readings(scope)
-            return SemanticStats(**self._counts, cutoff=cutoff, calibration=calibration)
+            cutoff, calibration, bounded = self._policy.readings(scope)
+            return SemanticStats(**self._counts, cutoff=cutoff, calibration=calibration, calibration_bounded=bounded)
 
     def answer_ref(self, entry_id: str) -> Any:
         """The answer ref stored with ``entry_id``; ``KeyError`` if it is not held."""

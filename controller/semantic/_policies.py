@@ -98,10 +98,13 @@ class StaticPolicy:
 
 
 class Readings(NamedTuple):
-    """What ``SemanticStats`` reports of a policy: the cut-off a scope decides against, and the calibration."""
+    """What ``SemanticStats`` reports of a policy: the cut-off a scope decides against, the calibration, and
+    whether that calibration is the confidence sequence's own bound (False while the prior's cap binds, and for
+    a policy without one)."""
 
     cutoff: float
     calibration: float
+    bounded: bool = False
 
 
 class DecisionPolicy(Protocol):
@@ -373,7 +376,7 @@ class BoundedPolicy:
         """``scope``'s cut-off (by default the scope looked up last; 0.0 for a scope without a pacer) and the
         shared calibration."""
         pacer = self.pacer if scope is None else self.pacer_of(scope)
-        return Readings(0.0 if pacer is None else pacer.current, self.calibration.value)
+        return Readings(0.0 if pacer is None else pacer.current, self.calibration.value, self.calibration.bounded)
 
     def prepare(self) -> None:
         """Called before ``observe``, outside the caller's lock: loads what the model's fit needs."""
