@@ -4,6 +4,7 @@ The analysis behind docs/semantic.md, 'Ceiling'.
 
     .venv/bin/python bench/semantic_ceiling.py [--streams banking77,clinc150] [--deltas 0.01,0.02,0.05]
                                                [--prefixes 1000,3000 --orders 100,101,102]
+    .venv/bin/python bench/semantic_ceiling.py --losses [--prefixes 1000,3000 --orders 100,101,102]
 
 With ``--prefixes``, the same for the first N queries of each stream in each order (``--orders``: the seeds
 that shuffle it, as the generalisation runs of bench/semantic.py do; default the order as shipped): how far the
@@ -19,11 +20,21 @@ Printed next to it: the best static threshold of `bench/semantic.py` (stored on 
 chosen in hindsight), the 1.25x that the target asks, and that as a share of the frontier. A real cache learns
 the groups only through its judge, stores only misses and explores about 5 % of its would-be hits, so a target
 near the frontier is out of its reach whatever its decision rule.
+
+With ``--losses``, what each part of the real cache costs a short stream, at delta 0.02: the generalisation runs
+of bench/semantic.py (each stream's prefixes in each order, cold and after the other stream's first 3,000
+queries, the prior fitted without the stream) replayed side by side with the same cache made less careful one
+part at a time, each step keeping the ones before: "known ratio", the calibration fixed at 1 (the error model's
+estimates taken as they are, as if the ratio of wrong answers to estimates were known: what the confidence
+sequence's width costs); "no exploration", nothing explored (what the uniform sample costs); "unbounded judge",
+no judge budget (what the budget's cut link searches cost). The steps after the first are not valid caches:
+nothing bounds their error, which is printed next to their hit rate.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import sys
 from pathlib import Path
@@ -81,6 +92,75 @@ def label_oracle(groups: list[str], vecs: np.ndarray, k: int = 10) -> tuple[np.n
     return confidence, correct
 
 
+LOSS_STEPS = ("as shipped", "known ratio", "no exploration", "unbounded judge")
+
+
+def losses(streams: list[str], prefixes: list[int], orders: list[int], embed_cache: Path, delta: float = 0.02) -> int:
+    """The ``--losses`` table (module docstring): one row per step, prefix length and run kind."""
+    from evocache.controller.semantic import SentenceTransformerEmbedder
+    from evocache.controller.semantic._bench import (
+        VectorTable,
+        best_static,
+        embed_cached,
+        read_rows,
+        replay_prefixes,
+    )
+    from evocache.controller.semantic._pacing import Calibration
+    from evocache.controller.semantic._policies import PolicyOptions
+
+    class KnownRatio(Calibration):
+        """A calibration that never widens: the model's estimates at face value."""
+
+        @property
+        def value(self) -> float:
+            return 1.0
+
+        @property
+        def bounded(self) -> bool:
+            return True
+
+    embedder = SentenceTransformerEmbedder()
+    rows = {name: read_rows(STREAMS[name]) for name in STREAMS}
+    text_sets = [list(dict.fromkeys(r.prompt for r in stream)) for stream in rows.values()]
+    vecs = np.concatenate([embed_cached(texts, embedder, embed_cache) for texts in text_sets])
+    table = VectorTable([t for texts in text_sets for t in texts], vecs, embedder.name)
+    results: dict[tuple[str, int, str], list[tuple[float, float, float, float]]] = {}
+    for name in streams:
+        other = next(o for o in STREAMS if o != name)
+        for order in orders:
+            stream = list(rows[name])
+            random.Random(order).shuffle(stream)
+            stream = stream[: max(prefixes)]
+            statics = {n: best_static(stream[:n], table.embed([r.prompt for r in stream[:n]]), [delta])[delta]
+                       for n in prefixes}
+            for warm in (None, other):
+                for step, label in enumerate(LOSS_STEPS):
+                    policy = PolicyOptions(explore=0.0 if step >= 2 else 0.05,
+                                           prior=_BENCH.held_out_prior(name)).build()
+                    if step >= 1:
+                        policy.calibration = KnownRatio(prior=policy.calibration.prior)
+                    reports = replay_prefixes(stream, table, delta, prefixes, seed=order, policy=policy,
+                                              warmup=rows[warm][:3000] if warm else (),
+                                              judge_budget=None if step >= 3 else 2.0)
+                    for n, evo in zip(prefixes, reports, strict=True):
+                        static = statics[n]["hit_rate"]
+                        ratio = evo["hit_rate"] / static if static else math.nan  # nothing static serves: n/a
+                        kind = "cross" if warm else "prefix"
+                        results.setdefault((label, n, kind), []).append(
+                            (ratio, evo["error_rate"], evo["exploration_calls"] / n, evo["judge_calls"] / n))
+                        print(f"[{label}: {kind} {name} {order} n {n}] hit {evo['hit_rate']:.3f} err "
+                              f"{evo['error_rate']:.4f} ratio {ratio:.2f}", file=sys.stderr, flush=True)
+    print(f"| step | queries | run | runs | ratio, mean (min-max) | error, max (δ {delta:g}) | explored / query | "
+          "judge calls / query |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (label, n, kind), got in results.items():
+        ratios = [g[0] for g in got]
+        print(f"| {label} | {n} | {kind} | {len(got)} | {np.mean(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) | "
+              f"{max(g[1] for g in got):.4f} | {np.mean([g[2] for g in got]):.3f} | "
+              f"{np.mean([g[3] for g in got]):.2f} |")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
     parser.add_argument("--streams", default="banking77,clinc150")
@@ -88,7 +168,12 @@ def main() -> int:
     parser.add_argument("--embed-cache", type=Path, default=ROOT / ".evocache" / "embeddings")
     parser.add_argument("--prefixes", default="", help="first N queries, comma-separated (default: whole streams)")
     parser.add_argument("--orders", default="", help="shuffle seeds, comma-separated (default: as shipped)")
+    parser.add_argument("--losses", action="store_true",
+                        help="what each part of the cache costs short streams at δ 0.02 (module docstring)")
     args = parser.parse_args()
+    if args.losses:
+        return losses(args.streams.split(","), [int(n) for n in (args.prefixes or "1000,3000").split(",")],
+                      [int(n) for n in (args.orders or "100,101,102").split(",")], args.embed_cache)
     prefixes = [int(n) for n in args.prefixes.split(",") if n.strip()] or [None]
     orders = [int(n) for n in args.orders.split(",") if n.strip()] or [None]
 

@@ -474,6 +474,19 @@ def test_a_prefix_of_one_replay_is_the_replay_of_that_prefix() -> None:
         replay_prefixes(rows, table, 0.05, [0, 10])
 
 
+def test_a_replay_given_a_policy_decides_with_it() -> None:
+    from evocache.controller.semantic._policies import PolicyOptions
+
+    streams, _, table = _two_streams()
+    rows = streams["banking77"]
+    built = PolicyOptions(explore=0.2).build()
+    given = replay_prefixes(rows, table, 0.05, [len(rows)], seed=3, policy=built)[0]
+    # the same figures as the replay that builds that policy itself, and the verdicts reached the policy given
+    assert given == replay_prefixes(rows, table, 0.05, [len(rows)], seed=3, explore=0.2)[0]
+    assert built.calibration.n == given["exploration_calls"] > 0
+    assert given["calibration_bounded"] is built.calibration.bounded
+
+
 def test_the_generalisation_runs_prefixes_cross_domain_and_pairs(tmp_path: Path, monkeypatch) -> None:
     semantic = _bench_module("semantic")
     args = semantic.options(["--generalisation", "--gen-prefixes", "60,all", "--gen-shuffles", "2",

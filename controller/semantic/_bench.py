@@ -41,7 +41,7 @@ from ._cache import SemanticCache, SemanticStats
 from ._config import DEFAULT_JUDGE_BUDGET
 from ._embed import Embedder
 from ._index import Scope
-from ._policies import PolicyOptions
+from ._policies import DecisionPolicy, PolicyOptions
 from ._prior import SHIPPED_PRIOR  # ``prior=``: the error model's prior file of every replay (None: none)
 
 __all__ = [
@@ -202,16 +202,19 @@ def replay_prefixes(
     classify: bool = True,
     prior: str | Path | None = SHIPPED_PRIOR,
     judge_budget: float | None = DEFAULT_JUDGE_BUDGET,
+    policy: DecisionPolicy | None = None,
 ) -> list[dict[str, Any]]:
     """``replay_stream``'s report of each prefix ``rows[:n]``, n in ``lengths`` (each in 1 .. len(rows)), from one
     replay of the longest: a cache decides each lookup from the ones before it, so the first n lookups of a
-    longer stream are the stream of n lookups, and their figures are read as the replay passes n."""
+    longer stream are the stream of n lookups, and their figures are read as the replay passes n. ``policy``: a
+    fresh policy to replay instead of the one ``mode``, ``explore``, ``threshold`` and ``prior`` build (an
+    ablation: ``bench/semantic_ceiling.py --losses``)."""
     if not all(1 <= n <= len(rows) for n in lengths):
         raise ValueError(f"prefix lengths must be in 1 .. {len(rows)}, got {list(lengths)}")
-    cache = SemanticCache(
-        table, policy=PolicyOptions(mode=mode, explore=explore, threshold=threshold, prior=prior).build(),
-        rng=random.Random(seed), classify=classify, judge_budget=judge_budget,
-    )
+    if policy is None:
+        policy = PolicyOptions(mode=mode, explore=explore, threshold=threshold, prior=prior).build()
+    cache = SemanticCache(table, policy=policy, rng=random.Random(seed), classify=classify,
+                          judge_budget=judge_budget)
     before = _warm_up(cache, warmup, delta)
     wanted = set(lengths)
     at: dict[int, dict[str, Any]] = {}
