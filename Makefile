@@ -60,7 +60,7 @@ bench-semantic: $(VENV)/.stamp-test
 
 # The semantic cache on traffic it was not tuned on (bench/semantic.py --generalisation): 1,000- and 3,000-query
 # prefixes of each stream in three orders, cold and after the other stream's first 3,000 queries, and the fow pairs
-# as a stream in three orders, at δ = 0.02 (whole streams: bench-semantic). About 20 minutes on two cores.
+# as a stream in three orders, at δ = 0.02 (whole streams: bench-semantic). About 5 minutes on two cores.
 bench-semantic-generalisation: $(VENV)/.stamp-test
 	$(PY) bench/semantic.py --generalisation --gen-prefixes 1000,3000 --gen-warmup 3000 --gen-shuffles 3 \
 		--gen-pairs-seeds 0,1,2 --results $(RESULTS)

@@ -1307,7 +1307,7 @@ def headline(results: Mapping[str, Result]) -> str:
     ratios = [r.ratio for r in short if r.ratio is not None]
     body.append([f"Semantic hit rate on traffic it was not tuned on: the first {short[0].n:,} queries of each stream, "
                  f"cold and after learning the other stream, against the best fixed threshold chosen in hindsight on "
-                 f"those queries, δ = {short[0].delta:g}",
+                 f"those queries, δ = {HEADLINE_DELTA:g}",
                  f"{span(ratios, '.2f') if ratios else 'n/a'}× (mean {sum(ratios) / max(len(ratios), 1):.2f}×, target "
                  f"{TARGET_RATIO:g}× met in {sum(x >= TARGET_RATIO for x in ratios)} of {len(short)} runs); error within "
                  f"δ in {sum(r.error_rate <= r.delta for r in short)} of {len(short)}, at most "

@@ -330,18 +330,15 @@ JUDGE_BUDGET = 2.0  # judge calls per query a run may make on average
 
 
 def generalisation_main(args: Options) -> int:
-    import numpy as np
     from evocache.controller.semantic import SentenceTransformerEmbedder
-    from evocache.controller.semantic._bench import VectorTable, embed_cached, read_rows
+    from evocache.controller.semantic._bench import embedded_table, read_rows
 
-    embedder = SentenceTransformerEmbedder()
     streams = {name: read_rows(STREAMS[name]) for name in args.streams}
     pairs = read_rows(PAIRS)
     # One text set per stream, as the stream table embeds them, so both read the same cached embeddings.
     text_sets = [list(dict.fromkeys(r.prompt for r in rows)) for rows in streams.values()]
     text_sets.append(list(dict.fromkeys(t for p in pairs for t in (p.a, p.b))))
-    vecs = np.concatenate([embed_cached(texts, embedder, args.embed_cache) for texts in text_sets])
-    table = VectorTable([t for texts in text_sets for t in texts], vecs, embedder.name)
+    table = embedded_table(text_sets, SentenceTransformerEmbedder(), args.embed_cache)
     rows = generalisation(args, streams, pairs, table)
     (args.out / "generalisation.json").write_text(json.dumps(rows, indent=2) + "\n")
     (args.out / "generalisation.md").write_text(

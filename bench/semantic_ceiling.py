@@ -98,13 +98,7 @@ LOSS_STEPS = ("as shipped", "known ratio", "no exploration", "unbounded judge")
 def losses(streams: list[str], prefixes: list[int], orders: list[int], embed_cache: Path, delta: float = 0.02) -> int:
     """The ``--losses`` table (module docstring): one row per step, prefix length and run kind."""
     from evocache.controller.semantic import SentenceTransformerEmbedder
-    from evocache.controller.semantic._bench import (
-        VectorTable,
-        best_static,
-        embed_cached,
-        read_rows,
-        replay_prefixes,
-    )
+    from evocache.controller.semantic._bench import best_static, embedded_table, read_rows, replay_prefixes
     from evocache.controller.semantic._pacing import Calibration
     from evocache.controller.semantic._policies import PolicyOptions
 
@@ -119,11 +113,9 @@ def losses(streams: list[str], prefixes: list[int], orders: list[int], embed_cac
         def bounded(self) -> bool:
             return True
 
-    embedder = SentenceTransformerEmbedder()
     rows = {name: read_rows(STREAMS[name]) for name in STREAMS}
-    text_sets = [list(dict.fromkeys(r.prompt for r in stream)) for stream in rows.values()]
-    vecs = np.concatenate([embed_cached(texts, embedder, embed_cache) for texts in text_sets])
-    table = VectorTable([t for texts in text_sets for t in texts], vecs, embedder.name)
+    table = embedded_table([list(dict.fromkeys(r.prompt for r in stream)) for stream in rows.values()],
+                           SentenceTransformerEmbedder(), embed_cache)
     results: dict[tuple[str, int, str], list[tuple[float, float, float, float]]] = {}
     for name in streams:
         other = next(o for o in STREAMS if o != name)
@@ -171,11 +163,11 @@ def main() -> int:
     parser.add_argument("--losses", action="store_true",
                         help="what each part of the cache costs short streams at δ 0.02 (module docstring)")
     args = parser.parse_args()
-    if args.losses:
-        return losses(args.streams.split(","), [int(n) for n in (args.prefixes or "1000,3000").split(",")],
-                      [int(n) for n in (args.orders or "100,101,102").split(",")], args.embed_cache)
     prefixes = [int(n) for n in args.prefixes.split(",") if n.strip()] or [None]
     orders = [int(n) for n in args.orders.split(",") if n.strip()] or [None]
+    if args.losses:  # short streams in the generalisation runs' orders unless told otherwise
+        return losses(args.streams.split(","), [1000, 3000] if prefixes == [None] else prefixes,
+                      [100, 101, 102] if orders == [None] else orders, args.embed_cache)
 
     from evocache.controller.semantic import SentenceTransformerEmbedder
     from evocache.controller.semantic._bench import VectorTable, best_static, embed_cached, read_rows

@@ -50,6 +50,7 @@ __all__ = [
     "VectorTable",
     "best_static",
     "embed_cached",
+    "embedded_table",
     "pair_rows",
     "read_rows",
     "replay_pairs",
@@ -161,6 +162,13 @@ class VectorTable:
 
     def fits(self, text: str) -> bool:
         return True  # the vectors were made from the whole texts
+
+
+def embedded_table(text_sets: Sequence[Sequence[str]], embedder: Embedder, cache_dir: str | Path | None) -> VectorTable:
+    """One ``VectorTable`` over several text sets (a stream's prompts, the pairs' texts), each embedded by
+    ``embed_cached`` as a set of its own, so every bench that embeds the same set reads the same cached file."""
+    vecs = np.concatenate([embed_cached(texts, embedder, cache_dir) for texts in text_sets])
+    return VectorTable([t for texts in text_sets for t in texts], vecs, embedder.name)
 
 
 # --- the stream --------------------------------------------------------------------------------------------
