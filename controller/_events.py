@@ -14,10 +14,10 @@ decisions of a rule it tripped carry reason ``slo-breaker``. A model replica wit
 after each call whose model ran with the cache present, a ``kv`` event: the key, namespace, rule and policy of
 that call's decision, ``size`` the prompt tokens served from cached keys and values, ``tier`` the deepest tier
 they came from (None when none), ``latency_ms`` the time spent loading blocks from L2/L3, ``reason`` why the
-first block missed (``never-seen``, ``evicted``, ``other-tenant``, ``partial-block``, ``below-min-tokens``,
-``off``, ``corrupt``; empty when none did) and ``kv`` the whole usage (``serving.kv.KvUsage.as_dict``). ``kv``
-events are not accesses: replay skips them, as it skips ``bypass`` and the breaker's. A sink that fails never
-fails a call: its errors are logged and counted in ``errors``.
+first block missed (``never-seen``, also for tokens another tenant sent; ``evicted``, ``partial-block``,
+``below-min-tokens``, ``off``, ``corrupt``; empty when none did) and ``kv`` the whole usage
+(``serving.kv.KvUsage.as_dict``). ``kv`` events are not accesses: replay skips them, as it skips ``bypass``
+and the breaker's. A sink that fails never fails a call: its errors are logged and counted in ``errors``.
 """
 
 from __future__ import annotations

@@ -88,18 +88,40 @@ def test_blocks_come_back_from_l2_and_l3_into_a_cold_replica_exactly(generator, 
         runtime.close()
 
 
-def test_no_block_crosses_tenants_and_the_miss_says_so(generator):
+def comparable(usage: KvUsage) -> dict:
+    """A request's usage without its timings: what the cache did, which a tenant's guess must not change."""
+    return {k: v for k, v in usage.as_dict().items() if k not in ("load_ms", "prefetch_ms", "hidden_ms")}
+
+
+def test_no_block_crosses_tenants_and_the_miss_is_that_of_a_prompt_nobody_sent(generator):
     ids = prompt_ids(40, seed=2)
     attach(generator)
     run(generator, ids, plan_for("acme"), KvUsage())
-    other = KvUsage()
-    run(generator, ids, plan_for("globex"), other)
-    assert other.cached_tokens == 0 and other.miss == "other-tenant"
+    guess, fresh = KvUsage(), KvUsage()
+    run(generator, ids, plan_for("globex"), guess)  # acme's prompt, guessed by globex
+    run(generator, prompt_ids(40, seed=12), plan_for("globex"), fresh)  # a prompt nobody sent
+    assert guess.cached_tokens == 0 and guess.miss == "never-seen"
+    assert comparable(guess) == comparable(fresh)
     shared = KvPlan(salt=".kv-shared")
     run(generator, ids, shared, KvUsage())
     again = KvUsage()
     run(generator, ids, KvPlan(salt=".kv-shared"), again)
     assert again.cached_tokens == 32  # a shared prefix is shared only when the rule says so
+
+
+def test_an_evicted_prefix_is_evicted_only_for_the_tenant_that_stored_it(generator):
+    ids = prompt_ids(40, seed=13)
+    four_blocks = 4 * BlockGeometry.of_model(generator.model, 8).block_bytes()
+    kv = attach(generator, l1_bytes=four_blocks, eviction="lru")
+    run(generator, ids, plan_for("acme"), KvUsage())
+    run(generator, prompt_ids(40, seed=14), plan_for("acme"), KvUsage())  # pushes the first prompt out of L1
+    assert not any(h in kv.l1 for h in kv.hashes(ids, plan_for("acme").salt))
+    mine, guess, fresh = KvUsage(), KvUsage(), KvUsage()
+    run(generator, ids, plan_for("globex"), guess)
+    run(generator, prompt_ids(40, seed=15), plan_for("globex"), fresh)
+    run(generator, ids, plan_for("acme"), mine)
+    assert mine.miss == "evicted"  # the tenant that stored it learns its own block went
+    assert guess.miss == fresh.miss == "never-seen" and comparable(guess) == comparable(fresh)
 
 
 def test_a_prompt_shorter_than_a_block_and_an_off_plan_compute_everything(generator):

@@ -142,19 +142,56 @@ def test_the_metrics_count_tokens_per_tier_after_two_requests_sharing_a_prefix(s
 def test_each_miss_reason_is_counted(server):
     metrics = server.runtime.metrics
     server.complete(request(server, FIRST))  # never-seen
-    server.complete(request(server, FIRST, tenant="globex"))  # the same tokens, another tenant's blocks
+    server.complete(request(server, FIRST, tenant="globex"))  # the same tokens, another tenant: never-seen too
     server.complete(request(server, prompt_ids(40, seed=5), max_tokens=5))  # the rule's min_tokens: 1000
     held = server.kv.l1.used
     server.complete(request(server, prompt_ids(40, seed=6), max_tokens=3))  # the rule's kv: off
     reasons = {r: metrics.value("evocache_kv_misses_total", reason=r)
-               for r in ("never-seen", "other-tenant", "below-min-tokens", "off")}
-    assert reasons == {"never-seen": 1, "other-tenant": 1, "below-min-tokens": 1, "off": 1}
+               for r in ("never-seen", "below-min-tokens", "off")}
+    assert reasons == {"never-seen": 2, "below-min-tokens": 1, "off": 1}
     assert [(e.rule, e.reason) for e in events(server, "kv")] == [
-        ("chat", "never-seen"), ("chat", "other-tenant"), ("long-prompts-only", "below-min-tokens"),
+        ("chat", "never-seen"), ("chat", "never-seen"), ("long-prompts-only", "below-min-tokens"),
         ("kv-off", "off")]
     off = events(server, "kv")[-1]
     assert off.kv["recomputed"] == off.kv["prompt_tokens"] == 40 and off.kv["stored_blocks"] == 0
     assert server.kv.l1.used == held  # a request the rule keeps off the cache stores nothing
+
+
+KV_COUNTERS = ("evocache_kv_recomputed_tokens_total", "evocache_kv_l1_evictions_total",
+               "evocache_kv_load_seconds_count")
+
+
+def kv_counts(server: ModelServer) -> dict[str, float]:
+    """Every KV counter the replica exposes (misses by each reason, reused tokens by each tier), by name."""
+    value = server.runtime.metrics.value
+    counts = {name: value(name) for name in KV_COUNTERS}
+    for reason in ("never-seen", "evicted", "partial-block", "below-min-tokens", "off", "corrupt"):
+        counts[f"miss:{reason}"] = value("evocache_kv_misses_total", reason=reason)
+    for tier in ("l1", "l2", "l3", "chunk"):
+        counts[f"reused:{tier}"] = value("evocache_kv_reused_tokens_total", tier=tier)
+    return counts
+
+
+def observed(server: ModelServer, ids: list[int], tenant: str) -> tuple[dict, dict[str, float], tuple]:
+    """What one request changes where it can be seen: the counters (as deltas), its ``kv`` event's reason,
+    size and tier and its usage (timings aside), and what it answers (the decision and the cached tokens)."""
+    before = kv_counts(server)
+    done = server.complete(request(server, ids, tenant=tenant))
+    after = kv_counts(server)
+    event = events(server, "kv")[-1]
+    usage = {k: v for k, v in event.kv.items() if k not in ("load_ms", "prefetch_ms", "hidden_ms")}
+    answer = (done.decision.outcome, done.decision.tier, done.decision.reason, done.finish.cached_tokens,
+              done.finish.prompt_tokens)
+    return ({"reason": event.reason, "size": event.size, "tier": event.tier, "usage": usage},
+            {k: after[k] - before[k] for k in after}, answer)
+
+
+def test_a_prompt_another_tenant_sent_misses_exactly_like_one_nobody_sent(server):
+    server.complete(request(server, FIRST))  # acme's prompt
+    guess = observed(server, FIRST, "globex")  # globex guesses acme's prompt
+    fresh = observed(server, prompt_ids(61, seed=9), "globex")  # a prompt nobody sent, of the same length
+    assert guess == fresh
+    assert guess[0]["reason"] == "never-seen" and guess[1]["miss:never-seen"] == 1
 
 
 def test_the_reuse_rate_is_the_share_of_blocks_accessed_more_than_once_in_the_window(server):

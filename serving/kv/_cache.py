@@ -12,9 +12,12 @@ is always computed, so the first generated token has its logits. Greedy decoding
 tokens it gives without (``tests/test_kv_cache.py``).
 
 Why a block missed is kept per request (``KvUsage.miss``): ``never-seen``, ``evicted`` (from L1 and in no lower
-tier), ``other-tenant`` (another namespace stored the same leading tokens), ``partial-block`` (the prompt ends
-before a full block), ``below-min-tokens`` (the rule's ``min_tokens``), ``off`` (the rule switches KV reuse
-off), ``corrupt`` (a stored block failed its checks: it is dropped, never used).
+tier), ``partial-block`` (the prompt ends before a full block), ``below-min-tokens`` (the rule's ``min_tokens``),
+``off`` (the rule switches KV reuse off), ``corrupt`` (a stored block failed its checks: it is dropped, never
+used). A reason is decided from the request's own salted hashes only: the cache keeps no index across
+namespaces, so a miss on leading tokens another tenant sent is ``never-seen``, exactly as if nobody had (a
+reason telling them apart would let any tenant who can see a count test whether another sent a guessed
+prompt).
 
 ``KvPlan.mode`` ``chunks`` adds chunk reuse after the exact prefix (serving/kv/_chunks.py: approximate, opt-in);
 its blocks sit in the same L1 and tiers under chunk hashes, with the position they were computed at.
@@ -45,7 +48,7 @@ log = logging.getLogger("evocache.serving.kv")
 
 SHARED_SALT = ".kv-shared"  # not a namespace any tenant id maps to (those never start with a dot)
 LOWER_TIERS = ("l2", "l3")
-_OTHER_TENANT_MEMORY = 65_536
+_MEMORY = 65_536  # entries each bounded bookkeeping map keeps (blocks seen, prefetched)
 
 
 class KvConfig(BaseModel):
@@ -129,8 +132,6 @@ class KvPrefixCache:
         self.errors = 0
         self.corrupt = 0
         self.chunk_fallbacks = 0  # chunk-mode requests served prefix-only (a RoPE that does not shift exactly)
-        # First blocks' tokens (unsalted digest) -> the salt that stored them: the "other-tenant" miss reason.
-        self._first: OrderedDict[bytes, str] = OrderedDict()
         self._seen: OrderedDict[BlockHash, None] = OrderedDict()
         self._lock = threading.Lock()
         self._waiting: dict[int, tuple[BlockHash, ...]] = {}
@@ -223,18 +224,16 @@ class KvPrefixCache:
             for h in hashes:
                 self.accessed[h] = self.accessed.get(h, 0) + 1
         if len(blocks) < len(hashes[:usable]):
-            usage.miss = usage.miss or self._why(hashes[len(blocks)], input_ids, plan)
+            usage.miss = usage.miss or self._why(hashes[len(blocks)])
         elif len(blocks) * bs < len(input_ids) - 1 and not usage.miss:
             usage.miss = "partial-block"
         return hashes, blocks
 
-    def _why(self, block: BlockHash, input_ids: Sequence[int], plan: KvPlan) -> str:
+    def _why(self, block: BlockHash) -> str:
+        """Why ``block`` missed, from this salted block alone: nothing another namespace stored enters."""
         if block in self.l1.evicted:
             return "evicted"
         if block not in self._seen:
-            first = self._first.get(self._content(input_ids))
-            if first is not None and first != plan.salt:
-                return "other-tenant"
             return "never-seen"
         return "evicted"
 
@@ -260,10 +259,6 @@ class KvPrefixCache:
         """Wait until the blocks stored so far are written to L2/L3."""
         for future in list(self._pending):
             future.result(timeout)
-
-    def _content(self, input_ids: Sequence[int]) -> bytes:
-        data = ",".join(map(str, input_ids[: self.block_size])).encode()
-        return hashlib.blake2b(data, digest_size=16).digest()
 
     def _load_lower(self, plan: KvPlan, hashes: Sequence[BlockHash], start: int, into_l1: bool,
                     prefetching: bool = False, chunk: bool = False) -> tuple[list[Any], dict[str, int]]:
@@ -305,7 +300,7 @@ class KvPrefixCache:
                     if prefetching:
                         with self._lock:
                             self._prefetched[h] = tier_name
-                            if len(self._prefetched) > _OTHER_TENANT_MEMORY:
+                            if len(self._prefetched) > _MEMORY:
                                 self._prefetched.clear()
                 taken += 1
             if taken:
@@ -355,18 +350,13 @@ class KvPrefixCache:
             usage.stored_blocks += 1
             with self._lock:
                 self._seen[h] = None
-                if len(self._seen) > _OTHER_TENANT_MEMORY:
+                if len(self._seen) > _MEMORY:
                     self._seen.popitem(last=False)
         tiers = [(name, self.lower[name]) for name in LOWER_TIERS if name in self.lower and name in plan.tiers]
         if writes and tiers:
             # Off the request's path: the first token does not wait for L2/L3 (flush_writes() waits for them).
             self._pending.append(self._writer.submit(self._write_lower, plan.salt, tiers, writes, now))
             self._pending = [f for f in self._pending if not f.done()]
-        if n and start_block == 0:
-            with self._lock:
-                self._first[self._content(input_ids)] = plan.salt
-                if len(self._first) > _OTHER_TENANT_MEMORY:
-                    self._first.popitem(last=False)
 
     # -- chunks (reuse: chunks) ------------------------------------------------------------------------------
 

@@ -65,8 +65,8 @@ class KvMetrics:
         self.hidden = Counter("evocache_kv_prefetch_hidden_seconds", "Seconds of prefetch that overlapped the "
                               "request's wait for the model (hidden from its latency).", registry=registry)
         self.misses = Counter("evocache_kv_misses", "Requests whose prompt's first uncached block missed, by "
-                              "why (never-seen, evicted, other-tenant, partial-block, below-min-tokens, off, "
-                              "corrupt).", ["reason"], registry=registry)
+                              "why (never-seen, evicted, partial-block, below-min-tokens, off, corrupt; a "
+                              "prompt another tenant sent counts as never-seen).", ["reason"], registry=registry)
         self.reuse_rate = Gauge("evocache_kv_reuse_rate", "Share of the KV blocks accessed in the last window "
                                 "that were accessed more than once.", registry=registry)
         registry.register(_HeldCollector(cache))
