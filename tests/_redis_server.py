@@ -13,10 +13,10 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import redis
+from _helpers import eventually, free_port
 from redis.cluster import ClusterNode, RedisCluster
 
 MISSING = (
@@ -24,13 +24,6 @@ MISSING = (
     "(it installs redis-server where it can) or install it yourself "
     "(Debian/Ubuntu: sudo apt-get install redis-server) and rerun."
 )
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on right now (the kernel's choice for an ephemeral bind)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def free_cluster_port() -> int:
@@ -120,26 +113,20 @@ class RedisServer:
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
         probe = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
-        try:
-            while True:
-                assert self._proc is not None
-                if self._proc.poll() is not None:
-                    raise RuntimeError(
-                        f"redis-server exited with {self._proc.returncode}: {self._log_tail()}"
-                    )
-                try:
-                    if probe.ping():
-                        return
-                except redis.RedisError:
-                    pass  # not listening yet: poll again until the deadline
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(
-                        f"redis-server did not answer PING within {timeout}s: {self._log_tail()}"
-                    )
-                time.sleep(0.01)
+
+        def answers() -> bool:
+            assert self._proc is not None
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self._proc.returncode}: {self._log_tail()}")
+            return bool(probe.ping())
+
+        try:  # a RedisError is "not listening yet"
+            eventually(answers, timeout=timeout, message=f"redis-server on port {self.port} to answer PING",
+                       ignoring=(redis.RedisError,))
+        except AssertionError as exc:
+            self.stop()
+            raise RuntimeError(f"{exc}: {self._log_tail()}") from None
         finally:
             probe.close()
 
@@ -236,15 +223,17 @@ class RedisClusterServers:
             node.close()
 
     def _wait_ok(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            states = []
+        def states() -> list[str]:
+            out = []
             for node in self.nodes:
                 with node.client() as admin:
-                    states.append(admin.cluster("INFO").get("cluster_state"))
-            if all(state == "ok" for state in states):
-                return
-            if time.monotonic() > deadline:
-                self.close()
-                raise RuntimeError(f"Redis Cluster on {self.ports} not ok within {timeout}s: {states}")
-            time.sleep(0.05)
+                    out.append(admin.cluster("INFO").get("cluster_state"))
+            return out
+
+        try:
+            eventually(lambda: all(state == "ok" for state in states()), timeout=timeout, interval=0.05,
+                       message=f"every node of the Redis Cluster on {self.ports} to be ok")
+        except AssertionError as exc:
+            states_now = states()
+            self.close()
+            raise RuntimeError(f"{exc}: {states_now}") from None

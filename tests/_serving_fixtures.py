@@ -6,13 +6,13 @@ directory on the workers' PYTHONPATH): deterministic, instant, and counting thei
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import uvicorn
+from _helpers import eventually, free_port
 
 CALLS: list[str] = []
 
@@ -41,12 +41,6 @@ def write_keys(path: Path) -> Path:
     return path
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class UvicornThread:
     """An ASGI app served by uvicorn on a loopback port, in a daemon thread."""
 
@@ -62,11 +56,7 @@ class UvicornThread:
 
     def __enter__(self) -> UvicornThread:
         self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("uvicorn did not start within 10 s")
-            time.sleep(0.02)
+        eventually(lambda: self.server.started, message=f"uvicorn to start on port {self.port}")
         return self
 
     def __exit__(self, *exc: object) -> None:

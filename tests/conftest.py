@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from _helpers import FakeClock
 from _redis_server import RedisClusterServers, RedisServer
 
 from evocache.controller import CacheRuntime, StoreConfig, build_runtime
@@ -18,19 +19,6 @@ def _state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     patch.delenv("EVOCACHE_SECRET", raising=False)
     yield
     patch.undo()
-
-
-class FakeClock:
-    """A clock that moves only when told: ``clock()`` reads it, ``clock.advance(s)`` moves it."""
-
-    def __init__(self, start: float = 1_700_000_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _helpers import SteppingClock
 from evocache.agents._fingerprint import EvidenceContext, OutputFingerprint
 from evocache.agents._proposal_commands import make_app
 from evocache.agents._proposals import (
@@ -46,15 +47,9 @@ FINDING = Finding(kind="key-drift", summary="the key distribution of rule faq mo
                   windows=(2, 3), subject={"rule": "faq"}, statistic=0.31, p_value=0.0012, score=0.8)
 
 
-class Clock:
-    """A clock the test moves: each reading is 10 s after the one before."""
-
-    def __init__(self, start: float = T0 + 100) -> None:
-        self.now = start - 10
-
-    def __call__(self) -> float:
-        self.now += 10
-        return self.now
+def store_clock() -> SteppingClock:
+    """The store's clock: the first reading is T0 + 100, each one after it 10 s later."""
+    return SteppingClock(T0 + 90, step=10.0)
 
 
 def proposal(id: str = "p-0000abcd", evidence: object = EVIDENCE, **kw: object) -> Proposal:
@@ -70,7 +65,7 @@ def path(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def store(path: Path) -> Iterator[ProposalStore]:
-    with ProposalStore(path, clock=Clock()) as s:
+    with ProposalStore(path, clock=store_clock()) as s:
         yield s
 
 
@@ -329,13 +324,13 @@ def test_policy_records_are_checked(store: ProposalStore) -> None:
 
 
 def test_everything_survives_reopening(path: Path) -> None:
-    with ProposalStore(path, clock=Clock()) as first:
+    with ProposalStore(path, clock=store_clock()) as first:
         first.add(proposal())
         first.review("p-0000abcd", "approve", "alice", "ok")
         first.record_policy("chat-prod@8", policy_to_yaml(V8), kind="canary", actor="agent",
                             proposal_id="p-0000abcd")
         seen = (first.list(), first.reviews(), first.audit(), first.policy_history())
-    with ProposalStore(path, clock=Clock()) as second:
+    with ProposalStore(path, clock=store_clock()) as second:
         assert (second.list(), second.reviews(), second.audit(), second.policy_history()) == seen
         assert second.get("p-0000abcd").evidence == Evidence.model_validate(EVIDENCE)
         assert second.transition("p-0000abcd", "canary", actor="agent").status == "canary"
@@ -431,7 +426,7 @@ WIDE = {"COLUMNS": "200"}
 
 @pytest.fixture
 def filled(path: Path) -> Path:
-    with ProposalStore(path, clock=Clock()) as s:
+    with ProposalStore(path, clock=store_clock()) as s:
         s.add(proposal())
         s.add(Proposal.create(V7, V8, at=T0 + 60, id="p-0000beef", predicted_gain=None))
         s.transition("p-0000abcd", "waiting", actor="agent", note="the CI of p99_ms is wide")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _helpers import SteppingClock
 from evocache.agents._candidates import Edit, apply_edits
 from evocache.agents._proposals import Proposal, ProposalStore
 from evocache.agents._report import PNG_MAGIC, REPORT_NAME, kv_heatmap, render_report
@@ -24,15 +25,6 @@ T0 = 1_800_000_000.0
 EVIDENCE = {"metrics": {"hit_ratio": {"base": 0.40, "new": 0.46, "ci": [0.02, 0.09]}}, "evaluated_at": T0 + 5}
 SCRIPT = "keys moved <script>alert(1)</script> & more"
 BREACH = "canary hit ratio 0.120 is below the base's 0.410 by more than 0.0205 (<- interval ends at -0.2)"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        self.now += 10
-        return self.now
 
 
 # --- the heat map's binning ---------------------------------------------------------------------------------
@@ -78,7 +70,7 @@ def test_kv_heatmap_rejects_bad_entries_naming_them(entries: list[tuple[int, ...
 @pytest.fixture(scope="module")
 def stored(tmp_path_factory: pytest.TempPathFactory) -> tuple[Proposal, Proposal]:
     """One proposal promoted (with its realised gain) and one rolled back, as the loop leaves them."""
-    with ProposalStore(tmp_path_factory.mktemp("store") / "proposals.db", clock=Clock()) as store:
+    with ProposalStore(tmp_path_factory.mktemp("store") / "proposals.db", clock=SteppingClock(T0, step=10.0)) as store:
         good = store.add(Proposal.create(SERVE, LONGER, at=T0, id="p-00000001", evidence=EVIDENCE,
                                          predicted_gain=0.06, window=1))
         bad = store.add(Proposal.create(LONGER, HARMFUL, at=T0 + 1, id="p-00000002", evidence=EVIDENCE,

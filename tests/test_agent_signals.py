@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from _redis_server import free_port
+from _helpers import free_port
 from evocache.agents._types import Outcome, Request, Series, window_stats
 from evocache.agents.errors import SignalUnavailable, WorkloadError
 from evocache.agents.signals import (

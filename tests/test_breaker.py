@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from _helpers import FakeClock
 
 from evocache.controller._breaker import Breaker
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_closed_until_a_failure_then_open_for_retry_after() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     breaker = Breaker(2.0, clock=clock)
     assert not breaker.refuses() and not breaker.is_open
     breaker.trip("ConnectionError: refused")
@@ -30,7 +23,7 @@ def test_closed_until_a_failure_then_open_for_retry_after() -> None:
 
 
 def test_a_success_closes_it_unless_it_opened_during_the_call() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     breaker = Breaker(1.0, clock=clock)
     breaker.trip("first")
     clock.now += 1.0
@@ -43,7 +36,7 @@ def test_a_success_closes_it_unless_it_opened_during_the_call() -> None:
 
 
 def test_zero_retry_after_tries_every_call_and_negative_is_refused() -> None:
-    breaker = Breaker(0.0, clock=Clock())
+    breaker = Breaker(0.0, clock=FakeClock(100.0))
     breaker.trip("down")
     assert not breaker.refuses()
     with pytest.raises(ValueError, match="retry_after must not be negative, not -1"):
@@ -51,7 +44,7 @@ def test_zero_retry_after_tries_every_call_and_negative_is_refused() -> None:
 
 
 def test_repr_says_the_state() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     breaker = Breaker(1.0, clock=clock)
     assert repr(breaker) == "Breaker(closed, trips=0, refused=0)"
     breaker.trip("TimeoutError: hung")

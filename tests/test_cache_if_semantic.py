@@ -9,9 +9,9 @@ Redis find each other's entries. The error-bound behaviour itself is tested in t
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
+from _helpers import eventually
 
 from evocache.controller import (
     ContractError,
@@ -250,9 +250,7 @@ def test_the_link_search_does_not_hold_up_the_missed_call(srt):
     cache = next(iter(srt.semantic._caches.values()))
     try:
         assert cache.stats().observations == 2  # the candidate's verdict was recorded in the call (and change's)
-        deadline = time.monotonic() + 30
-        while len(calls) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        eventually(lambda: len(calls) >= 2, timeout=30, message="the link search to reach the judge")
         assert len(calls) == 2  # the link search reached the judge, and waits there: the call did not wait for it
     finally:
         release.set()
@@ -268,9 +266,8 @@ def test_a_full_link_backlog_drops_searches_and_counts_them():
     layer = SemanticLayer(SemanticConfig(), link_backlog=1)
     gate = __import__("threading").Event()
     assert layer.later(gate.wait)  # the worker takes it and blocks
-    deadline = time.monotonic() + 10
-    while layer._later.unfinished_tasks and not layer._later.empty() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    eventually(lambda: not layer._later.unfinished_tasks or layer._later.empty(),
+               message="the worker to take the blocking task")
     ran = []
     assert layer.later(lambda: ran.append(1))  # waits in the backlog of 1
     assert not layer.later(lambda: ran.append(2))  # the backlog is full: dropped
@@ -295,9 +292,7 @@ def test_refits_run_on_their_own_thread_and_never_hold_up_the_link_backlog():
     ran = []
     assert layer.later(lambda: ran.append(1))  # the link thread is free while the refit runs
     layer.drain()
-    deadline = time.monotonic() + 10
-    while not where and time.monotonic() < deadline:
-        time.sleep(0.01)
+    eventually(lambda: where, message="the refit to start")
     assert ran == [1] and where and where[0].startswith("evocache-semantic-fits")
     gate.set()
     layer.close()  # waits for the refit under way
@@ -406,12 +401,15 @@ def test_replicas_sharing_redis_serve_each_others_entries(redis_url):
     on_b = cache_if("true", semantic=STATIC, name="faq", store=replica_b)(model)
     on_b(UNRELATED)  # builds B's index (and its follower) before A writes
     on_a(ASK)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and on_b.cache_info().hits == 0:
+
+    def hit_on_b() -> str | None:
         result = on_b(PARAPHRASE)
         if on_b.cache_info().hits == 0:
             on_b.invalidate(PARAPHRASE)  # a miss stored B's own answer: drop it and ask again
-            time.sleep(0.05)
+            return None
+        return result
+
+    result = eventually(hit_on_b, interval=0.05, message="replica B to hit the entry replica A stored")
     assert on_b.cache_info().hits == 1
     assert result == f"answer to {ASK}"  # A's answer, read from L2 by B
     hit = [e for e in replica_b.events.events() if e.outcome == "hit"][0]
@@ -456,14 +454,17 @@ def test_a_replica_judges_a_neighbour_another_replica_stored(redis_url):
     on_b = cache_if("true", semantic={"max_error": 0.05, "judge": judge}, name="faq", store=replica_b)(model)
     on_b(UNRELATED)  # B's index and follower exist before A writes
     on_a(ASK)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and ("reset", "reset") not in judged:
+
+    def judged_a_answer() -> bool:
+        if ("reset", "reset") in judged:  # A's cached answer, read from L2 by B
+            return True
         # Untrained, so not served: the model runs and the judge compares its answer with the nearest
         # neighbour's: B's own UNRELATED entry until A's entry reaches B through the stream, then A's.
         on_b(PARAPHRASE)
         on_b.invalidate(PARAPHRASE)
-        time.sleep(0.05)
-    assert ("reset", "reset") in judged  # A's cached answer, read from L2 by B
+        return False
+
+    eventually(judged_a_answer, interval=0.05, message="replica B to judge against replica A's answer")
     replica_a.close()
     replica_b.close()
 

@@ -4,6 +4,7 @@ import json
 import time
 
 import pytest
+from _helpers import FakeClock, eventually
 
 from evocache.controller import AccessEvent, JsonlSink, RedisStreamSink, RingSink, read_events
 
@@ -45,21 +46,11 @@ def test_read_events_names_the_bad_line(tmp_path):
 def test_redis_stream_sink_sends_in_the_background(redis_url):
     sink = RedisStreamSink(redis_url, stream="test:events", interval=0.01)
     sink.emit(EVENT)
-    deadline = time.monotonic() + 5
-    while not sink.read() and time.monotonic() < deadline:  # no flush: the sender thread delivers it
-        time.sleep(0.01)
-    assert sink.read() == [EVENT]
+    # No flush: the sender thread delivers it.
+    assert eventually(sink.read, timeout=5, message="the sender thread to deliver the event") == [EVENT]
     sink.emit(EVENT), sink.emit(EVENT)
     sink.close()  # close flushes what is left
     assert RedisStreamSink(redis_url, stream="test:events").read() == [EVENT] * 3
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class CountingDeadClient:
@@ -88,7 +79,7 @@ class CountingDeadClient:
 
 
 def test_redis_stream_sink_down_drops_and_counts_without_retrying_each_batch():
-    clock, client = FakeClock(), CountingDeadClient()
+    clock, client = FakeClock(0.0), CountingDeadClient()
     sink = RedisStreamSink("redis://unused", batch=2, retry_after=1.0, clock=clock, client=client)
     for _ in range(10):
         sink.emit(EVENT)  # never raises, never waits

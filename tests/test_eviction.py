@@ -7,6 +7,7 @@ import random
 from collections.abc import Callable, Hashable, Iterable
 
 import pytest
+from _helpers import FakeClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -255,14 +256,6 @@ _ops = st.one_of(
 )
 
 
-class FakeClock:
-    def __init__(self, now: float = 0.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.mark.parametrize("variant", sorted(POLICY_FACTORIES))
 @settings(max_examples=150, deadline=None)
 @given(ops=st.lists(_ops, max_size=80))
@@ -271,7 +264,7 @@ def test_memory_tier_model(variant: str, ops: list[tuple]) -> None:
     quota, holds exactly what its policy tracks, and never serves a value but the last one written for its key
     in its namespace."""
     policy = POLICY_FACTORIES[variant]()
-    clock = FakeClock()
+    clock = FakeClock(0.0)
     tier = MemoryTier(CAPACITY, policy=policy, quota=QUOTAS.get, clock=clock, max_entry_bytes=MAX_ENTRY)
     written: dict[tuple[str, str], Entry] = {}
     for version, op in enumerate(ops):

@@ -8,20 +8,13 @@ import threading
 from collections.abc import Hashable
 
 import pytest
+from _helpers import FakeClock
 
 from evocache.controller._types import CacheKey, Entry, Namespace
 from evocache.controller.eviction import EntryInfo, LRUPolicy, make_eviction_policy
 from evocache.controller.tiers import MemoryTier
 
 A, B = Namespace("tenant-a"), Namespace("tenant-b")
-
-
-class FakeClock:
-    def __init__(self, now: float = 0.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class RecordingLRU(LRUPolicy):

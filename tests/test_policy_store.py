@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import FakeClock
+from _helpers import FakeClock
 from typer.testing import CliRunner
 
 from evocache.controller import (

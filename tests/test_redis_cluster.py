@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import redis
+from _helpers import FakeClock
 from _redis_server import RedisClusterServers
 from redis.cluster import RedisCluster
 
@@ -87,7 +88,7 @@ def test_a_cluster_url_is_checked_at_the_edge() -> None:
 
 
 def test_a_cluster_none_of_whose_nodes_answers_is_a_connection_error() -> None:
-    from _redis_server import free_port
+    from _helpers import free_port
 
     port = free_port()
     with pytest.raises(redis.ConnectionError, match=rf"Redis Cluster 127\.0\.0\.1:{port}: "):
@@ -123,14 +124,14 @@ def test_l2_set_get_delete_over_namespaces_in_different_slots(cluster: RedisClus
 
 
 def test_l2_ttl_travels_to_the_cluster(cluster: RedisClusterServers, admin) -> None:
-    now = [1_700_000_000.0]
-    tier = tier_on(cluster.url, clock=lambda: now[0])
+    clock = FakeClock()
+    tier = tier_on(cluster.url, clock=clock)
     ns = NAMESPACES[2]
-    lasting, brief = Entry(b"lasting", None, now[0]), Entry(b"brief", now[0] + 30, now[0])
+    lasting, brief = Entry(b"lasting", None, clock.now), Entry(b"brief", clock.now + 30, clock.now)
     tier.set_many(ns, [(key_of(1), lasting), (key_of(2), brief)])
     assert admin.pttl(f"evc:{{{ns}}}:{key_of(1)}") == -1
     assert 29_000 < admin.pttl(f"evc:{{{ns}}}:{key_of(2)}") <= 30_000
-    now[0] += 30  # the entry's own expiry, read on the tier's clock
+    clock.advance(30)  # the entry's own expiry, read on the tier's clock
     assert tier.get_many(ns, [key_of(1), key_of(2)]) == [lasting, None]
     tier.close()
 
@@ -309,8 +310,7 @@ def test_api_keys_in_a_cluster(cluster: RedisClusterServers) -> None:
 def test_a_killed_node_is_a_counted_miss_never_a_failed_call() -> None:
     own = RedisClusterServers(3, full_coverage=False).start()  # the other primaries serve on
     try:
-        now = [1_700_000_000.0]
-        clock = lambda: now[0]  # noqa: E731
+        clock = FakeClock()
         l2 = RedisTier(
             own.url, secret=SECRET, clock=clock, socket_timeout=0.5, connect_timeout=0.5, retry_after=1.0
         )
@@ -322,19 +322,19 @@ def test_a_killed_node_is_a_counted_miss_never_a_failed_call() -> None:
         alive = [ns for ns in NAMESPACES if owner[ns] != dead_port]
         assert on_dead and alive
         for ns in NAMESPACES:
-            store.set(ns, key_of(1), Entry(ns.encode(), None, now[0]))
+            store.set(ns, key_of(1), Entry(ns.encode(), None, clock.now))
 
         own.kill(own.ports.index(dead_port))
         for ns in on_dead:
             with pytest.raises(TierUnavailable):
                 l2.get_many(ns, [key_of(1)])  # at the tier: unavailable
-            now[0] += 1.0  # past retry_after: the next call goes to the network again
+            clock.advance(1.0)  # past retry_after: the next call goes to the network again
             # Through the store: a miss (the L1 copy is not asked for), counted, never raised.
             assert store.get(ns, key_of(1), tiers=[L2]).entry is None
-            now[0] += 1.0
+            clock.advance(1.0)
         assert store.error_counts.get((L2, "get"), 0) >= len(on_dead)
         # The primaries that live still serve their tenants once the breaker lets calls through again.
-        now[0] += 1.0
+        clock.advance(1.0)
         for ns in alive:
             found = store.get(ns, key_of(1), tiers=[L2])
             assert (found.tier, found.entry.value) == (L2, ns.encode())

@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
+from _helpers import eventually
 from evocache.controller.semantic import (
     BatchingEmbedder,
     EmbeddingError,
@@ -164,16 +165,12 @@ def test_without_waiting_calls_queued_during_an_inner_call_form_the_next_batch(m
     done: list[np.ndarray] = []
     first = threading.Thread(target=lambda: done.append(batcher.embed([texts[0]])))
     first.start()
-    deadline = time.monotonic() + 30
-    while not counting.calls:  # the first request is being embedded alone, held at the gate
-        assert time.monotonic() < deadline
-        time.sleep(0.001)
+    # The first request is being embedded alone, held at the gate.
+    eventually(lambda: counting.calls, timeout=30, interval=0.001, message="the first request to be embedded")
     others = [threading.Thread(target=lambda t=t: done.append(batcher.embed([t]))) for t in texts[1:]]
     for t in others:
         t.start()
-    while batcher.pending() < 5:
-        assert time.monotonic() < deadline
-        time.sleep(0.001)
+    eventually(lambda: batcher.pending() >= 5, timeout=30, interval=0.001, message="five requests to queue")
     gate.set()
     for t in [first, *others]:
         t.join(60)

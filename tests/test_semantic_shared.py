@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
+from _helpers import eventually
 from evocache.controller.semantic import Change, Scope, SharedEntry, SharedIndex
 
 DIM = 384
@@ -27,14 +27,6 @@ def random_unit(n: int, seed: int = 0) -> np.ndarray:
 
 def ids(rows) -> list[list[str]]:
     return [[n.entry_id for n in row] for row in rows]
-
-
-def eventually(check: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    """Wait for a background thread to get somewhere; fail naming ``what`` if it does not within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
 
 
 @pytest.fixture
@@ -241,9 +233,11 @@ def test_the_follower_thread_applies_changes_by_itself(replicas):
     second.listen(changes.append)
     vec = random_unit(1, seed=5)
     first.add(A, ["a0"], vec)
-    eventually(lambda: ids(second.search(A, vec, 1)) == [["a0"]], "the follower to apply the add")
+    eventually(lambda: ids(second.search(A, vec, 1)) == [["a0"]],
+               timeout=15, message="the follower to apply the add")
     first.remove(A, ["a0"])
-    eventually(lambda: second.search(A, vec, 1) == [[]], "the follower to apply the removal")
+    eventually(lambda: second.search(A, vec, 1) == [[]],
+               timeout=15, message="the follower to apply the removal")
     assert changes == [Change("add", A, ("a0",)), Change("remove", A, ("a0",))]
 
 
@@ -339,11 +333,13 @@ def test_the_follower_thread_picks_up_again_when_redis_returns(restartable_redis
         vec = random_unit(1, seed=10)
         assert replica.wait_synced(15)
         restartable_redis.stop()
-        eventually(lambda: not replica.stats().connected, "the follower to notice Redis is gone")
+        eventually(lambda: not replica.stats().connected,
+                   timeout=15, message="the follower to notice Redis is gone")
         restartable_redis.start()
         writer = SharedIndex(restartable_redis.url, secret=SECRET, follow=False, clock=fake_clock)
         writer.add(A, ["after-restart"], vec)
-        eventually(lambda: ids(replica.search(A, vec, 1)) == [["after-restart"]], "the follower to catch up")
+        eventually(lambda: ids(replica.search(A, vec, 1)) == [["after-restart"]],
+                   timeout=15, message="the follower to catch up")
         assert replica.stats().connected
         writer.close()
     finally:

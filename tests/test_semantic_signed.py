@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
+from _helpers import eventually
 from evocache.controller import RedisConfig, StoreConfig, build_runtime
 from evocache.controller._semantic import SharedRedis
 from evocache.controller.semantic import Scope, SharedEntry, SharedIndex
@@ -256,14 +257,14 @@ def test_two_replicas_holding_the_secret_share_adds_removals_and_expiry(replicas
     vecs = random_unit(3, seed=6)
     writer.add(A, ["a0", "a1"], vecs[:2], metas=[{"answer": "r0"}, {}], expires_at=[None, fake_clock() + 5])
     writer.add(B, ["b0"], vecs[2:])
-    _eventually(lambda: follower.get(B, "b0") is not None)
+    eventually(lambda: follower.get(B, "b0") is not None, timeout=15, message="the follower to apply the adds")
     assert ids(follower.search(A, vecs[:1], 2)) == [["a0", "a1"]]
     assert follower.get(A, "a0") == SharedEntry({"answer": "r0"}, None)
     writer.remove(A, ["a0"])
-    _eventually(lambda: follower.get(A, "a0") is None)
+    eventually(lambda: follower.get(A, "a0") is None, timeout=15, message="the follower to apply the removal")
     fake_clock.advance(6)
     assert writer.sweep() == 1
-    _eventually(lambda: follower.scopes() == [B])
+    eventually(lambda: follower.scopes() == [B], timeout=15, message="the follower to apply the expiry")
     assert follower.stats().forged == 0 and follower.stats().corrupt == 0 and follower.stats().applied == 5
 
 
@@ -297,12 +298,3 @@ def test_the_runtime_signs_its_semantic_index_with_the_entry_secret(redis_url):
         assert runtime.semantic._redis == SharedRedis(redis_url, "evc-sem", 0.05, 1.0, secret=SECRET)
     finally:
         runtime.close()
-
-
-def _eventually(check: Callable[[], bool], timeout: float = 15.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out waiting for the follower"
-        time.sleep(0.005)

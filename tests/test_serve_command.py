@@ -14,7 +14,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from _serving_fixtures import free_port
+from _helpers import free_port
 
 pytestmark = pytest.mark.slow
 

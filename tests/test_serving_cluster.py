@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 import yaml
-from _serving_fixtures import free_port
+from _helpers import free_port
 
 from evocache.controller import Tenant, open_policy_store
 from evocache.controller import PolicyStoreConfig

@@ -19,7 +19,8 @@ import httpx
 import openai
 import pytest
 from _redis_server import RedisServer
-from _serving_fixtures import KEYS, free_port, write_keys
+from _helpers import free_port
+from _serving_fixtures import KEYS, write_keys
 
 from evocache.controller import (
     EventsConfig,

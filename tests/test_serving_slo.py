@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from _helpers import FakeClock
 from _serving_fixtures import KEYS, echo_model, write_keys
 
 from evocache.controller import EventsConfig, PolicyStoreConfig, StoreConfig, build_runtime, open_policy_store
@@ -26,16 +27,8 @@ QUESTIONS = ["How do I reset my password?", "How can I reset my password?", "How
              "How can I reset the password?", "How would I reset my password?"]
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_wrong_answers_trip_the_rule_and_probes_that_hold_close_it(tmp_path: Path):
-    clock = Clock()
+    clock = FakeClock()
     store_config = PolicyStoreConfig(directory=str(tmp_path / "policies"), poll_interval_s=0.1)
     store = open_policy_store(store_config)
     store.apply(POLICY)

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from _helpers import FakeClock
 
 from evocache.controller import (
     SloBreaker,
@@ -29,19 +30,6 @@ from evocache.controller import (
 from evocache.dsl import SloSpec, parse_policy
 
 T0 = 1_700_000_000.0
-
-
-class Clock:
-    """The runtime's clock, moved by hand."""
-
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class TopicEmbedder:
@@ -79,12 +67,7 @@ def faq(slo: str, version: int = 1) -> str:
     return policy(f"  - name: faq\n    when: 'true'\n    {STATIC}\n    slo: {slo}\n", version=version)
 
 
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-def runtime_for(text: str, clock: Clock, **kwargs):
+def runtime_for(text: str, clock: FakeClock, **kwargs):
     return build_runtime(StoreConfig(), policy=parse_policy(text), clock=clock, embedder=TopicEmbedder(),
                          **kwargs)
 
@@ -285,7 +268,7 @@ class SlowTier(Tier):
         return 0
 
 
-def slow_runtime(text: str, clock: Clock):
+def slow_runtime(text: str, clock: FakeClock):
     rt = build_runtime(StoreConfig(), policy=parse_policy(text), clock=clock)
     return replace(rt, store=TieredStore([rt.store.tiers["l1"], SlowTier(0.005)], clock=clock))
 
@@ -457,7 +440,7 @@ def test_an_event_log_with_transitions_replays(clock, tmp_path):
 class Breaker:
     """A ``SloBreaker`` with its transitions and the L1 hits its histogram would count."""
 
-    def __init__(self, clock: Clock, **spec: object) -> None:
+    def __init__(self, clock: FakeClock, **spec: object) -> None:
         self.changes: list[tuple[str, str]] = []
         self.hits = 0.0
         self.breaker = SloBreaker(

@@ -12,6 +12,7 @@ import time
 
 import pytest
 import redis
+from _helpers import FakeClock
 from _redis_server import RedisServer
 
 from evocache.controller._codec import encoded_size
@@ -27,17 +28,15 @@ SECRET = b"the test deployment's secret"  # signs the entries of the L2 and L3 t
 OTHER = Namespace("tenant-b")
 
 
-class WallClock:
-    """Real time plus an offset the test moves: Redis sees real TTLs, the breaker's pause can be skipped."""
+class WallClock(FakeClock):
+    """Real time plus an offset the test moves (``now``): Redis sees real TTLs, the breaker's pause can be
+    skipped."""
 
     def __init__(self) -> None:
-        self.offset = 0.0
+        super().__init__(0.0)
 
     def __call__(self) -> float:
-        return time.time() + self.offset
-
-    def advance(self, seconds: float) -> None:
-        self.offset += seconds
+        return time.time() + self.now
 
 
 def key_of(arg: int) -> CacheKey:
