@@ -12,6 +12,7 @@ from ._lazy import lazy_getattr as _lazy_getattr
 from ._model import ByteTokenizer, CallableGenerator, GenerationParams, HFGenerator, ModelConfig, load_tokenizer
 from ._request import Completion, Decision, Finish, GenerateRequest
 from ._auth import (
+    AdminKeys,
     FileKeyStore,
     KeyStore,
     Rate,
@@ -54,6 +55,7 @@ from ._protocol import (
 from .errors import (
     ApiError,
     BadRequest,
+    Forbidden,
     RateLimited,
     ServingConfigError,
     ServingError,
@@ -64,11 +66,12 @@ from .errors import (
 # Imported on first use: the HTTP app (FastAPI), the replica (the controller's runtime) and the application
 # builder, so `evocache policy check` and other light commands do not pay for them.
 _LAZY = {
-    "Api": "._ingress", "Backend": "._ingress", "build_fastapi": "._ingress",
+    "Api": "._ingress", "Backend": "._ingress", "build_fastapi": "._ingress", "serve_metrics": "._ingress",
     "LocalBackend": "._local",
     "merge_expositions": "._metrics",
     "ModelServer": "._server", "ServerSpec": "._server",
-    "ApiKeysConfig": "._app", "DeploymentConfig": "._app", "RateConfig": "._app", "ServingConfig": "._app",
+    "ApiKeysConfig": "._app", "DeploymentConfig": "._app", "MetricsConfig": "._app", "RateConfig": "._app",
+    "ServingConfig": "._app",
     "build_app": "._app", "start_local": "._app",
 }  # fmt: skip
 
@@ -91,6 +94,7 @@ __all__ = [
     "GenerationParams",
     "HFGenerator",
     "LocalBackend",
+    "MetricsConfig",
     "ModelConfig",
     "ModelServer",
     "RateConfig",
@@ -100,7 +104,9 @@ __all__ = [
     "build_fastapi",
     "load_tokenizer",
     "merge_expositions",
+    "serve_metrics",
     "start_local",
+    "AdminKeys",
     "AssistantMessage",
     "BadRequest",
     "ChatChoice",
@@ -117,6 +123,7 @@ __all__ = [
     "ErrorDetail",
     "ErrorResponse",
     "FileKeyStore",
+    "Forbidden",
     "IGNORED_CHAT_FIELDS",
     "IGNORED_COMPLETION_FIELDS",
     "KeyStore",

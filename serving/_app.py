@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from ._server import ServerSpec
 
@@ -43,6 +43,20 @@ class ApiKeysConfig(BaseModel):
         if (self.file is None) == (self.redis_url is None):
             raise ValueError("give file or redis_url, exactly one")
         return self
+
+
+class MetricsConfig(BaseModel):
+    """Who reads ``/metrics``, whose counters span every tenant. On the API's port only a request with one of
+    ``admin_keys`` (``Authorization: Bearer <admin key>``, each given as the key's SHA-256 hex digest, as key
+    files keep them): a tenant's key gets 403, no key 401, and with no admin key nobody reads it there. With
+    ``port`` set, each ingress replica also serves ``GET /metrics`` without a key on ``host:port``, loopback
+    unless ``host`` says otherwise, for a scraper on the same host."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    admin_keys: tuple[Annotated[str, StringConstraints(pattern=r"^[0-9a-fA-F]{64}$")], ...] = ()
+    port: int | None = Field(None, ge=1, le=65535)
+    host: str = "127.0.0.1"
 
 
 class DeploymentConfig(BaseModel):
@@ -75,6 +89,14 @@ class ServingConfig(BaseModel):
     ready_timeout_s: float = Field(30.0, gt=0)
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+
+    @model_validator(mode="after")
+    def _metrics_port_apart(self) -> ServingConfig:
+        if self.metrics.port is not None and self.metrics.port == self.port:
+            raise ValueError(f"metrics.port: {self.metrics.port} is the API's port; the keyless metrics "
+                             "listener needs a port of its own")
+        return self
 
 
 def build_app(config: ServingConfig) -> Any:
@@ -106,6 +128,7 @@ def build_app(config: ServingConfig) -> Any:
     return ingress.bind(
         model, config.server, config.api_keys.model_dump(),
         {"rate": config.rate.model_dump() if config.rate else None, "ready_timeout_s": config.ready_timeout_s},
+        config.metrics,
     )
 
 

@@ -14,6 +14,9 @@ Key file (YAML or JSON, loaded with ``yaml.safe_load``)::
         tenant: globex
 
 A Redis hash holds the same records: field = hex digest, value = ``{"tenant": ..., "tier": ...}`` (JSON).
+
+What spans every tenant (``/metrics``) is the operator's: ``AdminKeys`` holds the digests of the keys that may
+read it, apart from the tenants' keys; a tenant's key there is refused with 403.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import hmac
 import json
 import os
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,7 +40,7 @@ from evocache.controller import Tenant, namespace_for
 from evocache.controller._files import NotARegularFile, read_bounded
 from evocache.controller._redis_client import REDIS_ERRORS, connect
 
-from .errors import RateLimited, ServingConfigError, Unauthenticated, Unavailable
+from .errors import Forbidden, RateLimited, ServingConfigError, Unauthenticated, Unavailable
 
 MAX_KEY_FILE_BYTES = 1 << 20
 MAX_KEY_CHARS = 256
@@ -210,6 +213,52 @@ class RedisKeyStore:
                 f"redis hash {self.hash_key!r}, field {digest[:12]}...: invalid record: {exc}"
             ) from exc
         return record.as_tenant()
+
+
+def read_key_file(path: str | os.PathLike[str]) -> str:
+    """The one key a file holds (its first line, as a Prometheus ``credentials_file`` reads it);
+    ``ServingConfigError`` when it is not a regular file, others may read or write it, or it holds no valid key."""
+    path = Path(path)
+    try:
+        data, mode = read_bounded(path, MAX_KEY_CHARS + 2)
+    except NotARegularFile:
+        raise ServingConfigError(f"{path}: not a regular file") from None
+    except OSError as exc:
+        raise ServingConfigError(f"{path}: cannot read the key file: {exc.strerror}") from exc
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ServingConfigError(f"{path}: readable or writable by others (mode {stat.filemode(mode)}); a key "
+                                 "file must be its owner's only (chmod 600)")
+    if len(data) > MAX_KEY_CHARS + 2:
+        raise ServingConfigError(f"{path}: larger than a key (at most {MAX_KEY_CHARS} characters and a newline)")
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    try:
+        return bearer_key(f"Bearer {lines[0] if lines else ''}")
+    except Unauthenticated:
+        raise ServingConfigError(f"{path}: no valid key on its first line (printable ASCII, no spaces, at most "
+                                 f"{MAX_KEY_CHARS} characters)") from None
+
+
+@dataclass(frozen=True)
+class AdminKeys:
+    """The keys that may read what spans every tenant (``/metrics``), as SHA-256 digests. Empty by default: then
+    no key reads it."""
+
+    digests: frozenset[bytes] = frozenset()
+
+    @classmethod
+    def from_hex(cls, digests: Iterable[str]) -> AdminKeys:
+        """From hex SHA-256 digests (as ``MetricsConfig.admin_keys`` holds them, validated there)."""
+        return cls(frozenset(bytes.fromhex(d) for d in digests))
+
+    def authorize(self, authorization: str | None, tenants: KeyStore) -> None:
+        """Returns when ``authorization`` carries an admin key. ``Unauthenticated`` (401) for no key, a malformed
+        one or one that neither list holds; ``Forbidden`` (403) for a tenant's key. Neither says more."""
+        key = bearer_key(authorization)
+        digest = key_digest(key)
+        if any(hmac.compare_digest(stored, digest) for stored in self.digests):
+            return
+        tenants.tenant_for(key)  # Unauthenticated for a key nobody holds
+        raise Forbidden("this endpoint needs the operator's admin key; an API key cannot read it")
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,12 @@ Embedded set-up, all under ``--workdir`` (default ``.evocache/serve``): L1 per r
 shared by the replicas, and access events to ``events.jsonl``; the policy store where ``evocache policy``
 looks by default (``--store``/``--redis``, else ``$EVOCACHE_POLICY_STORE``, else ``.evocache/policies``), the policy from ``--policy`` applied when it
 is newer than the store's active one, and API keys from ``--keys`` (or a key generated once into
-``api-keys.yaml``, printed at start). The model is the example tiny Llama (``examples/tiny-llama``: random
-weights from its config, the packaged WordPiece tokenizer) unless ``--model`` names another folder, or
-``--callable`` a function. ``--config FILE`` instead reads a whole ``ServingConfig`` (YAML).
+``api-keys.yaml``, printed at start), and the admin key that reads ``/metrics`` from ``--metrics-key`` (or
+one generated once into ``metrics-key``, mode 0600, the file a Prometheus ``credentials_file`` can name);
+``--metrics-port`` also serves ``/metrics`` without a key on 127.0.0.1 at that port. The model is the example
+tiny Llama (``examples/tiny-llama``: random weights from its config, the packaged WordPiece tokenizer) unless
+``--model`` names another folder, or ``--callable`` a function. ``--config FILE`` instead reads a whole
+``ServingConfig`` (YAML).
 """
 
 from __future__ import annotations
@@ -44,6 +47,18 @@ def _key_file(workdir: Path) -> tuple[Path, str | None]:
     return path, key
 
 
+def _metrics_key(path: Path) -> str:
+    """The SHA-256 hex digest of the admin key in ``path`` (the key itself on one line), which is created with
+    a fresh key (mode 0600) when missing."""
+    from ._auth import key_digest, read_key_file  # noqa: PLC0415
+
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write("sk-evc-admin-" + secrets.token_urlsafe(24) + "\n")
+    return key_digest(read_key_file(path)).hex()
+
+
 def serve(
     model: Annotated[Path, typer.Option(help="A model folder (config.json; weights optional).")] = Path(DEFAULT_MODEL),
     model_id: Annotated[str, typer.Option(help="The model name clients send.")] = "tiny-llama",
@@ -62,6 +77,11 @@ def serve(
     max_ongoing_requests: Annotated[int, typer.Option(help="Requests a replica runs at once.")] = 8,
     host: Annotated[str, typer.Option(help="The HTTP address.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="The HTTP port.")] = 8000,
+    metrics_key: Annotated[Path | None, typer.Option(
+        metavar="FILE", help="A file holding the admin key that reads /metrics (default: WORKDIR/metrics-key, "
+                             "generated).")] = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        help="Also serve /metrics without a key on 127.0.0.1 at this port.")] = None,
     workdir: Annotated[Path, typer.Option(help="Where the embedded set-up keeps its state.")] = Path(DEFAULT_WORKDIR),
     config: Annotated[Path | None, typer.Option(help="A whole ServingConfig (YAML) instead of the options.")]
     = None,
@@ -75,7 +95,7 @@ def serve(
                 model=model, model_id=model_id, tokenizer=tokenizer, callable_=callable_, contract=contract,
                 policy=policy, store=store, redis_url=redis_url, keys=keys, replicas=replicas,
                 num_cpus=num_cpus, max_ongoing_requests=max_ongoing_requests, host=host, port=port,
-                workdir=workdir, config=config)
+                metrics_key=metrics_key, metrics_port=metrics_port, workdir=workdir, config=config)
         except (ValueError, OSError) as exc:
             raise usage("serve", str(exc)) from None
         ref = _apply_policy(serving_config, policy_file)
@@ -90,7 +110,7 @@ def serve(
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         start_local(serving_config)
-        _banner(serving_config, ref, generated)
+        _banner(serving_config, ref, generated, None if config else metrics_key or workdir / "metrics-key")
         stop.wait()
     except KeyboardInterrupt:
         pass
@@ -100,8 +120,8 @@ def serve(
 
 def _config(*, model: Path, model_id: str, tokenizer: str | None, callable_: str | None, contract: str,
             policy: Path | None, store: Path | None, redis_url: str | None, keys: Path | None, replicas: int,
-            num_cpus: float, max_ongoing_requests: int, host: str, port: int, workdir: Path,
-            config: Path | None) -> tuple[Any, str | None, Path | None]:
+            num_cpus: float, max_ongoing_requests: int, host: str, port: int, metrics_key: Path | None,
+            metrics_port: int | None, workdir: Path, config: Path | None) -> tuple[Any, str | None, Path | None]:
     import yaml  # noqa: PLC0415
 
     from evocache.controller import (  # noqa: PLC0415
@@ -113,7 +133,7 @@ def _config(*, model: Path, model_id: str, tokenizer: str | None, callable_: str
     )
     from evocache.controller._policy_store import DEFAULT_DIRECTORY, POLICY_STORE_ENV  # noqa: PLC0415
 
-    from ._app import ApiKeysConfig, DeploymentConfig, ServingConfig  # noqa: PLC0415
+    from ._app import ApiKeysConfig, DeploymentConfig, MetricsConfig, ServingConfig  # noqa: PLC0415
     from ._model import MINILM, ModelConfig  # noqa: PLC0415
     from ._server import ServerSpec  # noqa: PLC0415
 
@@ -151,6 +171,8 @@ def _config(*, model: Path, model_id: str, tokenizer: str | None, callable_: str
         deployment=DeploymentConfig(replicas=replicas, num_cpus=num_cpus,
                                     max_ongoing_requests=max_ongoing_requests),
         host=host, port=port,
+        metrics=MetricsConfig(admin_keys=(_metrics_key(metrics_key or workdir / "metrics-key"),),
+                              port=metrics_port),
     )
     return serving_config, generated, policy
 
@@ -185,7 +207,7 @@ def _apply_policy(config: Any, policy_file: Path | None) -> str | None:
         store.close()
 
 
-def _banner(config: Any, ref: str | None, generated: str | None) -> None:
+def _banner(config: Any, ref: str | None, generated: str | None, metrics_key: Path | None) -> None:
     base = f"http://{config.host}:{config.port}"
     key = generated or "<your API key>"
     model = config.server.model.id
@@ -204,4 +226,15 @@ evocache is serving {model} at {base}/v1  (policy {ref or 'none: the contract al
       print(chunk.choices[0].delta.content or "", end="")
 
   evocache policy status      (which version each replica runs; apply / promote / rollback likewise)
+{_metrics_banner(config, base, metrics_key)}
 Ctrl-C stops.""")
+
+
+def _metrics_banner(config: Any, base: str, key_file: Path | None) -> str:
+    """Where the operator reads /metrics: never with an API key."""
+    metrics = config.metrics
+    key = f"$(cat {_abs(key_file)})" if key_file is not None else "<admin key>"
+    line = f'  curl {base}/metrics -H "Authorization: Bearer {key}"    (the admin key; API keys get 403)'
+    if metrics.port is not None:
+        line += f"\n  curl http://{metrics.host}:{metrics.port}/metrics    (no key; this host only)"
+    return line

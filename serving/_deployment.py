@@ -26,8 +26,9 @@ from ray import serve
 
 from evocache.controller import PolicyFollower, open_policy_store
 
-from ._auth import FileKeyStore, KeyStore, Rate, RedisKeyStore, tenant_rates
-from ._ingress import Api, build_fastapi
+from ._app import MetricsConfig
+from ._auth import AdminKeys, FileKeyStore, KeyStore, Rate, RedisKeyStore, tenant_rates
+from ._ingress import Api, build_fastapi, serve_metrics
 from ._metrics import merge_expositions
 from ._model import load_tokenizer
 from ._request import Completion, Decision, Finish, GenerateRequest
@@ -152,7 +153,8 @@ def key_store(spec: dict[str, Any]) -> KeyStore:
 class IngressDeployment:
     """The OpenAI API in front of the model deployment (see ``serving._ingress``)."""
 
-    def __init__(self, model: Any, spec: ServerSpec, keys: dict[str, Any], options: dict[str, Any]) -> None:
+    def __init__(self, model: Any, spec: ServerSpec, keys: dict[str, Any], options: dict[str, Any],
+                 metrics: MetricsConfig) -> None:
         context = serve.get_replica_context()
         tokenizer = load_tokenizer(spec.model.tokenizer_source)
         rate = options.get("rate")
@@ -161,7 +163,10 @@ class IngressDeployment:
             backend=RayBackend(model, context.app_name), keys=key_store(keys), block_size=spec.block_size,
             default_max_tokens=spec.model.max_tokens, ready_timeout_s=options.get("ready_timeout_s", 30.0),
             rate=Rate(**rate) if rate else None, block_extras=spec.block_extras(),
+            admin_keys=AdminKeys.from_hex(metrics.admin_keys),
         )
+        # Several ingress replicas on one host: the first to start holds the port (the others log it).
+        self.metrics_listener = serve_metrics(self.api, metrics.host, metrics.port) if metrics.port else None
         self._default_rate = self.api.limiter.default if self.api.limiter is not None else None
         self.follower = None
         if spec.policy_store is not None:

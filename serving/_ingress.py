@@ -10,6 +10,10 @@ its full blocks with the tenant namespace as salt (what the prefix-affinity rout
 on), then calls a model replica through the ``Backend``. Every response carries the ``x-evocache-*`` headers of
 the replica's ``Decision``; a stream sends them before its first chunk. 503 when no replica answers in time.
 
+``GET /metrics`` shows every tenant's traffic, so it is the operator's: it answers only a request with an admin
+key (``AdminKeys``; a tenant's key gets 403, no key 401). ``serve_metrics`` serves it without a key on a separate
+listener instead, bound to loopback by default, for a scraper on the same host.
+
 ``Backend`` is the seam to the replicas: over a Ray Serve handle in a deployment (``serving._deployment``), or a
 ``ModelServer`` in this process (``LocalBackend``, for tests and embedding).
 """
@@ -20,6 +24,7 @@ import asyncio
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -31,7 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 from evocache.controller import block_hashes, namespace_for
 
-from ._auth import KeyStore, Rate, RateLimiter, authenticate
+from ._auth import AdminKeys, KeyStore, Rate, RateLimiter, authenticate
 from ._model import Tokenizer
 from ._protocol import (
     AssistantMessage,
@@ -71,17 +76,20 @@ class Backend(Protocol):
 
 
 class Api:
-    """The ingress's state: the model it names, its tokenizer and block hashing, keys, rate limits, backend."""
+    """The ingress's state: the model it names, its tokenizer and block hashing, keys (the tenants', and the
+    admin keys that read ``/metrics``), rate limits, backend."""
 
     def __init__(self, *, model_id: str, model_revision: str, tokenizer: Tokenizer, backend: Backend,
                  keys: KeyStore, block_size: int = 16, default_max_tokens: int = 64, limits: Limits = Limits(),
                  rate: Rate | None = None, clock: Callable[[], float] = time.monotonic,
-                 ready_timeout_s: float = 30.0, block_extras: tuple[str, ...] | None = None) -> None:
+                 ready_timeout_s: float = 30.0, block_extras: tuple[str, ...] | None = None,
+                 admin_keys: AdminKeys = AdminKeys()) -> None:
         self.model_id = model_id
         self.model_revision = model_revision
         self.tokenizer = tokenizer
         self.backend = backend
         self.keys = keys
+        self.admin_keys = admin_keys
         self.block_size = block_size
         # What a block hash binds besides tokens and tenant: the replicas' (ServerSpec.block_extras), so the
         # router's hashes are the KV cache's.
@@ -97,6 +105,15 @@ class Api:
                                 ["endpoint", "status"], registry=self.registry)
         self.latency = Histogram("evocache_http_request_seconds", "Time to the response (to the first chunk "
                                  "of a stream)", ["endpoint"], registry=self.registry)
+
+    async def exposition(self) -> bytes:
+        """The ingress's own metrics and every fresh replica's, merged (what ``/metrics`` serves)."""
+        try:
+            replicas = await asyncio.wait_for(self.backend.metrics(), timeout=5.0)
+        except Exception as exc:  # noqa: BLE001 - the ingress's own metrics are still worth serving
+            log.info("metrics: replicas unreachable: %s", exc)
+            replicas = b""
+        return generate_latest(self.registry) + replicas
 
     def set_tenant_rates(self, default: Rate | None, per_tenant: Mapping[str, Rate]) -> None:
         """Rate limits from the policy's tenant section: ``default`` for tenants it does not name."""
@@ -299,16 +316,46 @@ def build_fastapi(api: Api) -> FastAPI:
         return JSONResponse({"status": "ok", "model": api.model_id})
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
         try:
-            replicas = await asyncio.wait_for(api.backend.metrics(), timeout=5.0)
-        except Exception as exc:  # noqa: BLE001 - the ingress's own metrics are still worth serving
-            log.info("metrics: replicas unreachable: %s", exc)
-            replicas = b""
-        return PlainTextResponse(generate_latest(api.registry) + replicas,
-                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+            api.admin_keys.authorize(request.headers.get("authorization"), api.keys)
+        except ApiError as exc:
+            return _error(exc, "metrics", api)
+        return _exposition(await api.exposition())
 
     return app
+
+
+def _exposition(text: bytes) -> Response:
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def build_metrics_app(api: Api) -> FastAPI:
+    """An app serving only ``GET /metrics``, with no key: for a listener only the operator reaches."""
+    app = FastAPI(title="evocache metrics", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return _exposition(await api.exposition())
+
+    return app
+
+
+def serve_metrics(api: Api, host: str, port: int) -> Any:
+    """Serve ``build_metrics_app(api)`` on ``host:port`` (0: a free port) from a daemon thread, once it listens
+    or has failed to; returns the uvicorn server (``started`` says which; ``should_exit = True`` stops it). A
+    port already taken is logged, by uvicorn and here, and serves nothing."""
+    import uvicorn  # noqa: PLC0415 - only a deployment with a metrics port needs it here
+
+    server = uvicorn.Server(uvicorn.Config(build_metrics_app(api), host=host, port=port, log_level="warning",
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, name="evocache-metrics", daemon=True)
+    thread.start()
+    while not server.started and thread.is_alive():  # uvicorn's start-up either listens or ends the thread
+        time.sleep(0.01)
+    if not server.started:
+        log.warning("metrics: no listener on %s:%d (see uvicorn's error above)", host, port)
+    return server
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -5,6 +5,7 @@
     └── ApiError             a request is refused; carries the HTTP status and OpenAI's error fields
         ├── BadRequest       400: the body is malformed or a field is invalid (``param`` names it)
         ├── Unauthenticated  401: no, malformed or unknown API key
+        ├── Forbidden        403: a valid key that may not use this endpoint (a tenant's key on /metrics)
         ├── RateLimited      429: the tenant is over its request rate (``retry_after`` seconds)
         └── Unavailable      503: no replica (or key store) can serve the request now
 
@@ -45,6 +46,12 @@ class Unauthenticated(ApiError):
     status = 401
     error_type = "invalid_request_error"
     code = "invalid_api_key"
+
+
+class Forbidden(ApiError):
+    status = 403
+    error_type = "invalid_request_error"
+    code = "insufficient_permissions"
 
 
 class RateLimited(ApiError):

@@ -6,6 +6,7 @@ directory on the workers' PYTHONPATH): deterministic, instant, and counting thei
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +18,10 @@ from _helpers import eventually, free_port
 CALLS: list[str] = []
 
 KEYS = {"sk-acme-test-key-0001": ("acme", "pro"), "sk-globex-test-key-02": ("globex", "free")}
+# The operator's key for /metrics, which a server is given as its SHA-256 digest (MetricsConfig.admin_keys).
+ADMIN_KEY = "sk-operator-metrics-03"
+ADMIN_DIGEST = hashlib.sha256(ADMIN_KEY.encode()).hexdigest()
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 def echo_model(prompt: str, max_tokens: int) -> Iterator[str]:

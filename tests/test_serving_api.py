@@ -14,10 +14,20 @@ import time
 import httpx
 import openai
 import pytest
-from _serving_fixtures import CALLS, KEYS, UvicornThread, echo_model, write_keys
+from _serving_fixtures import ADMIN, ADMIN_DIGEST, CALLS, KEYS, UvicornThread, echo_model, write_keys
 
 from evocache.controller import EventsConfig, PolicyStoreConfig, StoreConfig, open_policy_store
-from evocache.serving import Api, FileKeyStore, LocalBackend, ModelConfig, ModelServer, ServerSpec, build_fastapi
+from evocache.serving import (
+    AdminKeys,
+    Api,
+    FileKeyStore,
+    LocalBackend,
+    ModelConfig,
+    ModelServer,
+    ServerSpec,
+    build_fastapi,
+    serve_metrics,
+)
 from evocache.serving._auth import tenant_rates
 from evocache.serving._model import ByteTokenizer, CallableGenerator
 
@@ -53,7 +63,8 @@ def served(tmp_path):
                          tokenizer=ByteTokenizer())
     # The rate limiter's clock stands still: a tenant's burst is all it gets, however slow the machine.
     api = Api(model_id="echo", model_revision="", tokenizer=ByteTokenizer(), backend=LocalBackend([server]),
-              keys=FileKeyStore.load(write_keys(tmp_path / "keys.yaml")), block_size=4, clock=lambda: 0.0)
+              keys=FileKeyStore.load(write_keys(tmp_path / "keys.yaml")), block_size=4, clock=lambda: 0.0,
+              admin_keys=AdminKeys.from_hex([ADMIN_DIGEST]))
     api.set_tenant_rates(*tenant_rates(store.load(store.state().active), None))
     with UvicornThread(build_fastapi(api)) as http:
         yield http, server, store
@@ -212,9 +223,41 @@ def test_models_health_and_metrics(served):
     assert [m.id for m in client(http).models.list()] == ["echo"]
     assert httpx.get(f"{http.url}/healthz").json()["status"] == "ok"
     client(http).completions.create(model="echo", prompt="count me", temperature=0)
-    text = httpx.get(f"{http.url}/metrics").text
+    text = httpx.get(f"{http.url}/metrics", headers=ADMIN).text
     assert 'replica="replica-a"' in text
     assert "evocache_http_requests_total" in text and "evocache_requests_total" in text
+
+
+def test_metrics_answer_the_admin_key_only_and_refuse_in_openais_error_shape(served):
+    http, _, _ = served
+    client(http).completions.create(model="echo", prompt="count me", temperature=0)
+    refusals = {
+        "tenant key": (403, "insufficient_permissions", {"Authorization": f"Bearer {GLOBEX}"}),
+        "no key": (401, "invalid_api_key", {}),
+        "unknown key": (401, "invalid_api_key", {"Authorization": "Bearer sk-guessed-admin"}),
+        "malformed": (401, "invalid_api_key", {"Authorization": "Basic c2stYWNtZQ=="}),
+    }
+    for name, (status, code, headers) in refusals.items():
+        r = httpx.get(f"{http.url}/metrics", headers=headers)
+        error = r.json()["error"]
+        assert (r.status_code, error["code"], error["type"]) == (status, code, "invalid_request_error"), name
+        assert "evocache_" not in r.text and "acme" not in r.text and "globex" not in r.text, name
+    text = httpx.get(f"{http.url}/metrics", headers=ADMIN).text
+    assert 'evocache_http_requests_total{endpoint="metrics",status="403"} 1.0' in text
+
+
+def test_the_metrics_listener_serves_without_a_key_on_loopback_only(tmp_path):
+    api = Api(model_id="echo", model_revision="", tokenizer=ByteTokenizer(), backend=_NoReplica(),
+              keys=FileKeyStore.load(write_keys(tmp_path / "keys.yaml")))
+    listener = serve_metrics(api, "127.0.0.1", 0)
+    try:
+        assert listener.started
+        (host, port), = [s.getsockname()[:2] for server in listener.servers for s in server.sockets]
+        assert host == "127.0.0.1"
+        assert "evocache_http_requests_total" in httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 404  # metrics only
+    finally:
+        listener.should_exit = True
 
 
 def test_a_new_policy_version_reaches_the_replica_without_a_restart(served):
@@ -275,5 +318,5 @@ def test_a_shadow_version_is_planned_beside_every_call_and_never_serves(served):
     assert r.headers["x-evocache-outcome"] == "hit"  # the shadow's bypass did not act
     tally = server.rollouts.shadow_tally()
     assert tally["shadow"] == "api-test@2" and tally["compared"] == 3 and tally["agreed"] == 0
-    metrics = httpx.get(f"{http.url}/metrics").text
+    metrics = httpx.get(f"{http.url}/metrics", headers=ADMIN).text
     assert "evocache_shadow_decisions_total" in metrics and 'agree="false"' in metrics

@@ -11,7 +11,10 @@ import redis
 
 from evocache.controller import Tenant
 from evocache.serving import (
+    AdminKeys,
     FileKeyStore,
+    Forbidden,
+    MetricsConfig,
     Rate,
     RateLimited,
     RateLimiter,
@@ -120,6 +123,58 @@ def test_a_key_file_that_is_a_fifo_or_a_directory_is_refused_without_waiting(tmp
 def test_a_missing_key_file_is_a_config_error(tmp_path):
     with pytest.raises(ServingConfigError, match="cannot read the API-key file"):
         FileKeyStore.load(tmp_path / "absent.yaml")
+
+
+ADMIN = AdminKeys.from_hex([hashlib.sha256(b"sk-operator").hexdigest()])
+
+
+def test_an_admin_key_is_authorized_and_a_tenants_key_is_forbidden(tmp_path):
+    store = FileKeyStore.load(_key_file(tmp_path, KEYS))
+    ADMIN.authorize("Bearer sk-operator", store)
+    with pytest.raises(Forbidden) as caught:
+        ADMIN.authorize("Bearer sk-acme", store)
+    assert (caught.value.status, caught.value.code) == (403, "insufficient_permissions")
+    assert "acme" not in caught.value.message
+
+
+@pytest.mark.parametrize(("header", "match"), [(None, "missing Authorization header"),
+                                                ("Basic c2stYWNtZQ==", "malformed Authorization header"),
+                                                ("Bearer sk-unknown", "unknown API key")])
+def test_no_key_a_malformed_or_an_unknown_one_is_unauthenticated_for_admin_endpoints(tmp_path, header, match):
+    store = FileKeyStore.load(_key_file(tmp_path, KEYS))
+    with pytest.raises(Unauthenticated, match=match):
+        ADMIN.authorize(header, store)
+
+
+def test_with_no_admin_key_configured_no_key_is_authorized(tmp_path):
+    store = FileKeyStore.load(_key_file(tmp_path, KEYS))
+    with pytest.raises(Unauthenticated):
+        AdminKeys().authorize("Bearer sk-operator", store)
+    with pytest.raises(Forbidden):
+        AdminKeys().authorize("Bearer sk-acme", store)
+
+
+def test_a_metrics_config_takes_sha256_digests_and_a_port_apart_from_the_apis():
+    from evocache.serving import ApiKeysConfig, ServerSpec, ServingConfig
+
+    digest = hashlib.sha256(b"sk-operator").hexdigest()
+    assert MetricsConfig(admin_keys=[digest]).admin_keys == (digest,)
+    assert (MetricsConfig().port, MetricsConfig().host) == (None, "127.0.0.1")
+    with pytest.raises(ValueError, match="String should match pattern"):
+        MetricsConfig(admin_keys=["sk-operator"])  # the key itself, not its digest
+    with pytest.raises(ValueError, match="metrics.port: 8000 is the API's port"):
+        ServingConfig(server=ServerSpec(model={"kind": "callable", "id": "m", "callable": "m:f"}),
+                      api_keys=ApiKeysConfig(file="keys.yaml"), port=8000, metrics=MetricsConfig(port=8000))
+
+
+def test_a_key_file_holds_one_key_its_owner_alone_reads(tmp_path):
+    from evocache.serving._auth import read_key_file
+
+    assert read_key_file(_key_file(tmp_path, "sk-operator\n", name="metrics-key")) == "sk-operator"
+    with pytest.raises(ServingConfigError, match="readable or writable by others"):
+        read_key_file(_key_file(tmp_path, "sk-operator\n", mode=0o640, name="shared-key"))
+    with pytest.raises(ServingConfigError, match="no valid key"):
+        read_key_file(_key_file(tmp_path, "sk operator\n", name="bad-key"))
 
 
 @pytest.mark.redis

@@ -20,7 +20,7 @@ import openai
 import pytest
 from _redis_server import RedisServer
 from _helpers import free_port
-from _serving_fixtures import KEYS, write_keys
+from _serving_fixtures import ADMIN, ADMIN_DIGEST, KEYS, write_keys
 
 from evocache.controller import (
     EventsConfig,
@@ -32,7 +32,14 @@ from evocache.controller import (
     read_events,
 )
 from evocache.dsl import PolicyError
-from evocache.serving import ApiKeysConfig, DeploymentConfig, ModelConfig, ServerSpec, ServingConfig
+from evocache.serving import (
+    ApiKeysConfig,
+    DeploymentConfig,
+    MetricsConfig,
+    ModelConfig,
+    ServerSpec,
+    ServingConfig,
+)
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -68,7 +75,7 @@ def app(tmp_path_factory):
     store_config = PolicyStoreConfig(directory=str(work / "policies"), poll_interval_s=0.2)
     store = open_policy_store(store_config)
     store.apply(policy(1))
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     config = ServingConfig(
         server=ServerSpec(
             model=ModelConfig(kind="callable", id="echo", callable="_serving_fixtures:slow_echo_model"),
@@ -80,7 +87,7 @@ def app(tmp_path_factory):
         api_keys=ApiKeysConfig(file=str(write_keys(work / "keys.yaml"))),
         deployment=DeploymentConfig(replicas=2, num_cpus=0.25, ingress_num_cpus=0.25, max_ongoing_requests=16,
                                     imbalance_threshold=8, routing_stats_period_s=0.5),
-        port=port,
+        port=port, metrics=MetricsConfig(admin_keys=(ADMIN_DIGEST,), port=metrics_port),
     )
     # Ray's workers import the test models from this directory.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
@@ -91,7 +98,8 @@ def app(tmp_path_factory):
     while httpx.get(f"{base}/healthz", timeout=5).status_code != 200:
         assert time.monotonic() < deadline, "the application did not become healthy"
         time.sleep(0.2)
-    yield {"base": base, "store": store, "redis": redis_server, "work": work}
+    yield {"base": base, "store": store, "redis": redis_server, "work": work,
+           "metrics": f"http://127.0.0.1:{metrics_port}/metrics"}
     serve.shutdown()
     ray.shutdown()
     store.close()
@@ -239,13 +247,17 @@ def test_metrics_cover_every_replica(app):
     ask(app, fresh("metrics"))
     deadline = time.monotonic() + 10
     while True:
-        text = httpx.get(f"{app['base']}/metrics").text
+        text = httpx.get(f"{app['base']}/metrics", headers=ADMIN).text
         replicas = {line.split('replica="')[1].split('"')[0] for line in text.splitlines()
                     if 'replica="' in line}
         if len(replicas) == 2 or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     assert len(replicas) == 2 and "evocache_http_requests_total" in text
+    # A tenant's key never reads them; the operator's loopback listener needs none.
+    refused = httpx.get(f"{app['base']}/metrics", headers={"Authorization": f"Bearer {next(iter(KEYS))}"})
+    assert refused.status_code == 403 and "evocache_" not in refused.text
+    assert "evocache_http_requests_total" in httpx.get(app["metrics"]).text
 
 
 def test_the_policy_commands_drive_the_running_replicas(app, tmp_path):
