@@ -16,7 +16,7 @@ semantic lookup (an embedding and a search).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,12 +64,68 @@ def replay_schedule(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class ArmMetrics:
+    """One arm over its requests: how many, the hit ratio (hits over keys asked for), the byte hit ratio,
+    wrong answers per request, and the lookup and model time per request (estimates, see the module
+    docstring)."""
+
+    requests: int
+    hit_ratio: float
+    byte_hit_ratio: float
+    wrong_rate: float
+    lookup_ms: float
+    model_ms: float
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ArmMetrics:
+        return cls(**data)
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """Two arms replayed over the same requests: each arm's metrics, the candidate's hit-ratio ``gain`` over
+    the base with its paired bootstrap interval ``ci`` (low, high), the change of the wrong-answer rate and
+    the requests counted."""
+
+    base: ArmMetrics
+    candidate: ArmMetrics
+    gain: float
+    ci: tuple[float, float]
+    wrong_change: float
+    requests: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """The comparison as plain values (what ``Evidence.from_replay`` stores)."""
+        return {
+            "base": self.base.to_dict(),
+            "candidate": self.candidate.to_dict(),
+            "gain": self.gain,
+            "ci": list(self.ci),
+            "wrong_change": self.wrong_change,
+            "requests": self.requests,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Comparison:
+        low, high = data["ci"]
+        return cls(
+            ArmMetrics.from_dict(data["base"]),
+            ArmMetrics.from_dict(data["candidate"]),
+            data["gain"],
+            (low, high),
+            data["wrong_change"],
+            data["requests"],
+        )
+
+
 def arm_metrics(
     requests: Sequence[Request], outcomes: Sequence[Outcome], costs: Costs = Costs()
-) -> dict[str, float]:
-    """One arm over ``requests``: hit ratio, byte hit ratio, wrong answers per request, and the lookup and
-    model
-    time per request (estimates, see the module docstring)."""
+) -> ArmMetrics:
+    """One arm over ``requests`` (``ArmMetrics``)."""
     keys = hits = wrong = requested = served = semantic = 0
     lookups = 0
     model_ms = 0.0
@@ -85,14 +141,14 @@ def arm_metrics(
         missed = (n - out.hits) / n if n else 0.0
         model_ms += missed * (req.latency_ms if req.latency_ms >= 0 else costs.ms_per_key * n)
     count = len(requests)
-    return {
-        "requests": count,
-        "hit_ratio": hits / keys if keys else 0.0,
-        "byte_hit_ratio": served / requested if requested else 0.0,
-        "wrong_rate": wrong / count if count else 0.0,
-        "lookup_ms": (lookups * costs.lookup_ms + semantic * costs.semantic_ms) / max(count, 1),
-        "model_ms": model_ms / max(count, 1),
-    }
+    return ArmMetrics(
+        requests=count,
+        hit_ratio=hits / keys if keys else 0.0,
+        byte_hit_ratio=served / requested if requested else 0.0,
+        wrong_rate=wrong / count if count else 0.0,
+        lookup_ms=(lookups * costs.lookup_ms + semantic * costs.semantic_ms) / max(count, 1),
+        model_ms=model_ms / max(count, 1),
+    )
 
 
 def bootstrap_gain(
@@ -133,9 +189,8 @@ def compare(
     seed: int = 0,
     costs: Costs = Costs(),
     models: Path | None = None,
-) -> dict[str, Any]:
-    """Replay ``windows`` under two schedules and compare them over the last ``measure`` windows: each arm's
-    metrics, the gain with its interval, and the wrong-rate change."""
+) -> Comparison:
+    """Replay ``windows`` under two schedules and compare them over the last ``measure`` windows."""
     if not 1 <= measure <= len(windows):
         raise ValueError(f"measure must be in 1..{len(windows)}, got {measure}")
     b = replay_schedule(windows, base, capacity, vectors=vectors, seed=seed, models=models)
@@ -145,14 +200,7 @@ def compare(
     co = [o for w in c[-measure:] for o in w]
     gain, low, high = bootstrap_gain(reqs, bo, co, seed=seed)
     base_m, cand_m = arm_metrics(reqs, bo, costs), arm_metrics(reqs, co, costs)
-    return {
-        "base": base_m,
-        "candidate": cand_m,
-        "gain": gain,
-        "ci": [low, high],
-        "wrong_change": cand_m["wrong_rate"] - base_m["wrong_rate"],
-        "requests": len(reqs),
-    }
+    return Comparison(base_m, cand_m, gain, (low, high), cand_m.wrong_rate - base_m.wrong_rate, len(reqs))
 
 
 def arm_difference(
@@ -180,3 +228,25 @@ def arm_difference(
     tail = (1 - level) / 2
     low, high = np.quantile(sa - sb, [tail, 1 - tail])
     return ra - rb, float(low), float(high)
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """A candidate judged against the policy in force: the ``comparison``, which ``view`` it comes from
+    (``lasting``: the candidate in force over every window; ``switch``: taking over for the measured windows
+    only), the ``windows`` measured (first, last) and when it was evaluated."""
+
+    comparison: Comparison
+    view: str
+    windows: tuple[int, int]
+    evaluated_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values: the comparison's, with the view, the windows and the time (``Evidence.from_replay``
+        keeps the plain scalars as its detail)."""
+        return {
+            **self.comparison.to_dict(),
+            "view": self.view,
+            "windows": list(self.windows),
+            "evaluated_at": self.evaluated_at,
+        }

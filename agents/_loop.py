@@ -1,21 +1,30 @@
-"""The loop as a LangGraph graph, and the driver that runs it over a trace.
+"""The loop as a LangGraph graph: one pass per window of traffic.
 
-One pass per window of traffic:
+    START ── reconcile ── observe ── diagnose ─┬─ analyse ── act ── END         (a canary is out)
+                                               └─ retrain ── propose ─┬─ END     (nothing worth it)
+                                                                      ├─ hold ── END
+                                                                      ├─ approve ── canary ── END
+                                                                      └─ review ── decide ─┬─ canary ── END
+                                                                                           └─ END
 
-    observe ── diagnose ─┬─ (a canary is out) ── watch ── END          promote, roll back, go on, or wait
-                         └─ retrain ── propose ─┬─ (nothing worth it) ── END
-                                                ├─ (inconclusive) ── waits for a person ── END
-                                                ├─ (inside the guardrails) ── approve ── canary ── END
-                                                └─ review (interrupt) ── decide ── canary ── END
+Every window is diagnosed, a canary out or not, so a drift during a canary is seen when it comes. A route is
+named after the node it leads to.
 
-Every window is diagnosed, a canary out or not, so a drift during a canary is seen when it comes.
+State is plain data (``LoopState``): the window's index, the findings, the proposal id, a person's verdict,
+the canary's analysis, and the loop's memory (``agents._memory.Memory``: the windows served, the series, when
+each canary started and each promotion came, the kept model, the report's retrains and breaches). The memory
+is handed in with each pass and handed back by it, and the SQLite checkpointer keeps it with the pass, so a
+review resumed from another process (``resume_review``) sees the history the waiting pass saw.
 
-State is plain data (the window, the findings, the proposal id, the verdict); what the nodes act on (the
-policy store, the proposal store, the windows seen) is the ``LoopContext`` the graph was built with.
-``review`` holds nothing but its ``interrupt``: the thread waits in the SQLite checkpointer, and any process
-that builds the graph over the same stores and checkpointer resumes it (``resume_review``), as ``evocache
-proposals approve`` does. The canary is the policy store's canary fraction, the one serving reads; ``canary``
-refuses a proposal whose base is no longer the policy in force (its evidence is stale) and marks it so.
+Each node is a function of the state that returns an update. The nodes that only read and compute
+(``observe``, ``diagnose``, ``analyse``) write nothing; every write to the policy store and the proposal store
+goes through the ``Actuator`` (``agents._actuator``), from the nodes ``reconcile`` (evidence that no longer
+holds; approved proposals with no pass waiting on them), ``act`` (the canary's verdict), ``propose`` (the new
+proposal, superseding older ones), ``hold``, ``approve``, ``decide`` and ``canary``. ``retrain`` writes the
+model file it keeps. ``review`` holds nothing but its ``interrupt``: the thread waits in the SQLite
+checkpointer, and any process that builds the graph over the same stores and checkpointer resumes it, as
+``evocache proposals approve`` does. ``canary`` refuses a proposal whose base is no longer the policy in force
+(its evidence is stale) and judges its edits again.
 """
 
 from __future__ import annotations
@@ -24,25 +33,27 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypedDict
 from urllib.parse import urlsplit, urlunsplit
 
 from evocache.controller import PolicyStore
-from evocache.dsl import Policy
+from evocache.dsl import Policy, parse_policy
 
+from ._actuator import Actuator
 from ._candidates import Edit, apply_edits, candidate_edits
-from ._evidence import Step, arm_difference, arm_metrics, compare
+from ._canary import CanaryEvidence, CanaryRules, CanaryVerdict, analyse_canary
+from ._evidence import Comparison, Judgement, Step, arm_difference, arm_metrics, compare
+from ._memory import Memory, WindowRecord, empty_memory, series_from_dict, series_to_dict
 from ._types import Finding, Outcome, Request, Series, WindowStats, step_series, window_stats
 
 log = logging.getLogger("evocache.agents")
 
 DRIFT_KINDS = ("key-drift", "mix-drift")
 """What reports a drift: the workload moved (its keys, its mix). A change point of the hit ratio is a finding
-of
-its own: the cache's answer to a drift, a warm-up or a policy change, not the workload."""
+of its own: the cache's answer to a drift, a warm-up or a policy change, not the workload."""
 
 HISTORY = 60
 """Windows whose key counts the loop keeps (the drift tests read the newest 30)."""
@@ -56,11 +67,13 @@ class LoopState(TypedDict, total=False):
     run: str
     thread: str
     window: int
+    memory: Memory
     policy: str
     route: str
     findings: list[dict[str, Any]]
     proposal: str | None
-    verdict: dict[str, Any] | None
+    verdict: dict[str, Any] | None  # a person's, from the review
+    canary: dict[str, Any] | None  # the canary's analysis: proposal, phase, reason, windows, evidence, span
     notes: list[str]
 
 
@@ -82,28 +95,17 @@ class LoopConfig:
     retrain_every: int = 4
 
 
-@dataclass
-class WindowRecord:
-    """A window as it was served: its requests, outcomes, the schedule step, and which requests ran the
-    canary."""
+class Loop:
+    """What the graph's nodes work with: the stores (``policies``, the one serving reads; ``proposals``, a
+    ``ProposalStore``), the ``Actuator`` that writes them, and how to judge (``capacity`` of the replayed L1,
+    ``config``, ``vectors`` of semantic prompts, ``diagnose``, the optional ``planner``, ``model_dir`` of the
+    trained eviction models). ``model`` is what serves the traffic (model id, revision, prompt-template hash):
+    with the policy in force and a fingerprint of the recent output lengths, it is the context every
+    proposal's evidence is stored under, and a change of any of them makes undecided proposals stale.
 
-    index: int
-    requests: Sequence[Request]
-    outcomes: list[Outcome]
-    step: Step
-    canary_arm: list[bool]
-    stats: WindowStats
-    findings: list[Finding] = field(default_factory=list)
-    signals: dict[str, float] = field(default_factory=dict)  # the mean of each other signal over the window
-
-
-class LoopContext:
-    """What the graph's nodes act on. ``proposals`` is a ``ProposalStore``; ``policies`` the policy store
-    serving reads; ``windows`` the windows served so far (empty in a process that only resumes reviews).
-    ``model`` is what serves the traffic (model id, revision, prompt-template hash): with the policy in force
-    and a fingerprint of the recent output lengths, it is the context every proposal's evidence is stored
-    under, and a
-    change of any of them makes undecided proposals stale (``check_evidence``)."""
+    It holds no memory of its own: every method that reads the history takes the ``Memory`` (or the windows
+    made from it), and every one that changes it returns the new one. It only keeps, per process, the typed
+    records it made from the memory's plain windows, so that they are made once."""
 
     def __init__(
         self,
@@ -122,67 +124,97 @@ class LoopContext:
     ) -> None:
         self.policies = policies
         self.proposals = proposals
+        self.actuator = Actuator(policies, proposals, actor)
         self.capacity = capacity
         self.config = config
         self.vectors = vectors
-        self.windows: list[WindowRecord] = []
-        self.series: list[Series] = []
         self._diagnose = diagnose
         self.plots_dir = plots_dir
         self.actor = actor
-        self.top_version = 0
-        self.canary_started: dict[str, int] = {}
-        self.promoted_at: dict[str, tuple[int, int]] = {}  # proposal -> (canary start, promotion window)
-        self.breaches: list[dict[str, Any]] = []
         self.planner = planner  # an ``agents._planner.Planner`` or None
-        self.model = model  # what serves the traffic: (model id, revision, prompt template hash)
+        self.model = model
         self.model_dir = model_dir
-        self.retrains: list[dict[str, Any]] = []
-        self._kept_model: dict[str, Any] | None = None  # the newest kept retrain, until proposed
+        self._records: dict[int, tuple[dict[str, Any], WindowRecord]] = {}
+        self._series: tuple[list[dict[str, Any]], list[Series]] | None = None
+        self._loaded: dict[str, Policy] = {}
 
-    # -- observing -------------------------------------------------------------------------------------------
+    # -- the memory's windows ------------------------------------------------------------------------------
 
-    def record(
+    def load(self, ref: str) -> Policy:
+        policy = self._loaded.get(ref)
+        if policy is None:
+            policy = self._loaded[ref] = self.policies.load(ref)
+        return policy
+
+    def records(self, memory: Memory) -> list[WindowRecord]:
+        """The memory's windows as typed records, oldest first."""
+        return [self._record(plain) for plain in memory["windows"]]
+
+    def _record(self, plain: dict[str, Any]) -> WindowRecord:
+        cached = self._records.get(plain["index"])
+        if cached is not None and cached[0] is plain:
+            return cached[1]
+        rec = WindowRecord.from_dict(plain, self.load)
+        self._records[rec.index] = (plain, rec)
+        return rec
+
+    def _keep(self, rec: WindowRecord) -> dict[str, Any]:
+        plain = rec.to_dict()
+        self._records[rec.index] = (plain, rec)
+        return plain
+
+    def series(self, memory: Memory) -> list[Series]:
+        plain = memory["series"]
+        if self._series is None or self._series[0] is not plain:
+            self._series = (plain, [series_from_dict(s) for s in plain])
+        return self._series[1]
+
+    def remember(
         self,
+        memory: Memory,
         requests: Sequence[Request],
         outcomes: list[Outcome],
         step: Step,
         canary_arm: list[bool],
         signals: Sequence[Series] = (),
-    ) -> WindowRecord:
-        """Keep one served window, with the other ``signals`` read over its span (GPU, host, profiler and
-        Nsight Compute series: kept with the cache's own series for diagnosis, and their means in the
-        window's record). Only the newest windows keep their requests (what replay needs); older ones keep
-        their summary, and only the newest ``HISTORY`` windows their key counts, so a loop that runs for days
-        holds a bounded amount."""
-        index = len(self.windows)
+    ) -> tuple[Memory, WindowRecord]:
+        """The memory with one more served window, and its record: the window with the other ``signals``
+        read over its span (GPU, host, profiler and Nsight Compute series: kept with the cache's own series
+        for diagnosis, and their means in the window's record). Only the newest windows keep their requests
+        (what replay needs); older ones keep their summary, and only the newest ``HISTORY`` windows their key
+        counts, so a loop that runs for days holds a bounded amount."""
+        windows = list(memory["windows"])
+        index = len(windows)
         stats = window_stats(index, str(step[0].ref), requests, outcomes)
         means = {_series_name(s): float(sum(s.v) / len(s.v)) for s in signals if s.v}
-        rec = WindowRecord(index, requests, outcomes, step, canary_arm, stats, signals=means)
-        self.windows.append(rec)
+        rec = WindowRecord(
+            index, tuple(requests), tuple(outcomes), step, tuple(canary_arm), stats, signals=means
+        )
+        windows.append(self._keep(rec))
+        series = memory["series"]
         if requests:
             first, last = min(r.t for r in requests), max(r.t for r in requests)
             step_s = self.config.step_s or max(last - first, 1e-6) / 20
             own = step_series(requests, outcomes, start=first, end=last, step_s=step_s)
-            self.series = _merge_series([*self.series, *own, *signals])
-        self._forget(step[0].guardrails.rollout.max_windows)
-        return rec
+            merged = _merge_series([*self.series(memory), *own, *signals])
+            series = [series_to_dict(s) for s in merged]
+            self._series = (series, merged)
+        self._forget(windows, step[0].guardrails.rollout.max_windows)
+        return {**memory, "windows": windows, "series": series}, rec
 
-    def _forget(self, canary_windows: int) -> None:
+    def _forget(self, windows: list[dict[str, Any]], canary_windows: int) -> None:
         cfg = self.config
         keep = cfg.warmup + max(cfg.measure, cfg.realise) + canary_windows + 2
-        if len(self.windows) > keep:
-            old = self.windows[-keep - 1]
-            if old.requests:
-                old.requests, old.outcomes, old.canary_arm = (), [], []
-        if len(self.windows) > HISTORY:
-            old = self.windows[-HISTORY - 1]
-            if old.stats.keys:
-                old.stats = replace(old.stats, keys={})
+        if len(windows) > keep and windows[-keep - 1]["requests"]:
+            rec = self._record(windows[-keep - 1])
+            windows[-keep - 1] = self._keep(rec.forgotten(requests=True, keys=False))
+        if len(windows) > HISTORY and windows[-HISTORY - 1]["stats"]["keys"]:
+            rec = self._record(windows[-HISTORY - 1])
+            windows[-HISTORY - 1] = self._keep(rec.forgotten(requests=False, keys=True))
 
-    def history(self) -> list[WindowStats]:
+    def history(self, records: Sequence[WindowRecord]) -> list[WindowStats]:
         """The newest ``HISTORY`` windows' summaries, oldest first: what diagnosis reads."""
-        return [w.stats for w in self.windows[-HISTORY:]]
+        return [w.stats for w in records[-HISTORY:]]
 
     def active(self) -> Policy:
         from .errors import AgentError
@@ -190,25 +222,28 @@ class LoopContext:
         state = self.policies.state()
         if state.active is None:
             raise AgentError("the policy store has no policy in force")
-        return self.policies.load(state.active)
+        return self.load(state.active)
 
     # -- diagnosis -----------------------------------------------------------------------------------------
 
-    def diagnose(self) -> list[Finding]:
-        if self._diagnose is None or not self.windows:
-            return []
-        findings = self._diagnose(self.history(), self.series, plots_dir=self.plots_dir)
-        self.windows[-1].findings = findings
-        return findings
+    def diagnose(self, memory: Memory) -> tuple[list[Finding], Memory]:
+        """This pass's findings, and the memory with them on the newest window."""
+        records = self.records(memory)
+        if self._diagnose is None or not records:
+            return [], memory
+        findings = self._diagnose(self.history(records), self.series(memory), plots_dir=self.plots_dir)
+        windows = list(memory["windows"])
+        windows[-1] = self._keep(replace(records[-1], findings=tuple(findings)))
+        return findings, {**memory, "windows": windows}
 
     # -- the evidence's context ---------------------------------------------------------------------------
 
-    def evidence_context(self, policy: Policy) -> Any:
+    def evidence_context(self, records: Sequence[WindowRecord], policy: Policy) -> Any:
         """What traffic is served by now (``agents._fingerprint.EvidenceContext``): ``policy``, the model, and
         a fingerprint of the recent windows' output lengths (None with fewer than 64 known)."""
         from ._fingerprint import EvidenceContext, OutputFingerprint
 
-        span = self.windows[-(self.config.warmup + self.config.measure) :]
+        span = records[-(self.config.warmup + self.config.measure) :]
         lengths = [n for w in span for n in w.stats.output_tokens if n >= 0]
         fingerprint = OutputFingerprint.of_lengths(lengths) if len(lengths) >= 64 else None
         model_id, revision, template = self.model
@@ -221,14 +256,15 @@ class LoopContext:
             output_fingerprint=fingerprint,
         )
 
-    def check_evidence(self) -> list[tuple[str, str]]:
+    def check_evidence(self, memory: Memory) -> tuple[list[tuple[str, str]], Memory]:
         """Every proposal still to be decided or rolled out (proposed, waiting, approved) whose evidence no
         longer holds under the context now (another policy in force, another model or template, outputs of
         another shape) becomes stale; an approved one is judged again (``reevaluate``). ``(id, reason)`` of
-        each."""
-        if not self.windows:
-            return []
-        now = self.evidence_context(self.active())
+        each, and the memory after."""
+        records = self.records(memory)
+        if not records:
+            return [], memory
+        now = self.evidence_context(records, self.active())
         moved = []
         for p in self.proposals.list():
             if p.status not in ("proposed", "waiting", "approved"):
@@ -238,92 +274,81 @@ class LoopContext:
             if reason is not None:
                 moved.append((p.id, reason))
                 if was == "approved":
-                    self.reevaluate(p.id)
-        return moved
+                    _, _, memory = self.reevaluate(memory, p.id)
+        return moved, memory
 
     # -- retraining ----------------------------------------------------------------------------------------
 
-    def retrain(self) -> dict[str, Any] | None:
+    def retrain(self, memory: Memory) -> tuple[dict[str, Any] | None, Memory]:
         """Every ``retrain_every`` windows: train the learned eviction model on the recent windows' head and
         keep it only when it beats the policy in force on their held-back tail (``agents._retrain``). A kept
         model makes ``eviction: {l1: learned, model: <its file>}`` a candidate of the next proposal, judged by
         replay like any edit (over a learned policy in force, the newer model is the candidate).
-        What it found, or None when it did not run."""
+        What it found (None when it did not run), and the memory after."""
         every = self.config.retrain_every
-        if every <= 0 or self.model_dir is None or not self.windows or (len(self.windows) % every):
-            return None
+        records = self.records(memory)
+        if every <= 0 or self.model_dir is None or not records or (len(records) % every):
+            return None, memory
         from ._retrain import retrain
 
         base = self.active()
-        reqs, _ = self.schedule_span(len(self.windows) - 1, self.config.warmup + self.config.measure)
+        reqs = _span(records, len(records) - 1, self.config.warmup + self.config.measure)
         result = retrain(
-            [r for w in reqs for r in w],
+            [r for w in reqs for r in w.requests],
             base,
             capacity=self.capacity,
             model_dir=self.model_dir,
             seed=self.config.seed,
             vectors=self.vectors,
         )
-        found = {"window": len(self.windows) - 1, **result.to_dict()}
-        self.retrains.append(found)
+        found = {"window": len(records) - 1, **result.to_dict()}
+        memory = {**memory, "retrains": [*memory["retrains"], found]}
         if result.kept:
-            self._kept_model = found
-        return found
+            memory["kept_model"] = found
+        return found, memory
 
     # -- proposing -----------------------------------------------------------------------------------------
 
     def busy(self) -> bool:
         """Whether a change is on its way out (approved, or on the canary): one change at a time. A proposal
-        waiting for a person does not hold the loop up; a newer one supersedes it (``supersede``)."""
+        waiting for a person does not hold the loop up; a newer one supersedes it."""
         return any(p.status in ("approved", "canary") for p in self.proposals.list())
 
-    def supersede(self, newer: str) -> list[str]:
-        """Move every proposal still waiting for a decision (``proposed``, ``waiting``) other than ``newer``
-        to
-        stale: its evidence is older than ``newer``'s, judged on the same policy or an older one."""
-        moved = []
-        for p in self.proposals.list():
-            if p.id != newer and p.status in ("proposed", "waiting"):
-                self.proposals.transition(
-                    p.id, "stale", actor=self.actor, note=f"superseded by {newer}, judged on newer windows"
-                )
-                moved.append(p.id)
-        return moved
-
-    def reevaluate(self, proposal_id: str) -> tuple[Any | None, str]:
+    def reevaluate(self, memory: Memory, proposal_id: str) -> tuple[Any | None, str, Memory]:
         """A stale proposal's edits judged again, on the policy in force and the newest windows: a new
-        proposal (its route, as ``propose`` gives) when the edits still apply and still gain, else ``(None,
-        "end")``."""
+        proposal and its route (as ``propose`` gives) when the edits still apply and still gain, else
+        ``(None, "end")``; and the memory after."""
         old = self.proposals.get(proposal_id)
-        if not self.windows or not old.edits:
-            return None, "end"
+        records = self.records(memory)
+        if not records or not old.edits:
+            return None, "end", memory
         base = self.active()
         edits = [Edit.from_dict(e) for e in old.edits]
         try:
             cand = apply_edits(
                 base,
                 [replace(e, old=_current(base, e.path, e.old)) for e in edits],
-                max(self.top_version, base.version) + 1,
+                max(memory["top_version"], base.version) + 1,
             )
         except (ValueError, KeyError) as exc:
             log.info("stale proposal %s no longer applies to %s: %s", old.id, base.ref, exc)
-            return None, "end"
-        evidence = self.judge(base, cand, switch=any(e.kind == "eviction" for e in edits))
-        if not self._acceptable(base, evidence):
-            return None, "end"
+            return None, "end", memory
+        judged = self.judge(records, base, cand, switch=any(e.kind == "eviction" for e in edits))
+        if not self._acceptable(base, judged.comparison):
+            return None, "end", memory
         findings = [Finding.from_dict(f) for f in old.findings]
-        proposal = self._store_proposal(base, cand, edits, findings, evidence, None)
-        self.top_version = cand.version
-        return proposal, self._route(base, edits, evidence)
-
-    def schedule_span(self, last: int, count: int) -> tuple[list[Sequence[Request]], list[Step]]:
-        first = max(0, last - count + 1)
-        recs = self.windows[first : last + 1]
-        return [r.requests for r in recs], [r.step for r in recs]
+        proposal = self.store_proposal(records, base, cand, edits, findings, judged, None)
+        return proposal, self._route(base, edits, judged.comparison), {**memory, "top_version": cand.version}
 
     def judge(
-        self, base: Policy, candidate: Policy, *, last: int | None = None, switch: bool = False
-    ) -> dict[str, Any]:
+        self,
+        records: Sequence[WindowRecord],
+        base: Policy,
+        candidate: Policy,
+        *,
+        last: int | None = None,
+        switch: bool = False,
+    ) -> Judgement:
         """Replay evidence for ``candidate`` against ``base`` over the windows up to ``last`` (the newest by
         default), from the same cold cache, the last ``measure`` counted. Each policy is in force over all
         ``warmup + measure`` windows, so each arm's cache holds what its own policy kept and the gain is the
@@ -333,123 +358,130 @@ class LoopContext:
         the less favourable of the two (the lower end of its interval): a class that only wins the transition
         after a drift, or only once it has the cache to itself, is not shown to be better."""
         cfg = self.config
-        last = len(self.windows) - 1 if last is None else last
-        reqs, _ = self.schedule_span(last, cfg.warmup + cfg.measure)
+        last = len(records) - 1 if last is None else last
+        reqs = [w.requests for w in _span(records, last, cfg.warmup + cfg.measure)]
         measure = min(cfg.measure, len(reqs))
-        base_steps = [(base, None, 0.0)] * len(reqs)
-        views = {"lasting": [(candidate, None, 0.0)] * len(reqs)}
+        base_steps: list[Step] = [(base, None, 0.0)] * len(reqs)
+        views: dict[str, list[Step]] = {"lasting": [(candidate, None, 0.0)] * len(reqs)}
         if switch:
             views["switch"] = base_steps[: len(reqs) - measure] + [(candidate, None, 0.0)] * measure
-        judged = {
-            name: compare(
-                reqs,
-                base_steps,
-                steps,
-                measure=measure,
-                capacity=self.capacity,
-                vectors=self.vectors,
-                seed=cfg.seed,
-                models=self.model_dir,
-            )
-            for name, steps in views.items()
-        }
-        view = min(judged, key=lambda name: judged[name]["ci"][0])
-        evidence = judged[view]
-        evidence["view"] = view
-        evidence["windows"] = [last - measure + 1, last]
-        evidence["evaluated_at"] = time.time()
-        return evidence
+        judged = {name: self._compare(reqs, base_steps, steps, measure) for name, steps in views.items()}
+        view = min(judged, key=lambda name: judged[name].ci[0])
+        return Judgement(judged[view], view, (last - measure + 1, last), time.time())
 
-    def propose(self, findings: Sequence[Finding], thread: str | None = None) -> tuple[Any | None, str]:
-        """The best candidate as a stored proposal and its route (``end``, ``wait``, ``auto``, ``review``)."""
-        if self.busy() or len(self.windows) < 2:
-            return None, "end"
+    def _compare(
+        self, reqs: Sequence[Sequence[Request]], base: Sequence[Step], cand: Sequence[Step], measure: int
+    ) -> Comparison:
+        return compare(
+            reqs,
+            base,
+            cand,
+            measure=measure,
+            capacity=self.capacity,
+            vectors=self.vectors,
+            seed=self.config.seed,
+            models=self.model_dir,
+        )
+
+    def propose(
+        self, memory: Memory, findings: Sequence[Finding], thread: str | None = None
+    ) -> tuple[Any | None, str, Memory]:
+        """The best candidate as a stored proposal and its route (``end``, ``hold``, ``approve``,
+        ``review``), older undecided proposals superseded; and the memory after."""
+        records = self.records(memory)
+        if self.busy() or len(records) < 2:
+            return None, "end", memory
         base = self.active()
-        recent = self.history()[-(self.config.warmup + self.config.measure) :]
+        recent = self.history(records)[-(self.config.warmup + self.config.measure) :]
         edits = candidate_edits(base, findings, recent)[: self.config.max_candidates]
-        version = max(self.top_version, base.version) + 1
-        if self._kept_model is not None:
-            kept = Edit.from_dict(self._kept_model["edit"])
+        version = max(memory["top_version"], base.version) + 1
+        kept_model = memory["kept_model"]
+        if kept_model is not None:
+            kept = Edit.from_dict(kept_model["edit"])
             if kept.old == {"l1": base.eviction.l1 or "lru", "model": base.eviction.model}:
                 # still an edit of the policy in force (it was not replaced since the model was trained)
-                was = f"{base.eviction.l1 or 'lru'}" + (f" ({base.eviction.model})" if base.eviction.model else "")
+                model = f" ({base.eviction.model})" if base.eviction.model else ""
+                was = f"{base.eviction.l1 or 'lru'}{model}"
                 why = (
                     f"a retrained model beat {was} on held-back traffic: "
-                    f"{self._kept_model['new_hit_ratio']:.3f} against {self._kept_model['base_hit_ratio']:.3f}"
+                    f"{kept_model['new_hit_ratio']:.3f} against {kept_model['base_hit_ratio']:.3f}"
                 )
                 edits.append(Edit(kept.kind, kept.path, kept.old, kept.new, why))
-            self._kept_model = None
-        span = self.windows[-(self.config.warmup + self.config.measure) :]
+            memory = {**memory, "kept_model": None}
+        span = records[-(self.config.warmup + self.config.measure) :]
         if any(f.kind in DRIFT_KINDS for w in span for f in w.findings):
             # replayed across a drift, an eviction class is judged on how it weathers the transition, which
             # says little about how it does in the new regime: judged once the span is past the drift
             edits = [e for e in edits if e.kind != "eviction"]
         rationale = ""
         if self.planner is not None:
-            planned = self._plan(base, findings, edits, version)
+            planned = self._plan(records, memory["retrains"], base, findings, edits, version)
             rationale = planned.rationale
             known = {(e.path, e.new) for e in edits}
             edits += [e for e in planned.edits if (e.path, e.new) not in known]
         if not edits:
-            return None, "end"
-        scored: list[tuple[float, list[Edit], Policy, dict[str, Any]]] = []
+            return None, "end", memory
+        scored: list[tuple[float, list[Edit], Policy, Judgement]] = []
         for edit in edits:
             try:
                 cand = apply_edits(base, [edit], version)
-            except (
-                ValueError
-            ) as exc:  # PolicyError / StoreConfigError: the loop never proposes what check rejects
+            except ValueError as exc:  # PolicyError, StoreConfigError: never propose what check rejects
                 log.info("edit %s refused by policy check: %s", edit.path, exc)
                 continue
-            evidence = self.judge(base, cand, switch=edit.kind == "eviction")
+            judged = self.judge(records, base, cand, switch=edit.kind == "eviction")
+            c = judged.comparison
             log.info(
                 "window %d: %s %s -> %s: gain %+.4f [%+.4f, %+.4f]",
-                len(self.windows) - 1,
-                edit.kind,
-                edit.path,
-                edit.new,
-                evidence["gain"],
-                *evidence["ci"],
+                len(records) - 1, edit.kind, edit.path, edit.new, c.gain, *c.ci,
             )
-            if self._acceptable(base, evidence):
-                scored.append((evidence["ci"][0], [edit], cand, evidence))
+            if self._acceptable(base, c):
+                scored.append((c.ci[0], [edit], cand, judged))
         if len(scored) >= 2:  # the two best edits of different settings together
             scored.sort(key=lambda s: s[0], reverse=True)
             a, b = scored[0], scored[1]
             if a[1][0].path != b[1][0].path:
                 try:
                     cand = apply_edits(base, a[1] + b[1], version)
-                    evidence = self.judge(base, cand, switch=any(e.kind == "eviction" for e in a[1] + b[1]))
-                    if self._acceptable(base, evidence) and evidence["ci"][0] > a[0]:
-                        scored.append((evidence["ci"][0], a[1] + b[1], cand, evidence))
+                    switch = any(e.kind == "eviction" for e in a[1] + b[1])
+                    judged = self.judge(records, base, cand, switch=switch)
+                    if self._acceptable(base, judged.comparison) and judged.comparison.ci[0] > a[0]:
+                        scored.append((judged.comparison.ci[0], a[1] + b[1], cand, judged))
                 except ValueError as exc:
                     log.info("combined edit refused by policy check: %s", exc)
         if not scored:
-            return None, "end"
+            return None, "end", memory
         scored.sort(key=lambda s: s[0], reverse=True)
-        _, chosen, cand, evidence = scored[0]
-        proposal = self._store_proposal(base, cand, chosen, findings, evidence, thread, rationale)
-        self.top_version = cand.version
-        self.supersede(proposal.id)
-        return proposal, self._route(base, chosen, evidence)
+        _, chosen, cand, judged = scored[0]
+        proposal = self.store_proposal(records, base, cand, chosen, findings, judged, thread, rationale)
+        self.actuator.supersede(proposal.id)
+        return proposal, self._route(base, chosen, judged.comparison), {**memory, "top_version": cand.version}
 
-    def _acceptable(self, base: Policy, evidence: dict[str, Any]) -> bool:
+    @staticmethod
+    def _acceptable(base: Policy, evidence: Comparison) -> bool:
         floor = base.guardrails.auto_approve.min_gain if base.guardrails.auto_approve else 0.0
         max_error = base.slo.max_error_rate
-        wrong = evidence["candidate"]["wrong_rate"]
-        within_error = wrong <= evidence["base"]["wrong_rate"] + 1e-12 or (
+        wrong = evidence.candidate.wrong_rate
+        within_error = wrong <= evidence.base.wrong_rate + 1e-12 or (
             max_error is not None and wrong <= max_error
         )
-        return evidence["gain"] > floor and evidence["ci"][0] > floor and within_error
+        return evidence.gain > floor and evidence.ci[0] > floor and within_error
 
-    def _route(self, base: Policy, edits: Sequence[Edit], evidence: dict[str, Any]) -> str:
-        if evidence["requests"] < base.guardrails.rollout.min_requests:
-            return "wait"
+    def _route(self, base: Policy, edits: Sequence[Edit], evidence: Comparison) -> str:
+        if evidence.requests < base.guardrails.rollout.min_requests:
+            return "hold"
         if not self.config.interactive and all(e.auto_approvable(base) for e in edits):
-            return "auto"
+            return "approve"
         return "review"
 
-    def _plan(self, base: Policy, findings: Sequence[Finding], edits: Sequence[Edit], version: int) -> Any:
+    def _plan(
+        self,
+        records: Sequence[WindowRecord],
+        retrains: Sequence[dict[str, Any]],
+        base: Policy,
+        findings: Sequence[Finding],
+        edits: Sequence[Edit],
+        version: int,
+    ) -> Any:
         """Ask the planner (its tools: this pass's findings, replay and diff of a candidate, the last
         retrain); its edits join the candidates, judged by replay like the others."""
         from evocache.dsl import diff_policies
@@ -459,29 +491,33 @@ class LoopContext:
         tools = PlannerTools(
             base=base,
             diagnose=lambda: summarise_findings(findings),
-            replay=lambda e: summarise_evidence(self.judge(base, apply_edits(base, e, version))),
+            replay=lambda e: summarise_evidence(
+                self.judge(records, base, apply_edits(base, e, version)).comparison
+            ),
             diff=lambda e: diff_policies(base, apply_edits(base, e, version)).text,
-            retrain=(lambda: self.retrains[-1] if self.retrains else {"ran": False}),
+            retrain=(lambda: retrains[-1] if retrains else {"ran": False}),
         )
         return self.planner.plan(tools, findings, edits)
 
-    def _store_proposal(
+    def store_proposal(
         self,
+        records: Sequence[WindowRecord],
         base: Policy,
         cand: Policy,
         edits: Sequence[Edit],
         findings: Sequence[Finding],
-        evidence: dict[str, Any],
+        judged: Judgement,
         thread: str | None,
         rationale: str = "",
     ) -> Any:
+        """Store ``cand`` as a new proposal with its evidence, under the context of the traffic now."""
         from ._proposals import Evidence, Proposal
 
         replay = Evidence.from_replay(
-            evidence,
-            evaluated_at=evidence["evaluated_at"],
-            windows=evidence["windows"],
-            context=self.evidence_context(base),
+            judged.to_dict(),
+            evaluated_at=judged.evaluated_at,
+            windows=judged.windows,
+            context=self.evidence_context(records, base),
         )
         proposal = Proposal.create(
             base,
@@ -490,8 +526,8 @@ class LoopContext:
             edits=[e.to_dict() for e in edits],
             findings=list(findings[:20]),
             evidence=replay,
-            predicted_gain=evidence["gain"],
-            window=len(self.windows) - 1,
+            predicted_gain=judged.comparison.gain,
+            window=len(records) - 1,
             thread_id=thread,
             rationale=rationale,
         )
@@ -499,205 +535,91 @@ class LoopContext:
 
     # -- rolling out ---------------------------------------------------------------------------------------
 
-    def start_canary(self, proposal_id: str) -> str:
-        """Put an approved proposal on the canary; ``stale`` when its base is no longer in force (its evidence
-        is older than the policy it would replace: ``reevaluate`` judges its edits again)."""
-        from evocache.dsl import parse_policy
+    def start_canary(self, memory: Memory, proposal_id: str) -> tuple[str, Memory]:
+        """Put an approved proposal on the canary (``Actuator.start_canary``), remembering the window it
+        starts at; ``stale`` when its base is no longer in force."""
+        outcome = self.actuator.start_canary(proposal_id)
+        if outcome == "canary":
+            started = {**memory["canary_started"], proposal_id: len(memory["windows"])}
+            memory = {**memory, "canary_started": started}
+        return outcome, memory
 
-        proposal = self.proposals.get(proposal_id)
+    def roll_out(self, memory: Memory, proposal_id: str, *, approve_fresh: bool) -> tuple[list[str], Memory]:
+        """An approved proposal to the canary; one found stale there has its edits judged again, and a fresh
+        proposal that still gains is held for a person when its evidence counted too little traffic, or, with
+        ``approve_fresh``, approved and canaried in the same pass when the guardrails allow it. What happened,
+        as notes, and the memory after."""
+        outcome, memory = self.start_canary(memory, proposal_id)
+        notes = [f"rollout: {outcome}"]
+        if outcome != "stale":
+            return notes, memory
+        fresh, route, memory = self.reevaluate(memory, proposal_id)
+        if fresh is None:
+            return notes, memory
+        notes.append(f"re-evaluated as {fresh.id}")
+        if route == "approve" and approve_fresh:
+            self.actuator.approve(fresh.id, "re-evaluated; inside the policy's guardrails.auto_approve")
+            outcome, memory = self.start_canary(memory, fresh.id)
+            notes.append(f"rollout: {outcome}")
+        elif route == "hold":
+            self.actuator.hold(fresh.id)
+        return notes, memory
+
+    def canary_evidence(
+        self, memory: Memory, proposal: Any
+    ) -> tuple[int, int, CanaryRules, CanaryEvidence | None]:
+        """The canary of ``proposal`` as both views see it over the windows since it started: the window it
+        started at, the windows on it, the rules it is judged by, and the evidence (None before it may be
+        judged: no replay is run for it)."""
+        records = self.records(memory)
         state = self.policies.state()
-        if state.active != proposal.base_policy or state.canary is not None:
-            self.proposals.transition(
-                proposal.id,
-                "stale",
-                actor=self.actor,
-                note=f"the policy in force is {state.active}, not {proposal.base_policy}",
-            )
-            return "stale"
-        base = self.policies.load(state.active)
-        fraction = base.guardrails.rollout.fraction
-        self.policies.apply(parse_policy(proposal.new_policy, proposal.new_ref), canary=fraction)
-        self.proposals.record_policy(
-            proposal.new_ref, proposal.new_policy, kind="canary", actor=self.actor, proposal_id=proposal.id
-        )
-        self.proposals.transition(proposal.id, "canary", actor=self.actor, note=f"canary on {fraction:.0%}")
-        self.canary_started[proposal.id] = len(self.windows)
-        return "canary"
-
-    def watch(self) -> str:
-        """Judge the canary out now over the windows since it started: promote, roll back, go on, or wait.
-
-        Two views, over the same windows. The live split (canary requests against base requests) shows what
-        the change does to the requests it serves: an SLO the canary arm breaks, or a hit ratio shown to be
-        lower. But the two arms share one cache, so a change whose effect is cache-wide (a bypass that stops
-        one rule's traffic from pushing the others' out, a tenant quota, an eviction class) helps both arms
-        alike and the split cannot see it. The second view is a fresh replay: the change in force against the
-        base over the canary's windows, traffic the proposal was not chosen on. Either view showing a loss
-        beyond the tolerance rolls the canary back; it is promoted when the fresh replay's gain is positive
-        and its interval's low end within the tolerance; anything else goes on until ``max_windows``, then
-        waits
-        for a person."""
-        from evocache.dsl import parse_policy
-
-        state = self.policies.state()
-        proposal = next((p for p in self.proposals.list(status="canary")), None)
-        if proposal is None or state.canary is None:
-            return "none"
-        base = self.policies.load(state.active)
+        base = self.load(state.active)
         spec = base.guardrails.rollout
-        start = self.canary_started.get(proposal.id, len(self.windows) - 1)
-        recs = [w for w in self.windows[start:] if w.step[1] is not None]
+        rules = CanaryRules(
+            spec.windows, spec.max_windows, spec.max_drop, spec.min_requests, base.slo.max_error_rate
+        )
+        start = memory["canary_started"].get(proposal.id, len(records) - 1)
+        recs = [w for w in records[start:] if w.step[1] is not None]
         if len(recs) < spec.windows:
-            return "continue"
+            return start, len(recs), rules, None
         arms: dict[bool, tuple[list[Request], list[Outcome]]] = {True: ([], []), False: ([], [])}
         for rec in recs:
             for req, out, arm in zip(rec.requests, rec.outcomes, rec.canary_arm, strict=True):
                 arms[arm][0].append(req)
                 arms[arm][1].append(out)
-        can, bas = arm_metrics(*arms[True]), arm_metrics(*arms[False])
-        diff, low, high = arm_difference(arms[True], arms[False], seed=self.config.seed)
-        fresh = self._fresh_replay(base, parse_policy(proposal.new_policy, proposal.new_ref), len(recs))
-        f_gain, (f_low, f_high) = fresh["gain"], fresh["ci"]
-        verdict = {
-            "canary": can,
-            "base": bas,
-            "difference": [diff, low, high],
-            "replay": [f_gain, f_low, f_high],
-            "windows": [start, len(self.windows) - 1],
-        }
-        tolerance = spec.max_drop * bas["hit_ratio"]  # a share of the base's hit ratio
-        # The live split counts only with enough canary requests (an arm of a handful shows nothing either
-        # way), and its hit ratio only for a change that acts on the requests it decides: a cache-wide one (a
-        # bypass, a quota, an eviction class) changes what both arms find, and the arms differ in their
-        # traffic.
+        difference = arm_difference(arms[True], arms[False], seed=self.config.seed)
+        candidate = parse_policy(proposal.new_policy, proposal.new_ref)
+        reqs = [w.requests for w in _span(records, len(records) - 1, self.config.warmup + len(recs))]
+        measure = min(len(recs), len(reqs))
+        steps = [(base, None, 0.0)] * len(reqs), [(candidate, None, 0.0)] * len(reqs)
+        fresh = self._compare(reqs, *steps, measure)
         local = not any(e.get("kind") in CACHE_WIDE for e in proposal.edits)
-        live = (
-            self._breach(base, can, bas, high, tolerance, hit_ratio=local)
-            if can["requests"] >= spec.min_requests
-            else ""
-        )
-        breach = live or self._replay_breach(fresh, tolerance)
-        if breach:
-            self.policies.rollback()
-            self.proposals.record_policy(
-                proposal.new_ref,
-                proposal.new_policy,
-                kind="rolled_back",
-                actor=self.actor,
-                proposal_id=proposal.id,
-            )
-            self.proposals.transition(
-                proposal.id, "rolled_back", actor=self.actor, note=breach, evidence=None
-            )
-            self.breaches.append(
-                {**verdict, "proposal": proposal.id, "reason": breach, "canary_windows": len(recs)}
-            )
-            return "rolled_back"
-        if can["requests"] < spec.min_requests or f_gain <= 0 or f_low < -tolerance:
-            if len(recs) >= spec.max_windows:  # inconclusive never passes: withdraw it, a person decides
-                self.policies.rollback()
-                self.proposals.transition(
-                    proposal.id,
-                    "waiting",
-                    actor=self.actor,
-                    note=f"inconclusive after {len(recs)} windows: {can['requests']} canary requests, "
-                    f"replayed gain {f_gain:+.4f} [{f_low:+.4f}, {f_high:+.4f}], live difference {diff:+.4f} "
-                    f"[{low:+.4f}, {high:+.4f}]",
-                )
-                return "waiting"
-            return "continue"
-        self.policies.promote()
-        self.proposals.record_policy(
-            proposal.new_ref, proposal.new_policy, kind="promoted", actor=self.actor, proposal_id=proposal.id
-        )
-        self.proposals.transition(
-            proposal.id,
-            "promoted",
-            actor=self.actor,
-            note=f"replayed gain over the canary's windows {f_gain:+.4f} [{f_low:+.4f}, {f_high:+.4f}]; "
-            f"canary arm hit ratio {can['hit_ratio']:.3f} against {bas['hit_ratio']:.3f}",
-        )
-        self.promoted_at[proposal.id] = (start, len(self.windows) - 1)
-        return "promoted"
+        live = arm_metrics(*arms[True]), arm_metrics(*arms[False])
+        evidence = CanaryEvidence(*live, difference, fresh, local)
+        return start, len(recs), rules, evidence
 
-    def _fresh_replay(self, base: Policy, candidate: Policy, windows: int) -> dict[str, Any]:
-        """``candidate`` against ``base``, each in force from a cold cache over ``warmup`` windows and the
-        newest ``windows``, those counted."""
-        cfg = self.config
-        last = len(self.windows) - 1
-        reqs, _ = self.schedule_span(last, cfg.warmup + windows)
-        return compare(
-            reqs,
-            [(base, None, 0.0)] * len(reqs),
-            [(candidate, None, 0.0)] * len(reqs),
-            measure=min(windows, len(reqs)),
-            capacity=self.capacity,
-            vectors=self.vectors,
-            seed=cfg.seed,
-            models=self.model_dir,
-        )
-
-    @staticmethod
-    def _replay_breach(fresh: dict[str, Any], tolerance: float) -> str:
-        max_wrong = fresh["base"]["wrong_rate"]
-        high = fresh["ci"][1]
-        if high < -tolerance:
-            return (
-                f"replayed over the canary's windows, the change loses hit ratio: {fresh['gain']:+.4f} "
-                f"(the interval ends at {high:+.4f}, beyond the tolerance {tolerance:.4f})"
-            )
-        if fresh["candidate"]["wrong_rate"] > max_wrong and fresh["wrong_change"] > 0 and fresh["ci"][1] <= 0:
-            return f"replayed over the canary's windows, wrong answers rise by {fresh['wrong_change']:+.4f}"
-        return ""
-
-    @staticmethod
-    def _breach(
-        base: Policy,
-        can: dict[str, float],
-        bas: dict[str, float],
-        high: float,
-        tolerance: float,
-        *,
-        hit_ratio: bool = True,
-    ) -> str:
-        """Why the canary must go: an SLO it breaks, or (with ``hit_ratio``) a hit ratio shown (the whole
-        interval of the difference) to be more than ``tolerance`` below the base's. "" when neither."""
-        max_error = base.slo.max_error_rate
-        if max_error is not None and can["wrong_rate"] > max_error and can["wrong_rate"] > bas["wrong_rate"]:
-            return f"SLO breach: canary error rate {can['wrong_rate']:.4f} > {max_error:g}"
-        if hit_ratio and high < -tolerance:
-            return (
-                f"canary hit ratio {can['hit_ratio']:.3f} is below the base's {bas['hit_ratio']:.3f} by more "
-                f"than {tolerance:.4f} (the interval of the difference ends at {high:+.4f})"
-            )
-        return ""
-
-    def realised_gain(self, proposal_id: str) -> float | None:
+    def realised_gain(self, memory: Memory, proposal_id: str) -> float | None:
         """The promoted change's gain over the ``realise`` windows after its promotion: the schedule that ran
         against the same schedule without it, replayed from the same cold start. None until those windows."""
-        if proposal_id not in self.promoted_at:
+        if proposal_id not in memory["promoted_at"]:
             return None
-        start, promoted = self.promoted_at[proposal_id]
+        start, promoted = memory["promoted_at"][proposal_id]
         cfg = self.config
         last = promoted + cfg.realise
-        if last >= len(self.windows):
+        records = self.records(memory)
+        if last >= len(records):
             return None
         first = max(0, start - cfg.warmup)
-        recs = self.windows[first : last + 1]
+        recs = records[first : last + 1]
         old_base = recs[start - first].step[0]
         actual = [r.step for r in recs]
         without = [r.step if r.index < start else (old_base, None, 0.0) for r in recs]
-        evidence = compare(
-            [r.requests for r in recs],
-            without,
-            actual,
-            measure=cfg.realise,
-            capacity=self.capacity,
-            vectors=self.vectors,
-            seed=cfg.seed,
-            models=self.model_dir,
-        )
-        return float(evidence["gain"])
+        return float(self._compare([r.requests for r in recs], without, actual, cfg.realise).gain)
+
+
+def _span(records: Sequence[WindowRecord], last: int, count: int) -> Sequence[WindowRecord]:
+    """The ``count`` windows up to ``last``."""
+    return records[max(0, last - count + 1) : last + 1]
 
 
 def _series_name(s: Series) -> str:
@@ -735,131 +657,181 @@ def _merge_series(series: Sequence[Series], keep: int = 400) -> list[Series]:
 # -- the graph -----------------------------------------------------------------------------------------------
 
 
-def build_graph(ctx: LoopContext, checkpointer: Any) -> Any:
-    """The loop's graph over ``ctx``, compiled with ``checkpointer`` (a LangGraph ``SqliteSaver``)."""
+def build_graph(loop: Loop, checkpointer: Any) -> Any:
+    """The loop's graph over ``loop``, compiled with ``checkpointer`` (a LangGraph ``SqliteSaver``)."""
     from langgraph.graph import END, START, StateGraph
     from langgraph.types import interrupt
 
+    def reconcile(state: LoopState) -> LoopState:
+        _, memory = loop.check_evidence(state["memory"])
+        for approved in loop.proposals.list(status="approved"):  # approved with no pass waiting on it
+            _, memory = loop.roll_out(memory, approved.id, approve_fresh=False)
+        return {"memory": memory}
+
     def observe(state: LoopState) -> LoopState:
-        ctx.check_evidence()
-        for approved in ctx.proposals.list(status="approved"):  # approved with no pass waiting on it
-            if ctx.start_canary(approved.id) == "stale":
-                fresh, route = ctx.reevaluate(approved.id)
-                if fresh is not None and route == "wait":
-                    ctx.proposals.transition(
-                        fresh.id,
-                        "waiting",
-                        actor=ctx.actor,
-                        note="inconclusive evidence: too little traffic to judge",
-                    )
+        memory = state["memory"]
+        rollout = loop.policies.state()
+        out = None
+        if rollout.canary is not None:
+            out = next(iter(loop.proposals.list(status="canary")), None)
+        if out is not None and out.id not in memory["canary_started"]:
+            # put on the canary by another process (a review resumed there): judged from this window on
+            started = {**memory["canary_started"], out.id: len(memory["windows"]) - 1}
+            memory = {**memory, "canary_started": started}
         return {
-            "policy": ctx.policies.state().active or "",
+            "memory": memory,
+            "policy": rollout.active or "",
             "findings": [],
-            "proposal": None,
+            "proposal": None if out is None else out.id,
             "verdict": None,
-            "route": "watch" if ctx.policies.state().canary is not None else "diagnose",
+            "canary": None,
+            "route": "analyse" if rollout.canary is not None else "retrain",
         }
 
-    def watch(state: LoopState) -> LoopState:
-        return {"route": "end", "notes": [f"canary: {ctx.watch()}"]}
-
     def diagnose(state: LoopState) -> LoopState:
-        return {"findings": [f.to_dict() for f in ctx.diagnose()]}
+        findings, memory = loop.diagnose(state["memory"])
+        return {"findings": [f.to_dict() for f in findings], "memory": memory}
+
+    def analyse(state: LoopState) -> LoopState:
+        if state.get("proposal") is None:  # a canary no proposal of the loop's put out
+            return {"canary": None}
+        memory = state["memory"]
+        proposal = loop.proposals.get(state["proposal"])
+        start, windows, rules, evidence = loop.canary_evidence(memory, proposal)
+        verdict = analyse_canary(rules, windows, evidence)
+        return {
+            "canary": {
+                "proposal": proposal.id,
+                "phase": verdict.phase,
+                "reason": verdict.reason,
+                "windows": verdict.windows,
+                "span": [start, len(memory["windows"]) - 1],
+                "evidence": None if evidence is None else evidence.to_dict(),
+            }
+        }
+
+    def act(state: LoopState) -> LoopState:
+        analysis = state.get("canary")
+        if analysis is None:
+            return {"notes": ["canary: none"]}
+        plain = analysis["evidence"]
+        evidence = None if plain is None else CanaryEvidence.from_dict(plain)
+        verdict = CanaryVerdict(analysis["phase"], analysis["windows"], analysis["reason"])
+        outcome = loop.actuator.act(analysis["proposal"], verdict, evidence)
+        memory = state["memory"]
+        if outcome == "rolled_back":
+            assert plain is not None
+            replay = plain["replay"]
+            breach = {
+                "canary": plain["canary"],
+                "base": plain["base"],
+                "difference": plain["difference"],
+                "replay": [replay["gain"], *replay["ci"]],
+                "windows": analysis["span"],
+                "proposal": analysis["proposal"],
+                "reason": verdict.reason,
+                "canary_windows": verdict.windows,
+            }
+            memory = {**memory, "breaches": [*memory["breaches"], breach]}
+        elif outcome == "promoted":
+            start, last = analysis["span"]
+            memory = {**memory, "promoted_at": {**memory["promoted_at"], analysis["proposal"]: [start, last]}}
+        return {"memory": memory, "notes": [f"canary: {outcome}"]}
 
     def retrain(state: LoopState) -> LoopState:
-        found = ctx.retrain()
+        found, memory = loop.retrain(state["memory"])
         if found is None:
-            return {"notes": []}
-        return {"notes": [f"retrain: {'kept' if found['kept'] else 'not kept'}: {found['reason']}"]}
+            return {"memory": memory, "notes": []}
+        notes = [f"retrain: {'kept' if found['kept'] else 'not kept'}: {found['reason']}"]
+        return {"memory": memory, "notes": notes}
 
     def propose(state: LoopState) -> LoopState:
         findings = [Finding.from_dict(f) for f in state.get("findings", [])]
-        proposal, route = ctx.propose(findings, state.get("thread"))
-        if proposal is not None and route == "wait":
-            ctx.proposals.transition(
-                proposal.id,
-                "waiting",
-                actor=ctx.actor,
-                note="inconclusive evidence: too little traffic to judge",
-            )
-        return {"proposal": None if proposal is None else proposal.id, "route": route}
+        proposal, route, memory = loop.propose(state["memory"], findings, state.get("thread"))
+        return {"proposal": None if proposal is None else proposal.id, "route": route, "memory": memory}
+
+    def hold(state: LoopState) -> LoopState:
+        loop.actuator.hold(state["proposal"])
+        return {"notes": [f"{state['proposal']}: waiting for a person"]}
 
     def approve(state: LoopState) -> LoopState:
-        ctx.proposals.review(
-            state["proposal"], "approve", "guardrails", "inside the policy's guardrails.auto_approve"
-        )
-        return {"route": "canary"}
+        loop.actuator.approve(state["proposal"])
+        return {}
 
     def review(state: LoopState) -> LoopState:
         return {"verdict": interrupt({"proposal": state["proposal"], "policy": state.get("policy", "")})}
 
     def decide(state: LoopState) -> LoopState:
         verdict = state.get("verdict") or {}
-        proposal = ctx.proposals.get(state["proposal"])
+        proposal = loop.proposals.get(state["proposal"])
         if proposal.status in ("proposed", "waiting"):  # the CLI records the review before it resumes
-            ctx.proposals.review(
+            proposal = loop.proposals.review(
                 proposal.id,
                 verdict.get("verdict", "reject"),
                 verdict.get("reviewer", "person"),
                 verdict.get("note", ""),
             )
-            proposal = ctx.proposals.get(proposal.id)
         return {"route": "canary" if proposal.status == "approved" else "end"}
 
     def canary(state: LoopState) -> LoopState:
-        outcome = ctx.start_canary(state["proposal"])
-        notes = [f"rollout: {outcome}"]
-        if outcome == "stale":  # judged against a policy no longer in force: its edits judged again
-            fresh, route = ctx.reevaluate(state["proposal"])
-            if fresh is not None:
-                notes.append(f"re-evaluated as {fresh.id}")
-                if route == "auto":
-                    ctx.proposals.review(
-                        fresh.id,
-                        "approve",
-                        "guardrails",
-                        "re-evaluated; inside the policy's guardrails.auto_approve",
-                    )
-                    notes.append(f"rollout: {ctx.start_canary(fresh.id)}")
-                elif route == "wait":
-                    ctx.proposals.transition(
-                        fresh.id,
-                        "waiting",
-                        actor=ctx.actor,
-                        note="inconclusive evidence: too little traffic to judge",
-                    )
-        return {"notes": notes}
+        notes, memory = loop.roll_out(state["memory"], state["proposal"], approve_fresh=True)
+        return {"notes": notes, "memory": memory}
 
     graph = StateGraph(LoopState)
     for name, fn in (
+        ("reconcile", reconcile),
         ("observe", observe),
-        ("watch", watch),
         ("diagnose", diagnose),
+        ("analyse", analyse),
+        ("act", act),
         ("retrain", retrain),
         ("propose", propose),
+        ("hold", hold),
         ("approve", approve),
         ("review", review),
         ("decide", decide),
         ("canary", canary),
     ):
         graph.add_node(name, fn)
-    graph.add_edge(START, "observe")
+    graph.add_edge(START, "reconcile")
+    graph.add_edge("reconcile", "observe")
     graph.add_edge("observe", "diagnose")  # every window is diagnosed, a canary out or not
-    graph.add_conditional_edges("diagnose", lambda s: s["route"], {"watch": "watch", "diagnose": "retrain"})
-    graph.add_edge("watch", END)
+    graph.add_conditional_edges("diagnose", _route, {"analyse": "analyse", "retrain": "retrain"})
+    graph.add_edge("analyse", "act")
+    graph.add_edge("act", END)
     graph.add_edge("retrain", "propose")
     graph.add_conditional_edges(
-        "propose", lambda s: s["route"], {"end": END, "wait": END, "auto": "approve", "review": "review"}
+        "propose", _route, {"end": END, "hold": "hold", "approve": "approve", "review": "review"}
     )
+    graph.add_edge("hold", END)
     graph.add_edge("approve", "canary")
     graph.add_edge("review", "decide")
-    graph.add_conditional_edges("decide", lambda s: s["route"], {"canary": "canary", "end": END})
+    graph.add_conditional_edges("decide", _route, {"canary": "canary", "end": END})
     graph.add_edge("canary", END)
     return graph.compile(checkpointer=checkpointer)
 
 
+def _route(state: LoopState) -> str:
+    return state["route"]
+
+
 def thread_config(thread_id: str) -> dict[str, Any]:
     return {"configurable": {"thread_id": thread_id}}
+
+
+def run_pass(graph: Any, memory: Memory, run: str, window: int) -> tuple[Memory, bool]:
+    """One pass of the loop over the memory that holds window ``window`` as its newest: the memory it hands
+    back, and whether it waits for a person (its thread kept; a pass that ran to its end is deleted)."""
+    thread = f"{run}-w{window}"
+    result = graph.invoke(
+        {"run": run, "thread": thread, "window": window, "memory": memory},
+        thread_config(thread),
+        durability="sync",
+    )
+    waiting = bool(graph.get_state(thread_config(thread)).interrupts)
+    if not waiting:
+        graph.checkpointer.delete_thread(thread)
+    return result["memory"], waiting
 
 
 def resume_review(graph: Any, thread_id: str, verdict: str, reviewer: str, note: str = "") -> dict[str, Any]:
@@ -877,9 +849,14 @@ LOOP_FILE = "loop.json"
 """In the loop's workdir: which policy store the loop acts on, for a review resumed from another process."""
 
 
-def record_policy_store(workdir: Path, policies: Any) -> None:
+def record_policy_store(
+    workdir: Path, policies: Any, *, capacity: int | None = None, config: LoopConfig | None = None
+) -> None:
     """Write down in ``workdir`` where ``policies`` lives (a directory, or a Redis URL with any password left
-    out), so that ``resume_waiting`` opens the same store."""
+    out) and how the loop judges (``capacity``, ``config``), so that ``resume_waiting`` opens the same store
+    and judges as the loop does."""
+    from dataclasses import asdict
+
     from evocache.controller import FilePolicyStore
 
     if isinstance(policies, FilePolicyStore):
@@ -895,8 +872,28 @@ def record_policy_store(workdir: Path, policies: Any) -> None:
             "prefix": policies.prefix,
             "credentials": "@" in parts.netloc,
         }
+    record: dict[str, Any] = {"policy_store": where}
+    if capacity is not None:
+        record["capacity"] = capacity
+    if config is not None:
+        record["config"] = asdict(config)
     path = Path(workdir) / LOOP_FILE
-    path.write_text(json.dumps({"policy_store": where}, indent=2) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def recorded_judging(workdir: Path) -> tuple[int, LoopConfig]:
+    """The capacity and config the loop in ``workdir`` judges with (``record_policy_store``); the defaults
+    where it wrote none."""
+    from .errors import AgentError
+
+    path = Path(workdir) / LOOP_FILE
+    if not path.exists():
+        return 1, LoopConfig()
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        return int(record.get("capacity", 1)), LoopConfig(**record.get("config", {}))
+    except (TypeError, ValueError) as exc:
+        raise AgentError(f"{path}: not a loop record ({type(exc).__name__}: {exc})") from None
 
 
 def recorded_policy_store(workdir: Path) -> Any | None:
@@ -905,7 +902,7 @@ def recorded_policy_store(workdir: Path) -> Any | None:
     Redis store whose URL carried a password takes its URL from ``$EVOCACHE_POLICY_STORE``. Raises
     ``AgentError`` for a record it cannot read."""
     from evocache.controller import FilePolicyStore, PolicyStoreConfig, open_policy_store
-    from evocache.controller._policy_store import POLICY_STORE_ENV
+    from evocache.controller import POLICY_STORE_ENV
 
     from .errors import AgentError
 
@@ -945,10 +942,25 @@ def resume_waiting(store: Path, thread: str, verdict: str, reviewer: str = "pers
     policies = recorded_policy_store(workdir)
     if policies is None:
         return ""
+    capacity, config = recorded_judging(workdir)
     with SqliteSaver.from_conn_string(str(checkpoints)) as saver:
-        ctx = LoopContext(policies, ProposalStore(store), model_dir=workdir / "models")
-        graph = build_graph(ctx, saver)
-        if not graph.get_state(thread_config(thread)).interrupts:
+        loop = Loop(
+            policies, ProposalStore(store), capacity=capacity, config=config, model_dir=workdir / "models"
+        )
+        graph = build_graph(loop, saver)
+        waiting = graph.get_state(thread_config(thread))
+        if not waiting.interrupts:
             return ""
+        loop.vectors = _vectors(loop.records(waiting.values["memory"]), workdir / "embeddings")
         result = resume_review(graph, thread, verdict, reviewer)
     return "; ".join(result.get("notes") or []) or f"resumed {thread}"
+
+
+def _vectors(records: Sequence[WindowRecord], cache_dir: Path) -> Any:
+    """The embeddings of the remembered semantic prompts (from the loop's cache on disk), or None when the
+    windows hold none: what judging them again needs."""
+    if not any(r.kind == "semantic" for w in records for r in w.requests):
+        return None
+    from ._run import embed_prompts
+
+    return embed_prompts([r for w in records for r in w.requests], cache_dir)

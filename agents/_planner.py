@@ -37,7 +37,7 @@ import operator
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
 from pydantic import BaseModel, Field
 
@@ -46,6 +46,9 @@ from evocache.dsl import Policy, parse_duration
 from ._candidates import Edit, apply_edits
 from ._types import Finding
 from .errors import AgentError, PlannerError
+
+if TYPE_CHECKING:
+    from ._evidence import ArmMetrics, Comparison
 
 log = logging.getLogger("evocache.agents.planner")
 
@@ -107,16 +110,15 @@ def summarise_findings(findings: Sequence[Finding], limit: int = MAX_FINDINGS) -
              "score": _finite(f.score), "p_value": _finite(f.p_value)} for f in ranked]
 
 
-def summarise_evidence(evidence: Mapping[str, Any]) -> dict[str, Any]:
-    """The parts of ``LoopContext.judge``'s evidence a model can weigh (what ``replay`` may return): the gain
-    and its interval, the requests counted, each arm's hit and wrong-answer rates."""
-    def arm(name: str) -> dict[str, Any]:
-        metrics = evidence.get(name) or {}
-        return {k: _finite(metrics[k]) for k in ("hit_ratio", "wrong_rate") if k in metrics}
+def summarise_evidence(evidence: Comparison) -> dict[str, Any]:
+    """The parts of the loop's replay evidence a model can weigh (what ``replay`` may return): the gain and
+    its interval, the requests counted, each arm's hit and wrong-answer rates."""
+    def arm(metrics: ArmMetrics) -> dict[str, Any]:
+        return {"hit_ratio": _finite(metrics.hit_ratio), "wrong_rate": _finite(metrics.wrong_rate)}
 
-    return {"gain": _finite(evidence["gain"]), "ci": [_finite(x) for x in evidence["ci"]],
-            "requests": evidence.get("requests"), "base": arm("base"), "candidate": arm("candidate"),
-            "wrong_change": _finite(evidence.get("wrong_change"))}
+    return {"gain": _finite(evidence.gain), "ci": [_finite(x) for x in evidence.ci],
+            "requests": evidence.requests, "base": arm(evidence.base), "candidate": arm(evidence.candidate),
+            "wrong_change": _finite(evidence.wrong_change)}
 
 
 def _finite(x: Any) -> Any:

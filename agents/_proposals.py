@@ -6,8 +6,8 @@ is a small state machine, the way a rollout controller keeps one (an inconclusiv
 own, never a pass)::
 
     proposed ─┬─> approved ─┬─> canary ─┬─> promoted
-              │             └─> stale   └─> rolled_back
-              ├─> rejected
+              │             └─> stale   ├─> rolled_back
+              ├─> rejected              └─> waiting (inconclusive: the canary withdrawn)
               ├─> waiting (inconclusive: a person decides) ──> approved | rejected | stale
               └─> stale   (the evidence no longer holds)   ──> proposed (with fresh evidence) | rejected
 

@@ -56,7 +56,7 @@ from evocache.controller.eviction import (
 from evocache.dsl import Policy, policy_to_dict
 
 from ._candidates import Edit, apply_edits
-from ._evidence import arm_metrics, bootstrap_gain
+from ._evidence import Comparison, arm_metrics, bootstrap_gain
 from ._types import Outcome, Request
 from ._whatif import Simulator, eviction_name
 
@@ -276,5 +276,5 @@ def _evidence(held: Sequence[Request], base: Sequence[Outcome], cand: Sequence[O
     """The held-back replay in ``_evidence.compare``'s shape."""
     gain, low, high = bootstrap_gain(held, base, cand, seed=seed, level=LEVEL)
     base_m, cand_m = arm_metrics(held, base), arm_metrics(held, cand)
-    return {"base": base_m, "candidate": cand_m, "gain": gain, "ci": [low, high],
-            "wrong_change": cand_m["wrong_rate"] - base_m["wrong_rate"], "requests": len(held)}
+    return Comparison(base_m, cand_m, gain, (low, high), cand_m.wrong_rate - base_m.wrong_rate,
+                      len(held)).to_dict()

@@ -28,7 +28,8 @@ from evocache.controller import FilePolicyStore
 from evocache.dsl import Policy, policy_to_yaml
 
 from ._candidates import Edit, apply_edits
-from ._loop import DRIFT_KINDS, LoopConfig, LoopContext, build_graph, record_policy_store, thread_config
+from ._loop import DRIFT_KINDS, Loop, LoopConfig, build_graph, record_policy_store, run_pass
+from ._memory import Memory, WindowRecord, empty_memory
 from ._types import Request
 from ._whatif import Simulator
 from ._workload import read_requests, windows
@@ -58,15 +59,13 @@ def default_capacity(requests: list[Request], fraction: float) -> int:
 
 
 def embed_prompts(requests: list[Request], cache_dir: Path | None) -> Any:
-    """A ``VectorTable`` of the semantic requests' prompts (the packaged MiniLM; cached on disk), or None."""
+    """The semantic requests' prompts embedded once (the packaged MiniLM; cached on disk), or None."""
     prompts = sorted({r.prompt for r in requests if r.kind == "semantic" and r.prompt})
     if not prompts:
         return None
-    from evocache.controller.semantic import default_embedder
-    from evocache.controller.semantic._bench import VectorTable, embed_cached
+    from evocache.controller.semantic import default_embedder, precomputed_embedder
 
-    embedder = default_embedder()
-    return VectorTable(prompts, embed_cached(prompts, embedder, cache_dir), embedder.name)
+    return precomputed_embedder(prompts, default_embedder(), cache_dir)
 
 
 def harmful_edits(policy: Policy) -> list[Edit]:
@@ -81,43 +80,42 @@ def harmful_edits(policy: Policy) -> list[Edit]:
 
 
 class LoopRunner:
-    """The per-window work every driver shares (a trace, a live deployment): record the window, inject the
-    harmful proposal when asked, run one pass of the graph, fill in realised gains, keep the report's rows."""
+    """The per-window work every driver shares (a trace, a live deployment): remember the window, inject the
+    harmful proposal when asked, run one pass of the graph on the memory, fill in realised gains, keep the
+    report's rows. ``memory`` is what the last pass handed back (``agents._memory.Memory``)."""
 
     def __init__(
-        self, ctx: LoopContext, graph: Any, *, run_id: str | None = None, harmful_at: int | None = None
+        self, loop: Loop, graph: Any, *, run_id: str | None = None, harmful_at: int | None = None
     ) -> None:
-        self.ctx = ctx
+        self.ctx = loop
         self.graph = graph
         self.run_id = run_id or uuid.uuid4().hex[:8]
         self.harmful_at = harmful_at
+        self.memory: Memory = empty_memory()
         self.rows: list[dict[str, Any]] = []
+
+    @property
+    def windows(self) -> list[WindowRecord]:
+        """The windows served so far, as the loop remembers them."""
+        return self.ctx.records(self.memory)
 
     def window(
         self, requests: list[Request], outcomes: list[Any], step: Any, arms: list[bool], signals: Any = ()
     ) -> dict[str, Any]:
-        ctx = self.ctx
-        rec = ctx.record(requests, outcomes, step, arms, signals)
-        if self.harmful_at is not None and rec.index >= self.harmful_at and not ctx.busy():
+        loop = self.ctx
+        memory, rec = loop.remember(self.memory, requests, outcomes, step, arms, signals)
+        if self.harmful_at is not None and rec.index >= self.harmful_at and not loop.busy():
             # at the first window from ``harmful_at`` on with no other change on its way out
-            inject_harmful(ctx, step[0])
+            _, memory = inject_harmful(loop, memory, step[0])
             self.harmful_at = None
-        thread = f"{self.run_id}-w{rec.index}"
-        self.graph.invoke(
-            {"run": self.run_id, "thread": thread, "window": rec.index},
-            thread_config(thread),
-            durability="sync",
-        )
-        if not self.graph.get_state(thread_config(thread)).interrupts:
-            # a pass that ran to its end is done with: only a pass waiting for a person is resumed later
-            self.graph.checkpointer.delete_thread(thread)
-        row = _row(rec, ctx)
+        self.memory, _ = run_pass(self.graph, memory, self.run_id, rec.index)
+        row = _row(loop.records(self.memory)[rec.index], rec.requests)
         self.rows.append(row)
-        for p in ctx.proposals.list(status="promoted"):
+        for p in loop.proposals.list(status="promoted"):
             if p.realised_gain is None:
-                gain = ctx.realised_gain(p.id)
+                gain = loop.realised_gain(self.memory, p.id)
                 if gain is not None:
-                    ctx.proposals.set_realised_gain(p.id, gain)
+                    loop.proposals.set_realised_gain(p.id, gain)
         return row
 
     def report(self) -> dict[str, Any]:
@@ -138,8 +136,8 @@ class LoopRunner:
                 }
                 for p in proposals
             ],
-            "breaches": self.ctx.breaches,
-            "retrains": self.ctx.retrains,
+            "breaches": self.memory["breaches"],
+            "retrains": self.memory["retrains"],
             "capacity": self.ctx.capacity,
         }
 
@@ -155,14 +153,14 @@ def open_loop(
     diagnose: Callable[..., Any] | None = None,
     actor: str = "agent run",
     model: tuple[str, str, str] = ("", "", ""),
-) -> LoopContext:
+) -> Loop:
     """The loop's context over ``policies`` (the store serving reads), with its proposal store and plots
     under ``workdir``; ``policy`` applied when the store has none in force. ``model``: what serves the
     traffic (id, revision, prompt-template hash), part of the evidence's context."""
     from ._proposals import ProposalStore
 
     workdir.mkdir(parents=True, exist_ok=True)
-    record_policy_store(workdir, policies)  # for a review resumed from another process
+    record_policy_store(workdir, policies, capacity=capacity, config=config)  # for a review resumed elsewhere
     if policies.state().active is None:
         policies.apply(policy)
     proposals = ProposalStore(workdir / "proposals.db")
@@ -174,7 +172,7 @@ def open_loop(
         diagnose = default_diagnose
     from ._planner import planner_from_env
 
-    return LoopContext(
+    return Loop(
         policies,
         proposals,
         capacity=capacity,
@@ -239,22 +237,22 @@ def run_trace(
     return runner.report()
 
 
-def inject_harmful(ctx: LoopContext, base: Policy) -> str:
-    """A harmful proposal with its (unfavourable) replay evidence, approved by a person: it goes to the
-    canary."""
+def inject_harmful(loop: Loop, memory: Memory, base: Policy) -> tuple[str, Memory]:
+    """A harmful proposal with its (unfavourable) replay evidence, approved by a person and put on the
+    canary; its id, and the memory after."""
     edits = harmful_edits(base)
-    cand = apply_edits(base, edits, max(ctx.top_version, base.version) + 1)
-    ctx.top_version = cand.version
-    evidence = ctx.judge(base, cand)
-    proposal = ctx._store_proposal(base, cand, edits, [], evidence, None)
-    ctx.proposals.review(
+    cand = apply_edits(base, edits, max(memory["top_version"], base.version) + 1)
+    memory = {**memory, "top_version": cand.version}
+    records = loop.records(memory)
+    proposal = loop.store_proposal(records, base, cand, edits, [], loop.judge(records, base, cand), None)
+    loop.proposals.review(
         proposal.id, "approve", "injected", "approved against its evidence, to test the canary"
     )
-    ctx.start_canary(proposal.id)
-    return proposal.id
+    _, memory = loop.start_canary(memory, proposal.id)
+    return proposal.id, memory
 
 
-def _row(rec: Any, ctx: LoopContext) -> dict[str, Any]:
+def _row(rec: WindowRecord, requests: Any) -> dict[str, Any]:
     s = rec.stats
     return {
         "index": s.index,
@@ -265,7 +263,7 @@ def _row(rec: Any, ctx: LoopContext) -> dict[str, Any]:
         "hit_ratio": s.hit_ratio,
         "wrong": s.wrong,
         "canary": None if rec.step[1] is None else str(rec.step[1].ref),
-        "phases": sorted({r.phase for r in rec.requests if r.phase}),
+        "phases": sorted({r.phase for r in requests if r.phase}),
         "signals": dict(rec.signals),
         "findings": [
             {"kind": f.kind, "score": f.score, "p_value": f.p_value, "summary": f.summary}

@@ -72,7 +72,7 @@ def test_a_model_that_beats_lru_is_kept_as_json_with_a_policy_that_passes_check(
     base = Simulator(policy("lru"), capacity(mooncake, 0.03))
     base.run(mooncake[:1680])
     tail = mooncake[1680:]
-    assert result.base_hit_ratio == arm_metrics(tail, base.run(tail))["hit_ratio"]
+    assert result.base_hit_ratio == arm_metrics(tail, base.run(tail)).hit_ratio
 
     assert result.model_path == model_dir / "kv-chat-eviction-v1.json"
     assert sorted(p.name for p in model_dir.iterdir()) == ["kv-chat-eviction-v1.json"]
@@ -143,7 +143,7 @@ def test_over_a_policy_already_on_a_trained_model_the_newer_model_is_judged_agai
     base = Simulator(first.policy, capacity(mooncake, 0.03), models=model_dir)
     base.run(mooncake[:1680])
     tail = mooncake[1680:]
-    assert again.base_hit_ratio == arm_metrics(tail, base.run(tail))["hit_ratio"]
+    assert again.base_hit_ratio == arm_metrics(tail, base.run(tail)).hit_ratio
     if again.kept:
         assert again.policy is not None and again.policy.eviction.model == again.model_path.name
         again.model_path.unlink()

@@ -299,3 +299,26 @@ def test_every_repository_path_a_page_names_exists() -> None:
             if "*" not in path and not (ROOT / path).exists():
                 missing.append(f"{_rel(page)}: {path}")
     assert not missing, missing
+
+
+def _loop_graph_table() -> set[tuple[str, str]]:
+    """The ``| from | to | when |`` rows of docs/agents.md's section "The graph"."""
+    text = (ROOT / "docs" / "agents.md").read_text(encoding="utf-8")
+    section = text.split("\n## The graph\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (\w+) \| (\w+) \| .+ \|$", section, re.MULTILINE)
+    return {(a, b) for a, b in rows if (a, b) != ("from", "to")}
+
+
+def test_the_loop_graph_is_drawn_as_the_code_builds_it() -> None:
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from evocache.agents._loop import build_graph
+
+    names = {"__start__": "START", "__end__": "END"}
+    graph = build_graph(None, InMemorySaver()).get_graph()  # type: ignore[arg-type]  # no node runs
+    built = {(names.get(e.source, e.source), names.get(e.target, e.target)) for e in graph.edges}
+    assert len(built) == 18
+    assert _loop_graph_table() == built
+    drawing = (ROOT / "docs" / "agents.md").read_text(encoding="utf-8").split("\n## The graph\n", 1)[1]
+    drawn = set(re.findall(r"\b([a-z]+)\b", drawing.split("```")[1]))
+    assert {n for n in graph.nodes if not n.startswith("__")} <= drawn  # every node is in the drawing

@@ -1,0 +1,105 @@
+"""The one place the loop writes: the policy store serving reads and the proposal store, together.
+
+Every move of a rollout changes both stores: the policy store's state (and its history) and the proposal's
+status (and the proposal store's policy history). ``Actuator`` makes each move in one method, so the two
+histories agree after every one:
+
+    start_canary   apply the new version as the canary     record canary       proposal -> canary
+    promote        promote the canary                      record promoted     proposal -> promoted
+    roll_back      roll the canary back (a breach)         record rolled_back  proposal -> rolled_back
+    withdraw       roll the canary back (inconclusive)     record rolled_back  proposal -> waiting
+
+and the moves that touch the proposal store alone: ``approve`` (inside the guardrails), ``hold`` (too little
+traffic to judge: a person decides), ``stale`` and ``supersede``. The analysis that chooses a move is
+elsewhere (``agents._canary``); what the loop remembers of it (the window a canary started at) is the
+caller's state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from evocache.controller import PolicyStore
+from evocache.dsl import parse_policy
+
+from ._canary import CanaryEvidence, CanaryVerdict
+
+HOLD_NOTE = "inconclusive evidence: too little traffic to judge"
+
+
+class Actuator:
+    """Acts on ``policies`` (a ``PolicyStore``) and ``proposals`` (a ``ProposalStore``) as ``actor``."""
+
+    def __init__(self, policies: PolicyStore, proposals: Any, actor: str) -> None:
+        self.policies = policies
+        self.proposals = proposals
+        self.actor = actor
+
+    def start_canary(self, proposal_id: str) -> str:
+        """Put an approved proposal on the canary at its base's ``guardrails.canary.fraction``: ``canary``.
+        ``stale`` (and the proposal moved there) when its base is no longer the policy in force or a canary
+        is out: its evidence is older than the policy it would replace."""
+        proposal = self.proposals.get(proposal_id)
+        state = self.policies.state()
+        if state.active != proposal.base_policy or state.canary is not None:
+            self.stale(proposal.id, f"the policy in force is {state.active}, not {proposal.base_policy}")
+            return "stale"
+        fraction = self.policies.load(state.active).guardrails.rollout.fraction
+        self.policies.apply(parse_policy(proposal.new_policy, proposal.new_ref), canary=fraction)
+        self._record(proposal, "canary")
+        self.proposals.transition(proposal.id, "canary", actor=self.actor, note=f"canary on {fraction:.0%}")
+        return "canary"
+
+    def act(self, proposal_id: str, verdict: CanaryVerdict, evidence: CanaryEvidence | None) -> str:
+        """Carry out ``verdict`` on the canary of ``proposal_id``; what it did: ``promoted``, ``rolled_back``,
+        ``waiting`` (withdrawn, inconclusive) or ``continue`` (nothing)."""
+        if verdict.phase == "continue":
+            return "continue"
+        proposal = self.proposals.get(proposal_id)
+        if verdict.phase == "promote":
+            assert evidence is not None, "a canary is promoted on evidence"
+            replay, can, bas = evidence.replay, evidence.canary, evidence.base
+            self.policies.promote()
+            self._record(proposal, "promoted")
+            self.proposals.transition(
+                proposal.id,
+                "promoted",
+                actor=self.actor,
+                note=f"replayed gain over the canary's windows {replay.gain:+.4f} [{replay.ci[0]:+.4f}, "
+                f"{replay.ci[1]:+.4f}]; canary arm hit ratio {can.hit_ratio:.3f} against {bas.hit_ratio:.3f}",
+            )
+            return "promoted"
+        self.policies.rollback()
+        self._record(proposal, "rolled_back")
+        if verdict.phase == "rollback":
+            self.proposals.transition(proposal.id, "rolled_back", actor=self.actor, note=verdict.reason)
+            return "rolled_back"
+        # inconclusive never passes: the canary is withdrawn and the proposal waits for a person
+        self.proposals.transition(proposal.id, "waiting", actor=self.actor, note=verdict.reason)
+        return "waiting"
+
+    def approve(self, proposal_id: str, note: str = "inside the policy's guardrails.auto_approve") -> None:
+        """Approve a proposal every edit of which the guardrails allow."""
+        self.proposals.review(proposal_id, "approve", "guardrails", note)
+
+    def hold(self, proposal_id: str) -> None:
+        """A proposal whose evidence counted too few requests waits for a person."""
+        self.proposals.transition(proposal_id, "waiting", actor=self.actor, note=HOLD_NOTE)
+
+    def stale(self, proposal_id: str, note: str) -> None:
+        self.proposals.transition(proposal_id, "stale", actor=self.actor, note=note)
+
+    def supersede(self, newer: str) -> list[str]:
+        """Move every proposal still waiting for a decision (``proposed``, ``waiting``) other than ``newer``
+        to stale: its evidence is older than ``newer``'s, judged on the same policy or an older one."""
+        moved = []
+        for p in self.proposals.list():
+            if p.id != newer and p.status in ("proposed", "waiting"):
+                self.stale(p.id, f"superseded by {newer}, judged on newer windows")
+                moved.append(p.id)
+        return moved
+
+    def _record(self, proposal: Any, kind: str) -> None:
+        self.proposals.record_policy(
+            proposal.new_ref, proposal.new_policy, kind=kind, actor=self.actor, proposal_id=proposal.id
+        )

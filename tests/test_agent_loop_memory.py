@@ -1,0 +1,121 @@
+"""The loop's memory is graph state: a review resumed from another process sees the history the waiting pass
+saw; and the actuator keeps the policy store's history and the proposal store's in step, a withdrawn canary
+included."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from langgraph.checkpoint.sqlite import SqliteSaver
+
+from evocache.agents._loop import Loop, LoopConfig, build_graph, resume_review, thread_config
+from evocache.agents._proposals import ProposalStore
+from evocache.agents._run import LoopRunner, open_loop
+from evocache.agents._types import Request
+from evocache.agents._whatif import Simulator
+from evocache.controller import FilePolicyStore
+from evocache.dsl import Policy, parse_policy
+
+POLICY = """\
+policy: chat
+version: 1
+defaults: {ttl: 60s}
+rules:
+  - {name: chat, when: 'true'}
+guardrails:
+  auto_approve: {ttl_change: 1.0}
+  canary: {fraction: 0.5, windows: 1, max_windows: 1, min_requests: 50}
+"""
+CONFIG = LoopConfig(warmup=1, measure=1, retrain_every=0)
+WINDOW = 200
+
+
+def _requests(window: int) -> list[Request]:
+    """A window of one request a second over 100 keys in turn: each key comes back after 100 s, so a ttl of
+    60 s never hits and a doubled one does."""
+    start = window * WINDOW
+    return [
+        Request(t=float(start + i), kind="response", keys=(f"k{(start + i) % 100}",), size=10, rule="chat")
+        for i in range(WINDOW)
+    ]
+
+
+def _serve(runner: LoopRunner, policies: FilePolicyStore, sim: Simulator, window: int) -> None:
+    state = policies.state()
+    base = policies.load(state.active)
+    canary = policies.load(state.canary) if state.canary else None
+    if base != sim.policy:
+        sim.use(base)
+    span = _requests(window)
+    outcomes = sim.run(span, canary=canary, fraction=state.fraction)
+    runner.window(span, outcomes, (base, canary, state.fraction),
+                  [canary is not None and sim.arm_of(r, state.fraction) for r in span])
+
+
+def _open(tmp_path: Path, config: LoopConfig, text: str = POLICY) -> tuple[Loop, FilePolicyStore, Policy]:
+    policy = parse_policy(text, "policy.yaml")
+    policies = FilePolicyStore(tmp_path / "policies")
+    loop = open_loop(policies, tmp_path, policy, capacity=10_000, config=config, diagnose=lambda *a, **k: [])
+    return loop, policies, policy
+
+
+def test_a_review_resumed_from_another_process_sees_the_memory_of_the_pass_that_waits(tmp_path: Path) -> None:
+    interactive = LoopConfig(warmup=1, measure=1, retrain_every=0, interactive=True)
+    loop, policies, policy = _open(tmp_path, interactive)
+    sim = Simulator(policy, 10_000)
+    with SqliteSaver.from_conn_string(str(tmp_path / "checkpoints.db")) as saver:
+        runner = LoopRunner(loop, build_graph(loop, saver), run_id="run")
+        for window in range(2):
+            _serve(runner, policies, sim, window)
+        (waiting,) = loop.proposals.list(status="proposed")
+        assert waiting.thread_id == "run-w1"
+        remembered = runner.memory
+    assert [w["index"] for w in remembered["windows"]] == [0, 1] and remembered["series"]
+    assert remembered["top_version"] == 2
+
+    # another process: new stores, a new loop and graph over the same files
+    with SqliteSaver.from_conn_string(str(tmp_path / "checkpoints.db")) as saver:
+        policies_there = FilePolicyStore(tmp_path / "policies")
+        there = Loop(policies_there, ProposalStore(tmp_path / "proposals.db"), capacity=10_000, config=CONFIG)
+        graph = build_graph(there, saver)
+        state = graph.get_state(thread_config("run-w1"))
+        assert state.interrupts
+        assert json.dumps(state.values["memory"], sort_keys=True) == json.dumps(remembered, sort_keys=True)
+        records = there.records(state.values["memory"])
+        assert [r.stats for r in records] == [r.stats for r in loop.records(remembered)]
+        assert [list(r.requests) for r in records] == [_requests(0), _requests(1)]
+        there.proposals.review(waiting.id, "approve", "alice", "")
+        resumed = resume_review(graph, "run-w1", "approve", "alice")
+    assert resumed["notes"] == ["rollout: canary"]
+    # the canary starts at the window after the two the waiting pass remembered, not at an empty history's 0
+    assert resumed["memory"]["canary_started"] == {waiting.id: 2}
+    assert resumed["memory"]["windows"] == remembered["windows"]
+    assert policies_there.state().canary == waiting.new_ref
+
+
+def test_an_inconclusive_canary_is_withdrawn_in_both_histories(tmp_path: Path) -> None:
+    # min_requests above any window's canary arm: the live split never counts, so the canary is never
+    # promoted, and with max_windows 1 it is inconclusive at its first window
+    text = POLICY.replace("min_requests: 50", "min_requests: 10000")
+    loop, policies, policy = _open(tmp_path, CONFIG, text)
+    sim = Simulator(policy, 10_000)
+    with SqliteSaver.from_conn_string(str(tmp_path / "checkpoints.db")) as saver:
+        runner = LoopRunner(loop, build_graph(loop, saver), run_id="run")
+        for window in range(2):
+            _serve(runner, policies, sim, window)
+        (proposal,) = loop.proposals.list()
+        assert proposal.status == "waiting"  # too little traffic to judge: a person decides
+        loop.proposals.review(proposal.id, "approve", "alice", "")
+        _serve(runner, policies, sim, 2)  # the next pass puts it on the canary
+        assert loop.proposals.get(proposal.id).status == "canary"
+        _serve(runner, policies, sim, 3)  # one window on the canary: inconclusive
+    withdrawn = loop.proposals.get(proposal.id)
+    assert withdrawn.status == "waiting"
+    assert withdrawn.history[-1].note.startswith("inconclusive after 1 windows")
+    assert policies.state().canary is None and policies.state().active == "chat@1"
+    kinds = {"apply": "applied", "canary": "canary", "promote": "promoted", "rollback": "rolled_back"}
+    theirs = [(kinds[h["action"]], h["ref"]) for h in policies.state().history]
+    ours = [(r.kind, r.ref) for r in loop.proposals.policy_history()]
+    assert theirs == [("applied", "chat@1"), ("canary", "chat@2"), ("rolled_back", "chat@2")]
+    assert ours == theirs
