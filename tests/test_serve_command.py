@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from _helpers import free_port
@@ -62,6 +63,14 @@ def test_evocache_serve_answers_the_openai_client_and_follows_policy_commands(tm
             model="tiny-llama", temperature=0, max_tokens=8, messages=[{"role": "user", "content": "Hello there"}])
         assert again.headers["x-evocache-outcome"] == "hit"
         assert again.parse().choices[0].message.content == "".join(pieces)
+
+        # /metrics answers the admin key generated beside the API keys (owner-only), not an API key.
+        admin_key = tmp_path / "serve" / "metrics-key"
+        assert admin_key.stat().st_mode & 0o077 == 0
+        metrics = f"http://127.0.0.1:{port}/metrics"
+        admin = {"Authorization": f"Bearer {admin_key.read_text().strip()}"}
+        assert "evocache_http_requests_total" in httpx.get(metrics, headers=admin).text
+        assert httpx.get(metrics, headers={"Authorization": f"Bearer {key}"}).status_code == 403
 
         system = {"role": "system", "content": "You answer questions about caching, briefly and exactly. " * 5}
         usages = [client.chat.completions.create(
