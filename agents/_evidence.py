@@ -25,7 +25,7 @@ import numpy as np
 from evocache.dsl import Policy
 
 from ._types import Outcome, Request
-from ._whatif import Simulator
+from evocache.controller.replay import PolicySimulator
 
 Step = tuple[Policy, Policy | None, float]
 """One window of a schedule: the policy in force, the canary (or None) and its fraction."""
@@ -50,12 +50,12 @@ def replay_schedule(
     models: Path | None = None,
 ) -> list[list[Outcome]]:
     """Replay ``windows`` from a cold cache, window i under ``schedule[i]``; the outcomes of each window.
-    ``models``: where the trained eviction models the policies name are (``Simulator``)."""
+    ``models``: where the trained eviction models the policies name are (``PolicySimulator``)."""
     if len(windows) != len(schedule):
         raise ValueError(f"{len(windows)} windows but a schedule of {len(schedule)}")
     if not windows:
         return []
-    sim = Simulator(schedule[0][0], capacity, seed=seed, vectors=vectors, models=models)
+    sim = PolicySimulator(schedule[0][0], capacity, seed=seed, vectors=vectors, models=models)
     out: list[list[Outcome]] = []
     for reqs, (base, canary, fraction) in zip(windows, schedule, strict=True):
         if base is not sim.policy and base != sim.policy:

@@ -959,8 +959,14 @@ def resume_waiting(store: Path, thread: str, verdict: str, reviewer: str = "pers
 def _vectors(records: Sequence[WindowRecord], cache_dir: Path) -> Any:
     """The embeddings of the remembered semantic prompts (from the loop's cache on disk), or None when the
     windows hold none: what judging them again needs."""
-    if not any(r.kind == "semantic" for w in records for r in w.requests):
-        return None
-    from ._run import embed_prompts
-
     return embed_prompts([r for w in records for r in w.requests], cache_dir)
+
+
+def embed_prompts(requests: Sequence[Request], cache_dir: Path | None) -> Any:
+    """The semantic requests' prompts embedded once (the packaged MiniLM; cached on disk), or None."""
+    prompts = sorted({r.prompt for r in requests if r.kind == "semantic" and r.prompt})
+    if not prompts:
+        return None
+    from evocache.controller.semantic import default_embedder, precomputed_embedder
+
+    return precomputed_embedder(prompts, default_embedder(), cache_dir)

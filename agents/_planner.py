@@ -238,7 +238,7 @@ def _edit(base: Policy, path: str, value: Any, why: str) -> Edit:
         return _checked(base, Edit(setting.kind, path, old, setting.read(base, old, value), why))
     if head == "tenants" and rest.count(".") == 1 and rest.endswith(".l1_share"):
         tenant = rest.removesuffix(".l1_share")
-        spec = base.tenants.get(tenant) if tenant in base.tenants else base.tenants.get("default")
+        spec = base.tenant(tenant)
         old = 1.0 if spec is None else float(spec.l1_share)  # the share the tenant has now
         new = _number(value, "l1_share")
         if not 0 <= new <= 1:

@@ -4,7 +4,7 @@
     if result.kept: propose result.policy (its edit: result.edit), with result.evidence
 
 The recent ``requests`` are split in time order: the first ``1 - holdout`` share trains, the rest is held
-back. Two arms replay them in ``Simulator``s of the same capacity and seed, each from a cold cache:
+back. Two arms replay them in ``PolicySimulator``s of the same capacity and seed, each from a cold cache:
 
 - the *base* arm replays the training part, then the held-back part, under ``policy`` as it is;
 - the *candidate* arm replays the same training part under the candidate policy (``policy`` with
@@ -39,29 +39,19 @@ from __future__ import annotations
 import logging
 import math
 import os
-import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from evocache.controller.eviction import (
-    LearnedBase,
-    LearnedModel,
-    LearnedModelError,
-    LearnedTraining,
-    make_eviction_policy,
-)
+from evocache.controller.eviction import LearnedBase, LearnedModel, LearnedModelError, LearnedTraining
+from evocache.controller.replay import PolicySimulator, eviction_name
 from evocache.dsl import Policy, policy_to_dict
 
 from ._candidates import Edit, apply_edits
 from ._evidence import Comparison, arm_metrics, bootstrap_gain
 from ._types import Outcome, Request
-from ._whatif import Simulator, eviction_name
-
-if TYPE_CHECKING:
-    from evocache.controller.eviction import EvictionPolicy
 
 log = logging.getLogger("evocache.agents")
 
@@ -125,8 +115,8 @@ def retrain(requests: Sequence[Request], policy: Policy, *, capacity: int, model
             training: LearnedTraining = LearnedTraining(), version: int | None = None) -> RetrainResult:
     """Train a learned eviction model on the first ``1 - holdout`` share of ``requests`` (time order) and keep
     it only if it beats ``policy`` on the rest (see the module docstring). ``capacity`` and ``vectors`` as
-    ``Simulator`` takes them; ``seed`` seeds both replays and the bootstrap (same inputs, same result and the
-    same model file). ``training``: how the candidate arm labels and fits (``horizon``, ``window``,
+    ``PolicySimulator`` takes them; ``seed`` seeds both replays and the bootstrap (same inputs, same result and
+    the same model file). ``training``: how the candidate arm labels and fits (``horizon``, ``window``,
     ``rounds``, ``depth``, ``threads``, ``monotone``, ``features``; its ``retrain_every`` and ``stale_after``
     are not used: one model is fitted, at the end of the training part); the production defaults unless
     given. ``version``: the candidate policy's (default one above ``policy``'s). The model is written to
@@ -161,7 +151,7 @@ def retrain(requests: Sequence[Request], policy: Policy, *, capacity: int, model
     except ValueError as exc:  # PolicyError / StoreConfigError: never propose what policy check rejects
         return refused(f"the candidate policy is refused: {exc}", edit=edit)
 
-    arm = _CandidateArm(candidate, capacity, training=training, seed=seed, vectors=vectors)
+    arm = _candidate_arm(candidate, capacity, training=training, seed=seed, vectors=vectors)
     fitted = _train(arm, train)
     if isinstance(fitted, str):
         return refused(fitted, candidate, edit)
@@ -171,7 +161,7 @@ def retrain(requests: Sequence[Request], policy: Policy, *, capacity: int, model
         log.warning("retrain: the model could not be written under %s: %s", model_dir, exc)
         return refused(f"the model could not be written under {model_dir}: {exc}", candidate, edit)
     try:
-        arm.learned.load_model(path)  # what is judged is what the file holds
+        _learned(arm).load_model(path)  # what is judged is what the file holds
     except (OSError, LearnedModelError) as exc:
         log.warning("retrain: the model written to %s cannot be read back: %s", path, exc)
         path.unlink(missing_ok=True)
@@ -180,7 +170,7 @@ def retrain(requests: Sequence[Request], policy: Policy, *, capacity: int, model
     edit = replace(edit, new={"l1": LEARNED, "model": path.name})
     candidate = apply_edits(policy, [edit], version)  # as above, naming the file: passes as it did
 
-    base = Simulator(policy, capacity, seed=seed, vectors=vectors, models=Path(model_dir))
+    base = PolicySimulator(policy, capacity, seed=seed, vectors=vectors, models=Path(model_dir))
     base.run(train)
     evidence = _evidence(held, base.run(held), arm.run(held), seed)
     gain, (low, high) = evidence["gain"], evidence["ci"]
@@ -198,37 +188,29 @@ def retrain(requests: Sequence[Request], policy: Policy, *, capacity: int, model
     return refused(f"the new model does not beat the policy in force: {summary}", candidate, edit, evidence)
 
 
-class _CandidateArm(Simulator):
-    """The candidate arm's ``Simulator``: its learned eviction policy is built with ``training`` and reachable
-    (``learned``), so the model can be fitted and loaded at the end of the training part."""
-
-    def __init__(self, policy: Policy, capacity: int, *, training: LearnedTraining, seed: int,
-                 vectors: Any) -> None:
-        # Read by _build_eviction, which Simulator.__init__ calls. No retraining on the way: the one model is
-        # fitted at the end of the training part, and the held-back part judges that model, unchanged.
-        self._training = replace(training, retrain_every=_NEVER, stale_after=_NEVER)
-        super().__init__(policy, capacity, seed=seed, vectors=vectors)
-
-    def _build_eviction(self, name: str) -> EvictionPolicy:
-        # Simulator's construction (the trace's clock, the seeded rng), plus the training settings.
-        return make_eviction_policy(name, capacity=self.capacity, clock=lambda: self._now,
-                                    rng=random.Random(self._seed), training=self._training)
-
-    @property
-    def learned(self) -> LearnedBase:
-        eviction = self._eviction
-        assert isinstance(eviction, LearnedBase), f"the candidate arm runs {type(eviction).__name__}"
-        return eviction
+def _candidate_arm(policy: Policy, capacity: int, *, training: LearnedTraining, seed: int,
+                   vectors: Any) -> PolicySimulator:
+    """The candidate arm: its learned eviction policy built with ``training``, so the model can be fitted and
+    loaded at the end of the training part. No retraining on the way: the one model is fitted at the end of
+    the training part, and the held-back part judges that model, unchanged."""
+    once = replace(training, retrain_every=_NEVER, stale_after=_NEVER)
+    return PolicySimulator(policy, capacity, seed=seed, vectors=vectors, training=once)
 
 
-def _train(arm: _CandidateArm, train: Sequence[Request]) -> LearnedModel | str:
+def _learned(arm: PolicySimulator) -> LearnedBase:
+    eviction = arm.eviction
+    assert isinstance(eviction, LearnedBase), f"the candidate arm runs {type(eviction).__name__}"
+    return eviction
+
+
+def _train(arm: PolicySimulator, train: Sequence[Request]) -> LearnedModel | str:
     """Replay ``train`` in ``arm`` (its learned policy collecting and labelling samples), then fit one model
     on the latest labelled window with the policy's own trainer. The model, or why there is none."""
     from xgboost.core import XGBoostError
 
     try:
         arm.run(train)
-        learned = arm.learned
+        learned = _learned(arm)
         before = learned.stats.trained
         learned._retrain()  # the controller's trainer: the latest window of samples whose horizon has passed
     except XGBoostError as exc:

@@ -1,9 +1,9 @@
 """``evocache agent run --trace``: the loop over a recorded trace, as if the trace were a deployment's
 traffic.
 
-The trace is cut into windows of ``window`` requests. A ``Simulator`` stands for the deployment: before each
-window it reads the policy store (the policy in force, the canary and its fraction) as a replica would, serves
-the window, and the loop's graph runs one pass on what it saw. Proposals, reviews and policy history go to the
+The trace is cut into windows of ``window`` requests. A ``PolicySimulator`` stands for the deployment: before
+each window it reads the policy store (the policy in force, the canary and its fraction) as a replica would,
+serves the window, and the loop's graph runs one pass on what it saw. Proposals, reviews and policy history go to the
 proposal store; the graph's threads to a SQLite checkpointer beside it, so a review left waiting can be
 approved from another process (``evocache proposals approve``). ``harmful_at`` injects, at that window (or
 the first after it with no other change on its way out), a proposal meant to hurt (every ttl cut to one
@@ -28,10 +28,10 @@ from evocache.controller import FilePolicyStore
 from evocache.dsl import Policy, policy_to_yaml
 
 from ._candidates import Edit, apply_edits
-from ._loop import DRIFT_KINDS, Loop, LoopConfig, build_graph, record_policy_store, run_pass
+from ._loop import DRIFT_KINDS, Loop, LoopConfig, build_graph, embed_prompts, record_policy_store, run_pass
 from ._memory import Memory, WindowRecord, empty_memory
 from ._types import Request
-from ._whatif import Simulator
+from evocache.controller.replay import PolicySimulator
 from ._workload import read_requests, windows
 from .errors import AgentError, WorkloadError
 
@@ -56,16 +56,6 @@ def default_capacity(requests: list[Request], fraction: float) -> int:
         for k in r.keys:
             seen.setdefault((r.ns, k), r.size)
     return max(1, math.floor(fraction * sum(seen.values())))
-
-
-def embed_prompts(requests: list[Request], cache_dir: Path | None) -> Any:
-    """The semantic requests' prompts embedded once (the packaged MiniLM; cached on disk), or None."""
-    prompts = sorted({r.prompt for r in requests if r.kind == "semantic" and r.prompt})
-    if not prompts:
-        return None
-    from evocache.controller.semantic import default_embedder, precomputed_embedder
-
-    return precomputed_embedder(prompts, default_embedder(), cache_dir)
 
 
 def harmful_edits(policy: Policy) -> list[Edit]:
@@ -220,7 +210,9 @@ def run_trace(
     ctx = open_loop(
         policies, workdir, policy, capacity=capacity, config=options.loop, vectors=vectors, diagnose=diagnose
     )
-    live = Simulator(ctx.active(), capacity, seed=options.loop.seed, vectors=vectors, models=ctx.model_dir)
+    live = PolicySimulator(
+        ctx.active(), capacity, seed=options.loop.seed, vectors=vectors, models=ctx.model_dir
+    )
     with SqliteSaver.from_conn_string(str(workdir / "checkpoints.db")) as saver:
         runner = LoopRunner(ctx, build_graph(ctx, saver), harmful_at=options.harmful_at)
         for i, span in enumerate(spans):

@@ -3,9 +3,10 @@
 Everything here is frozen and made of plain values (str, int, float, tuples, mappings of those), so the
 LangGraph state, the SQLite store and the JSON report can hold it without pickling.
 
-A ``Request`` is one client call as the loop sees it, whatever the source: a Mooncake trace line (its KV
-blocks are its ``keys``), an access event pair (one response key), a semantic stream row (a prompt and its
-answer group). An ``Outcome`` is what one policy did with it: how many of its lookups hit. ``WindowStats``
+A ``Request`` (``controller.replay.ReplayRequest``) is one client call as the loop sees it, whatever the
+source: a Mooncake trace line (its KV blocks are its ``keys``), an access event pair (one response key), a
+semantic stream row (a prompt and its answer group). An ``Outcome`` (``controller.replay.ReplayOutcome``) is
+what one policy did with it: how many of its lookups hit. ``WindowStats``
 summarises a window of requests and outcomes for diagnosis; ``Series`` carries a signal at a finer step (per
 second, per kernel) for the tests that need a time series (Granger causality, change points).
 """
@@ -19,49 +20,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple
 
-RequestKind = Literal["kv", "response", "semantic"]
+from evocache.controller.replay import ReplayOutcome, ReplayRequest
 
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    """One client call.
-
-    ``keys``: what the cache looks up for it, in order: KV block hashes (a prefix chain: block i is only of
-    use when blocks 0..i-1 are), or the one response key. ``size``: the size of one key's entry (tokens of a
-    KV block, bytes of a response). ``ns``: the tenant ("" when the source has none); ``rule``: the policy
-    rule the source says it matched ("" when none). ``prompt_tokens`` / ``output_tokens``: -1 when unknown.
-    ``latency_ms``: what serving it cost without the cache (the model's time), -1 when unknown. ``prompt`` and
-    ``group`` (semantic streams): the prompt text and its answer group, the judge of a semantic hit.
-    ``phase``: a label the source carries (a drifting benchmark's phase), never read by the loop's decisions.
-    """
-
-    t: float
-    kind: RequestKind
-    keys: tuple[str, ...]
-    size: int = 1
-    ns: str = ""
-    rule: str = ""
-    prompt_tokens: int = -1
-    output_tokens: int = -1
-    latency_ms: float = -1.0
-    prompt: str | None = None
-    group: str | None = None
-    phase: str | None = None
-
-
-class Outcome(NamedTuple):
-    """What a policy did with one request: ``lookups`` made (0 when bypassed), ``hits`` among them (for KV the
-    leading blocks served from cache, a prefix), ``bypass`` (a rule said not to cache), ``wrong`` (a semantic
-    hit whose answer group differs), ``tier`` the deepest tier a hit came from ("" for none), and
-    ``evicted`` the tenants whose entries this request's admission evicted (with repeats)."""
-
-    lookups: int
-    hits: int
-    bypass: bool = False
-    wrong: bool = False
-    semantic: bool = False
-    tier: str = ""
-    evicted: tuple[str, ...] = ()
+# One client call and what a policy did with it are the replay's types: the loop reads traces into them and
+# the policy simulator (``controller.replay.PolicySimulator``) replays them.
+Request = ReplayRequest
+Outcome = ReplayOutcome
 
 
 class Counts(NamedTuple):

@@ -10,8 +10,8 @@ batch tenant's one-off documents push the chat prefixes out; ``semantic``, a Ban
 followed by a CLINC150 one; ``stationary``, phase A of both alone (the whole Mooncake trace as one tenant, and
 Banking77 for the length of the drifting stream), where no drift should be reported.
 
-Every policy is replayed by ``agents._whatif.Simulator`` with the capacity ``run_trace`` would choose (a tenth
-of the trace's distinct keys), cut into the loop's windows (``agents._workload.windows``):
+Every policy is replayed by ``controller.replay.PolicySimulator`` with the capacity ``run_trace`` would choose (a
+tenth of the trace's distinct keys), cut into the loop's windows (``agents._workload.windows``):
 
 - static A: the best of a small grid of policies (the scenario's starting policy, bench/data/policies/, under
   each combination of edits of the kinds the loop itself proposes) on phase A alone, from a cold cache; a
@@ -303,7 +303,7 @@ def replay(
 ) -> list[list[Any]]:
     """The outcomes per window of ``policy`` over ``w`` from a cold cache; with ``then``, switched to it at
     ``at`` (window, offset); only the first ``upto`` windows when given."""
-    from evocache.agents._whatif import Simulator
+    from evocache.controller.replay import PolicySimulator as Simulator
 
     sim = Simulator(policy, w.capacity, seed=w.seed, vectors=w.vectors)
     out = []

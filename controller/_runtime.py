@@ -71,8 +71,7 @@ class _PolicyHolder:
         policy = self.policy
         if policy is None or not policy.tenants:
             return None
-        spec = _tenant_index(policy).get(ns)
-        return spec if spec is not None else policy.tenants.get("default")
+        return policy.tenant(_tenant_names(policy).get(ns))  # a namespace no tenant has: the default entry
 
     def l1_quota(self, capacity: int) -> Callable[[Namespace], int | None]:
         def quota(ns: Namespace) -> int | None:
@@ -194,13 +193,14 @@ class CacheRuntime:
         self.store.close()
 
 
-_index_cache: dict[str, dict[Namespace, object]] = {}
+_index_cache: dict[str, dict[Namespace, str]] = {}
 
 
-def _tenant_index(policy: Policy) -> dict[Namespace, object]:
+def _tenant_names(policy: Policy) -> dict[Namespace, str]:
+    """The namespace of each tenant the policy names -> its name, for ``Policy.tenant``."""
     index = _index_cache.get(policy.content_hash)
     if index is None:
-        index = {namespace_for(name): spec for name, spec in policy.tenants.items()}
+        index = {namespace_for(name): name for name in policy.tenants}
         _index_cache[policy.content_hash] = index
     return index
 

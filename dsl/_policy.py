@@ -60,6 +60,7 @@ MAX_TTL = 3650 * 86_400.0
 # Versions are counters; this keeps one a signed 32-bit integer in every store and wire format.
 MAX_VERSION = 2**31 - 1
 DEFAULT_RULE = "default"  # Decision.rule when no rule matched; so no rule may be called this
+DEFAULT_TENANT = "default"  # the tenants entry that holds for every tenant without one of its own
 # A policy is a few dozen rules, and a decision may test every one: a request must not wait on thousands.
 # parse_policy refuses more before validating any; the model's own bound covers Policy.model_validate.
 MAX_RULES = 1000
@@ -753,6 +754,14 @@ class Policy(_Model):
             if decision.rule == rule:
                 return decision
         return self._fallthrough
+
+    def tenant(self, name: str | None) -> TenantSpec | None:
+        """The settings of tenant ``name`` (its quotas, weight and rate): its own entry under ``tenants``, else
+        the ``default`` entry, else None (the policy sets nothing for it: no quota, no rate limit). ``None``
+        for ``name`` (a caller that knows no tenant) gives the ``default`` entry too. The one reading of the
+        section: the controller's tiers and the replay simulator both ask here."""
+        own = self.tenants.get(name) if name is not None else None
+        return own if own is not None else self.tenants.get(DEFAULT_TENANT)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Policy) and other.content_hash == self.content_hash

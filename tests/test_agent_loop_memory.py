@@ -13,7 +13,7 @@ from evocache.agents._loop import Loop, LoopConfig, build_graph, resume_review, 
 from evocache.agents._proposals import ProposalStore
 from evocache.agents._run import LoopRunner, open_loop
 from evocache.agents._types import Request
-from evocache.agents._whatif import Simulator
+from evocache.controller.replay import PolicySimulator as Simulator
 from evocache.controller import FilePolicyStore
 from evocache.dsl import Policy, parse_policy
 

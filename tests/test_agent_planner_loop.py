@@ -15,7 +15,7 @@ from evocache.agents._loop import LoopConfig, build_graph
 from evocache.agents._planner import Planner
 from evocache.agents._run import LoopRunner, default_capacity, open_loop
 from evocache.agents._scenarios import kv_drift
-from evocache.agents._whatif import Simulator
+from evocache.controller.replay import PolicySimulator as Simulator
 from evocache.agents._workload import read_requests, windows
 from evocache.controller import FilePolicyStore
 from evocache.dsl import parse_policy

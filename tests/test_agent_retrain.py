@@ -20,7 +20,7 @@ from evocache.agents._candidates import apply_edits
 from evocache.agents._evidence import arm_metrics
 from evocache.agents._retrain import MIN_HOLDOUT_REQUESTS, MIN_TRAIN_REQUESTS, RetrainResult, retrain
 from evocache.agents._types import Request
-from evocache.agents._whatif import Simulator
+from evocache.controller.replay import PolicySimulator as Simulator
 from evocache.agents._workload import read_requests
 from evocache.controller import StoreConfigError
 from evocache.controller.eviction import LearnedModel, LearnedTraining

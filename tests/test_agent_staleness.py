@@ -11,7 +11,7 @@ from evocache.agents._loop import Loop, LoopConfig
 from evocache.agents._memory import Memory, empty_memory
 from evocache.agents._proposals import ProposalStore
 from evocache.agents._types import Request
-from evocache.agents._whatif import Simulator
+from evocache.controller.replay import PolicySimulator as Simulator
 from evocache.controller import FilePolicyStore
 from evocache.dsl import parse_policy
 

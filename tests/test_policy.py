@@ -810,3 +810,16 @@ def test_a_yaml_boolean_condition_is_the_expression_true_or_false() -> None:
 def test_every_example_policy_is_valid(path: Path) -> None:
     policy = load_policy(path)
     assert parse_policy(policy_to_yaml(policy)) == policy
+
+
+def test_a_tenant_without_an_entry_gets_the_default_entry_and_none_without_one() -> None:
+    from evocache.dsl import parse_policy
+
+    policy = parse_policy(
+        "policy: p\nversion: 1\ntenants:\n  default: {l1_share: 0.5}\n  batch: {l1_share: 0.1}\n", "p.yaml"
+    )
+    assert policy.tenant("batch").l1_share == 0.1
+    assert policy.tenant("acme") is policy.tenants["default"]
+    assert policy.tenant(None) is policy.tenants["default"]
+    bare = parse_policy("policy: p\nversion: 1\ntenants:\n  batch: {l1_share: 0.1}\n", "p.yaml")
+    assert bare.tenant("acme") is None and bare.tenant("batch").l1_share == 0.1

@@ -20,12 +20,11 @@ served (a wrong answer served for the b of a pair whose b needs another answer t
 ``pair_rows`` gives the same lookups as a labelled stream, for ``replay_stream`` and ``best_static``.
 
 Embeddings can be cached on disk (``.npy`` keyed by the sha256 of the embedder name and the texts) so repeated
-runs skip the model.
+runs skip the model (``_vectors``, which the policy loop's replay uses too).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from collections import Counter
@@ -39,10 +38,10 @@ import numpy as np
 from ..errors import TraceError
 from ._cache import SemanticCache, SemanticStats
 from ._config import DEFAULT_JUDGE_BUDGET
-from ._embed import Embedder
 from ._index import Scope
 from ._policies import DecisionPolicy, PolicyOptions
 from ._prior import SHIPPED_PRIOR  # ``prior=``: the error model's prior file of every replay (None: none)
+from ._vectors import VectorTable, embed_cached, embedded_table
 
 __all__ = [
     "PairRow",
@@ -123,52 +122,6 @@ def _show(value: Any) -> str:
     """A value as the file spells it (JSON), cut to 40 characters."""
     text = json.dumps(value, ensure_ascii=False)
     return text if len(text) <= 40 else text[:37] + "..."
-
-
-# --- embeddings --------------------------------------------------------------------------------------------
-
-
-def embed_cached(texts: Sequence[str], embedder: Embedder, cache_dir: str | Path | None) -> np.ndarray:
-    """``embedder.embed(texts)``, read from / written to ``cache_dir`` when given (keyed by the embedder's
-    name and the exact texts, so a changed text or model never reads a stale file)."""
-    texts = list(texts)
-    if cache_dir is None:
-        return embedder.embed(texts)
-    digest = hashlib.sha256("\x1e".join([embedder.name, *texts]).encode()).hexdigest()[:32]
-    path = Path(cache_dir) / f"{digest}.npy"
-    if path.is_file():
-        vecs = np.load(path)
-        if vecs.shape[0] == len(texts):
-            return vecs
-    vecs = embedder.embed(texts)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.npy")
-    np.save(tmp, vecs)
-    tmp.replace(path)
-    return vecs
-
-
-class VectorTable:
-    """An ``Embedder`` over precomputed vectors: the replay embeds every prompt once, up front, in batches."""
-
-    def __init__(self, texts: Sequence[str], vecs: np.ndarray, name: str) -> None:
-        self._row = {text: i for i, text in enumerate(texts)}
-        self._vecs = np.ascontiguousarray(vecs, dtype=np.float32)
-        self.name = name
-        self.dim = int(vecs.shape[1])
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        return self._vecs[[self._row[t] for t in texts]]
-
-    def fits(self, text: str) -> bool:
-        return True  # the vectors were made from the whole texts
-
-
-def embedded_table(text_sets: Sequence[Sequence[str]], embedder: Embedder, cache_dir: str | Path | None) -> VectorTable:
-    """One ``VectorTable`` over several text sets (a stream's prompts, the pairs' texts), each embedded by
-    ``embed_cached`` as a set of its own, so every bench that embeds the same set reads the same cached file."""
-    vecs = np.concatenate([embed_cached(texts, embedder, cache_dir) for texts in text_sets])
-    return VectorTable([t for texts in text_sets for t in texts], vecs, embedder.name)
 
 
 # --- the stream --------------------------------------------------------------------------------------------

@@ -1,21 +1,24 @@
-"""What a policy document would have done with a stretch of traffic: the replay that judges every proposal.
+"""What a whole policy document would have done with a stretch of traffic: the replay that judges a change.
 
-``controller.replay`` replays one eviction policy over keys. A proposal changes more than that: a rule's ttl,
-a rule turned to bypass, a tenant's share of the capacity, the KV ``min_tokens``, a rule's semantic settings,
-the eviction policy. ``Simulator`` owns one capacity-bounded cache (the L1 a replica would have) and replays
-``Request``s under a ``Policy``:
+``replay`` runs one eviction policy over keys. A policy change is more than that: a rule's ttl, a rule turned
+to bypass, a tenant's share of the capacity, the KV ``min_tokens``, a rule's semantic settings, the eviction
+policy. ``PolicySimulator`` owns one capacity-bounded cache (the L1 a replica would have) and replays
+``ReplayRequest``s under a ``Policy``, reading what the policy decides as the controller does, resolved by dsl
+(``Decision``, ``Policy.tenant``):
 
-- each request takes the settings of the rule its source says it matched (``Request.rule``; a name the policy
-  does not know takes the defaults), so edits to a rule's settings are judged, not edits to its ``when``;
+- each request takes the decision of the rule its source says it matched (``ReplayRequest.rule``; a name the
+  policy does not know takes the defaults: ``Policy.decision_for``), so edits to a rule's settings are judged,
+  not edits to its ``when``;
 - a bypassing rule, or a KV request shorter than the rule's ``min_tokens``, makes no lookup and stores
   nothing;
 - an entry lives ``ttl`` seconds of trace time; a KV request hits its leading cached blocks (a prefix: block i
   is of no use once an earlier block missed), and stores the blocks it computed;
-- a tenant with ``l1_share < 1`` evicts its own entries first once it holds its share;
+- a tenant with ``l1_share < 1`` (``Policy.tenant``: its own entry, else the default one) evicts its own
+  entries first once it holds its share;
 - a semantic request (a prompt and its answer group) is looked up exactly first, then, when its rule has
-  ``semantic:``, through a ``SemanticCache`` with the rule's mode and error bound over precomputed vectors
-  (an answer is served semantically only while its exact entry is held: evicted or expired, it leaves the
-  index); a hit whose answer group differs is ``wrong``;
+  ``semantic:``, through a ``SemanticCache`` with the rule's resolved mode, exploration and error bound over
+  precomputed vectors (an answer is served semantically only while its exact entry is held: evicted or
+  expired, it leaves the index); a hit whose answer group differs is ``wrong``;
 - the eviction policy is the production class the policy names for ``l1`` (``eviction.l1``, else LRU), run on
   the trace's clock, with the access context learned policies read.
 
@@ -32,71 +35,100 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from evocache.controller import canary_for
-from evocache.controller import StoreConfigError
-from evocache.controller.eviction import EntryInfo, EvictionPolicy, make_eviction_policy, start_from_model
-from evocache.dsl import Policy
+from evocache.dsl import Decision, Policy
 
-from ._types import Outcome, Request
+from .._policy_store import canary_for
+from ..errors import StoreConfigError
+from ..eviction import EntryInfo, EvictionPolicy, LearnedTraining, make_eviction_policy, start_from_model
 
 if TYPE_CHECKING:
-    from evocache.controller.semantic import SemanticCache
-    from evocache.controller.semantic._bench import VectorTable
+    from ..semantic import Embedder, SemanticCache
+
+RequestKind = Literal["kv", "response", "semantic"]
 
 
 @dataclass(frozen=True, slots=True)
-class RuleSettings:
-    """What the simulator reads of one rule of one policy (resolved over the defaults)."""
+class ReplayRequest:
+    """One client call.
 
+    ``keys``: what the cache looks up for it, in order: KV block hashes (a prefix chain: block i is only of
+    use when blocks 0..i-1 are), or the one response key. ``size``: the size of one key's entry (tokens of a
+    KV block, bytes of a response). ``ns``: the tenant ("" when the source has none); ``rule``: the policy
+    rule the source says it matched ("" when none). ``prompt_tokens`` / ``output_tokens``: -1 when unknown.
+    ``latency_ms``: what serving it cost without the cache (the model's time), -1 when unknown. ``prompt`` and
+    ``group`` (semantic streams): the prompt text and its answer group, the judge of a semantic hit.
+    ``phase``: a label the source carries (a drifting benchmark's phase), never read by the loop's decisions.
+    """
+
+    t: float
+    kind: RequestKind
+    keys: tuple[str, ...]
+    size: int = 1
+    ns: str = ""
+    rule: str = ""
+    prompt_tokens: int = -1
+    output_tokens: int = -1
+    latency_ms: float = -1.0
+    prompt: str | None = None
+    group: str | None = None
+    phase: str | None = None
+
+
+class ReplayOutcome(NamedTuple):
+    """What a policy did with one request: ``lookups`` made (0 when bypassed), ``hits`` among them (for KV the
+    leading blocks served from cache, a prefix), ``bypass`` (a rule said not to cache), ``wrong`` (a semantic
+    hit whose answer group differs), ``tier`` the deepest tier a hit came from ("" for none), and
+    ``evicted`` the tenants whose entries this request's admission evicted (with repeats)."""
+
+    lookups: int
+    hits: int
+    bypass: bool = False
+    wrong: bool = False
+    semantic: bool = False
+    tier: str = ""
+    evicted: tuple[str, ...] = ()
+
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    """One rule's decision, with what the replay reads of its KV section: whether it caches at all and the
+    shortest prompt it reuses blocks for."""
+
+    decision: Decision
     cache: bool
-    ttl: float
     min_tokens: int
-    semantic: tuple[str, float, float | None, float] | None  # (mode, explore, threshold, max_error)
 
-
-def rule_settings(policy: Policy, rule: str) -> RuleSettings:
-    """The settings ``policy`` gives requests of ``rule`` (the defaults for a rule it does not name)."""
-    decision = policy.decision_for(rule)
-    kv = decision.kv
-    min_tokens = 0 if kv is None or kv.reuse == "off" else int(kv.min_tokens or 0)
-    sem = decision.semantic
-    semantic = None
-    if sem is not None:
-        semantic = (
-            sem.mode or "bounded",
-            float(sem.explore if sem.explore is not None else 0.05),
-            None if sem.threshold is None else float(sem.threshold),
-            float(sem.max_error),
-        )
-    cache_kv = kv is None or kv.reuse != "off"
-    return RuleSettings(
-        cache=decision.cache and cache_kv, ttl=float(decision.ttl), min_tokens=min_tokens, semantic=semantic
-    )
+    @classmethod
+    def of(cls, decision: Decision) -> _Rule:
+        kv = decision.kv
+        reuse = kv is not None and kv.reuse != "off"
+        min_tokens = int(kv.min_tokens or 0) if kv is not None and reuse else 0
+        return cls(decision, decision.cache and (kv is None or reuse), min_tokens)
 
 
 class _Arm:
-    """One policy's settings, resolved once per rule and tenant."""
+    """One policy's decisions, looked up once per rule and tenant."""
 
     def __init__(self, policy: Policy, capacity: int) -> None:
         self.policy = policy
-        self._rules: dict[str, RuleSettings] = {}
+        self._rules: dict[str, _Rule] = {}
         self._quota: dict[str, float] = {}
         self._capacity = capacity
 
-    def rule(self, name: str) -> RuleSettings:
-        settings = self._rules.get(name)
-        if settings is None:
-            settings = self._rules[name] = rule_settings(self.policy, name)
-        return settings
+    def rule(self, name: str) -> _Rule:
+        rule = self._rules.get(name)
+        if rule is None:
+            rule = self._rules[name] = _Rule.of(self.policy.decision_for(name))
+        return rule
 
     def quota(self, ns: str) -> float:
         """The most ``ns`` may hold, in capacity units (inf: no quota)."""
         quota = self._quota.get(ns)
         if quota is None:
-            tenants = self.policy.tenants
-            spec = tenants.get(ns) if ns in tenants else tenants.get("default")  # as the controller reads it
+            spec = self.policy.tenant(ns)  # as the controller's tiers read it
             share = 1.0 if spec is None else float(spec.l1_share)
             quota = self._quota[ns] = math.inf if share >= 1.0 else share * self._capacity
         return quota
@@ -106,14 +138,16 @@ def eviction_name(policy: Policy) -> str:
     return policy.eviction.l1 or "lru"
 
 
-class Simulator:
+class PolicySimulator:
     """A replica's L1 under a policy, replayed on the trace's clock. See the module docstring.
 
     ``capacity`` is in the requests' size unit (tokens for KV blocks, bytes for responses; each key weighs its
-    request's ``size``). ``vectors``: the embeddings of the semantic requests' prompts (``VectorTable``),
+    request's ``size``). ``vectors``: an ``Embedder`` over the semantic requests' prompts (precomputed:
+    ``controller.semantic.precomputed_embedder``),
     needed only when a rule has ``semantic:``. ``models``: the directory of the trained models a policy's
-    ``eviction.model`` names (the store's ``l1.models``); a learned policy starts from the model it names, as a
-    replica does. Raises ``ValueError`` for a capacity < 1 and ``StoreConfigError`` for an eviction policy
+    ``eviction.model`` names (the store's ``l1.models``); a learned policy starts from the model it names, as
+    a replica does. ``training``: how a learned eviction policy labels and fits (``LearnedTraining``; None: the
+    class's defaults), for a replay that trains a model. Raises ``ValueError`` for a capacity < 1 and ``StoreConfigError`` for an eviction policy
     name the controller does not know or a model file it cannot use (when the policy is first used).
     """
 
@@ -123,8 +157,9 @@ class Simulator:
         capacity: int,
         *,
         seed: int = 0,
-        vectors: VectorTable | None = None,
+        vectors: Embedder | None = None,
         models: Path | None = None,
+        training: LearnedTraining | None = None,
     ) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
@@ -138,6 +173,7 @@ class Simulator:
         self._req = 0
         self._arm = _Arm(policy, capacity)
         self._models = models
+        self._training = training
         self._eviction_spec: tuple[str, str | None] = ("", None)
         self._eviction: EvictionPolicy = self._start_eviction(policy)
         self._semantic: dict[tuple[str, float, float | None], SemanticCache] = {}
@@ -168,27 +204,34 @@ class Simulator:
         name, model = eviction_name(policy), policy.eviction.model
         if model is not None and self._models is None:
             raise StoreConfigError(
-                f"policy {policy.ref}: eviction.model: no models directory to read it from (Simulator(models=))"
+                f"policy {policy.ref}: eviction.model: no models directory to read it from "
+                "(PolicySimulator(models=))"
             )
         built = self._build_eviction(name)
         self._eviction_spec = (name, model)
         return start_from_model(built, None if model is None else self._models / model, policy.ref)
 
     def _build_eviction(self, name: str) -> EvictionPolicy:
+        options: dict[str, Any] = {} if self._training is None else {"training": self._training}
         return make_eviction_policy(
-            name, capacity=self.capacity, clock=lambda: self._now, rng=random.Random(self._seed)
+            name, capacity=self.capacity, clock=lambda: self._now, rng=random.Random(self._seed), **options
         )
+
+    @property
+    def eviction(self) -> EvictionPolicy:
+        """The eviction policy in force (a learned one: to fit its model or load one into it)."""
+        return self._eviction
 
     # -- replay --------------------------------------------------------------------------------------------
 
     def run(
-        self, requests: Sequence[Request], *, canary: Policy | None = None, fraction: float = 0.0
-    ) -> list[Outcome]:
+        self, requests: Sequence[ReplayRequest], *, canary: Policy | None = None, fraction: float = 0.0
+    ) -> list[ReplayOutcome]:
         """Replay ``requests`` (in time order) and return one ``Outcome`` each. With ``canary``, a request
         whose first key ``canary_for(key, fraction)`` picks is decided by it instead of the policy in
         force."""
         candidate = _Arm(canary, self.capacity) if canary is not None else None
-        out: list[Outcome] = []
+        out: list[ReplayOutcome] = []
         for req in requests:
             arm = self._arm
             if candidate is not None and req.keys and canary_for(req.keys[0], fraction):
@@ -196,20 +239,20 @@ class Simulator:
             out.append(self._one(req, arm))
         return out
 
-    def arm_of(self, req: Request, fraction: float) -> bool:
+    def arm_of(self, req: ReplayRequest, fraction: float) -> bool:
         """Whether ``req`` would be a canary request at ``fraction`` (the same test ``run`` makes)."""
         return bool(req.keys) and canary_for(req.keys[0], fraction)
 
-    def _one(self, req: Request, arm: _Arm) -> Outcome:
+    def _one(self, req: ReplayRequest, arm: _Arm) -> ReplayOutcome:
         self._now = t = req.t
-        settings = arm.rule(req.rule)
+        rule = arm.rule(req.rule)
         self._req += 1
-        if not settings.cache or (req.kind == "kv" and 0 <= req.prompt_tokens < settings.min_tokens):
-            return Outcome(0, 0, bypass=True)
+        if not rule.cache or (req.kind == "kv" and 0 <= req.prompt_tokens < rule.min_tokens):
+            return ReplayOutcome(0, 0, bypass=True)
         ns = req.ns
         evicted: list[str] = []
         if req.kind == "semantic":
-            return self._semantic_request(req, settings, arm, evicted)
+            return self._semantic_request(req, rule.decision, arm, evicted)
         hits = 0
         chain = True  # KV blocks are of use only as a prefix: after a miss, later blocks count as misses
         parent: Hashable | None = None
@@ -230,9 +273,9 @@ class Simulator:
                 hits += chain
             else:
                 chain = False
-                self._admit(k, info, t + settings.ttl, arm.quota(ns), evicted)
+                self._admit(k, info, t + rule.decision.ttl, arm.quota(ns), evicted)
             parent = k
-        return Outcome(n, hits, tier="l1" if hits else "", evicted=tuple(evicted))
+        return ReplayOutcome(n, hits, tier="l1" if hits else "", evicted=tuple(evicted))
 
     def _lookup(self, k: Hashable, info: EntryInfo) -> bool:
         """Whether ``k`` is held and fresh; notifies the eviction policy of the access (and of the hit)."""
@@ -287,27 +330,26 @@ class Simulator:
     # -- semantic ------------------------------------------------------------------------------------------
 
     def _semantic_request(
-        self, req: Request, settings: RuleSettings, arm: _Arm, evicted: list[str]
-    ) -> Outcome:
+        self, req: ReplayRequest, rule: Decision, arm: _Arm, evicted: list[str]
+    ) -> ReplayOutcome:
         """An exact lookup of the prompt's key, then (when the rule has ``semantic:``) a semantic one; a miss
         stores the answer (its group) under the key and in the semantic index."""
+        from ..semantic import Scope
+
         ns, key = req.ns, req.keys[0]
         k = (ns, key)
         info = EntryInfo(req.size, ns, rule=req.rule, req=self._req, pos=0, req_len=1)
         group = req.group or ""
         if self._lookup(k, info):
             wrong = self._groups.get(k, group) != group
-            return Outcome(1, 1, wrong=wrong, tier="l1", evicted=tuple(evicted))
-        spec = settings.semantic
+            return ReplayOutcome(1, 1, wrong=wrong, tier="l1", evicted=tuple(evicted))
+        spec = rule.semantic  # resolved: mode and explore filled in
         decision = None
         if spec is not None:
-            from evocache.controller.semantic._index import Scope
-
-            mode, explore, threshold, max_error = spec
-            cache = self._semantic_cache(mode, explore, threshold)
+            cache = self._semantic_cache(spec.mode or "bounded", spec.explore, spec.threshold)
             scope = Scope(ns or "-", req.rule or "-")
             prompt = req.prompt if req.prompt is not None else key
-            decision, entry = cache.lookup(scope, prompt, max_error=max_error)
+            decision, entry = cache.lookup(scope, prompt, max_error=spec.max_error)
             if entry is not None:
                 held = self._held.get(self._entry_keys[entry])
                 if held is not None and held[1] <= self._now:  # expired since it was stored
@@ -317,8 +359,9 @@ class Simulator:
                 self._held.move_to_end(self._entry_keys[entry])
                 self._eviction.on_hit(self._entry_keys[entry])
                 wrong = cache.answer_ref(entry) != group
-                return Outcome(1, 1, wrong=wrong, semantic=True, tier="semantic", evicted=tuple(evicted))
-        self._admit(k, info, req.t + settings.ttl, arm.quota(ns), evicted)
+                hit = ReplayOutcome(1, 1, wrong=wrong, semantic=True, tier="semantic", evicted=tuple(evicted))
+                return hit
+        self._admit(k, info, req.t + rule.ttl, arm.quota(ns), evicted)
         self._groups[k] = group
         if spec is not None:
             prompt = req.prompt if req.prompt is not None else key
@@ -332,23 +375,17 @@ class Simulator:
                 for other in self._semantic.values():
                     other.insert(scope, entry_id, prompt, group)
             cache.judge_miss(scope, prompt, group, decision)
-        return Outcome(1, 0, evicted=tuple(evicted))
+        return ReplayOutcome(1, 0, evicted=tuple(evicted))
 
     def _semantic_cache(self, mode: str, explore: float, threshold: float | None) -> SemanticCache:
         key = (mode, explore, threshold)
         cache = self._semantic.get(key)
         if cache is None:
-            from evocache.controller.semantic import SemanticCache
-            from evocache.controller.semantic._index import Scope
-            from evocache.controller.semantic._policies import PolicyOptions
+            from ..semantic import PolicyOptions, SemanticCache
 
             if self._vectors is None:
                 raise ValueError("a rule has semantic: settings but the simulator was given no vectors")
-            options = PolicyOptions(
-                mode=mode,
-                explore=explore if mode == "bounded" else 0.05,
-                threshold=threshold if mode == "static" else None,
-            )
+            options = PolicyOptions(mode=mode, explore=explore, threshold=threshold)
             cache = SemanticCache(self._vectors, policy=options.build(), rng=random.Random(self._seed))
             for i, (ns, rule, prompt, group) in enumerate(self._inserted, start=1):
                 if f"e{i}" in self._live_entries:
