@@ -173,9 +173,9 @@ def test_a_review_left_waiting_by_watch_is_approved_from_another_process_on_the_
     done = watch(tmp_path, events, "--interactive")
     assert done.returncode == 0, done.stderr
     work = tmp_path / "agent"
-    assert json.loads((work / "loop.json").read_text()) == {
-        "policy_store": {"directory": str((tmp_path / "policies").resolve())}
-    }
+    record = json.loads((work / "loop.json").read_text())
+    assert record["policy_store"] == {"directory": str((tmp_path / "policies").resolve())}
+    assert record["capacity"] == 8 * 1024 and record["config"]["interactive"] is True
     listed = subprocess.run(
         [sys.executable, "-m", "evocache.cli", "proposals", "list", "--store", str(work / "proposals.db"),
          "--status", "proposed", "--json"],
