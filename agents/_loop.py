@@ -11,10 +11,11 @@ Every window is diagnosed, a canary out or not, so a drift during a canary is se
 named after the node it leads to.
 
 State is plain data (``LoopState``): the window's index, the findings, the proposal id, a person's verdict,
-the canary's analysis, and the loop's memory (``agents._memory.Memory``: the windows served, the series, when
-each canary started and each promotion came, the kept model, the report's retrains and breaches). The memory
-is handed in with each pass and handed back by it, and the SQLite checkpointer keeps it with the pass, so a
-review resumed from another process (``resume_review``) sees the history the waiting pass saw.
+the canary's analysis, this pass's breach and retraining (for the report), and the loop's memory
+(``agents._memory.Memory``: the newest windows served, the series, when each canary started and each promotion
+came, the kept model). The memory is handed in with each pass and handed back by it, and the SQLite
+checkpointer keeps it with the pass, so a review resumed from another process (``resume_review``) sees the
+history the waiting pass saw.
 
 Each node is a function of the state that returns an update. The nodes that only read and compute
 (``observe``, ``diagnose``, ``analyse``) write nothing; every write to the policy store and the proposal store
@@ -33,7 +34,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypedDict
@@ -46,7 +47,7 @@ from ._actuator import Actuator
 from ._candidates import Edit, apply_edits, candidate_edits
 from ._canary import CanaryEvidence, CanaryRules, CanaryVerdict, analyse_canary
 from ._evidence import Comparison, Judgement, Step, arm_difference, arm_metrics, compare
-from ._memory import Memory, WindowRecord, empty_memory, series_from_dict, series_to_dict
+from ._memory import Memory, WindowRecord, series_from_dict, series_to_dict
 from ._types import Finding, Outcome, Request, Series, WindowStats, step_series, window_stats
 
 log = logging.getLogger("evocache.agents")
@@ -74,6 +75,8 @@ class LoopState(TypedDict, total=False):
     proposal: str | None
     verdict: dict[str, Any] | None  # a person's, from the review
     canary: dict[str, Any] | None  # the canary's analysis: proposal, phase, reason, windows, evidence, span
+    breach: dict[str, Any] | None  # this pass's rollback, for the report
+    retrained: dict[str, Any] | None  # this pass's retraining, for the report
     notes: list[str]
 
 
@@ -184,7 +187,7 @@ class Loop:
         (what replay needs); older ones keep their summary, and only the newest ``HISTORY`` windows their key
         counts, so a loop that runs for days holds a bounded amount."""
         windows = list(memory["windows"])
-        index = len(windows)
+        index = memory["served"]
         stats = window_stats(index, str(step[0].ref), requests, outcomes)
         means = {_series_name(s): float(sum(s.v) / len(s.v)) for s in signals if s.v}
         rec = WindowRecord(
@@ -199,18 +202,27 @@ class Loop:
             merged = _merge_series([*self.series(memory), *own, *signals])
             series = [series_to_dict(s) for s in merged]
             self._series = (series, merged)
-        self._forget(windows, step[0].guardrails.rollout.max_windows)
-        return {**memory, "windows": windows, "series": series}, rec
+        oldest = self._forget(windows, step[0].guardrails.rollout.max_windows)
+        # a promotion's realised gain replays from ``warmup`` windows before its canary: kept while those are
+        promoted = {
+            p: at for p, at in memory["promoted_at"].items() if max(0, at[0] - self.config.warmup) >= oldest
+        }
+        update = {"windows": windows, "series": series, "served": index + 1, "promoted_at": promoted}
+        return {**memory, **update}, rec
 
-    def _forget(self, windows: list[dict[str, Any]], canary_windows: int) -> None:
+    def _forget(self, windows: list[dict[str, Any]], canary_windows: int) -> int:
+        """Drop the requests of the windows older than replay reads (a canary's, a realised gain's, a
+        judgement's) and the windows older than diagnosis reads, in place; the oldest index kept."""
         cfg = self.config
         keep = cfg.warmup + max(cfg.measure, cfg.realise) + canary_windows + 2
         if len(windows) > keep and windows[-keep - 1]["requests"]:
             rec = self._record(windows[-keep - 1])
             windows[-keep - 1] = self._keep(rec.forgotten(requests=True, keys=False))
-        if len(windows) > HISTORY and windows[-HISTORY - 1]["stats"]["keys"]:
-            rec = self._record(windows[-HISTORY - 1])
-            windows[-HISTORY - 1] = self._keep(rec.forgotten(requests=False, keys=True))
+        del windows[: -max(HISTORY, keep + 1)]
+        oldest = windows[0]["index"]
+        for index in [i for i in self._records if i < oldest]:
+            del self._records[index]
+        return oldest
 
     def history(self, records: Sequence[WindowRecord]) -> list[WindowStats]:
         """The newest ``HISTORY`` windows' summaries, oldest first: what diagnosis reads."""
@@ -287,12 +299,12 @@ class Loop:
         What it found (None when it did not run), and the memory after."""
         every = self.config.retrain_every
         records = self.records(memory)
-        if every <= 0 or self.model_dir is None or not records or (len(records) % every):
+        if every <= 0 or self.model_dir is None or not records or (memory["served"] % every):
             return None, memory
         from ._retrain import retrain
 
         base = self.active()
-        reqs = _span(records, len(records) - 1, self.config.warmup + self.config.measure)
+        reqs = _span(records, records[-1].index, self.config.warmup + self.config.measure)
         result = retrain(
             [r for w in reqs for r in w.requests],
             base,
@@ -301,8 +313,8 @@ class Loop:
             seed=self.config.seed,
             vectors=self.vectors,
         )
-        found = {"window": len(records) - 1, **result.to_dict()}
-        memory = {**memory, "retrains": [*memory["retrains"], found]}
+        found = {"window": records[-1].index, **result.to_dict()}
+        memory = {**memory, "last_retrain": found}
         if result.kept:
             memory["kept_model"] = found
         return found, memory
@@ -358,7 +370,7 @@ class Loop:
         the less favourable of the two (the lower end of its interval): a class that only wins the transition
         after a drift, or only once it has the cache to itself, is not shown to be better."""
         cfg = self.config
-        last = len(records) - 1 if last is None else last
+        last = records[-1].index if last is None else last
         reqs = [w.requests for w in _span(records, last, cfg.warmup + cfg.measure)]
         measure = min(cfg.measure, len(reqs))
         base_steps: list[Step] = [(base, None, 0.0)] * len(reqs)
@@ -389,7 +401,7 @@ class Loop:
         """The best candidate as a stored proposal and its route (``end``, ``hold``, ``approve``,
         ``review``), older undecided proposals superseded; and the memory after."""
         records = self.records(memory)
-        if self.busy() or len(records) < 2:
+        if self.busy() or memory["served"] < 2:
             return None, "end", memory
         base = self.active()
         recent = self.history(records)[-(self.config.warmup + self.config.measure) :]
@@ -415,7 +427,7 @@ class Loop:
             edits = [e for e in edits if e.kind != "eviction"]
         rationale = ""
         if self.planner is not None:
-            planned = self._plan(records, memory["retrains"], base, findings, edits, version)
+            planned = self._plan(records, memory["last_retrain"], base, findings, edits, version)
             rationale = planned.rationale
             known = {(e.path, e.new) for e in edits}
             edits += [e for e in planned.edits if (e.path, e.new) not in known]
@@ -432,7 +444,7 @@ class Loop:
             c = judged.comparison
             log.info(
                 "window %d: %s %s -> %s: gain %+.4f [%+.4f, %+.4f]",
-                len(records) - 1, edit.kind, edit.path, edit.new, c.gain, *c.ci,
+                records[-1].index, edit.kind, edit.path, edit.new, c.gain, *c.ci,
             )
             if self._acceptable(base, c):
                 scored.append((c.ci[0], [edit], cand, judged))
@@ -476,7 +488,7 @@ class Loop:
     def _plan(
         self,
         records: Sequence[WindowRecord],
-        retrains: Sequence[dict[str, Any]],
+        last_retrain: dict[str, Any] | None,
         base: Policy,
         findings: Sequence[Finding],
         edits: Sequence[Edit],
@@ -495,7 +507,7 @@ class Loop:
                 self.judge(records, base, apply_edits(base, e, version)).comparison
             ),
             diff=lambda e: diff_policies(base, apply_edits(base, e, version)).text,
-            retrain=(lambda: retrains[-1] if retrains else {"ran": False}),
+            retrain=(lambda: last_retrain if last_retrain is not None else {"ran": False}),
         )
         return self.planner.plan(tools, findings, edits)
 
@@ -527,7 +539,7 @@ class Loop:
             findings=list(findings[:20]),
             evidence=replay,
             predicted_gain=judged.comparison.gain,
-            window=len(records) - 1,
+            window=records[-1].index,
             thread_id=thread,
             rationale=rationale,
         )
@@ -540,7 +552,7 @@ class Loop:
         starts at; ``stale`` when its base is no longer in force."""
         outcome = self.actuator.start_canary(proposal_id)
         if outcome == "canary":
-            started = {**memory["canary_started"], proposal_id: len(memory["windows"])}
+            started = {**memory["canary_started"], proposal_id: memory["served"]}
             memory = {**memory, "canary_started": started}
         return outcome, memory
 
@@ -578,8 +590,8 @@ class Loop:
         rules = CanaryRules(
             spec.windows, spec.max_windows, spec.max_drop, spec.min_requests, base.slo.max_error_rate
         )
-        start = memory["canary_started"].get(proposal.id, len(records) - 1)
-        recs = [w for w in records[start:] if w.step[1] is not None]
+        start = memory["canary_started"].get(proposal.id, records[-1].index)
+        recs = [w for w in records if w.index >= start and w.step[1] is not None]
         if len(recs) < spec.windows:
             return start, len(recs), rules, None
         arms: dict[bool, tuple[list[Request], list[Outcome]]] = {True: ([], []), False: ([], [])}
@@ -589,7 +601,7 @@ class Loop:
                 arms[arm][1].append(out)
         difference = arm_difference(arms[True], arms[False], seed=self.config.seed)
         candidate = parse_policy(proposal.new_policy, proposal.new_ref)
-        reqs = [w.requests for w in _span(records, len(records) - 1, self.config.warmup + len(recs))]
+        reqs = [w.requests for w in _span(records, records[-1].index, self.config.warmup + len(recs))]
         measure = min(len(recs), len(reqs))
         steps = [(base, None, 0.0)] * len(reqs), [(candidate, None, 0.0)] * len(reqs)
         fresh = self._compare(reqs, *steps, measure)
@@ -607,19 +619,19 @@ class Loop:
         cfg = self.config
         last = promoted + cfg.realise
         records = self.records(memory)
-        if last >= len(records):
+        if last > records[-1].index:
             return None
         first = max(0, start - cfg.warmup)
-        recs = records[first : last + 1]
-        old_base = recs[start - first].step[0]
+        recs = [r for r in records if first <= r.index <= last]
+        old_base = next(r for r in recs if r.index == start).step[0]
         actual = [r.step for r in recs]
         without = [r.step if r.index < start else (old_base, None, 0.0) for r in recs]
         return float(self._compare([r.requests for r in recs], without, actual, cfg.realise).gain)
 
 
-def _span(records: Sequence[WindowRecord], last: int, count: int) -> Sequence[WindowRecord]:
-    """The ``count`` windows up to ``last``."""
-    return records[max(0, last - count + 1) : last + 1]
+def _span(records: Sequence[WindowRecord], last: int, count: int) -> list[WindowRecord]:
+    """The ``count`` windows up to the one of index ``last``."""
+    return [w for w in records if last - count < w.index <= last]
 
 
 def _series_name(s: Series) -> str:
@@ -676,7 +688,7 @@ def build_graph(loop: Loop, checkpointer: Any) -> Any:
             out = next(iter(loop.proposals.list(status="canary")), None)
         if out is not None and out.id not in memory["canary_started"]:
             # put on the canary by another process (a review resumed there): judged from this window on
-            started = {**memory["canary_started"], out.id: len(memory["windows"]) - 1}
+            started = {**memory["canary_started"], out.id: memory["served"] - 1}
             memory = {**memory, "canary_started": started}
         return {
             "memory": memory,
@@ -705,7 +717,7 @@ def build_graph(loop: Loop, checkpointer: Any) -> Any:
                 "phase": verdict.phase,
                 "reason": verdict.reason,
                 "windows": verdict.windows,
-                "span": [start, len(memory["windows"]) - 1],
+                "span": [start, memory["served"] - 1],
                 "evidence": None if evidence is None else evidence.to_dict(),
             }
         }
@@ -719,6 +731,10 @@ def build_graph(loop: Loop, checkpointer: Any) -> Any:
         verdict = CanaryVerdict(analysis["phase"], analysis["windows"], analysis["reason"])
         outcome = loop.actuator.act(analysis["proposal"], verdict, evidence)
         memory = state["memory"]
+        update: LoopState = {"notes": [f"canary: {outcome}"]}
+        if outcome in ("promoted", "rolled_back", "waiting"):  # the canary is over
+            started = {p: at for p, at in memory["canary_started"].items() if p != analysis["proposal"]}
+            memory = {**memory, "canary_started": started}
         if outcome == "rolled_back":
             assert plain is not None
             replay = plain["replay"]
@@ -732,18 +748,18 @@ def build_graph(loop: Loop, checkpointer: Any) -> Any:
                 "reason": verdict.reason,
                 "canary_windows": verdict.windows,
             }
-            memory = {**memory, "breaches": [*memory["breaches"], breach]}
+            update["breach"] = breach
         elif outcome == "promoted":
             start, last = analysis["span"]
             memory = {**memory, "promoted_at": {**memory["promoted_at"], analysis["proposal"]: [start, last]}}
-        return {"memory": memory, "notes": [f"canary: {outcome}"]}
+        return {**update, "memory": memory}
 
     def retrain(state: LoopState) -> LoopState:
         found, memory = loop.retrain(state["memory"])
         if found is None:
             return {"memory": memory, "notes": []}
         notes = [f"retrain: {'kept' if found['kept'] else 'not kept'}: {found['reason']}"]
-        return {"memory": memory, "notes": notes}
+        return {"memory": memory, "notes": notes, "retrained": found}
 
     def propose(state: LoopState) -> LoopState:
         findings = [Finding.from_dict(f) for f in state.get("findings", [])]
@@ -819,19 +835,19 @@ def thread_config(thread_id: str) -> dict[str, Any]:
     return {"configurable": {"thread_id": thread_id}}
 
 
-def run_pass(graph: Any, memory: Memory, run: str, window: int) -> tuple[Memory, bool]:
-    """One pass of the loop over the memory that holds window ``window`` as its newest: the memory it hands
-    back, and whether it waits for a person (its thread kept; a pass that ran to its end is deleted)."""
+def run_pass(graph: Any, memory: Memory, run: str, window: int) -> LoopState:
+    """One pass of the loop over the memory that holds window ``window`` as its newest: the state it ended
+    in (or waits in, for a person: its thread is kept; a pass that ran to its end is deleted). Its
+    ``memory`` is the next pass's."""
     thread = f"{run}-w{window}"
-    result = graph.invoke(
+    result: LoopState = graph.invoke(
         {"run": run, "thread": thread, "window": window, "memory": memory},
         thread_config(thread),
         durability="sync",
     )
-    waiting = bool(graph.get_state(thread_config(thread)).interrupts)
-    if not waiting:
+    if not graph.get_state(thread_config(thread)).interrupts:
         graph.checkpointer.delete_thread(thread)
-    return result["memory"], waiting
+    return result
 
 
 def resume_review(graph: Any, thread_id: str, verdict: str, reviewer: str, note: str = "") -> dict[str, Any]:

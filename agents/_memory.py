@@ -7,14 +7,19 @@ waiting pass saw. A pass takes the memory the last one left as its input and han
 
 ``Memory`` holds:
 
-- ``windows``: every window served (``WindowRecord.to_dict``): its requests, outcomes and arms (for the
-  newest windows only, what replay needs), the schedule step as policy refs, its summary and findings;
+- ``windows``: the newest windows served (``WindowRecord.to_dict``; the newest 60, or more while a canary
+  needs them): their requests, outcomes and arms (for the newest few only, what replay needs), the schedule
+  step as policy refs, their summaries and findings; each knows its index;
+- ``served``: how many windows were served (the next window's index);
 - ``series``: the per-step series the loop joins across windows (NaN written as None);
-- ``canary_started``: proposal id -> the window its canary started at;
-- ``promoted_at``: proposal id -> [canary start, promotion window];
+- ``canary_started``: proposal id -> the window its canary started at, while it is out;
+- ``promoted_at``: proposal id -> [canary start, promotion window], until its windows are forgotten;
 - ``top_version``: the highest version the loop has made;
 - ``kept_model``: the newest kept retraining (``RetrainResult.to_dict`` with its window), until proposed;
-- ``retrains`` and ``breaches``: what the report lists.
+- ``last_retrain``: the newest retraining, kept or not (what the planner's ``retrain`` tool says).
+
+So it stays bounded however long the loop runs. What the report lists (every window's row, the breaches, the
+retrainings) the driver keeps from each pass's end state, outside the memory.
 
 The typed objects the nodes work on (``WindowRecord``, ``Series``) are made from it and back here.
 """
@@ -34,25 +39,25 @@ from ._types import Counts, Finding, Outcome, Request, Series, WindowStats
 
 class Memory(TypedDict):
     windows: list[dict[str, Any]]
+    served: int
     series: list[dict[str, Any]]
     canary_started: dict[str, int]
     promoted_at: dict[str, list[int]]
     top_version: int
     kept_model: dict[str, Any] | None
-    retrains: list[dict[str, Any]]
-    breaches: list[dict[str, Any]]
+    last_retrain: dict[str, Any] | None
 
 
 def empty_memory() -> Memory:
     return Memory(
         windows=[],
+        served=0,
         series=[],
         canary_started={},
         promoted_at={},
         top_version=0,
         kept_model=None,
-        retrains=[],
-        breaches=[],
+        last_retrain=None,
     )
 
 

@@ -3,8 +3,8 @@ traffic.
 
 The trace is cut into windows of ``window`` requests. A ``PolicySimulator`` stands for the deployment: before
 each window it reads the policy store (the policy in force, the canary and its fraction) as a replica would,
-serves the window, and the loop's graph runs one pass on what it saw. Proposals, reviews and policy history go to the
-proposal store; the graph's threads to a SQLite checkpointer beside it, so a review left waiting can be
+serves the window, and the loop's graph runs one pass on what it saw. Proposals, reviews and policy history go
+to the proposal store; the graph's threads to a SQLite checkpointer beside it, so a review left waiting can be
 approved from another process (``evocache proposals approve``). ``harmful_at`` injects, at that window (or
 the first after it with no other change on its way out), a proposal meant to hurt (every ttl cut to one
 second), approved by a person against its evidence, to show the canary catch it and roll it back.
@@ -83,6 +83,8 @@ class LoopRunner:
         self.harmful_at = harmful_at
         self.memory: Memory = empty_memory()
         self.rows: list[dict[str, Any]] = []
+        self.breaches: list[dict[str, Any]] = []
+        self.retrains: list[dict[str, Any]] = []
 
     @property
     def windows(self) -> list[WindowRecord]:
@@ -98,8 +100,13 @@ class LoopRunner:
             # at the first window from ``harmful_at`` on with no other change on its way out
             _, memory = inject_harmful(loop, memory, step[0])
             self.harmful_at = None
-        self.memory, _ = run_pass(self.graph, memory, self.run_id, rec.index)
-        row = _row(loop.records(self.memory)[rec.index], rec.requests)
+        ended = run_pass(self.graph, memory, self.run_id, rec.index)
+        self.memory = ended["memory"]
+        self.breaches += [ended["breach"]] if ended.get("breach") else []
+        self.retrains += [ended["retrained"]] if ended.get("retrained") else []
+        newest = loop.records(self.memory)[-1]
+        assert newest.index == rec.index
+        row = _row(newest, rec.requests)
         self.rows.append(row)
         for p in loop.proposals.list(status="promoted"):
             if p.realised_gain is None:
@@ -126,8 +133,8 @@ class LoopRunner:
                 }
                 for p in proposals
             ],
-            "breaches": self.memory["breaches"],
-            "retrains": self.memory["retrains"],
+            "breaches": self.breaches,
+            "retrains": self.retrains,
             "capacity": self.ctx.capacity,
         }
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from evocache.agents._loop import Loop, LoopConfig, build_graph, resume_review, thread_config
+from evocache.agents._memory import empty_memory
 from evocache.agents._proposals import ProposalStore
 from evocache.agents._run import LoopRunner, open_loop
 from evocache.agents._types import Request
@@ -71,7 +72,8 @@ def test_a_review_resumed_from_another_process_sees_the_memory_of_the_pass_that_
         (waiting,) = loop.proposals.list(status="proposed")
         assert waiting.thread_id == "run-w1"
         remembered = runner.memory
-    assert [w["index"] for w in remembered["windows"]] == [0, 1] and remembered["series"]
+    assert [w["index"] for w in remembered["windows"]] == [0, 1] and remembered["served"] == 2
+    assert remembered["series"]
     assert remembered["top_version"] == 2
 
     # another process: new stores, a new loop and graph over the same files
@@ -119,3 +121,20 @@ def test_an_inconclusive_canary_is_withdrawn_in_both_histories(tmp_path: Path) -
     ours = [(r.kind, r.ref) for r in loop.proposals.policy_history()]
     assert theirs == [("applied", "chat@1"), ("canary", "chat@2"), ("rolled_back", "chat@2")]
     assert ours == theirs
+
+
+def test_the_memory_stays_bounded_however_many_windows_are_served(tmp_path: Path) -> None:
+    loop, policies, policy = _open(tmp_path, CONFIG)
+    sim = Simulator(policy, 10_000)
+    memory = empty_memory()
+    for window in range(70):
+        span = _requests(window)
+        memory, _ = loop.remember(memory, span, sim.run(span), (policy, None, 0.0), [False] * len(span))
+    assert memory["served"] == 70
+    assert [w["index"] for w in memory["windows"]] == list(range(10, 70))  # what diagnosis reads: 60
+    # requests for what replay reads: warmup 1 + realise 2 + the canary's max_windows 1 + 2
+    assert [w["index"] for w in memory["windows"] if w["requests"]] == list(range(64, 70))
+    # a process that has only the memory makes the same records
+    there = Loop(FilePolicyStore(tmp_path / "policies"), ProposalStore(tmp_path / "proposals.db"), config=CONFIG)
+    assert [r.stats for r in there.records(memory)] == [r.stats for r in loop.records(memory)]
+    assert [r.requests for r in there.records(memory)][-1] == tuple(_requests(69))
