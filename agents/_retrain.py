@@ -41,7 +41,7 @@ import math
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -75,8 +75,8 @@ class RetrainResult:
     whose eviction is the learned policy, validated as ``apply_edits`` validates (None when it could not be
     made); ``edit`` the one edit that makes it from the base. ``base_hit_ratio`` and ``new_hit_ratio``: each
     arm's hit ratio over the held-back requests (NaN when they were not replayed). ``train_requests`` /
-    ``holdout_requests``: the split. ``evidence``: the replay evidence in the shape ``_evidence.compare``
-    gives (each arm's metrics, ``gain``, ``ci``, ``wrong_change``, ``requests``; empty when not replayed).
+    ``holdout_requests``: the split. ``evidence``: the held-back replay's ``Comparison`` (None when not
+    replayed).
     ``reason``: one sentence for a person."""
 
     kept: bool
@@ -88,7 +88,7 @@ class RetrainResult:
     holdout_requests: int
     reason: str
     edit: Edit | None = None
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: Comparison | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready values (NaN becomes None; the policy as its document)."""
@@ -102,7 +102,7 @@ class RetrainResult:
             "train_requests": self.train_requests,
             "holdout_requests": self.holdout_requests,
             "reason": self.reason,
-            "evidence": self.evidence,
+            "evidence": {} if self.evidence is None else self.evidence.to_dict(),
         }
 
 
@@ -115,8 +115,8 @@ def retrain(requests: Sequence[Request], policy: Policy, *, capacity: int, model
             training: LearnedTraining = LearnedTraining(), version: int | None = None) -> RetrainResult:
     """Train a learned eviction model on the first ``1 - holdout`` share of ``requests`` (time order) and keep
     it only if it beats ``policy`` on the rest (see the module docstring). ``capacity`` and ``vectors`` as
-    ``PolicySimulator`` takes them; ``seed`` seeds both replays and the bootstrap (same inputs, same result and
-    the same model file). ``training``: how the candidate arm labels and fits (``horizon``, ``window``,
+    ``PolicySimulator`` takes them; ``seed`` seeds both replays and the bootstrap (same inputs, same result
+    and the same model file). ``training``: how the candidate arm labels and fits (``horizon``, ``window``,
     ``rounds``, ``depth``, ``threads``, ``monotone``, ``features``; its ``retrain_every`` and ``stale_after``
     are not used: one model is fitted, at the end of the training part); the production defaults unless
     given. ``version``: the candidate policy's (default one above ``policy``'s). The model is written to
@@ -132,12 +132,12 @@ def retrain(requests: Sequence[Request], policy: Policy, *, capacity: int, model
     train, held = requests[:n_train], requests[n_train:]
 
     def refused(reason: str, candidate: Policy | None = None, edit: Edit | None = None,
-                evidence: dict[str, Any] | None = None) -> RetrainResult:
+                evidence: Comparison | None = None) -> RetrainResult:
         base = new = math.nan
         if evidence is not None:
-            base, new = evidence["base"]["hit_ratio"], evidence["candidate"]["hit_ratio"]
+            base, new = evidence.base.hit_ratio, evidence.candidate.hit_ratio
         return RetrainResult(False, None, candidate, base, new, len(train), len(held), reason, edit,
-                             evidence or {})
+                             evidence)
 
     if len(train) < MIN_TRAIN_REQUESTS or len(held) < MIN_HOLDOUT_REQUESTS:
         return refused(f"too few requests to retrain: {len(requests)} split into {len(train)} to train on "
@@ -173,8 +173,8 @@ def retrain(requests: Sequence[Request], policy: Policy, *, capacity: int, model
     base = PolicySimulator(policy, capacity, seed=seed, vectors=vectors, models=Path(model_dir))
     base.run(train)
     evidence = _evidence(held, base.run(held), arm.run(held), seed)
-    gain, (low, high) = evidence["gain"], evidence["ci"]
-    base_ratio, new_ratio = evidence["base"]["hit_ratio"], evidence["candidate"]["hit_ratio"]
+    gain, (low, high) = evidence.gain, evidence.ci
+    base_ratio, new_ratio = evidence.base.hit_ratio, evidence.candidate.hit_ratio
     summary = (f"hit ratio {new_ratio:.4f} against {base_ratio:.4f} under {eviction_name(policy)} over "
                f"{len(held)} held-back requests (gain {gain:+.4f}, {LEVEL:.0%} interval "
                f"[{low:+.4f}, {high:+.4f}])")
@@ -254,9 +254,8 @@ def _write(model: LearnedModel, model_dir: Path, name: str) -> Path:
 
 
 def _evidence(held: Sequence[Request], base: Sequence[Outcome], cand: Sequence[Outcome],
-              seed: int) -> dict[str, Any]:
-    """The held-back replay in ``_evidence.compare``'s shape."""
+              seed: int) -> Comparison:
+    """The held-back replay, as ``_evidence.compare`` gives one."""
     gain, low, high = bootstrap_gain(held, base, cand, seed=seed, level=LEVEL)
     base_m, cand_m = arm_metrics(held, base), arm_metrics(held, cand)
-    return Comparison(base_m, cand_m, gain, (low, high), cand_m.wrong_rate - base_m.wrong_rate,
-                      len(held)).to_dict()
+    return Comparison(base_m, cand_m, gain, (low, high), cand_m.wrong_rate - base_m.wrong_rate, len(held))

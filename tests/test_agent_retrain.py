@@ -62,10 +62,11 @@ def test_a_model_that_beats_lru_is_kept_as_json_with_a_policy_that_passes_check(
     result, model_dir = kept
     assert result.kept, result.reason
     assert (result.train_requests, result.holdout_requests) == (1680, 720)
-    low, high = result.evidence["ci"]
-    assert 0 < low <= result.evidence["gain"] <= high
+    assert result.evidence is not None
+    low, high = result.evidence.ci
+    assert 0 < low <= result.evidence.gain <= high
     assert result.new_hit_ratio > result.base_hit_ratio
-    assert result.evidence["gain"] == pytest.approx(result.new_hit_ratio - result.base_hit_ratio)
+    assert result.evidence.gain == pytest.approx(result.new_hit_ratio - result.base_hit_ratio)
     assert result.reason.startswith("the new model beats the policy in force")
 
     # the base arm is the policy in force replayed from a cold cache over the head, counted over the tail
@@ -126,7 +127,7 @@ def test_a_model_is_not_kept_against_the_online_learned_policy(mooncake: list[Re
     assert not result.kept
     assert result.model_path is None and list(tmp_path.iterdir()) == []
     assert result.new_hit_ratio < result.base_hit_ratio
-    assert result.evidence["ci"][0] <= 0
+    assert result.evidence is not None and result.evidence.ci[0] <= 0
     assert result.reason.startswith("the new model does not beat the policy in force")
     assert result.policy is not None and result.policy.eviction.l1 == "learned"
     assert result.policy.eviction.model is None  # the file went, so the candidate names none
@@ -162,7 +163,8 @@ def test_a_held_back_tail_that_never_returns_cannot_be_helped(mooncake: list[Req
     result = retrain(head[:cut] + once, policy("lru"), capacity=capacity(head, 0.05), model_dir=tmp_path)
     assert not result.kept
     assert (result.base_hit_ratio, result.new_hit_ratio) == (0.0, 0.0)
-    assert result.evidence["gain"] == 0.0 and result.evidence["ci"] == [0.0, 0.0]
+    assert result.evidence is not None
+    assert result.evidence.gain == 0.0 and result.evidence.ci == (0.0, 0.0)
     assert result.model_path is None and list(tmp_path.iterdir()) == []
 
 
