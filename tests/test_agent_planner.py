@@ -95,7 +95,7 @@ FINDINGS = [
 
 
 class LoopTools:
-    """The loop's side: a real replay (``compare`` over the Mooncake slice, as ``LoopContext.judge`` runs it)
+    """The loop's side: a real replay (``compare`` over the Mooncake slice, as ``Loop.judge`` runs it)
     and the real policy diff, recording every call."""
 
     def __init__(self, base: Policy, traffic: list[Any]) -> None:
