@@ -7,7 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
+
+from evocache.agents._canary import CanaryEvidence, CanaryVerdict, Phase
+from evocache.agents._evidence import ArmMetrics, Comparison
 
 from evocache.agents._loop import Loop, LoopConfig, build_graph, resume_review, thread_config
 from evocache.agents._memory import empty_memory
@@ -135,6 +139,39 @@ def test_the_memory_stays_bounded_however_many_windows_are_served(tmp_path: Path
     # requests for what replay reads: warmup 1 + realise 2 + the canary's max_windows 1 + 2
     assert [w["index"] for w in memory["windows"] if w["requests"]] == list(range(64, 70))
     # a process that has only the memory makes the same records
-    there = Loop(FilePolicyStore(tmp_path / "policies"), ProposalStore(tmp_path / "proposals.db"), config=CONFIG)
+    stores = FilePolicyStore(tmp_path / "policies"), ProposalStore(tmp_path / "proposals.db")
+    there = Loop(*stores, config=CONFIG)
     assert [r.stats for r in there.records(memory)] == [r.stats for r in loop.records(memory)]
     assert [r.requests for r in there.records(memory)][-1] == tuple(_requests(69))
+
+
+@pytest.mark.parametrize(
+    ("phase", "status", "last"),
+    [
+        ("promote", "promoted", ("promoted", "chat@2")),
+        ("rollback", "rolled_back", ("rolled_back", "chat@2")),
+        ("inconclusive", "waiting", ("rolled_back", "chat@2")),
+        ("continue", "canary", ("canary", "chat@2")),
+    ],
+)
+def test_every_verdict_moves_both_stores_together(
+    tmp_path: Path, phase: Phase, status: str, last: tuple[str, str]
+) -> None:
+    loop, policies, policy = _open(tmp_path, CONFIG)
+    sim = Simulator(policy, 10_000)
+    with SqliteSaver.from_conn_string(str(tmp_path / "checkpoints.db")) as saver:
+        runner = LoopRunner(loop, build_graph(loop, saver), run_id="run")
+        for window in range(2):
+            _serve(runner, policies, sim, window)
+    (proposal,) = loop.proposals.list(status="canary")
+    arm = ArmMetrics(100, 0.4, 0.4, 0.0, 0.05, 10.0)
+    replay = Comparison(arm, arm, 0.01, (0.0, 0.02), 0.0, 200)
+    evidence = CanaryEvidence(arm, arm, (0.0, -0.01, 0.01), replay, True)
+    done = loop.actuator.act(proposal.id, CanaryVerdict(phase, 1, f"{phase}: said so"), evidence)
+    acted = {"promote": "promoted", "rollback": "rolled_back", "inconclusive": "waiting", "continue": "continue"}
+    assert done == acted[phase]
+    assert loop.proposals.get(proposal.id).status == status
+    kinds = {"apply": "applied", "canary": "canary", "promote": "promoted", "rollback": "rolled_back"}
+    theirs = [(kinds[h["action"]], h["ref"]) for h in policies.state().history]
+    assert [(r.kind, r.ref) for r in loop.proposals.policy_history()] == theirs
+    assert theirs[-1] == last
