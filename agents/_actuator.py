@@ -9,8 +9,9 @@ histories agree after every one:
     roll_back      roll the canary back (a breach)         record rolled_back  proposal -> rolled_back
     withdraw       roll the canary back (inconclusive)     record rolled_back  proposal -> waiting
 
-and the moves that touch the proposal store alone: ``approve`` (inside the guardrails), ``hold`` (too little
-traffic to judge: a person decides), ``stale`` and ``supersede``. The analysis that chooses a move is
+and the writes that touch the proposal store alone: ``add`` (a new proposal), ``review`` (a person's verdict),
+``approve`` (inside the guardrails), ``hold`` (too little traffic to judge: a person decides), ``invalidate``
+(evidence that no longer holds), ``stale`` and ``supersede``. The analysis that chooses a move is
 elsewhere (``agents._canary``); what the loop remembers of it (the window a canary started at) is the
 caller's state.
 """
@@ -78,9 +79,22 @@ class Actuator:
         self.proposals.transition(proposal.id, "waiting", actor=self.actor, note=verdict.reason)
         return "waiting"
 
+    def add(self, proposal: Any) -> Any:
+        """Store a new proposal; it as stored."""
+        return self.proposals.add(proposal, actor=self.actor)
+
+    def review(self, proposal_id: str, verdict: str, reviewer: str, note: str = "") -> Any:
+        """Record ``reviewer``'s ``verdict`` (approve or reject); the proposal as moved."""
+        return self.proposals.review(proposal_id, verdict, reviewer, note)
+
     def approve(self, proposal_id: str, note: str = "inside the policy's guardrails.auto_approve") -> None:
         """Approve a proposal every edit of which the guardrails allow."""
-        self.proposals.review(proposal_id, "approve", "guardrails", note)
+        self.review(proposal_id, "approve", "guardrails", note)
+
+    def invalidate(self, proposal_id: str, now: Any) -> str | None:
+        """Move an undecided proposal whose evidence the context ``now`` invalidates to stale; the reason, or
+        None when its evidence holds."""
+        return self.proposals.invalidate(proposal_id, now, actor=self.actor)
 
     def hold(self, proposal_id: str) -> None:
         """A proposal whose evidence counted too few requests waits for a person."""

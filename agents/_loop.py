@@ -282,7 +282,7 @@ class Loop:
             if p.status not in ("proposed", "waiting", "approved"):
                 continue
             was = p.status
-            reason = self.proposals.invalidate(p.id, now, actor=self.actor)
+            reason = self.actuator.invalidate(p.id, now)
             if reason is not None:
                 moved.append((p.id, reason))
                 if was == "approved":
@@ -543,7 +543,7 @@ class Loop:
             thread_id=thread,
             rationale=rationale,
         )
-        return self.proposals.add(proposal, actor=self.actor)
+        return self.actuator.add(proposal)
 
     # -- rolling out ---------------------------------------------------------------------------------------
 
@@ -781,7 +781,7 @@ def build_graph(loop: Loop, checkpointer: Any) -> Any:
         verdict = state.get("verdict") or {}
         proposal = loop.proposals.get(state["proposal"])
         if proposal.status in ("proposed", "waiting"):  # the CLI records the review before it resumes
-            proposal = loop.proposals.review(
+            proposal = loop.actuator.review(
                 proposal.id,
                 verdict.get("verdict", "reject"),
                 verdict.get("reviewer", "person"),

@@ -244,7 +244,7 @@ def inject_harmful(loop: Loop, memory: Memory, base: Policy) -> tuple[str, Memor
     memory = {**memory, "top_version": cand.version}
     records = loop.records(memory)
     proposal = loop.store_proposal(records, base, cand, edits, [], loop.judge(records, base, cand), None)
-    loop.proposals.review(
+    loop.actuator.review(
         proposal.id, "approve", "injected", "approved against its evidence, to test the canary"
     )
     _, memory = loop.start_canary(memory, proposal.id)
