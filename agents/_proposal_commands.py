@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from evocache.controller.cli_errors import EXIT_FAILED, EXIT_USAGE, error
+
 from ._proposals import DEFAULT_STORE, STATUSES, STORE_ENV, ProposalStoreError
 from .errors import ProposalError
 
@@ -29,8 +31,6 @@ the store's path:
 where the `evocache` command resumes the loop's thread that waits on it. What it raises propagates: the review
 is recorded already."""
 
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 _EPILOG = (
     f"The store: --store PATH, else ${STORE_ENV}, else {DEFAULT_STORE}. Exit codes: 0 done; {{one}}"
     "2 a usage error, or a store that cannot be opened (missing, not a proposal store, another schema "
@@ -49,18 +49,13 @@ ReviewerOption = Annotated[
 ]
 
 
-def _fail(message: str, code: int) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
-
-
 def _open(path: Path) -> ProposalStore:
     from ._proposals import ProposalStore
 
     try:
         return ProposalStore(path, create=False)
     except ProposalStoreError as exc:
-        raise _fail(str(exc), EXIT_USAGE) from None
+        raise error(f"error: {exc}", EXIT_USAGE) from None
 
 
 def _when(at: float) -> str:
@@ -88,7 +83,7 @@ def list_proposals(
     """List proposals, newest first, with their status, change, gains and first finding."""
     if status is not None and status not in STATUSES:
         known = ", ".join(STATUSES)
-        raise _fail(f"--status: unknown proposal status {status!r} (known: {known})", EXIT_USAGE)
+        raise error(f"error: --status: unknown proposal status {status!r} (known: {known})", EXIT_USAGE)
     with _open(store) as opened:
         proposals = _run(lambda: opened.list(status, limit))
     if as_json:
@@ -122,10 +117,10 @@ def show(id: IdArgument, store: StoreOption = Path(DEFAULT_STORE)) -> None:
         audit = _run(lambda: opened.audit(proposal.id))
     _print_header(proposal)
     if proposal.diff:
-        from evocache.dsl.commands import _print_diff
+        from evocache.dsl.commands import print_diff
 
         typer.echo("")
-        _print_diff(proposal.diff)
+        print_diff(proposal.diff)
     typer.echo("")
     _print_findings(proposal)
     _print_evidence(proposal.evidence)
@@ -200,9 +195,9 @@ def _run(operation: Callable[[], Any]) -> Any:
     try:
         return operation()
     except ProposalStoreError as exc:
-        raise _fail(str(exc), EXIT_USAGE) from None
+        raise error(f"error: {exc}", EXIT_USAGE) from None
     except ProposalError as exc:
-        raise _fail(str(exc), EXIT_FAILED) from None
+        raise error(f"error: {exc}", EXIT_FAILED) from None
 
 
 def _reviewer(given: str | None) -> str:

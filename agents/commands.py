@@ -8,7 +8,8 @@
 ``run`` makes one pass over a recorded trace (``scenario`` writes drifting ones from the shipped data);
 ``watch`` follows a deployment's access events and acts on the policy store its replicas read, until stopped;
 ``demo`` deploys the example model on a local Ray Serve, sends a drifting workload and runs the loop over it
-to ``report.html``.
+to ``report.html`` (``demo_command``: the `evocache` command hands it the deployment, as agents never import
+serving). ``add_proposal_commands`` adds `evocache proposals list | show | approve | reject`.
 
 Exit codes: 0 done; 1 the trace, the policy or the loop's state could not be used (the message names which);
 2 bad usage.
@@ -17,10 +18,19 @@ Exit codes: 0 done; 1 the trace, the policy or the loop's state could not be use
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+from evocache.controller.cli_errors import EXIT_FAILED, EXIT_USAGE, error
+
+from ._proposal_commands import add_commands as add_proposal_commands  # noqa: F401 - `evocache proposals`
+
+if TYPE_CHECKING:
+    from ._proposals import Proposal
+    from .demo import DemoDeployment
 
 
 def _escape(text: str) -> str:
@@ -31,7 +41,7 @@ def _escape(text: str) -> str:
     return rich_escape(text)
 
 
-def _check_planner(err: Any) -> None:
+def _check_planner() -> None:
     """Fail at once, naming the variable, when the environment configures the optional planner wrongly (an
     unknown provider, a missing model, its extra not installed): before any trace is read or replica started."""
     from ._planner import planner_from_env
@@ -40,8 +50,7 @@ def _check_planner(err: Any) -> None:
     try:
         planner_from_env()
     except PlannerError as exc:
-        err.print("[red]error:[/]", _escape(str(exc)))
-        raise typer.Exit(2) from None
+        raise error(f"error: {exc}", EXIT_USAGE) from None
 
 
 def run(
@@ -80,12 +89,11 @@ def run(
     from .errors import AgentError
 
     console, err = Console(), Console(stderr=True)
-    _check_planner(err)
+    _check_planner()
     try:
         base = load_policy(policy)
     except (PolicyError, OSError) as exc:
-        err.print("[red]error:[/]", _escape(str(exc)))
-        raise typer.Exit(1) from None
+        raise error(f"error: {exc}", EXIT_FAILED) from None
     options = RunOptions(
         window=window, capacity=capacity, harmful_at=inject_harmful, loop=LoopConfig(interactive=interactive)
     )
@@ -107,16 +115,14 @@ def run(
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
             )
         except (AgentError, ValueError, OSError) as exc:
-            err.print("[red]error:[/]", _escape(str(exc)))
-            raise typer.Exit(1) from None
+            raise error(f"error: {exc}", EXIT_FAILED) from None
     _print(console, report)
     if json_out is not None:
         try:
             json_out.parent.mkdir(parents=True, exist_ok=True)
             json_out.write_text(json.dumps(report, indent=1, default=str))
         except OSError as exc:
-            err.print("[red]error:[/]", _escape(f"--json {json_out}: {exc}"))
-            raise typer.Exit(1) from None
+            raise error(f"error: --json {json_out}: {exc}", EXIT_FAILED) from None
         console.print(f"report: {json_out}")
 
 
@@ -153,16 +159,14 @@ def _gain(value: float | None) -> str:
     return "-" if value is None else f"{value:+.4f}"
 
 
-def resume_waiting_review(proposal: object, verdict: str, store: Path) -> None:
+def resume_waiting_review(proposal: Proposal, verdict: str, store: Path) -> None:
     """After ``evocache proposals approve/reject``: resume the loop's pass that waits on this proposal, from
     this process (the graph over the stores beside ``store``, its SQLite checkpointer). Nothing waits: nothing
-    to do
-    (the next pass starts an approved proposal's canary)."""
+    to do (the next pass starts an approved proposal's canary)."""
     from ._loop import resume_waiting
 
-    thread = getattr(proposal, "thread_id", None)
-    if thread:
-        note = resume_waiting(store, thread, verdict)
+    if proposal.thread_id:
+        note = resume_waiting(store, proposal.thread_id, verdict)
         if note:
             typer.echo(note)
 
@@ -216,12 +220,9 @@ def watch(
 ) -> None:
     """Follow a deployment: read its access events, run a pass of the loop per window of requests, and act on
     the policy store its replicas follow. Runs until Ctrl-C (or --max-windows)."""
-    import os
-
     from rich.console import Console
 
-    from evocache.controller import FilePolicyStore, PolicyStoreError, open_policy_store
-    from evocache.controller._policy_store import DEFAULT_DIRECTORY, POLICY_STORE_ENV
+    from evocache.controller import FilePolicyStore, PolicyStoreError, default_policy_store, open_policy_store
     from evocache.dsl import PolicyError, load_policy
 
     from ._live import LiveLoop, default_signals, stop_signals
@@ -230,10 +231,9 @@ def watch(
     from .signals import EventsCollector
 
     console, err = Console(), Console(stderr=True)
-    _check_planner(err)
+    _check_planner()
     if (not events) == (redis_url is None):
-        err.print("[red]error:[/] give --events FILE (one or more) or --redis URL, exactly one")
-        raise typer.Exit(2)
+        raise error("error: give --events FILE (one or more) or --redis URL, exactly one", EXIT_USAGE)
     try:
         start = load_policy(policy) if policy is not None else None
         if redis_url is not None:
@@ -242,7 +242,7 @@ def watch(
             policies = open_policy_store(PolicyStoreConfig(redis_url=redis_url))
             collector = EventsCollector.from_redis(redis_url)
         else:
-            policies = FilePolicyStore(store or Path(os.environ.get(POLICY_STORE_ENV) or DEFAULT_DIRECTORY))
+            policies = FilePolicyStore(store or Path(default_policy_store()))
             collector = EventsCollector.from_files(events or [])
         loop = LiveLoop(
             collector,
@@ -255,12 +255,10 @@ def watch(
             signals=default_signals(profile_dir=profile, ncu_dir=ncu),
         )
     except (PolicyError, PolicyStoreError, AgentError, ValueError, OSError) as exc:
-        err.print("[red]error:[/]", _escape(str(exc)))
-        raise typer.Exit(1) from None
+        raise error(f"error: {exc}", EXIT_FAILED) from None
     except Exception as exc:  # noqa: BLE001 - a client library's own error (Redis refusing the connection)
         where = redis_url or store or "the policy store"
-        err.print("[red]error:[/]", _escape(f"{where}: cannot be read: {type(exc).__name__}: {exc}"))
-        raise typer.Exit(1) from None
+        raise error(f"error: {where}: cannot be read: {type(exc).__name__}: {exc}", EXIT_FAILED) from None
     import time
 
     done = failures = 0
@@ -280,8 +278,7 @@ def watch(
                 failures += 1
                 err.print(f"[yellow]pass failed ({failures} in a row):[/]", _escape(f"{type(exc).__name__}: {exc}"))
                 if failures >= MAX_FAILED_PASSES:
-                    err.print("[red]error:[/]", _escape(f"{failures} passes failed in a row; stopping"))
-                    raise typer.Exit(1) from None
+                    raise error(f"error: {failures} passes failed in a row; stopping", EXIT_FAILED) from None
                 rows = []
             for row in rows:
                 kinds = sorted({f["kind"] for f in row["findings"] if f["kind"] != "not-testable"})
@@ -306,71 +303,77 @@ def watch(
     _print(console, report)
 
 
-def demo(
-    workdir: Annotated[
-        Path, typer.Option("--workdir", help="Where the demo keeps everything (emptied first).")
-    ] = Path(".evocache/demo"),
-    root: Annotated[
-        Path, typer.Option("--root", help="The repository (its examples/ and bench/data/).")
-    ] = Path("."),
-    interactive: Annotated[
-        bool,
-        typer.Option(
-            "--interactive", help="Proposals wait for `evocache proposals approve` from another terminal."
-        ),
-    ] = False,
-    windows: Annotated[
-        int,
-        typer.Option(
-            "--windows",
-            min=10,
-            help="Windows of traffic (the drift after the fifth, or five fourteenths of them).",
-        ),
-    ] = 14,
-    per_window: Annotated[int, typer.Option("--per-window", min=50, help="Requests per window.")] = 200,
-    seed: Annotated[int, typer.Option("--seed", help="The workload's seed.")] = 0,
-) -> None:
-    """The whole loop on a local Ray Serve deployment: a drifting workload from the shipped data, drift
-    detected, a diff proposed and promoted, a harmful change rolled back, and report.html."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def demo_command(deployment: DemoDeployment) -> Callable[..., None]:
+    """The `demo` command, running on ``deployment`` (the serving side, which the `evocache` command hands
+    in)."""
 
-    from ._demo import DemoOptions, run_demo
+    def demo(
+        workdir: Annotated[
+            Path, typer.Option("--workdir", help="Where the demo keeps everything (emptied first).")
+        ] = Path(".evocache/demo"),
+        root: Annotated[
+            Path, typer.Option("--root", help="The repository (its examples/ and bench/data/).")
+        ] = Path("."),
+        interactive: Annotated[
+            bool,
+            typer.Option(
+                "--interactive", help="Proposals wait for `evocache proposals approve` from another terminal."
+            ),
+        ] = False,
+        windows: Annotated[
+            int,
+            typer.Option(
+                "--windows",
+                min=10,
+                help="Windows of traffic (the drift after the fifth, or five fourteenths of them).",
+            ),
+        ] = 14,
+        per_window: Annotated[int, typer.Option("--per-window", min=50, help="Requests per window.")] = 200,
+        seed: Annotated[int, typer.Option("--seed", help="The workload's seed.")] = 0,
+    ) -> None:
+        """The whole loop on a local Ray Serve deployment: a drifting workload from the shipped data, drift
+        detected, a diff proposed and promoted, a harmful change rolled back, and report.html."""
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    console, err = Console(), Console(stderr=True)
-    _check_planner(err)
-    options = DemoOptions(
-        workdir=workdir,
-        root=root,
-        windows=windows,
-        per_window=per_window,
-        interactive=interactive,
-        seed=seed,
-        drift_at=max(5, windows * 5 // 14),
-    )
-    with Progress(
-        TextColumn("[bold]demo[/] {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=not interactive,
-    ) as bar:
-        task = bar.add_task("starting", total=windows)
-        try:
-            report = run_demo(
-                options,
-                say=bar.console.print,
-                progress=lambda what, done, total: bar.update(task, description=what, completed=done),
-            )
-        except (OSError, ValueError, RuntimeError) as exc:
-            err.print("[red]error:[/]", _escape(str(exc)))
-            raise typer.Exit(1) from None
-        bar.update(task, completed=windows, description="done")
-    _print(console, report)
-    if report.get("requests_failed"):
-        console.print(f"[yellow]{report['requests_failed']} requests failed[/]: {report['errors'][:3]}")
-    console.print(f"report: {report['report_html']}")
+        from .demo import DemoOptions, run_demo
+
+        console, err = Console(), Console(stderr=True)
+        _check_planner()
+        options = DemoOptions(
+            workdir=workdir,
+            root=root,
+            windows=windows,
+            per_window=per_window,
+            interactive=interactive,
+            seed=seed,
+            drift_at=max(5, windows * 5 // 14),
+        )
+        with Progress(
+            TextColumn("[bold]demo[/] {task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=not interactive,
+        ) as bar:
+            task = bar.add_task("starting", total=windows)
+            try:
+                report = run_demo(
+                    options,
+                    deployment,
+                    say=bar.console.print,
+                    progress=lambda what, done, total: bar.update(task, description=what, completed=done),
+                )
+            except (OSError, ValueError, RuntimeError) as exc:
+                raise error(f"error: {exc}", EXIT_FAILED) from None
+            bar.update(task, completed=windows, description="done")
+        _print(console, report)
+        if report.get("requests_failed"):
+            console.print(f"[yellow]{report['requests_failed']} requests failed[/]: {report['errors'][:3]}")
+        console.print(f"report: {report['report_html']}")
+
+    return demo
 
 
 def scenario(
@@ -393,14 +396,12 @@ def scenario(
         "semantic": [root / "examples/data/banking77_train.jsonl", root / "bench/data/clinc150_train.jsonl"],
     }
     if kind not in sources:
-        typer.echo(f"error: unknown scenario {kind!r}: kv or semantic", err=True)
-        raise typer.Exit(2)
+        raise error(f"error: unknown scenario {kind!r}: kv or semantic", EXIT_USAGE)
     missing = [str(p) for p in sources[kind] if not p.is_file()]
     if missing:
-        typer.echo(
-            f"error: {', '.join(missing)}: not found (run from the repository root or give --root)", err=True
+        raise error(
+            f"error: {', '.join(missing)}: not found (run from the repository root or give --root)", EXIT_FAILED
         )
-        raise typer.Exit(1)
     try:
         path = (
             kv_drift(*sources[kind], out, seed=seed)
@@ -408,8 +409,7 @@ def scenario(
             else semantic_drift(*sources[kind], out, seed=seed)
         )
     except (OSError, ValueError, KeyError) as exc:
-        typer.echo(f"error: {out}: {exc}", err=True)
-        raise typer.Exit(1) from None
+        raise error(f"error: {out}: {exc}", EXIT_FAILED) from None
     lines = sum(1 for _ in open(path, encoding="utf-8"))
     typer.echo(f"wrote {path}: {lines} requests, phase A then phase B")
 

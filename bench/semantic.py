@@ -205,7 +205,7 @@ def options(argv: Sequence[str] | None = None) -> Options:
         gen_pairs_seeds=_values(parser, "--gen-pairs-seeds", args.gen_pairs_seeds, int, "an integer"),
         gen_warmup=_value(parser, "--gen-warmup", args.gen_warmup, _prefix, "an integer >= 1 or all"),
     )
-    from evocache.controller._commands import unwritable
+    from evocache.controller.cli_errors import unwritable
 
     dirs = [("--out", checked.out), ("--embed-cache", checked.embed_cache)]
     if checked.results is not None:

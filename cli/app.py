@@ -10,14 +10,15 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from evocache.agents._proposal_commands import add_commands as add_proposal_commands
 from evocache.agents.commands import add_commands as add_agent_commands
-from evocache.agents.commands import demo, resume_waiting_review
-from evocache.controller._policy_commands import add_commands as add_policy_store_commands
+from evocache.agents.commands import add_proposal_commands, demo_command, resume_waiting_review
+from evocache.controller.commands import add_commands as add_policy_store_commands
 from evocache.controller.replay.commands import eviction as bench_eviction
 from evocache.controller.semantic.commands import semantic as bench_semantic
 from evocache.dsl.commands import make_app as make_policy_app
-from evocache.serving._commands import serve
+from evocache.serving.commands import serve
+
+from ._demo import LocalDeployment
 
 if TYPE_CHECKING:
     from evocache.dsl import Policy
@@ -35,7 +36,8 @@ def make_app() -> typer.Typer:
     """A new `evocache` command: `policy` (the dsl room's commands, its `check` asking the controller too, and
     the controller's policy store commands),
     `bench` (replay's `eviction` and the semantic layer's `semantic`), `serve` (serving's embedded app), `agent`
-    and `proposals` (the policy loop), `demo` (the loop on the embedded app) and `version`."""
+    and `proposals` (the policy loop), `demo` (the loop on the embedded app: agents' demo handed serving's
+    local deployment, ``_demo``) and `version`."""
     root = typer.Typer(
         name="evocache",
         help="evocache: a cache controller for LLM serving.",
@@ -61,7 +63,7 @@ def make_app() -> typer.Typer:
     add_proposal_commands(proposals, on_review=resume_waiting_review)
     root.add_typer(proposals, name="proposals")
     root.command()(serve)
-    root.command()(demo)
+    root.command()(demo_command(LocalDeployment()))
     root.command()(version)
     return root
 

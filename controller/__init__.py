@@ -11,10 +11,14 @@ Public names are re-exported here; the modules behind them are private.
 from ._blocks import MAX_BLOCK_TOKENS, BlockHash, block_hashes
 from ._cache_if import CacheInfo, cache_if
 from ._contract import Admission, SemanticOptions, Tenant, tenant_scope
+from ._events import OUTCOMES as EVENT_OUTCOMES
 from ._events import AccessEvent, EventSink, JsonlSink, RedisStreamSink, RingSink, read_events
 from ._keys import derive_key, namespace_for
 from ._metrics import CacheMetrics
+from ._outcome import AsyncCallStream, CallHandle, CallId, CallOutcome, CallStream, Called, KvReport
+from ._files import NotARegularFile, read_bounded
 from ._policy_store import (
+    POLICY_STORE_ENV,
     FilePolicyStore,
     PolicyFollower,
     PolicyState,
@@ -26,8 +30,11 @@ from ._policy_store import (
     ReplicaReport,
     Rollout,
     canary_for,
+    default_policy_store,
     open_policy_store,
 )
+from ._redis_client import REDIS_ERRORS
+from ._redis_client import connect as connect_redis
 from ._rollout import RolloutArm, RolloutRuntimes, ShadowComparison
 from ._runtime import (
     CacheRuntime,
@@ -68,17 +75,24 @@ from .tiers import DiskTier, Lookup, MemoryTier, RedisTier, Tier, TieredStore
 __all__ = [
     "AccessEvent",
     "Admission",
+    "AsyncCallStream",
     "BlockHash",
     "CacheInfo",
     "CacheKey",
     "CacheMetrics",
     "CacheRuntime",
+    "CallHandle",
+    "CallId",
+    "CallOutcome",
+    "CallStream",
+    "Called",
     "ContractError",
     "ControllerError",
     "CorruptEntry",
     "EmbeddingError",
     "DiskConfig",
     "DiskTier",
+    "EVENT_OUTCOMES",
     "EVICTION_POLICIES",
     "EmbedderConfig",
     "Entry",
@@ -89,6 +103,7 @@ __all__ = [
     "FilePolicyStore",
     "JsonSerializer",
     "JsonlSink",
+    "KvReport",
     "L1",
     "L1Config",
     "L2",
@@ -98,6 +113,8 @@ __all__ = [
     "Lookup",
     "MemoryTier",
     "Namespace",
+    "NotARegularFile",
+    "POLICY_STORE_ENV",
     "PickleSerializer",
     "PolicyFollower",
     "PolicyState",
@@ -105,6 +122,7 @@ __all__ = [
     "PolicyStore",
     "PolicyStoreConfig",
     "PolicyStoreError",
+    "REDIS_ERRORS",
     "RedisConfig",
     "RedisPolicyStore",
     "RedisStreamSink",
@@ -135,12 +153,15 @@ __all__ = [
     "canary_for",
     "check_policy",
     "configure",
+    "connect_redis",
     "current_runtime",
+    "default_policy_store",
     "default_runtime",
     "derive_key",
     "make_eviction_policy",
     "namespace_for",
     "open_policy_store",
+    "read_bounded",
     "read_events",
     "set_policy",
     "tenant_scope",

@@ -34,7 +34,7 @@ import operator
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -50,6 +50,7 @@ from ._contract import (
     function_identity,
 )
 from ._keys import template_hash
+from ._outcome import AsyncCallStream, Called, CallHandle, CallOutcome, CallStream
 from ._metrics import LATENCY_BUCKETS
 from ._runtime import CacheRuntime, StoreConfig, build_runtime, current_runtime
 from ._semantic import JudgeLimits, Served
@@ -89,12 +90,14 @@ class _Store(NamedTuple):
 
 
 class _Compute:
-    """The step of ``CachedFunction._steps`` that runs the function itself (there is one: ``_COMPUTE``)."""
+    """The step of ``CachedFunction._steps`` that runs the function itself: ``_COMPUTE`` for a result the cache
+    may store (a stream's chunks are kept), ``_RUN`` for a bypass (a stream's chunks are only played)."""
 
     __slots__ = ()
 
 
 _COMPUTE = _Compute()
+_RUN = _Compute()
 _Step = _Store | _Compute
 
 
@@ -130,6 +133,7 @@ def cache_if(
     serializer: str | Serializer = "json",
     admission: Admission | Mapping[str, Any] | None = None,
     semantic: SemanticOptions | Mapping[str, Any] | None = None,
+    call_param: str | None = None,
     **moved: Any,
 ) -> Callable[[Callable[..., Any]], Any]:
     """Cache a function's results while ``condition`` holds for the call.
@@ -164,6 +168,13 @@ def cache_if(
     call). Clusters then stay more fragmented and fewer prompts are served. A judge should be
     transitive; two clusters merge only if it also finds their answers equal.
 
+    The call's outcome: ``fn.call(...)`` calls the function and hands back what the cache did
+    (``CallOutcome``: decision, outcome, tier, sizes; ``controller._outcome``). ``call_param`` names a
+    parameter of the function that the cache fills with the call's ``CallHandle`` when the function runs
+    (decided by then: its resolved decision is there; an engine reports its KV usage into it). The parameter
+    is not part of the call's signature for the cache: callers do not pass it, and it is in neither the key
+    nor the view.
+
     Raises ``TypeError`` for an unknown option (an option that moved into ``admission`` or ``semantic`` says
     where), ``ContractError`` at decoration time for an invalid contract or option value (``StoreConfigError``
     for a store that cannot be built).
@@ -172,6 +183,8 @@ def cache_if(
         _refuse(moved)
     rule = Admission.of(admission)
     matching = SemanticOptions.of(semantic)
+
+    ignored = frozenset(ignore)
 
     def decorate(fn: Callable[..., Any]) -> Any:
         identity = function_identity(fn, name)
@@ -183,14 +196,15 @@ def cache_if(
             model=model,
             model_revision=model_revision,
             template=template_hash(prompt_template),
-            ignore=frozenset(ignore),
+            ignore=ignored,
+            supplied=call_param,
             semantic_text=matching.text,
             semantic_text_forms=matching.text_forms,
         )
         runtime = build_runtime(store) if isinstance(store, StoreConfig) else store
         limits = JudgeLimits(links=matching.judge_links, budget=matching.judge_budget)
         return CachedFunction(fn, contract, _serializer(serializer), runtime, judge=matching.judge or operator.eq,
-                              judge_limits=limits).wrapper
+                              judge_limits=limits, call_param=call_param).wrapper
 
     return decorate
 
@@ -207,7 +221,7 @@ _MOVED: Mapping[str, str] = {
     "judge_links": "semantic=SemanticOptions(judge_links=...)",
 }
 _OPTIONS = ("ttl", "model", "model_revision", "prompt_template", "name", "ignore", "store", "serializer",
-            "admission", "semantic")
+            "admission", "semantic", "call_param")
 
 
 def _refuse(moved: Mapping[str, Any]) -> None:
@@ -239,8 +253,10 @@ class CachedFunction:
         *,
         judge: Callable[[Any, Any], bool] = operator.eq,
         judge_limits: JudgeLimits = JudgeLimits(),
+        call_param: str | None = None,
     ) -> None:
         self.fn = fn
+        self.call_param = call_param
         self.judge = judge
         self.judge_limits = judge_limits
         self.contract = contract
@@ -276,6 +292,7 @@ class CachedFunction:
         wrapper.cache_key = self.cache_key  # type: ignore[attr-defined]
         wrapper.invalidate = self.invalidate  # type: ignore[attr-defined]
         wrapper.bypass = self.bypass  # type: ignore[attr-defined]
+        wrapper.call = self.call  # type: ignore[attr-defined]
         wrapper.refresh = self.refresh  # type: ignore[attr-defined]
         wrapper.feedback = self.feedback  # type: ignore[attr-defined]
         wrapper.cached_function = self  # type: ignore[attr-defined]
@@ -302,6 +319,20 @@ class CachedFunction:
             rt.clock(), plan.key or "", plan.ns, plan.rule, rt.policy_ref, outcome, tier, size,
             seconds * 1000.0, saved_ms, self.identity, reason or plan.reason, semantic,
         ))
+
+    def _decided(self, rt: CacheRuntime, plan: Plan, handle: CallHandle, outcome: str, tier: str | None,
+                 size: int, seconds: float, saved_ms: float = 0.0, reason: str = "",
+                 semantic: dict | None = None) -> None:
+        """The call is decided: its access event, and its handle's ``decided``."""
+        self._emit(rt, plan, outcome, tier, size, seconds, saved_ms, reason, semantic)
+        handle.decide(self._outcome(rt, plan, handle, outcome, tier, size, seconds, saved_ms, reason, semantic))
+
+    @staticmethod
+    def _outcome(rt: CacheRuntime, plan: Plan, handle: CallHandle, outcome: str, tier: str | None, size: int,
+                 seconds: float, saved_ms: float = 0.0, reason: str = "",
+                 semantic: dict | None = None) -> CallOutcome:
+        return CallOutcome(handle.call_id, outcome, plan.rule, rt.policy_ref, reason or plan.reason, plan.key,
+                           plan.ns, plan.decision, rt.arm, tier, size, seconds * 1000.0, saved_ms, semantic)
 
     # -- the L1 hit path ---------------------------------------------------------------------------------
 
@@ -383,7 +414,7 @@ class CachedFunction:
 
     # -- lookup and admission (shared by every function kind) ---------------------------------------------
 
-    def _lookup(self, rt: CacheRuntime, plan: Plan, started: float) -> tuple[bool, Any, int]:
+    def _lookup(self, rt: CacheRuntime, plan: Plan, started: float, handle: CallHandle) -> tuple[bool, Any, int]:
         """``(hit, value, epoch)``; ``epoch`` is what ``_admit`` checks a miss's result against (see
         ``_invalidate_slot``). A payload that does not decode is deleted and counted, and the call is a miss."""
         epoch = self._epoch
@@ -398,16 +429,18 @@ class CachedFunction:
                 rt.store.delete(plan.ns, [plan.key])
             else:
                 self.counters.hits += 1
-                self._emit(rt, plan, "hit", found.tier, len(entry.value), time.perf_counter() - started,
-                           entry.saved_ms)
+                self._decided(rt, plan, handle, "hit", found.tier, len(entry.value), time.perf_counter() - started,
+                              entry.saved_ms)
                 return True, value, epoch
         if plan.semantic is not None and self._semantic_kinds and rt.semantic is not None:
             return False, None, epoch  # _semantic_lookup decides, and records the one event of this call
         self.counters.misses += 1
-        self._emit(rt, plan, "miss", None, 0, time.perf_counter() - started)
+        self._decided(rt, plan, handle, "miss", None, 0, time.perf_counter() - started)
         return False, None, epoch
 
-    def _semantic_lookup(self, rt: CacheRuntime, plan: Plan, started: float) -> tuple[bool, Any, Any]:
+    def _semantic_lookup(
+        self, rt: CacheRuntime, plan: Plan, started: float, handle: CallHandle
+    ) -> tuple[bool, Any, Any]:
         """After an exact miss: ``(hit, value, learning)`` from the semantic layer (``SemanticLayer.lookup``),
         with the call's one event; ``learning`` is what ``_semantic_learn`` needs after a miss."""
         outcome = rt.semantic.lookup(
@@ -422,12 +455,12 @@ class CachedFunction:
                 if len(self._served) > _SERVED_MAX:
                     self._served.popitem(last=False)
             self.counters.hits += 1
-            self._emit(rt, plan, "hit", served.tier, served.size, time.perf_counter() - started, served.saved_ms,
-                       outcome.reason, outcome.explanation)
+            self._decided(rt, plan, handle, "hit", served.tier, served.size, time.perf_counter() - started,
+                          served.saved_ms, outcome.reason, outcome.explanation)
             return True, served.value, None
         self.counters.misses += 1
-        self._emit(rt, plan, "miss", None, 0, time.perf_counter() - started, reason=outcome.reason,
-                   semantic=outcome.explanation)
+        self._decided(rt, plan, handle, "miss", None, 0, time.perf_counter() - started, reason=outcome.reason,
+                      semantic=outcome.explanation)
         return False, None, outcome.learning
 
     def _read_neighbour(self, rt: CacheRuntime, plan: Plan, key: CacheKey) -> Served | None:
@@ -456,10 +489,11 @@ class CachedFunction:
             rt.slo.verdict(plan.rule, wrong)
 
     def _admit(
-        self, rt: CacheRuntime, plan: Plan, payload: bytes | None, saved_ms: float, reason: str, epoch: int
-    ) -> bool:
-        """Store the computed payload if the plan allows it (and no invalidate overtook it); returns whether
-        it was stored."""
+        self, rt: CacheRuntime, plan: Plan, payload: bytes | None, saved_ms: float, reason: str, epoch: int,
+        handle: CallHandle,
+    ) -> tuple[str, ...]:
+        """Store the computed payload if the plan allows it (and no invalidate overtook it); returns the tiers
+        that took it (none: not stored), and finishes the call's outcome with them."""
         started = time.perf_counter()
         if payload is not None and (epoch < self._epoch_floor or self._invalidated.get(plan.slot, 0) > epoch):
             payload, reason = None, "invalidated"  # computed before an invalidate/refresh: stale on arrival
@@ -468,7 +502,8 @@ class CachedFunction:
             size = 0 if payload is None else len(payload)
             self._emit(rt, plan, "reject", None, size, time.perf_counter() - started, saved_ms,
                        reason or "too-large")
-            return False
+            handle.finish(size=size, saved_ms=saved_ms, rejected=reason or "too-large")
+            return ()
         now = rt.clock()
         entry = Entry(
             value=payload,
@@ -483,12 +518,15 @@ class CachedFunction:
             self.counters.rejects += 1
             self._emit(rt, plan, "reject", None, len(payload), time.perf_counter() - started, saved_ms,
                        "not-stored")
-            return False
+            handle.finish(size=len(payload), saved_ms=saved_ms, rejected="not-stored")
+            return ()
         self.counters.stores += 1
         for tier in stored_in:
             rt.metrics.stored(plan.rule, tier, len(payload))
         self._emit(rt, plan, "store", ",".join(stored_in), len(payload), time.perf_counter() - started, saved_ms)
-        return True
+        stored = tuple(stored_in)
+        handle.finish(size=len(payload), saved_ms=saved_ms, stored=stored)
+        return stored
 
     def _invalidate_slot(self, slot: tuple[Namespace, CacheKey]) -> int:
         """Mark ``slot`` invalidated now; returns the new epoch. A miss whose lookup began before this (its
@@ -510,9 +548,9 @@ class CachedFunction:
             log.debug("%s: result not cached: %s", self.identity, exc)
             return None, "unserializable"
 
-    def _bypass(self, rt: CacheRuntime, plan: Plan, started: float) -> None:
+    def _bypass(self, rt: CacheRuntime, plan: Plan, started: float, handle: CallHandle, reason: str = "") -> None:
         self.counters.bypasses += 1
-        self._emit(rt, plan, "bypass", None, 0, time.perf_counter() - started)
+        self._decided(rt, plan, handle, "bypass", None, 0, time.perf_counter() - started, reason=reason)
 
     def _start(self, args: tuple, kwargs: dict) -> tuple[CacheRuntime, Plan, float]:
         started = time.perf_counter()
@@ -526,53 +564,75 @@ class CachedFunction:
     # -- one call, for every kind of function ------------------------------------------------------------
 
     def _steps(
-        self, rt: CacheRuntime, plan: Plan, started: float, refresh_epoch: int | None = None
-    ) -> Generator[_Step, Any, tuple[bool, Any] | None]:
+        self, rt: CacheRuntime, plan: Plan, started: float, handle: CallHandle, refresh_epoch: int | None = None
+    ) -> Generator[_Step, Any, tuple[bool, Any]]:
         """The cache's side of one call: a generator of the steps its wrapper carries out.
 
-        It yields ``_Store`` steps (run ``step.call()``, send back its result) and ``_COMPUTE`` (run the
-        function, send back what it returned; a stream's wrapper plays the stream to the caller and sends back
-        the chunks it yielded). It returns ``None`` when the call bypasses the cache (counted here; the wrapper
-        runs the function uncached), else ``(hit, value)``: a hit's value, or what the function computed,
-        stored if the plan allows. ``refresh_epoch``: a refresh's epoch (``_invalidate_slot``): no lookup.
+        It yields ``_Store`` steps (run ``step.call()``, send back its result), ``_COMPUTE`` (run the function,
+        send back what it returned; a stream's wrapper plays the stream to the caller and sends back the chunks
+        it yielded) and ``_RUN`` (run the function uncached: a bypass; a stream's chunks are played, not kept).
+        It returns ``(hit, value)``: a hit's value (a stream's wrapper replays it), or what the function
+        computed (a stream's: already played). ``handle`` is the call's (``CallHandle``): decided once the
+        lookup is done, finished when the function has run and its result was admitted or not.
+        ``refresh_epoch``: a refresh's epoch (``_invalidate_slot``): no lookup.
 
         Every kind of function (sync, async, generator, async generator) is driven through this one generator,
-        so bypasses, lookups, admission, events and counters are the same for all; its wrapper plans the call
-        and decides only how a step runs: called, awaited, iterated, or in a thread.
+        so bypasses, lookups, admission, events, counters and outcomes are the same for all; its wrapper plans
+        the call and decides only how a step runs: called, awaited, iterated, or in a thread.
         """
         if plan.key is None:
-            self._bypass(rt, plan, started)
-            return None
+            self._bypass(rt, plan, started, handle)
+            value = yield _RUN
+            self._finish(rt, plan, handle)
+            return False, value
         tripped = rt.slo.tripped
         if tripped and plan.rule in tripped:  # after the memo: a plan outlives the breaker's state
             safe = rt.slo.admit(plan)
             if safe is None:
-                self.counters.bypasses += 1
-                self._emit(rt, plan, "bypass", None, 0, time.perf_counter() - started, reason=SLO_REASON)
-                return None
+                self._bypass(rt, plan, started, handle, SLO_REASON)
+                value = yield _RUN
+                self._finish(rt, plan, handle)
+                return False, value
             plan = safe
         learning = None
         if refresh_epoch is not None:
             epoch = refresh_epoch
+            handle.decide(self._outcome(rt, plan, handle, "miss", None, 0, time.perf_counter() - started))
         else:
-            hit, value, epoch = yield _Store(functools.partial(self._lookup, rt, plan, started))
+            hit, value, epoch = yield _Store(functools.partial(self._lookup, rt, plan, started, handle))
             if hit:
+                handle.finish()
                 return True, value
             if plan.semantic is not None and self._semantic_kinds and rt.semantic is not None:
                 # Embedding a prompt is CPU work: an async wrapper runs it in a thread.
                 hit, value, learning = yield _Store(
-                    functools.partial(self._semantic_lookup, rt, plan, started), cpu=True
+                    functools.partial(self._semantic_lookup, rt, plan, started, handle), cpu=True
                 )
                 if hit:
+                    handle.finish()
                     return True, value
         t0 = time.perf_counter()
         value = yield _COMPUTE
         saved_ms = (time.perf_counter() - t0) * 1000.0
         payload, reason = self._payload(plan, value)
-        stored = yield _Store(functools.partial(self._admit, rt, plan, payload, saved_ms, reason, epoch))
+        stored = yield _Store(functools.partial(self._admit, rt, plan, payload, saved_ms, reason, epoch, handle))
         if learning is not None:  # the semantic update may embed
-            yield _Store(functools.partial(self._semantic_learn, rt, plan, value, stored, learning), cpu=True)
+            yield _Store(functools.partial(self._semantic_learn, rt, plan, value, bool(stored), learning),
+                         cpu=True)
+        self._finish(rt, plan, handle)
         return False, value
+
+    def _finish(self, rt: CacheRuntime, plan: Plan, handle: CallHandle) -> None:
+        """The call has ended: the outcome is final, and the engine's KV report, if it gave one, is recorded
+        as the call's ``kv`` event (after its decision and store, with the same key, namespace and rule)."""
+        if handle.outcome is None:
+            handle.finish()
+        kv = handle.kv
+        if kv is not None:
+            rt.events.record((
+                rt.clock(), plan.key or "", plan.ns, plan.rule, rt.policy_ref, "kv", kv.tier, kv.cached_tokens,
+                kv.load_ms, 0.0, self.identity, kv.miss, None, dict(kv.detail),
+            ))
 
     def _payload(self, plan: Plan, value: Any) -> tuple[bytes | None, str]:
         """What a computed result is stored as, or ``(None, reason)`` when it cannot be: a stream's chunk list
@@ -586,6 +646,12 @@ class CachedFunction:
         except Unserializable:
             return None, "unserializable"
 
+    def _fn_kwargs(self, kwargs: dict, handle: CallHandle) -> dict:
+        """The function's keyword arguments: the caller's, and its own call's handle where it asks for it."""
+        if self.call_param is None:
+            return kwargs
+        return {**kwargs, self.call_param: handle}
+
     # -- wrappers: each drives _steps ---------------------------------------------------------------------
 
     def _wrap_sync(self) -> Callable[..., Any]:
@@ -594,20 +660,30 @@ class CachedFunction:
     def _sync_full_path(
         self, rt: CacheRuntime, args: tuple, kwargs: dict, plan: Plan | None, memo_key: tuple | None
     ) -> Any:
+        return self._sync_called(rt, args, kwargs, plan, memo_key).value
+
+    def _sync_called(
+        self, rt: CacheRuntime, args: tuple, kwargs: dict, plan: Plan | None, memo_key: tuple | None
+    ) -> Called:
         started = time.perf_counter()
         plan = plan or self.contract.plan(rt, args, kwargs, memo_key)
-        return self._call(self._steps(rt, plan, started), args, kwargs)
+        handle = CallHandle()
+        return self._call(self._steps(rt, plan, started, handle), handle, args, kwargs)
 
-    def _call(self, steps: Generator[_Step, Any, tuple[bool, Any] | None], args: tuple, kwargs: dict) -> Any:
+    def _call(
+        self, steps: Generator[_Step, Any, tuple[bool, Any]], handle: CallHandle, args: tuple, kwargs: dict
+    ) -> Called:
+        fn_kwargs = self._fn_kwargs(kwargs, handle)
         reply = None
         while True:
             try:
                 step = steps.send(reply)
             except StopIteration as done:
-                outcome = done.value
+                value = done.value[1]
                 break
-            reply = self.fn(*args, **kwargs) if step is _COMPUTE else step.call()
-        return self.fn(*args, **kwargs) if outcome is None else outcome[1]
+            reply = step.call() if type(step) is _Store else self.fn(*args, **fn_kwargs)
+        assert handle.outcome is not None  # _steps finishes every call it returns from
+        return Called(value, handle.outcome)
 
     def _wrap_async(self) -> Callable[..., Any]:
         # Serves L1 hits; for anything else returns a _FullPath to await here.
@@ -617,98 +693,135 @@ class CachedFunction:
             found = probe(*args, **kwargs)
             if type(found) is not _FullPath:
                 return found
-            rt = found.rt
-            started = time.perf_counter()
-            plan = found.plan or self.contract.plan(rt, args, kwargs, found.memo_key)
-            return await self._await(rt, self._steps(rt, plan, started), args, kwargs)
+            return (await self._async_called(found.rt, args, kwargs, found.plan, found.memo_key)).value
 
         return wrapper
 
+    async def _async_called(
+        self, rt: CacheRuntime, args: tuple, kwargs: dict, plan: Plan | None, memo_key: tuple | None
+    ) -> Called:
+        started = time.perf_counter()
+        plan = plan or self.contract.plan(rt, args, kwargs, memo_key)
+        handle = CallHandle()
+        return await self._await(rt, self._steps(rt, plan, started, handle), handle, args, kwargs)
+
     async def _await(
-        self, rt: CacheRuntime, steps: Generator[_Step, Any, tuple[bool, Any] | None], args: tuple, kwargs: dict
-    ) -> Any:
+        self, rt: CacheRuntime, steps: Generator[_Step, Any, tuple[bool, Any]], handle: CallHandle, args: tuple,
+        kwargs: dict,
+    ) -> Called:
         offload = self._offload(rt)
+        fn_kwargs = self._fn_kwargs(kwargs, handle)
         reply = None
         while True:
             try:
                 step = steps.send(reply)
             except StopIteration as done:
-                outcome = done.value
+                value = done.value[1]
                 break
-            if step is _COMPUTE:
-                reply = await self.fn(*args, **kwargs)
+            if type(step) is _Compute:  # _COMPUTE or _RUN: the same for a coroutine
+                reply = await self.fn(*args, **fn_kwargs)
             elif offload or step.cpu:
                 reply = await asyncio.to_thread(step.call)
             else:
                 reply = step.call()
-        return await self.fn(*args, **kwargs) if outcome is None else outcome[1]
+        assert handle.outcome is not None  # _steps finishes every call it returns from
+        return Called(value, handle.outcome)
 
     def _wrap_gen(self) -> Callable[..., Any]:
         # A plain function returning the stream, not a generator function: the runtime, the tenant scope and
         # the plan are taken when the call is made, as for every other kind. A generator's body would read
         # them at the first next(), maybe outside the caller's tenant_scope, and cache under another tenant.
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            rt, plan, started = self._start(args, kwargs)
-            return self._iterate(self._steps(rt, plan, started), args, kwargs)
+            return self._gen_called(args, kwargs)._pieces
 
         return wrapper
 
+    def _gen_called(self, args: tuple, kwargs: dict) -> CallStream:
+        rt, plan, started = self._start(args, kwargs)
+        handle = CallHandle()
+        return CallStream(handle, self._iterate(self._steps(rt, plan, started, handle), handle, args, kwargs))
+
     def _iterate(
-        self, steps: Generator[_Step, Any, tuple[bool, Any] | None], args: tuple, kwargs: dict
+        self, steps: Generator[_Step, Any, tuple[bool, Any]], handle: CallHandle, args: tuple, kwargs: dict
     ) -> Iterator[Any]:
+        fn_kwargs = self._fn_kwargs(kwargs, handle)
         reply = None
         while True:
             try:
                 step = steps.send(reply)
             except StopIteration as done:
-                outcome = done.value
+                hit, value = done.value
                 break
             if step is _COMPUTE:
                 # A stream that raises or is closed early ends here: partial streams are never stored.
                 reply = []
-                for chunk in self.fn(*args, **kwargs):
+                for chunk in self.fn(*args, **fn_kwargs):
                     reply.append(chunk)
                     yield chunk
+            elif step is _RUN:
+                reply = None
+                yield from self.fn(*args, **fn_kwargs)
             else:
                 reply = step.call()
-        if outcome is None:
-            yield from self.fn(*args, **kwargs)
-        elif outcome[0]:
-            yield from outcome[1]
+        if hit:
+            yield from value
 
     def _wrap_asyncgen(self) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:  # see _wrap_gen
-            rt, plan, started = self._start(args, kwargs)
-            return self._aiterate(rt, self._steps(rt, plan, started), args, kwargs)
+            return self._asyncgen_called(args, kwargs)._pieces
 
         return wrapper
 
+    def _asyncgen_called(self, args: tuple, kwargs: dict) -> AsyncCallStream:
+        rt, plan, started = self._start(args, kwargs)
+        handle = CallHandle()
+        steps = self._steps(rt, plan, started, handle)
+        return AsyncCallStream(handle, self._aiterate(rt, steps, handle, args, kwargs))
+
     async def _aiterate(
-        self, rt: CacheRuntime, steps: Generator[_Step, Any, tuple[bool, Any] | None], args: tuple, kwargs: dict
+        self, rt: CacheRuntime, steps: Generator[_Step, Any, tuple[bool, Any]], handle: CallHandle, args: tuple,
+        kwargs: dict,
     ) -> AsyncIterator[Any]:
         offload = self._offload(rt)
+        fn_kwargs = self._fn_kwargs(kwargs, handle)
         reply = None
         while True:
             try:
                 step = steps.send(reply)
             except StopIteration as done:
-                outcome = done.value
+                hit, value = done.value
                 break
             if step is _COMPUTE:
                 reply = []
-                async for chunk in self.fn(*args, **kwargs):
+                async for chunk in self.fn(*args, **fn_kwargs):
                     reply.append(chunk)
+                    yield chunk
+            elif step is _RUN:
+                reply = None
+                async for chunk in self.fn(*args, **fn_kwargs):
                     yield chunk
             elif offload or step.cpu:
                 reply = await asyncio.to_thread(step.call)
             else:
                 reply = step.call()
-        if outcome is None:
-            async for chunk in self.fn(*args, **kwargs):
+        if hit:
+            for chunk in value:
                 yield chunk
-        elif outcome[0]:
-            for chunk in outcome[1]:
-                yield chunk
+
+    def call(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the function and hand back what the cache did (``controller._outcome``): a sync function's
+        ``Called(value, outcome)``; an async function's awaitable of one; a generator function's
+        ``CallStream`` (an async generator's ``AsyncCallStream``), whose ``handle`` is decided once the first
+        piece is out and has its outcome after the last. Takes the full path (no L1 fast path), with the
+        same decisions, events and counters as a plain call."""
+        if self.kind == "gen":
+            return self._gen_called(args, kwargs)
+        if self.kind == "asyncgen":
+            return self._asyncgen_called(args, kwargs)
+        rt = self.runtime or current_runtime()
+        if self.kind == "async":
+            return self._async_called(rt, args, kwargs, None, None)
+        return self._sync_called(rt, args, kwargs, None, None)
 
     # -- per-call controls -------------------------------------------------------------------------------
 
@@ -734,9 +847,11 @@ class CachedFunction:
     def bypass(self, *args: Any, **kwargs: Any) -> Any:
         """Call the function without reading or writing the cache (an event with reason ``caller``)."""
         rt, plan, started = self._start(args, kwargs)
-        self.counters.bypasses += 1
-        self._emit(rt, plan, "bypass", None, 0, time.perf_counter() - started, reason="caller")
-        return self.fn(*args, **kwargs)
+        handle = CallHandle()
+        self._bypass(rt, plan, started, handle, "caller")
+        value = self.fn(*args, **self._fn_kwargs(kwargs, handle))
+        handle.finish()
+        return value
 
     def feedback(self, *args: Any, correct: bool, **kwargs: Any) -> bool:
         """A verdict on the answer a semantic hit served for this call (``correct=False``: it was wrong for
@@ -760,13 +875,18 @@ class CachedFunction:
     def refresh(self, *args: Any, **kwargs: Any) -> Any:
         """Recompute and store, ignoring what is cached (sync and async functions)."""
         rt, plan, started = self._start(args, kwargs)
+        handle = CallHandle()
         if plan.key is None:
-            self._bypass(rt, plan, started)
-            return self.fn(*args, **kwargs)
+            self._bypass(rt, plan, started, handle)
+            return self.fn(*args, **self._fn_kwargs(kwargs, handle))
         if self.kind not in ("sync", "async"):
             raise TypeError("refresh() is for sync and async functions; for streams, invalidate() then call")
         epoch = self._invalidate_slot(plan.slot)  # misses already under way must not overwrite this result
-        steps = self._steps(rt, plan, started, refresh_epoch=epoch)
+        steps = self._steps(rt, plan, started, handle, refresh_epoch=epoch)
         if self.kind == "async":
-            return self._await(rt, steps, args, kwargs)
-        return self._call(steps, args, kwargs)
+            return _value_of(self._await(rt, steps, handle, args, kwargs))
+        return self._call(steps, handle, args, kwargs).value
+
+
+async def _value_of(called: Awaitable[Called]) -> Any:
+    return (await called).value

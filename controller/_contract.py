@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 from evocache.dsl import (
     STANDARD_FIELDS,
+    Decision,
     DslError,
     ExpressionEvalError,
     FieldType,
@@ -221,6 +222,23 @@ def signature_of(fn: Callable[..., Any]) -> inspect.Signature:
         return inspect.signature(fn)
 
 
+def _without(signature: inspect.Signature, supplied: str | None, identity: str) -> inspect.Signature:
+    """The signature callers see: without ``supplied``, the parameter the cache fills in (``call_param``),
+    which must be a named parameter of the function."""
+    if supplied is None:
+        return signature
+    param = signature.parameters.get(supplied)
+    if param is None or param.kind not in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY):
+        raise ContractError(f"@cache_if on {identity}: call_param {supplied!r} is not a named parameter of the "
+                            f"function; parameters: {list(signature.parameters)}")
+    params = list(signature.parameters.values())
+    after = params[params.index(param) + 1:]
+    if param.kind is param.POSITIONAL_OR_KEYWORD and any(p.kind is p.POSITIONAL_OR_KEYWORD for p in after):
+        raise ContractError(f"@cache_if on {identity}: call_param {supplied!r} is passed by keyword: make it "
+                            "keyword-only (after *) or the last positional parameter")
+    return signature.replace(parameters=[p for p in params if p is not param])
+
+
 def _guarded(predicate: Callable[[Mapping[str, Any]], bool]) -> Callable[[Mapping[str, Any]], bool]:
     """A user predicate whose failures read like an expression's: the call is served uncached, never failed."""
 
@@ -406,7 +424,10 @@ class Plan:
     """What one call will do: computed once per (arguments, tenant, runtime generation), then memoised.
 
     ``key`` is ``None`` for a bypass, with ``reason`` saying why (``contract``, ``contract-error``, ``rule``,
-    ``rule-error``, ``sampling``, ``no-tier``, ``uncacheable-args``).
+    ``rule-error``, ``sampling``, ``no-tier``, ``uncacheable-args``). ``decision`` is what the policy in force
+    decided for the call's view, every section resolved (``kv`` included, which an engine reads from the
+    call's outcome), also when the contract or the rule bypasses; None without a policy, or when no view
+    could be built (a bad tenant). The policy decides once per call: nothing else asks it again.
     """
 
     key: CacheKey | None
@@ -427,6 +448,7 @@ class Plan:
     # (str, bytes) so a hit on the same entry object hands it out again. The one field that changes after
     # construction: the L1 hit path swaps the whole pair (one attribute store, so readers see either pair).
     decoded: tuple[Any, Any] = field(default=(None, None), compare=False)
+    decision: Decision | None = field(default=None, compare=False)
     slot: tuple[Namespace, CacheKey] | None = field(init=False, default=None)
     l1_first: bool = field(init=False, default=False)
 
@@ -474,6 +496,7 @@ class Contract:
         model_revision: str,
         template: str,
         ignore: frozenset[str],
+        supplied: str | None = None,
         semantic_text: str | None = None,
         semantic_text_forms: tuple[str, ...] = (),
     ) -> None:
@@ -483,7 +506,7 @@ class Contract:
         self.model_revision = model_revision
         self.template = template
         self.ignore = ignore
-        self.signature = signature_of(fn)
+        self.signature = _without(signature_of(fn), supplied, identity)
         self.schema = self._schema()
         if isinstance(condition, str):
             try:
@@ -641,13 +664,16 @@ class Contract:
         view.setdefault("model", self.model)
         view.setdefault("model_revision", self.model_revision)
 
+        # The policy decides once, before the contract's verdict, so the call's outcome carries the rule's
+        # resolved sections (kv reuse applies to calls the response cache may not store).
+        decision = rt.policy.decide(view) if rt.policy is not None else None
         try:
             allowed = self._test(view)
         except ExpressionEvalError as exc:
             log.warning("%s: contract could not be evaluated, call not cached: %s", self.identity, exc.message)
-            return Plan(None, ns, "contract", "contract-error")
+            return Plan(None, ns, "contract", "contract-error", decision=decision)
         if allowed is not True:
-            return Plan(None, ns, "contract", "contract")
+            return Plan(None, ns, "contract", "contract", decision=decision)
 
         opts = self.options
         rule = self.identity
@@ -656,27 +682,26 @@ class Contract:
             opts.ttl, opts.sliding, opts.max_entry_bytes, opts.allow_sampling, opts.stream,
         )
         semantic_spec = opts.semantic
-        if rt.policy is not None:
-            decision = rt.policy.decide(view)
+        if decision is not None:
             rule = decision.rule
             if decision.skipped:
                 # A rule that could not be evaluated might have said bypass: fail closed, never past it.
                 self._warn_once(rt, decision.skipped)
-                return Plan(None, ns, decision.skipped[0], "rule-error")
+                return Plan(None, ns, decision.skipped[0], "rule-error", decision=decision)
             if not decision.cache:
-                return Plan(None, ns, rule, "rule")
+                return Plan(None, ns, rule, "rule", decision=decision)
             ttl, sliding, max_bytes = decision.ttl, decision.sliding, decision.max_entry_bytes
             allow_sampling, stream_ok = decision.allow_sampling, decision.stream
             tiers = tuple(TierName(t) for t in decision.tiers)
             semantic_spec = decision.semantic
 
         if not allow_sampling and arguments.get("seed") is None and _samples(arguments.get("temperature")):
-            return Plan(None, ns, rule, "sampling")
+            return Plan(None, ns, rule, "sampling", decision=decision)
 
         available = rt.tier_names
         chosen = tuple(t for t in (tiers or available) if t in available)
         if not chosen:
-            return Plan(None, ns, rule, "no-tier")
+            return Plan(None, ns, rule, "no-tier", decision=decision)
         rest = dict(arguments)
         params = {name: rest.pop(name) for name in self._generation_params if name in rest}
         model = arguments.get("model", self.model) if isinstance(arguments.get("model"), str) else self.model
@@ -688,7 +713,7 @@ class Contract:
             )
         except Uncacheable as exc:
             log.debug("%s: %s", self.identity, exc)
-            return Plan(None, ns, rule, "uncacheable-args")
+            return Plan(None, ns, rule, "uncacheable-args", decision=decision)
         semantic = None
         if semantic_spec is not None:
             parts = dict(
@@ -698,7 +723,8 @@ class Contract:
             semantic = self._semantic_plan(rt, rule, parts, rest, semantic_spec, chosen)
         # The L1 hit path needs a MemoryTier as L1 (its lock-free peek); any other "l1" takes the full path.
         hit_cells = rt.metrics.cells((rule, L1, "hit")) if chosen[0] == L1 and rt.l1 is not None else None
-        return Plan(key, ns, rule, "", ttl, sliding, chosen, max_bytes, stream_ok, hit_cells, semantic)
+        return Plan(key, ns, rule, "", ttl, sliding, chosen, max_bytes, stream_ok, hit_cells, semantic,
+                    decision=decision)
 
     def _semantic_plan(
         self, rt: CacheRuntime, rule: str, parts: dict[str, Any], rest: dict[str, Any], spec: SemanticSpec,

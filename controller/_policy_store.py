@@ -57,6 +57,7 @@ __all__ = [
     "ReplicaReport",
     "Rollout",
     "canary_for",
+    "default_policy_store",
     "open_policy_store",
 ]
 
@@ -570,6 +571,12 @@ class RedisPolicyStore(_StoreBase):
         if self._pubsub is not None:
             self._pubsub.close()
         self.client.close()
+
+
+def default_policy_store() -> str:
+    """The policy store a command uses when none is named: ``$EVOCACHE_POLICY_STORE``, else
+    ``.evocache/policies``. A directory, or (for the `evocache policy` commands) a Redis URL."""
+    return os.environ.get(POLICY_STORE_ENV) or DEFAULT_DIRECTORY
 
 
 def open_policy_store(config: PolicyStoreConfig, *, clock: Callable[[], float] = time.time) -> PolicyStore:

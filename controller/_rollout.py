@@ -146,7 +146,7 @@ class RolloutRuntimes:
     def __init__(self, base: CacheRuntime) -> None:
         if not isinstance(base, CacheRuntime):
             raise TypeError(f"RolloutRuntimes() takes a CacheRuntime, got {type(base).__qualname__}")
-        self._arms = _Arms(None, base)
+        self._arms = _Arms(None, replace(base, arm="active"))
         self._lock = threading.Lock()  # one apply at a time; tally updates
         self._tally = _Tally(None)
         self._counters: dict[tuple[str, str, str], Any] = {}  # label values -> prometheus child
@@ -185,10 +185,10 @@ class RolloutRuntimes:
             active = arms.active
             if active.policy != rollout.active:
                 active = active.activate(rollout.active)
-            canary = self._kept(arms.canary, rollout.canary, active)
+            canary = self._kept(arms.canary, rollout.canary, active, "canary")
             # Planning under the shadow creates the metric cells of its rules' L1 hits: it plans on metrics of
             # its own, so the served metrics show no series of a version that never served.
-            shadow = self._kept(arms.shadow, rollout.shadow, replace(active, metrics=CacheMetrics()))
+            shadow = self._kept(arms.shadow, rollout.shadow, replace(active, metrics=CacheMetrics()), "shadow")
             fraction = rollout.fraction if canary is not None else 0.0
             self._arms = _Arms(rollout, active, canary, fraction, shadow)
             ref = None if rollout.shadow is None else str(rollout.shadow.ref)
@@ -196,14 +196,16 @@ class RolloutRuntimes:
                 self._tally = _Tally(ref)
 
     @staticmethod
-    def _kept(old: CacheRuntime | None, policy: Policy | None, beside: CacheRuntime) -> CacheRuntime | None:
+    def _kept(
+        old: CacheRuntime | None, policy: Policy | None, beside: CacheRuntime, arm: str
+    ) -> CacheRuntime | None:
         """The runtime deciding by ``policy``'s rules: ``old`` if it already does (it shares the store with
         every activation), else a new one built from ``beside``."""
         if policy is None:
             return None
         if old is not None and old.policy == policy:
             return old
-        return beside.with_rules(policy)
+        return beside.with_rules(policy, arm=arm)
 
     def arm_for(self, request_key: bytes | str) -> RolloutArm:
         """The arm of the request with ``request_key``: the canary on its fraction of keys (``canary_for``:

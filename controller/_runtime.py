@@ -113,6 +113,9 @@ class CacheRuntime:
     # The SLO breakers of the policy's rules (controller._slo); built for `policy` when not given, and anew by
     # `activate`. Stateful, so carried by every `replace` that keeps the policy.
     slo: SloBreakers | None = field(default=None, compare=False)
+    # The rollout arm whose rules this runtime enforces (``active``, ``canary``, ``shadow``; empty outside a
+    # rollout): what a call's outcome names as its arm.
+    arm: str = field(default="", compare=False)
     # What the L1 hit path reads, in one flat tuple: (generation, *l1.hot_read (Nones without an L1), clock,
     # events.record, policy_ref, slo.bypassing).
     hot: tuple = field(init=False, default=())
@@ -169,18 +172,19 @@ class CacheRuntime:
         slo = SloBreakers(policy, clock=self.clock, metrics=self.metrics, events=self.events)
         return replace(self, policy=policy, generation=next(_generation), slo=slo)
 
-    def with_rules(self, policy: Policy | None) -> CacheRuntime:
+    def with_rules(self, policy: Policy | None, *, arm: str = "") -> CacheRuntime:
         """A runtime on this one's store whose calls ``policy``'s rules decide: a canary's or a shadow's arm.
 
         It shares the store, events, metrics, semantic layer and tenant holder, so quotas and eviction stay
         those of the policy activated on the store (``activate``); only the rules differ. Its ``policy_ref``
         is ``policy``'s, so every access event it emits names the version that decided, and it is a new
-        generation, so no plan memoised under other rules is reused. ``StoreConfigError`` for a policy this
+        generation, so no plan memoised under other rules is reused; ``arm`` names it in call outcomes.
+        ``StoreConfigError`` for a policy this
         store cannot enforce (``check_policy``); nothing is built then.
         """
         _policy_or_none("with_rules", policy)
         check_policy(policy, self.config)
-        return replace(self, policy=policy, generation=next(_generation))
+        return replace(self, policy=policy, generation=next(_generation), arm=arm)
 
     def flush(self) -> None:
         """Write out buffered events (a JSONL sink buffers a batch)."""

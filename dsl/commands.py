@@ -106,7 +106,7 @@ def diff(
     if as_json:
         typer.echo(result.to_json())
     elif not result.empty:
-        _print_diff(result.text)
+        print_diff(result.text)
         typer.echo("")
         for change in result.changes:
             typer.echo(str(change))
@@ -127,7 +127,8 @@ def show(file: Annotated[Path, typer.Argument(metavar="FILE", help="A policy doc
 _DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("@@", "cyan"), ("+", "green"), ("-", "red"))
 
 
-def _print_diff(text: str) -> None:
+def print_diff(text: str) -> None:
+    """A unified policy diff to stdout: coloured on a terminal, plain text when piped or captured."""
     if not sys.stdout.isatty():  # piped or captured: plain text, and rich stays unimported
         typer.echo(text, nl=False)
         return

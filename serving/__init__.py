@@ -9,7 +9,15 @@ tenants need no Ray; ``build_app`` and the deployments import it when called. Se
 
 from ._affinity import BlockLedger
 from ._lazy import lazy_getattr as _lazy_getattr
-from ._model import ByteTokenizer, CallableGenerator, GenerationParams, HFGenerator, ModelConfig, load_tokenizer
+from ._model import (
+    ByteTokenizer,
+    CallableGenerator,
+    GenerationParams,
+    HFGenerator,
+    ModelConfig,
+    Tokenizer,
+    load_tokenizer,
+)
 from ._request import Completion, Decision, Finish, GenerateRequest
 from ._auth import (
     AdminKeys,
@@ -70,8 +78,8 @@ _LAZY = {
     "LocalBackend": "._local",
     "merge_expositions": "._metrics",
     "ModelServer": "._server", "ServerSpec": "._server",
-    "ApiKeysConfig": "._app", "DeploymentConfig": "._app", "MetricsConfig": "._app", "RateConfig": "._app",
-    "ServingConfig": "._app",
+    "ApiKeysConfig": "._config", "DeploymentConfig": "._config", "MetricsConfig": "._config",
+    "RateConfig": "._config", "ServingConfig": "._config",
     "build_app": "._app", "start_local": "._app",
 }  # fmt: skip
 
@@ -100,6 +108,7 @@ __all__ = [
     "RateConfig",
     "ServerSpec",
     "ServingConfig",
+    "Tokenizer",
     "build_app",
     "build_fastapi",
     "load_tokenizer",

@@ -36,9 +36,8 @@ import redis
 import yaml
 from redis.cluster import RedisCluster
 
-from evocache.controller import Tenant, namespace_for
-from evocache.controller._files import NotARegularFile, read_bounded
-from evocache.controller._redis_client import REDIS_ERRORS, connect
+from evocache.controller import REDIS_ERRORS, NotARegularFile, Tenant, namespace_for, read_bounded
+from evocache.controller import connect_redis as connect
 
 from .errors import Forbidden, RateLimited, ServingConfigError, Unauthenticated, Unavailable
 
@@ -317,5 +316,6 @@ def tenant_rates(policy: Any, default: Rate | None) -> tuple[Rate | None, dict[s
     rates: dict[str, Rate] = {}
     for name, spec in policy.tenants.items():
         if spec.rate is not None:
-            rates[name] = Rate(float(spec.rate), float(spec.burst or max(1.0, spec.rate)))
+            assert spec.burst is not None  # dsl fills it in with the rate (TenantSpec)
+            rates[name] = Rate(float(spec.rate), float(spec.burst))
     return rates.pop("default", default), rates

@@ -87,20 +87,17 @@ def serve(
     = None,
 ) -> None:
     """Serve a model with evocache behind an OpenAI-compatible API on a local Ray."""
-    from evocache.controller._commands import Failed, usage  # noqa: PLC0415
+    from evocache.controller.cli_errors import usage  # noqa: PLC0415
 
     try:
-        try:
-            serving_config, generated, policy_file = _config(
-                model=model, model_id=model_id, tokenizer=tokenizer, callable_=callable_, contract=contract,
-                policy=policy, store=store, redis_url=redis_url, keys=keys, replicas=replicas,
-                num_cpus=num_cpus, max_ongoing_requests=max_ongoing_requests, host=host, port=port,
-                metrics_key=metrics_key, metrics_port=metrics_port, workdir=workdir, config=config)
-        except (ValueError, OSError) as exc:
-            raise usage("serve", str(exc)) from None
-        ref = _apply_policy(serving_config, policy_file)
-    except Failed as failed:
-        raise typer.Exit(failed.code) from None
+        serving_config, generated, policy_file = _config(
+            model=model, model_id=model_id, tokenizer=tokenizer, callable_=callable_, contract=contract,
+            policy=policy, store=store, redis_url=redis_url, keys=keys, replicas=replicas,
+            num_cpus=num_cpus, max_ongoing_requests=max_ongoing_requests, host=host, port=port,
+            metrics_key=metrics_key, metrics_port=metrics_port, workdir=workdir, config=config)
+    except (ValueError, OSError) as exc:
+        raise usage("serve", str(exc)) from None
+    ref = _apply_policy(serving_config, policy_file)
     from ray import serve as ray_serve  # noqa: PLC0415 - Ray starts here
 
     from ._app import start_local  # noqa: PLC0415
@@ -130,10 +127,10 @@ def _config(*, model: Path, model_id: str, tokenizer: str | None, callable_: str
         PolicyStoreConfig,
         RedisConfig,
         StoreConfig,
+        default_policy_store,
     )
-    from evocache.controller._policy_store import DEFAULT_DIRECTORY, POLICY_STORE_ENV  # noqa: PLC0415
 
-    from ._app import ApiKeysConfig, DeploymentConfig, MetricsConfig, ServingConfig  # noqa: PLC0415
+    from ._config import ApiKeysConfig, DeploymentConfig, MetricsConfig, ServingConfig  # noqa: PLC0415
     from ._model import MINILM, ModelConfig  # noqa: PLC0415
     from ._server import ServerSpec  # noqa: PLC0415
 
@@ -158,7 +155,7 @@ def _config(*, model: Path, model_id: str, tokenizer: str | None, callable_: str
         store_config = StoreConfig(disk=DiskConfig(path=_abs(workdir / "l3")),
                                    events=EventsConfig(sink="jsonl", path=_abs(workdir / "events.jsonl")))
         # The policy commands' own default, so `evocache policy status` finds this store with no options.
-        named = store or Path(os.environ.get(POLICY_STORE_ENV) or DEFAULT_DIRECTORY)
+        named = store or Path(default_policy_store())
         policy_store = PolicyStoreConfig(directory=_abs(named))
     generated = None
     if keys is None:
@@ -180,7 +177,7 @@ def _config(*, model: Path, model_id: str, tokenizer: str | None, callable_: str
 def _apply_policy(config: Any, policy_file: Path | None) -> str | None:
     """Apply ``policy_file`` when the store has none active or an older version; the active ref after."""
     from evocache.controller import PolicyStoreError, open_policy_store  # noqa: PLC0415
-    from evocache.controller._commands import EXIT_FAILED, error  # noqa: PLC0415
+    from evocache.controller.cli_errors import EXIT_FAILED, error  # noqa: PLC0415
     from evocache.dsl import PolicyError, load_policy  # noqa: PLC0415
 
     spec = config.server.policy_store

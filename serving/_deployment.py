@@ -26,7 +26,7 @@ from ray import serve
 
 from evocache.controller import PolicyFollower, open_policy_store
 
-from ._app import MetricsConfig
+from ._config import MetricsConfig
 from ._auth import AdminKeys, FileKeyStore, KeyStore, Rate, RedisKeyStore, tenant_rates
 from ._ingress import Api, build_fastapi, serve_metrics
 from ._metrics import merge_expositions

@@ -297,7 +297,7 @@ class HFGenerator:
                 out = self.model(input_ids=torch.tensor([ids], device=self.device), use_cache=True,
                                  **{self._cache_arg: cache})
             return cache, out.logits
-        hashes = kv.hashes(ids, kv_plan.salt)
+        hashes = kv_plan.hashes or kv.hashes(ids, kv_plan.salt)
         ticket = kv.enqueue(hashes)
         prefetch = kv.start_prefetch(kv_plan, hashes) if kv.config.prefetch else None
         waited = time.perf_counter()

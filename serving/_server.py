@@ -23,11 +23,9 @@ entry, and a hit replays the pieces the first answer streamed.
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,6 +34,8 @@ from evocache.controller import (
     Admission,
     BlockHash,
     CacheRuntime,
+    CallHandle,
+    CallOutcome,
     PolicyFollower,
     PolicyStoreConfig,
     RolloutRuntimes,
@@ -43,7 +43,6 @@ from evocache.controller import (
     StoreConfig,
     build_runtime,
     cache_if,
-    namespace_for,
     open_policy_store,
     tenant_scope,
     use_runtime,
@@ -62,12 +61,10 @@ from ._model import (
 )
 from ._request import Completion, Decision, Finish, GenerateRequest
 from .kv._cache import SHARED_SALT, KvConfig, KvPlan, KvPrefixCache, KvUsage
-from .kv._metrics import KvMetrics, deepest_tier
+from .kv._metrics import KvMetrics
 from .kv._store import BlockGeometry
 
 log = logging.getLogger("evocache.serving")
-
-_DECISIONS = frozenset({"hit", "miss", "bypass"})
 
 
 class ServerSpec(BaseModel):
@@ -95,58 +92,7 @@ def same_answer(a: list[str], b: list[str]) -> bool:
     return "".join(a) == "".join(b)
 
 
-@dataclass(slots=True)
-class _Call:
-    """One request in progress: the access-event records its call made (``DecisionTap``), and what the model
-    call needs besides its arguments: the request, the policy of its arm, and the KV cache's usage."""
-
-    request: GenerateRequest
-    policy: Any
-    records: list = field(default_factory=list)
-    kv: KvUsage | None = None
-
-
-# The call in progress: set around each step of a call, never across a yield.
-_slot: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("evocache_serving_call", default=None)
-
-
-class DecisionTap:
-    """An event sink in front of the replica's own: it also hands each record to the call that made it, so the
-    call can say in its response headers what the cache did."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self._record = inner.record
-
-    @property
-    def errors(self) -> int:
-        return self.inner.errors
-
-    def record(self, rec: tuple) -> None:
-        call = _slot.get()
-        if call is not None:
-            call.records.append(rec)
-        self._record(rec)
-
-    def flush(self) -> None:
-        self.inner.flush()
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def __getattr__(self, name: str) -> Any:  # what a sink offers besides the protocol (RingSink.events)
-        return getattr(self.inner, name)
-
-
 _END = object()
-
-
-def _step(it: Iterator[str], call: _Call) -> Any:
-    token = _slot.set(call)
-    try:
-        return next(it, _END)
-    finally:
-        _slot.reset(token)
 
 
 class ModelServer:
@@ -156,9 +102,7 @@ class ModelServer:
         self.replica_id = replica_id
         self.tokenizer = tokenizer or load_tokenizer(spec.model.tokenizer_source)
         self.generator = generator or load_generator(spec.model, self.tokenizer)
-        base = runtime or build_runtime(spec.store)
-        self.tap = DecisionTap(base.events)
-        self.runtime = replace(base, events=self.tap)
+        self.runtime = runtime or build_runtime(spec.store)
         self.rollouts = RolloutRuntimes(self.runtime)
         self.ledger = BlockLedger(capacity_blocks=spec.ledger_blocks)
         # With a KV cache: each recorded checkpoint -> (its request's blocks, its index), so a report can say
@@ -184,6 +128,8 @@ class ModelServer:
             name=f"evocache.serving:{model.id}",
             admission=Admission(stream=True),
             semantic=SemanticOptions(text="prompt", text_forms=("input_ids",), judge=same_answer),
+            ignore=("chunks", "blocks"),
+            call_param="call",
         )(self._answer)
         self.policy_store = None
         self.follower: PolicyFollower | None = None
@@ -194,43 +140,44 @@ class ModelServer:
             self.follower.poll()  # the first rollout before the first request
             self.follower.start()
 
-    # The function the contract is enforced on; its parameters are the request view.
+    # The function the contract is enforced on; its parameters are the request view (but ``chunks``, which
+    # only places KV chunk reuse, ``blocks``, the prompt's block hashes the ingress computed under the tenant's
+    # salt, and ``call``, the cache's handle of this call).
     def _answer(self, prompt: str, input_ids: list[int], max_tokens: int, temperature: float, top_p: float,
-                top_k: int, seed: int | None, stop: list[str], endpoint: str) -> Iterator[str]:
+                top_k: int, seed: int | None, stop: list[str], endpoint: str, *, chunks: tuple[int, ...] = (),
+                blocks: tuple[BlockHash, ...] = (), call: CallHandle) -> Iterator[str]:
         params = GenerationParams(max_tokens, temperature, top_p, seed, tuple(stop))
-        call = _slot.get()
-        if self.kv is None or call is None:
+        if self.kv is None:
             yield from apply_stop(self.generator.stream(prompt, input_ids, params), stop)
             return
-        call.kv = KvUsage()
-        plan = self._kv_plan(call)
+        assert call.decided is not None and self.kv_metrics is not None  # decided before the model runs
+        usage = KvUsage()
+        plan = self._kv_plan(call.decided, len(input_ids), chunks, blocks)
         if not plan.enabled:
-            call.kv.miss = plan.reason
-            call.kv.prompt_tokens = call.kv.recomputed = len(input_ids)
-        yield from apply_stop(self.generator.stream(prompt, input_ids, params, plan, call.kv), stop)
+            usage.miss = plan.reason
+            usage.prompt_tokens = usage.recomputed = len(input_ids)
+        yield from apply_stop(self.generator.stream(prompt, input_ids, params, plan, usage), stop)
+        # The stream ran to its end: its usage is counted and travels in the call's outcome and kv event.
+        self.kv_metrics.observe(usage)
+        call.report_kv(usage.report())
 
-    def _kv_plan(self, call: _Call) -> KvPlan:
-        """What the KV cache may do for this request: the rule's ``kv:`` (the arm's policy decides on the
-        request view), or with no policy, prefix reuse in every tier."""
-        request = call.request
-        salt = str(namespace_for(request.tenant))
-        if call.policy is None:
-            return KvPlan(salt=salt)
-        decision = call.policy.decide(self._view(request))
-        spec = decision.kv  # resolved: every field filled in; None when the rule switches KV reuse off
+    @staticmethod
+    def _kv_plan(decided: CallOutcome, prompt_tokens: int, chunks: tuple[int, ...],
+                 blocks: tuple[BlockHash, ...] = ()) -> KvPlan:
+        """What the KV cache may do for this request: the rule's ``kv:`` as the policy resolved it for the call
+        (``CallOutcome.decision``), or with no policy, prefix reuse in every tier. ``blocks``: the prompt's
+        block hashes under the tenant's salt (the ingress's), reused unless the rule shares prefixes."""
+        salt = str(decided.ns)
+        if decided.decision is None:
+            return KvPlan(salt=salt, hashes=blocks)
+        spec = decided.decision.kv  # resolved: every field filled in; None when the rule switches KV reuse off
         if spec is None:
             return KvPlan(salt=salt, enabled=False, reason="off")
-        if len(request.input_ids) < spec.min_tokens:
+        if prompt_tokens < spec.min_tokens:
             return KvPlan(salt=salt, enabled=False, reason="below-min-tokens")
         return KvPlan(salt=SHARED_SALT if spec.shared_prefixes else salt, tiers=tuple(spec.tiers), mode=spec.reuse,
                       recompute_tokens=spec.recompute_tokens, recompute_fraction=float(spec.recompute_fraction),
-                      chunks=request.chunks)
-
-    def _view(self, request: GenerateRequest) -> dict[str, Any]:
-        """The request view a policy decides on: the answer function's arguments, and what the contract adds."""
-        return {**self._kwargs(request), "stream": request.stream,
-                "tenant": {"id": request.tenant, "tier": request.tenant_tier},
-                "model": self.spec.model.id, "model_revision": self.spec.model.revision}
+                      chunks=chunks, hashes=() if spec.shared_prefixes else blocks)
 
     # -- requests ----------------------------------------------------------------------------------------
 
@@ -241,27 +188,21 @@ class ModelServer:
         try:
             arm, rt = self.rollouts.arm_for(request.rollout_key)
             kwargs = self._kwargs(request)
-            call = _Call(request, rt.policy)
-            token = _slot.set(call)
-            try:
-                with use_runtime(rt), tenant_scope(request.tenant, request.tenant_tier):
-                    pieces = iter(self.answer(**kwargs))
-                    self.rollouts.compare(self.answer, (), kwargs, base=rt)
-            finally:
-                _slot.reset(token)
-            first = _step(pieces, call)
-            yield self._decision(call.records, arm, rt)
+            with use_runtime(rt), tenant_scope(request.tenant, request.tenant_tier):
+                pieces = self.answer.call(**kwargs, chunks=request.chunks, blocks=request.blocks)
+                self.rollouts.compare(self.answer, (), kwargs, base=rt)
+            first = next(pieces, _END)
+            yield self._decision(pieces.handle, arm)
             text = []
             piece = first
             while piece is not _END:
                 text.append(piece)
                 yield piece
-                piece = _step(pieces, call)
+                piece = next(pieces, _END)
             completion = self._completion_tokens(text, bool(request.stop))
             self._served(request.blocks)
-            if call.kv is not None:
-                self._kv_used(call, rt)
-            cached = call.kv.cached_tokens if call.kv is not None else 0
+            outcome = pieces.handle.outcome
+            cached = outcome.kv.cached_tokens if outcome is not None and outcome.kv is not None else 0
             yield Finish("length" if completion >= request.max_tokens else "stop", len(request.input_ids),
                          completion, cached)
         finally:
@@ -284,7 +225,7 @@ class ModelServer:
 
     def _completion_tokens(self, pieces: list[str], stopped: bool) -> int:
         """A model's pieces are its tokens (unless stop sequences re-cut them); else the text's token count."""
-        if getattr(self.generator, "pieces_are_tokens", False) and not stopped:
+        if self.generator.pieces_are_tokens and not stopped:
             return len(pieces)
         return len(self.tokenizer.encode("".join(pieces))) if pieces else 0
 
@@ -302,26 +243,13 @@ class ModelServer:
         assert decision is not None and finish is not None  # stream() always yields both
         return Completion(decision, "".join(text), finish)
 
-    def _kv_used(self, call: _Call, rt: CacheRuntime) -> None:
-        """Count the call's KV usage and record it as a ``kv`` access event beside the call's decision (its
-        key, namespace, rule and policy: the event joins the miss it follows)."""
-        usage = call.kv
-        assert usage is not None and self.kv_metrics is not None  # set together, by the model call
-        self.kv_metrics.observe(usage)
-        decided = next((rec for rec in call.records if rec[5] in _DECISIONS), None)
-        key, ns, rule, policy, fn = (decided[1], decided[2], decided[3], decided[4], decided[10]) if decided \
-            else ("", str(namespace_for(call.request.tenant)), "", rt.policy_ref, "")
-        # A plain tuple in AccessEvent field order (controller._events), the usage in its last field.
-        rt.events.record((rt.clock(), key, ns, rule, policy, "kv", deepest_tier(usage), usage.cached_tokens,
-                          usage.load_ms, 0.0, fn, usage.miss, None, usage.as_dict()))
-
-    def _decision(self, records: list, arm: str, rt: CacheRuntime) -> Decision:
-        for rec in records:
-            if rec[5] in _DECISIONS:
-                return Decision(outcome=rec[5], tier=rec[6] or "", rule=rec[3], policy=rec[4], arm=arm,
-                                replica=self.replica_id, reason=rec[11] or "")
-        # No decision recorded: the call raised before its lookup; the model is still asked (the stream does).
-        return Decision("miss", "", "", rt.policy_ref, arm, self.replica_id, "no-decision")
+    def _decision(self, handle: CallHandle, arm: str) -> Decision:
+        """What the response headers say: the call's decision (known once its first piece is out, or its
+        stream ended), the arm and this replica."""
+        decided = handle.decided
+        assert decided is not None  # the cache decides every call before its first piece or its end
+        return Decision(outcome=decided.outcome, tier=decided.tier or "", rule=decided.rule,
+                        policy=decided.policy, arm=arm, replica=self.replica_id, reason=decided.reason)
 
     # -- what the router, health checks and /metrics read -------------------------------------------------
 

@@ -57,7 +57,7 @@ def test_a_misspelt_option_is_a_type_error_listing_the_options():
         cache_if("true", tll="5m")
     assert str(err.value) == (
         "cache_if() got an unexpected keyword argument 'tll'; its options: ['ttl', 'model', 'model_revision', "
-        "'prompt_template', 'name', 'ignore', 'store', 'serializer', 'admission', 'semantic']"
+        "'prompt_template', 'name', 'ignore', 'store', 'serializer', 'admission', 'semantic', 'call_param']"
     )
     with pytest.raises(TypeError, match="unexpected keyword argument 'slidng'"):
         Admission(slidng=True)

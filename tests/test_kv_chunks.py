@@ -19,19 +19,21 @@ torch = pytest.importorskip("torch")
 from transformers import DynamicCache  # noqa: E402
 
 from evocache.controller import (  # noqa: E402
+    CallId,
+    CallOutcome,
     DiskConfig,
     EventsConfig,
     RedisConfig,
     StoreConfig,
     build_runtime,
     namespace_for,
+    tenant_scope,
 )
 from evocache.dsl import parse_policy  # noqa: E402
 from evocache.serving import GenerationParams, ModelConfig, ModelServer, ServerSpec, load_tokenizer  # noqa: E402
 from evocache.serving._ingress import chat_chunks  # noqa: E402
 from evocache.serving._model import HFGenerator  # noqa: E402
 from evocache.serving._request import GenerateRequest  # noqa: E402
-from evocache.serving._server import _Call  # noqa: E402
 from evocache.serving.kv import KvConfig, KvPlan, KvPrefixCache, KvUsage  # noqa: E402
 from evocache.serving.kv._chunks import chunk_spans, refresh_positions  # noqa: E402
 from evocache.serving.kv._store import BlockGeometry  # noqa: E402
@@ -289,12 +291,21 @@ def test_the_server_plans_chunks_only_for_a_chunks_rule(generator):
     request = GenerateRequest("r", "chat", "tiny-llama", "", tuple(SECOND), (), "acme", "free", 4, 0.0, 1.0,
                               None, (), chunks=SECOND_CHUNKS)
     chunks = parse_policy(head + "defaults: {kv: {reuse: chunks, recompute_fraction: 0.25}}\n")
-    got = server._kv_plan(_Call(request, chunks))
+    got = server._kv_plan(_decided(server, request, chunks), len(request.input_ids), request.chunks)
     assert (got.mode, got.recompute_tokens, got.recompute_fraction, got.chunks) == ("chunks", 16, 0.25,
                                                                                      SECOND_CHUNKS)
     prefix = parse_policy(head + "defaults: {kv: {reuse: prefix}}\n")
-    assert server._kv_plan(_Call(request, prefix)).mode == "prefix"
+    assert server._kv_plan(_decided(server, request, prefix), len(request.input_ids), request.chunks).mode \
+        == "prefix"
     server.close()
+
+
+def _decided(server: ModelServer, request: GenerateRequest, policy) -> CallOutcome:
+    """The outcome the cache decides for ``request`` under ``policy`` (its plan, as a call would make it)."""
+    rt = server.runtime.with_rules(policy)
+    with tenant_scope(request.tenant, request.tenant_tier):
+        plan = server.answer.cached_function.contract.plan(rt, (), server._kwargs(request))
+    return CallOutcome(CallId("c-1"), "miss", plan.rule, rt.policy_ref, "", plan.key, plan.ns, plan.decision)
 
 
 class _Glued:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # builds and installs the wheel and runs its console script
+
 ROOT = Path(__file__).resolve().parents[1]
 ROOMS = ("dsl", "controller", "serving", "agents", "cli")
 

@@ -113,6 +113,7 @@ def evocache_command() -> str:
     return str(script)
 
 
+@pytest.mark.slow
 def test_installed_entry_point_checks_files() -> None:
     done = subprocess.run(
         [evocache_command(), "policy", "check", str(V7), str(BROKEN / "unknown-tier.yaml")],
@@ -147,6 +148,7 @@ def test_commands_import_nothing_heavy(module: str) -> None:
     assert done.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_check_refuses_what_the_controller_cannot_enforce(tmp_path):
     from evocache.cli.app import app as evocache
 
@@ -214,6 +216,7 @@ def test_help_is_plain_text_and_explains_each_argument(command: str, arguments: 
         assert help_text in text
 
 
+@pytest.mark.slow
 def test_installed_entry_point_applies_a_shadow_and_shows_it(tmp_path: Path) -> None:
     store = tmp_path / "policies"
     docs = []
@@ -240,6 +243,7 @@ def test_installed_entry_point_applies_a_shadow_and_shows_it(tmp_path: Path) -> 
         ["apply", "chat@1"], ["shadow", "chat@2"]]
 
 
+@pytest.mark.slow
 def test_apply_help_explains_the_shadow() -> None:
     from evocache.cli.app import app as evocache
 

@@ -314,6 +314,7 @@ def server() -> Iterator[EmbeddingsServer]:
     srv.close()
 
 
+@pytest.mark.slow
 def test_openai_adapter_embeds_over_http(server):
     emb = OpenAIEmbedder(server.base_url, "text-embedding-3-small", api_key="sk-test", dim=16)
     vecs = emb.embed(["alpha", "beta", "alpha"])
@@ -329,6 +330,7 @@ def test_openai_adapter_embeds_over_http(server):
     assert emb.name == f"openai:text-embedding-3-small@{server.base_url}"
 
 
+@pytest.mark.slow
 def test_openai_adapter_splits_into_batch_size_requests(server):
     emb = OpenAIEmbedder(server.base_url, "m", batch_size=2)
     vecs = emb.embed(["a", "b", "c"])
@@ -337,12 +339,14 @@ def test_openai_adapter_splits_into_batch_size_requests(server):
     assert "Authorization" not in server.headers[0]
 
 
+@pytest.mark.slow
 def test_openai_adapter_learns_dim_from_a_probe(server):
     emb = OpenAIEmbedder(server.base_url, "m")
     assert emb.dim == 16
     assert len(server.requests) == 1
 
 
+@pytest.mark.slow
 def test_openai_error_response_is_a_clear_error(server):
     emb = OpenAIEmbedder(server.base_url, "missing-model")
     with pytest.raises(EmbeddingError) as info:
@@ -350,16 +354,19 @@ def test_openai_error_response_is_a_clear_error(server):
     assert str(info.value) == f"{server.base_url}/embeddings: HTTP 400: model 'missing-model' does not exist"
 
 
+@pytest.mark.slow
 def test_openai_malformed_reply_is_a_clear_error(server):
     with pytest.raises(EmbeddingError, match="reply is not an embeddings response"):
         OpenAIEmbedder(server.base_url, "garbled").embed(["x"])
 
 
+@pytest.mark.slow
 def test_openai_wrong_dimension_is_a_clear_error(server):
     with pytest.raises(EmbeddingError, match="expected dimension 384, got 16"):
         OpenAIEmbedder(server.base_url, "m", dim=384).embed(["x"])
 
 
+@pytest.mark.slow
 def test_openai_unreachable_endpoint_is_a_clear_error(server):
     url = server.base_url
     server.close()  # nothing listens on the port any more

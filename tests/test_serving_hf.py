@@ -12,6 +12,8 @@ from _serving_fixtures import KEYS, UvicornThread, write_keys
 from evocache.controller import EventsConfig, StoreConfig
 from evocache.serving import Api, FileKeyStore, LocalBackend, ModelConfig, ModelServer, ServerSpec, build_fastapi
 
+pytestmark = pytest.mark.slow  # a uvicorn server in front of a Hugging Face model
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-llama"
 ACME = next(iter(KEYS))
 

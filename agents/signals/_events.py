@@ -44,8 +44,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from evocache.controller import EVENT_OUTCOMES as OUTCOMES
 from evocache.controller import AccessEvent
-from evocache.controller._events import OUTCOMES
 
 from .._types import Outcome, Request, Series, step_series
 from ..errors import SignalUnavailable
@@ -205,7 +205,8 @@ class RedisStreamTail(_Skips):
         batch: int = 1000,
         max_entries: int = 100_000,
     ) -> None:
-        from evocache.controller._redis_client import REDIS_ERRORS, connect
+        from evocache.controller import REDIS_ERRORS
+        from evocache.controller import connect_redis as connect
 
         if client is None:
             if url is None:

@@ -21,11 +21,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from .._commands import EXIT_FAILED
-from .._commands import Failed as _Failed
-from .._commands import error as _error
-from .._commands import usage as _usage
-from .._commands import writable as _writable
+from ..cli_errors import EXIT_FAILED
+from ..cli_errors import error as _error
+from ..cli_errors import usage as _usage
+from ..cli_errors import writable as _writable
 
 if TYPE_CHECKING:
     import random
@@ -69,7 +68,7 @@ def _bench_group() -> None:
     # A callback keeps `eviction` a subcommand: a one-command typer app would otherwise take its options itself.
 
 
-# -- option parsing: each turns one option's text into a value, or prints why not and raises _Failed (exit 2) --
+# -- option parsing: each turns one option's text into a value, or prints why not and raises Failed (exit 2) ---
 
 
 def _parse_sizes(text: str) -> tuple[float, ...]:
@@ -246,12 +245,9 @@ def eviction(
     arrival span, and the requests waiting at a service start, on average and at most. The JSON's own
     "requests" counts cache requests: block accesses, one per block of each LLM request on a Mooncake trace.
     """
-    try:
-        _bench(trace_path, json_out, trace_format.value, sizes_text, policies_text, plot,
-               unit.value if unit is not None else None, csv_columns, block_tokens, skip_bad, peers, utilisation,
-               output_lengths)
-    except _Failed as failed:
-        raise typer.Exit(failed.code) from None
+    _bench(trace_path, json_out, trace_format.value, sizes_text, policies_text, plot,
+           unit.value if unit is not None else None, csv_columns, block_tokens, skip_bad, peers, utilisation,
+           output_lengths)
 
 
 def _reflow(doc: str) -> str:
@@ -352,7 +348,7 @@ def _bench(trace_path: Path, json_out: Path | None, trace_format: str, sizes_tex
 
 def _read(path: Path, fmt: str, columns: CsvColumns | None, block_tokens: int,
           skip_bad: bool, output_lengths: bool = False) -> tuple[list[Access], int]:
-    """The whole trace and the number of lines skipped; prints and raises ``_Failed`` when it cannot be read."""
+    """The whole trace and the number of lines skipped; prints and raises ``Failed`` when it cannot be read."""
     from ..errors import TraceError
     from ._readers import NO_SIZES_HINT, ReadStats, read_trace
 

@@ -34,7 +34,14 @@ from ._decide import (
     neighbourhood,
 )
 from ._config import EMBEDDERS, EmbedderConfig, SemanticConfig
-from ._embed import BatchingEmbedder, Embedder, OpenAIEmbedder, SentenceTransformerEmbedder, default_embedder
+from ._embed import (
+    BatchingEmbedder,
+    Embedder,
+    OpenAIEmbedder,
+    SentenceTransformerEmbedder,
+    default_embedder,
+    precomputed_embedder,
+)
 from ._index import IndexOptions, Neighbour, Scope, ScopedIndex, SemanticIndex, VectorIndex
 from ._shared import Change, SharedEntry, SharedIndex, SharedStats
 
@@ -75,4 +82,5 @@ __all__ = [
     "VectorIndex",
     "default_embedder",
     "neighbourhood",
+    "precomputed_embedder",
 ]

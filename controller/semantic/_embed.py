@@ -408,3 +408,12 @@ def default_embedder() -> BatchingEmbedder:
     Built on first call (loading the model takes a few seconds) and reused after.
     """
     return BatchingEmbedder(SentenceTransformerEmbedder())
+
+
+def precomputed_embedder(texts: Sequence[str], embedder: Embedder, cache_dir: str | Path | None) -> Embedder:
+    """An ``Embedder`` over ``texts`` alone, embedded by ``embedder`` once, up front, in batches: what a replay
+    of recorded prompts uses. The vectors are kept as ``.npy`` under ``cache_dir`` (keyed by the embedder's name
+    and the texts), so a second replay skips the model. A text outside ``texts`` raises ``KeyError``."""
+    from ._vectors import embedded_table
+
+    return embedded_table([texts], embedder, cache_dir)

@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from .._commands import EXIT_FAILED, EXIT_USAGE
-from .._commands import Failed as _Failed
-from .._commands import error as _error
-from .._commands import usage as _usage
-from .._commands import writable as _writable
+from ..cli_errors import EXIT_FAILED, EXIT_USAGE
+from ..cli_errors import error as _error
+from ..cli_errors import usage as _usage
+from ..cli_errors import writable as _writable
 from ._config import DEFAULT_JUDGE_BUDGET
 
 if TYPE_CHECKING:
@@ -114,11 +113,8 @@ def semantic(
     queries. Pairs: store a, look up b (pairs shuffled by --seed, in one scope); hits and traps served per
     category, for evocache and for static thresholds.
     """
-    try:
-        _bench(data, delta, json_out, embedder_spec, seed, shuffle, explore, mode, threshold, warmup,
-               embed_cache, classify, _judge_budget(judge_budget))
-    except _Failed as failed:
-        raise typer.Exit(failed.code) from None
+    _bench(data, delta, json_out, embedder_spec, seed, shuffle, explore, mode, threshold, warmup, embed_cache,
+           classify, _judge_budget(judge_budget))
 
 
 def _judge_budget(text: str) -> float | None:

@@ -38,7 +38,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from evocache.controller import BlockHash, Entry, EntryInfo, TierError, block_hashes
+from evocache.controller import BlockHash, Entry, EntryInfo, KvReport, TierError, block_hashes
 from evocache.controller.eviction import QueuedRequest
 
 from ._chunks import ChunkBlock, chunk_salt, decode_chunk_group, encode_chunk_group
@@ -89,6 +89,12 @@ class KvUsage:
     def cached_tokens(self) -> int:
         return sum(self.reused.values())
 
+    def report(self) -> KvReport:
+        """This usage as the call's outcome carries it (``controller.KvReport``)."""
+        held = [tier for tier in ("l1", "l2", "l3") if self.reused.get(tier)]
+        return KvReport(self.prompt_tokens, self.cached_tokens, held[-1] if held else None, self.load_ms,
+                        self.miss, self.as_dict())
+
     def as_dict(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
                 "reused": dict(self.reused), "recomputed": self.recomputed, "load_ms": round(self.load_ms, 3),
@@ -102,7 +108,8 @@ class KvPlan:
     whether it may use the cache at all (``reason`` when not), and its ``mode``: ``prefix`` (exact) or
     ``chunks`` (also cached chunks at other positions, recomputing the first ``recompute_tokens`` tokens and
     a share ``recompute_fraction`` of each reused chunk; ``chunks``: the token offsets where the prompt's
-    chunks start, from ``GenerateRequest.chunks``)."""
+    chunks start, from ``GenerateRequest.chunks``). ``hashes``: the prompt's block hashes under ``salt`` when
+    the caller has them (the ingress computes them for the router); else the cache hashes the prompt."""
 
     salt: str
     tiers: tuple[str, ...] = ("l1", "l2", "l3")
@@ -112,6 +119,7 @@ class KvPlan:
     recompute_tokens: int = 0
     recompute_fraction: float = 0.0
     chunks: tuple[int, ...] = ()
+    hashes: tuple[BlockHash, ...] = ()
 
 
 class KvPrefixCache:

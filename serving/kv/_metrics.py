@@ -90,9 +90,3 @@ class KvMetrics:
         rate = self.cache.reuse_rate()
         self.reuse_rate.set(rate)
         return rate
-
-
-def deepest_tier(usage: KvUsage) -> str | None:
-    """The lowest tier (l1, then l2, then l3) any of the request's reused tokens came from; None when none."""
-    held = [tier for tier in TIERS if usage.reused.get(tier)]
-    return held[-1] if held else None

@@ -1,8 +1,14 @@
-"""What the controller's `evocache` commands share: how a command fails with a message and an exit status.
+"""How an `evocache` command fails, for every room's commands: one plain line to stderr, then an exit status.
 
-A command's helpers print one plain line to stderr and raise ``Failed``; the command catches it and exits with
-its code. (A plain line, not click's usage box: rich would wrap a long list of known names at 80 columns.)
-Output paths are checked before the work starts (``writable``).
+    from evocache.controller.cli_errors import EXIT_FAILED, error, usage
+
+    raise error(f"error: {path}: not UTF-8 text", EXIT_FAILED)   # exit 1
+    raise usage("--window", "must be at least 10")                 # "error: --window: ...", exit 2
+
+``Failed`` is a ``typer.Exit``: raised anywhere under a command, it ends the command with its code. A plain line,
+not click's usage box: rich would wrap a long list of known names at 80 columns. Output paths are checked before
+the work starts (``writable``). The dsl room, which imports no other room, keeps its own (`evocache policy
+check`'s codes).
 """
 
 from __future__ import annotations
@@ -15,14 +21,16 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 
-class Failed(Exception):
+class Failed(typer.Exit):
     """Raised after the message is printed; ``code`` is the exit status."""
 
     def __init__(self, code: int) -> None:
+        super().__init__(code)
         self.code = code
 
 
 def error(message: str, code: int) -> Failed:
+    """Print ``message`` to stderr as it is; the ``Failed`` to raise."""
     typer.echo(message, err=True)
     return Failed(code)
 

@@ -9,7 +9,6 @@ read.
 
 from __future__ import annotations
 
-import os
 from datetime import datetime, timezone
 from pathlib import Path
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
-from ._commands import EXIT_FAILED, EXIT_USAGE, Failed, error, usage
+from .cli_errors import EXIT_FAILED, EXIT_USAGE, Failed, error, usage
 
 if TYPE_CHECKING:
     from ._policy_store import PolicyState, PolicyStore
@@ -37,13 +36,13 @@ PrefixOption = Annotated[str, typer.Option("--prefix", help="The Redis store's k
 
 
 def _open(store: Path | None, redis_url: str | None, prefix: str) -> PolicyStore:
-    from ._policy_store import DEFAULT_DIRECTORY, POLICY_STORE_ENV, PolicyStoreConfig, open_policy_store
+    from ._policy_store import PolicyStoreConfig, default_policy_store, open_policy_store
     from .errors import StoreConfigError
 
     if store is not None and redis_url is not None:
         raise usage("--store/--redis", "give one store, not both")
     if store is None and redis_url is None:
-        named = os.environ.get(POLICY_STORE_ENV) or DEFAULT_DIRECTORY
+        named = default_policy_store()
         redis_url, store = (named, None) if named.startswith(_URL_SCHEMES) else (None, Path(named))
     try:
         config = PolicyStoreConfig(directory=None if store is None else str(store), redis_url=redis_url,
@@ -102,25 +101,22 @@ def apply(
     from .errors import StoreConfigError
 
     try:
-        try:
-            policy = load_policy(file)
-        except PolicyError as exc:
-            for issue in exc.issues:
-                typer.echo(str(issue))
-            raise Failed(EXIT_FAILED) from None
-        except OSError as exc:
-            raise error(f"error: {file}: {exc.strerror or exc}", EXIT_USAGE) from None
-        try:
-            check_policy(policy)
-        except StoreConfigError as exc:
-            raise error(f"{file}: {exc}", EXIT_FAILED) from None
-        if canary is not None and not 0.0 < canary < 1.0:
-            raise usage("--canary", f"{canary:g} must be above 0 and below 1")
-        if canary is not None and shadow:
-            raise usage("--canary/--shadow", "apply a policy as the canary or as the shadow, not both")
-        state = _run(_open(store, redis_url, prefix), lambda s: s.apply(policy, canary, shadow=shadow))
-    except Failed as failed:
-        raise typer.Exit(failed.code) from None
+        policy = load_policy(file)
+    except PolicyError as exc:
+        for issue in exc.issues:
+            typer.echo(str(issue))
+        raise Failed(EXIT_FAILED) from None
+    except OSError as exc:
+        raise error(f"error: {file}: {exc.strerror or exc}", EXIT_USAGE) from None
+    try:
+        check_policy(policy)
+    except StoreConfigError as exc:
+        raise error(f"{file}: {exc}", EXIT_FAILED) from None
+    if canary is not None and not 0.0 < canary < 1.0:
+        raise usage("--canary", f"{canary:g} must be above 0 and below 1")
+    if canary is not None and shadow:
+        raise usage("--canary/--shadow", "apply a policy as the canary or as the shadow, not both")
+    state = _run(_open(store, redis_url, prefix), lambda s: s.apply(policy, canary, shadow=shadow))
     _print_state(state)
 
 
@@ -141,11 +137,7 @@ def rollback(
 def _change_and_print(store: Path | None, redis_url: str | None, prefix: str,
                       operation: Callable[[PolicyStore], PolicyState]) -> None:
     """Run one state change on the store the options name and print the state after it; a failure exits."""
-    try:
-        state = _run(_open(store, redis_url, prefix), operation)
-    except Failed as failed:
-        raise typer.Exit(failed.code) from None
-    _print_state(state)
+    _print_state(_run(_open(store, redis_url, prefix), operation))
 
 
 def status(
@@ -153,10 +145,7 @@ def status(
 ) -> None:
     """Print the active policy, the canary, the shadow, the history, and the versions each replica reports
     running."""
-    try:
-        result = _run(_open(store, redis_url, prefix), lambda s: s.status())
-    except Failed as failed:
-        raise typer.Exit(failed.code) from None
+    result = _run(_open(store, redis_url, prefix), lambda s: s.status())
     _print_state(result.state)
     typer.echo("history:" if result.state.history else "history: none")
     for entry in result.state.history:

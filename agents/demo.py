@@ -7,7 +7,9 @@ What runs, all under ``--workdir`` (default ``.evocache/demo``, emptied first):
    ``examples/tiny-llama``, the packaged WordPiece tokenizer) with its KV prefix cache, L1 only (sized with
    ``--l1-kib`` so that what one tenant stores can push out another's), access events to ``events.jsonl``, and
    a policy store that the replica follows. Three API keys, one per tenant: ``acme`` and ``globex`` (tier
-   ``pro``) and ``batchco`` (tier ``batch``); the tenant comes from the key, never from the body.
+   ``pro``) and ``batchco`` (tier ``batch``); the tenant comes from the key, never from the body. The agents
+   room never imports serving: the `evocache` command hands ``run_demo`` the deployment (``DemoDeployment``,
+   ``evocache.cli``), and this module says where its parts go (``DemoSite``).
 2. A workload with a drift in the middle, sent through the official ``openai`` client over HTTP:
 
    - phase A: tenant ``acme``. Completions whose prompts follow the Mooncake trace's prefix structure (each of
@@ -34,21 +36,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import re
-import secrets
 import shutil
 import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._live import LiveLoop, default_signals, stop_signals
+
+if TYPE_CHECKING:
+    from evocache.controller import PolicyStore
 
 DEMO_POLICY = """\
 # The policy evocache demo starts with. Rules are tried in order; the first whose `when` holds decides.
@@ -104,6 +108,40 @@ class DemoOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class DemoSite:
+    """What the demo's deployment serves and where its parts go, all chosen by the demo: the model folder, the
+    API-key file (``tenants``: (tenant, tier) pairs, one key each), the access-event file the loop reads, the
+    policy store the replica follows (polled every ``poll_interval_s``), the folder of the loop's retrained
+    models, L1's size and the HTTP port on 127.0.0.1."""
+
+    model: Path
+    model_id: str
+    max_tokens: int
+    keys_file: Path
+    tenants: tuple[tuple[str, str], ...]
+    events: Path
+    policies: Path
+    poll_interval_s: float
+    models: Path
+    l1_bytes: int
+    port: int
+
+
+class DemoDeployment(Protocol):
+    """The serving side of the demo, which the `evocache` command hands in."""
+
+    def token_count(self, text: str) -> int:
+        """How many tokens the replica's tokenizer makes of ``text``."""
+        ...
+
+    def serve(self, site: DemoSite) -> AbstractContextManager[dict[str, str]]:
+        """Write one fresh API key per tenant of ``site`` (the file holds their digests only), start the
+        replica on ``site.port`` following ``site.policies``; the context yields tenant -> key and stops
+        serving on exit."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
 class DemoRequest:
     tenant: str
     endpoint: str  # "completions" or "chat"
@@ -124,16 +162,13 @@ class Served:
 # -- the workload -------------------------------------------------------------------------------------------
 
 
-def _vocabulary(root: Path) -> list[str]:
-    """Single-token words for the trace's blocks: Banking77's words that the WordPiece tokenizer keeps
-    whole."""
-    from evocache.serving._model import MINILM, load_tokenizer
-
-    tok = load_tokenizer(MINILM)
+def _vocabulary(root: Path, token_count: Callable[[str], int]) -> list[str]:
+    """Single-token words for the trace's blocks: Banking77's words that the replica's WordPiece tokenizer
+    keeps whole."""
     words: set[str] = set()
     for line in _jsonl(root / "examples/data/banking77_train.jsonl"):
         words.update(re.findall(r"[a-z]{3,}", line["prompt"].lower()))
-    single = sorted(w for w in words if len(tok.encode(w)) == 1)
+    single = sorted(w for w in words if token_count(w) == 1)
     if len(single) < 100:
         raise ValueError(f"only {len(single)} single-token words found for the demo's blocks")
     return single
@@ -154,10 +189,13 @@ def _block(vocab: Sequence[str], salt: str, hash_id: int) -> str:
     return " ".join(rng.choice(vocab) for _ in range(BLOCK_WORDS))
 
 
-def build_workload(root: Path, options: DemoOptions) -> list[list[DemoRequest]]:
-    """The demo's windows of requests (see the module docstring), the same for the same seed."""
+def build_workload(
+    root: Path, options: DemoOptions, token_count: Callable[[str], int]
+) -> list[list[DemoRequest]]:
+    """The demo's windows of requests (see the module docstring), the same for the same seed;
+    ``token_count`` is the replica's tokenizer's (``DemoDeployment.token_count``)."""
     rng = random.Random(options.seed)
-    vocab = _vocabulary(root)
+    vocab = _vocabulary(root, token_count)
     trace = _jsonl(root / "bench/data/mooncake_synthetic_trace.jsonl")
     banking = _jsonl(root / "examples/data/banking77_train.jsonl")
     clinc = _jsonl(root / "bench/data/clinc150_train.jsonl")
@@ -205,57 +243,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def write_keys(path: Path) -> dict[str, str]:
-    """One fresh API key per demo tenant; the file holds their digests only. Tenant -> key."""
-    from evocache.serving._auth import key_digest
-
-    keys = {tenant: "sk-evc-demo-" + secrets.token_urlsafe(18) for tenant, _ in TENANTS}
-    lines = ["keys:"]
-    for tenant, tier in TENANTS:
-        lines += [
-            f"  - sha256: {key_digest(keys[tenant]).hex()}",
-            f"    tenant: {tenant}",
-            f"    tier: {tier}",
-        ]
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write("\n".join(lines) + "\n")
-    return keys
-
-
-def serving_config(options: DemoOptions, workdir: Path, keys_file: Path, port: int) -> Any:
-    from evocache.controller import EventsConfig, L1Config, PolicyStoreConfig, StoreConfig
-    from evocache.serving._app import ApiKeysConfig, DeploymentConfig, ServingConfig
-    from evocache.serving._model import MINILM, ModelConfig
-    from evocache.serving._server import ServerSpec
-
-    model = ModelConfig(
-        kind="hf",
-        id=MODEL_ID,
-        path=str((options.root / "examples/tiny-llama").resolve()),
-        tokenizer=MINILM,
+def demo_site(options: DemoOptions, workdir: Path, port: int) -> DemoSite:
+    """Where the demo's deployment keeps its parts, under ``workdir``."""
+    return DemoSite(
+        model=(options.root / "examples/tiny-llama").resolve(),
+        model_id=MODEL_ID,
         max_tokens=4,
-    )
-    store = StoreConfig(
-        l1=L1Config(bytes=options.l1_kib * 1024, models=str(workdir / "models")),  # the loop's retrained models
-        redis=None,
-        events=EventsConfig(sink="jsonl", path=str(workdir / "events.jsonl")),
-    )
-    spec = ServerSpec(
-        model=model,
-        store=store,
-        policy_store=PolicyStoreConfig(directory=str(workdir / "policies"), poll_interval_s=0.25),
-    )
-    return ServingConfig(
-        server=spec,
-        api_keys=ApiKeysConfig(file=str(keys_file)),
-        deployment=DeploymentConfig(replicas=1, num_cpus=0.5, max_ongoing_requests=16),
-        host="127.0.0.1",
+        keys_file=workdir / "api-keys.yaml",
+        tenants=TENANTS,
+        events=workdir / "events.jsonl",
+        policies=workdir / "policies",
+        poll_interval_s=0.25,
+        models=workdir / "models",  # the loop's retrained models
+        l1_bytes=options.l1_kib * 1024,
         port=port,
     )
 
 
-def wait_followed(policies: Any, timeout_s: float = 20.0) -> bool:
+def wait_followed(policies: PolicyStore, timeout_s: float = 20.0) -> bool:
     """Wait until every replica reports the store's active version and canary."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -315,13 +320,14 @@ def send_window(clients: dict[str, Any], window: Sequence[DemoRequest], workers:
 
 def run_demo(
     options: DemoOptions,
+    deployment: DemoDeployment,
     *,
     progress: Callable[[str, int, int], None] | None = None,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Run the demo (module docstring); the report document, with ``report_html`` its page's path."""
+    """Run the demo (module docstring) on ``deployment``; the report document, with ``report_html`` its page's
+    path."""
     import openai
-    from ray import serve as ray_serve
 
     from evocache.controller import FilePolicyStore
     from evocache.dsl import parse_policy
@@ -341,24 +347,19 @@ def run_demo(
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / MARKER).write_text("made by evocache demo; emptied by the next run\n")
     root = options.root.resolve()
-    workload = build_workload(root, options)
+    workload = build_workload(root, options, deployment.token_count)
     policy = parse_policy(DEMO_POLICY, "<demo policy>")
     (workdir / "policy.yaml").write_text(DEMO_POLICY)
-    keys = write_keys(workdir / "api-keys.yaml")
-    policies = FilePolicyStore(workdir / "policies")
+    site = demo_site(options, workdir, options.port or _free_port())
+    policies = FilePolicyStore(site.policies)
     policies.apply(policy)
-    port = options.port or _free_port()
-    config = serving_config(options, workdir, workdir / "api-keys.yaml", port)
-    (workdir / "events.jsonl").touch()
+    site.events.touch()
 
-    from evocache.serving._app import start_local
-
-    say(f"starting a local Ray and the model replica on 127.0.0.1:{port} ...")
-    start_local(config, temp_dir=None)
-    try:
+    say(f"starting a local Ray and the model replica on 127.0.0.1:{site.port} ...")
+    with deployment.serve(site) as keys:
         if not wait_followed(policies, 60.0):
             raise RuntimeError("the model replica did not report the demo policy within 60 s")
-        base_url = f"http://127.0.0.1:{port}/v1"
+        base_url = f"http://127.0.0.1:{site.port}/v1"
         clients = {
             t: openai.OpenAI(base_url=base_url, api_key=k, max_retries=0, timeout=30.0)
             for t, k in keys.items()
@@ -369,15 +370,15 @@ def run_demo(
             else max(options.drift_at + 4, options.windows - 4)
         )
         loop = LiveLoop(
-            EventsCollector.from_files([workdir / "events.jsonl"], miss_wait_s=5.0),
+            EventsCollector.from_files([site.events], miss_wait_s=5.0),
             policies,
             workdir,
             window=options.per_window,
-            capacity=options.l1_kib * 1024,
+            capacity=site.l1_bytes,
             policy=policy,
             config=LoopConfig(interactive=options.interactive, seed=options.seed),
             harmful_at=harmful_at,
-            model=(MODEL_ID, "", ""),
+            model=(site.model_id, "", ""),
             signals=default_signals(),
         )
         latencies: list[float] = []
@@ -402,11 +403,9 @@ def run_demo(
         finally:
             loop.close()
             stop_signals(loop.signals)
-    finally:
-        ray_serve.shutdown()
     report["errors"] = errors[:20]
     report["requests_failed"] = len(errors)
-    finding_plots = _plots_worth_showing(loop.ctx.windows)
+    finding_plots = _plots_worth_showing(loop.runner.windows)
     page = render_report(
         report,
         workdir / "report",
