@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip install -c constraints.txt
 export HF_HUB_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: demo test bench bench-eviction bench-semantic bench-semantic-generalisation bench-serving bench-kv bench-loop bench-report venv clean redis-server
+.PHONY: demo test test-fast bench bench-eviction bench-semantic bench-semantic-generalisation bench-serving bench-kv bench-loop bench-report venv clean redis-server
 
 $(VENV)/.stamp-base: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,11 @@ redis-server:
 
 test: $(VENV)/.stamp-test redis-server
 	$(PY) -m pytest
+
+# The fast lane, for while you work: every test but those marked slow (Ray, servers, CLI subprocesses, the demo,
+# bench scripts). A test outside it that takes longer than EVOCACHE_TEST_BUDGET_S fails (tests/_lanes.py).
+test-fast: $(VENV)/.stamp-test redis-server
+	$(PY) -m pytest -m "not slow"
 
 # The benchmarks write their result files into bench/results/ (bench/_results.py); `make bench-report` renders
 # them into docs/benchmarks.md and the README's headline table. Replays take tens of minutes on two cores; the

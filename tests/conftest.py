@@ -1,4 +1,5 @@
-"""Shared fixtures: a real redis-server started by the suite (never a mock, never a skip)."""
+"""Shared fixtures: a real redis-server started by the suite (never a mock, never a skip); and the fast lane's
+duration budget (tests/_lanes.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 from _helpers import FakeClock
+from _lanes import pytest_configure, pytest_runtest_makereport  # noqa: F401  # the fast lane's budget
 from _redis_server import RedisClusterServers, RedisServer
 
 from evocache.controller import CacheRuntime, StoreConfig, build_runtime

@@ -15,6 +15,8 @@ from evocache.agents._proposals import ProposalStore
 from evocache.agents._scenarios import kv_drift
 from evocache.controller import FilePolicyStore
 
+pytestmark = pytest.mark.slow  # each test runs the evocache command in a subprocess
+
 DATA = Path(__file__).parent / "data" / "agents_diag"
 POLICY = """\
 policy: kv-chat

@@ -446,6 +446,7 @@ def test_a_provider_that_rejects_its_settings_becomes_a_planner_error(
     assert str(err.value) == "EVOCACHE_PLANNER=ollama: cannot make the chat model: base_url is not a URL"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "command",
     [

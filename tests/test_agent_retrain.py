@@ -57,6 +57,7 @@ def kept(mooncake: list[Request], tmp_path_factory: pytest.TempPathFactory) -> t
     return retrain(mooncake, policy("lru"), capacity=capacity(mooncake, 0.03), model_dir=model_dir), model_dir
 
 
+@pytest.mark.slow  # ends with `evocache policy check` in a subprocess
 def test_a_model_that_beats_lru_is_kept_as_json_with_a_policy_that_passes_check(
         kept: tuple[RetrainResult, Path], mooncake: list[Request], tmp_path: Path) -> None:
     result, model_dir = kept

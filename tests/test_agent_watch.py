@@ -98,6 +98,7 @@ def watch(tmp_path: Path, events: Path, *more: str) -> subprocess.CompletedProce
     )
 
 
+@pytest.mark.slow
 def test_watch_runs_a_pass_per_window_of_events_and_keeps_its_report(tmp_path: Path) -> None:
     events = serve_traffic(tmp_path)
     out = tmp_path / "report.json"
@@ -164,6 +165,7 @@ def test_the_live_loop_reads_the_other_signals_over_each_window(tmp_path: Path) 
         assert any(name.startswith("gpu_") for name in row["signals"])
 
 
+@pytest.mark.slow
 def test_a_review_left_waiting_by_watch_is_approved_from_another_process_on_the_store_it_follows(
     tmp_path: Path,
 ) -> None:

@@ -287,6 +287,7 @@ def run_bench_script(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[
         capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
+@pytest.mark.slow
 def test_bench_script_prints_every_figure_and_writes_its_json(tmp_path: Path) -> None:
     done = run_bench_script(tmp_path, "--cloudphysics", str(TRACES / "blocks.csv"))
     assert done.returncode == 0, done.stderr
@@ -316,6 +317,7 @@ def test_bench_script_prints_every_figure_and_writes_its_json(tmp_path: Path) ->
         assert told["output_lengths"] is True and {r["policy"] for r in told["rows"]} == {"lru", "learned", "belady"}
 
 
+@pytest.mark.slow
 def test_bench_script_skips_cloudphysics_when_absent(tmp_path: Path) -> None:
     missing = tmp_path / "cloudPhysicsIO.csv"
     done = run_bench_script(tmp_path, "--cloudphysics", str(missing), "--parts", "b")
@@ -326,6 +328,7 @@ def test_bench_script_skips_cloudphysics_when_absent(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []  # --out is tmp_path: the skipped part wrote nothing
 
 
+@pytest.mark.slow
 def test_bench_script_refuses_unknown_parts(tmp_path: Path) -> None:
     done = run_bench_script(tmp_path, "--parts", "ax")
     assert done.returncode == 2

@@ -16,6 +16,8 @@ from evocache.controller.eviction import LearnedTraining, make_eviction_policy
 from evocache.controller.eviction._features import FEATURES
 from evocache.controller.replay import belady_unit, read_trace, replay
 
+pytestmark = pytest.mark.slow  # every test runs bench/eviction_ceiling.py's main (most share one run)
+
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "bench" / "data" / "mooncake_synthetic_trace.jsonl"
 REQUESTS = 300  # 7,721 block accesses, 7,352 distinct blocks

@@ -69,6 +69,7 @@ def test_the_device_option_selects_cuda_only_where_torch_sees_one(kv, capsys):
     assert "unknown part(s) x" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.redis
 def test_quick_run_writes_a_sane_result_file_per_part_and_the_report_renders_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

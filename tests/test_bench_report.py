@@ -319,6 +319,7 @@ def test_the_headline_quotes_the_figures_of_the_result_files(tmp_path: Path, rep
     assert rows[0].endswith("[details](docs/benchmarks.md#semantic-caching-streams) |")
 
 
+@pytest.mark.slow
 def test_the_command_writes_the_page_and_replaces_only_the_readme_block(tmp_path: Path, report: ModuleType,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
     results = write_fixtures(tmp_path / "results")
@@ -348,6 +349,7 @@ def _fails(report: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str
     return err.removeprefix("report.py: error: ").rstrip("\n").replace(str(results), "RESULTS")
 
 
+@pytest.mark.slow
 def test_a_missing_result_file_is_named_with_the_command_that_makes_it(
         tmp_path: Path, report: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
     documents = fixtures()
@@ -357,6 +359,7 @@ def test_a_missing_result_file_is_named_with_the_command_that_makes_it(
         "RESULTS/overhead.json (made by make bench)")
 
 
+@pytest.mark.slow
 def test_an_unknown_result_file_is_refused(tmp_path: Path, report: ModuleType,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     documents = fixtures()
@@ -371,6 +374,7 @@ def _broken(part: str, change: Any) -> dict[str, dict[str, Any]]:
     return documents
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("part", "change", "message"), [
     ("overhead", lambda d: d.pop("machine"), "RESULTS/overhead.json: missing field 'machine'"),
     ("overhead", lambda d: d.update(format="other"),
@@ -421,6 +425,7 @@ def test_a_malformed_result_file_is_a_clear_error_and_nothing_is_written(
     assert _fails(report, tmp_path, capsys, _broken(part, change)) == message
 
 
+@pytest.mark.slow
 def test_a_file_that_is_not_json_is_named_with_its_line_and_column(
         tmp_path: Path, report: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
     results = write_fixtures(tmp_path / "results")
@@ -431,6 +436,7 @@ def test_a_file_that_is_not_json_is_named_with_its_line_and_column(
     assert capsys.readouterr().err == f"report.py: error: {results}/overhead.json:2:14: not JSON: Expecting value\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("readme", "message"), [
     ("# no block\n", "README.md: expected the line <!-- bench:begin --> once, found it 0 times"),
     (README + README, "README.md: expected the line <!-- bench:begin --> once, found it 2 times"),
@@ -479,6 +485,7 @@ def test_the_semantic_bench_writes_its_rows_unchanged(tmp_path: Path, monkeypatc
     assert results.load(written[1]).context == {"delta": 0.02, "classify": True}
 
 
+@pytest.mark.slow
 def test_the_eviction_bench_writes_a_result_file_per_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     results = load_bench_script("_results", monkeypatch)
     traces = Path(__file__).resolve().parent / "data" / "traces"
@@ -499,6 +506,7 @@ def test_the_eviction_bench_writes_a_result_file_per_part(tmp_path: Path, monkey
         "eviction-mooncake-output-lengths.json", "eviction-mooncake.json", "eviction-throughput.json"]
 
 
+@pytest.mark.slow
 def test_the_committed_page_and_readme_block_are_what_the_committed_results_generate(report: ModuleType) -> None:
     """docs/benchmarks.md and the README's headline table are never edited by hand: regenerated from
     bench/results/ they come out exactly as committed (`make bench-report` after a benchmark run)."""

@@ -372,6 +372,7 @@ def test_the_bench_script_reads_its_options_into_values(tmp_path: Path) -> None:
         ("clinc150",), (0.01, 0.5), (3,), 0, 0.02, (0, 4), False)
 
 
+@pytest.mark.slow
 def test_the_bench_script_fails_without_a_traceback_and_gives_defaults_in_help() -> None:
     import subprocess
     import sys

@@ -48,6 +48,7 @@ def test_separable_groups_are_all_served_by_both() -> None:
     assert found["shares_median_s"] > 0
 
 
+@pytest.mark.slow
 def test_the_script_on_a_stream_file(tmp_path: Path) -> None:
     topics = {"card": "my card {} is blocked", "refund": "I want my money back for order {}",
               "weather": "will it rain in city {} tomorrow"}
@@ -70,6 +71,7 @@ def test_the_script_on_a_stream_file(tmp_path: Path) -> None:
     assert lines[2].startswith(f"| {stream} | 15 | 15 | 3 | ")
 
 
+@pytest.mark.slow
 def test_an_unknown_stream_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         SCRIPT.main(["--streams", "nosuch"])

@@ -15,6 +15,8 @@ import pytest
 from evocache.agents._proposals import ProposalStore
 from evocache.controller import FilePolicyStore
 
+pytestmark = pytest.mark.slow  # the demo, run by the evocache command in a subprocess
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -44,7 +44,8 @@ ROOMS_MAY_IMPORT = {
     "agents": {"dsl", "controller"},
     "cli": {"dsl", "controller", "serving", "agents"},
 }
-"""Which other rooms each room's code may import (docs/architecture.md, "The house: four rooms and a face")."""
+"""Which other rooms each room's code may import (docs/architecture.md, "The house: four rooms and a face at the
+repository root")."""
 
 
 def _is_private(part: str) -> bool:

@@ -516,6 +516,7 @@ def model_handle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_a_real_deployment_routes_by_prefix(model_handle) -> None:
     shared = [
         model_handle.generate.remote(request(prompt("tenant-a", 1, 2, 3, tail))).result() for tail in range(8)

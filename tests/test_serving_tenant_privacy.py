@@ -26,6 +26,8 @@ from evocache.serving import (
     build_fastapi,
 )
 
+pytestmark = pytest.mark.slow  # a uvicorn server in front of a Hugging Face model
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-llama"
 TENANT_A, TENANT_B = list(KEYS)
 # Words the packaged WordPiece tokenizer keeps whole, so prompts of as many words have as many tokens.
