@@ -161,6 +161,34 @@ def test_a_tampered_block_in_l2_is_never_used(generator, redis_url):
     runtime.close()
 
 
+def test_a_block_that_fails_the_caches_checks_is_dropped_and_its_miss_is_named_corrupt(generator, tmp_path):
+    """A block whose entry is sound (signed, in the right place) but is not a block of this model: dropped,
+    counted, the prompt recomputed, and the request's miss reason is ``corrupt``; stored afresh, it hits."""
+    from evocache.controller import Entry
+
+    ids = prompt_ids(33, seed=6)
+    generator.attach_kv(None)
+    expected = run(generator, ids)
+    runtime = build_runtime(StoreConfig(disk=DiskConfig(path=str(tmp_path / "l3"))))
+    lower = {"l3": runtime.store.tiers["l3"]}
+    warm = attach(generator, lower)
+    plan = plan_for(tiers=("l1", "l3"))
+    run(generator, ids, plan, KvUsage())
+    warm.flush_writes()
+    first = warm.hashes(ids, plan.salt)[0]
+    lower["l3"].set_many(plan.salt, [(warm._key(first, g), Entry(b"not a block of this model", None, 0.0, "kv"))
+                                     for g in warm.groups])
+    cold = attach(generator, lower)
+    usage = KvUsage()
+    assert run(generator, ids, plan, usage) == expected
+    assert (usage.cached_tokens, usage.miss, cold.corrupt) == (0, "corrupt", 1)
+    cold.flush_writes()
+    again = KvUsage()
+    assert run(generator, ids, plan, again) == expected
+    assert again.cached_tokens == 32 and again.miss == ""
+    runtime.close()
+
+
 @pytest.mark.redis
 def test_redis_killed_mid_request_is_a_recompute(generator, restartable_redis):
     ids = prompt_ids(50, seed=5)

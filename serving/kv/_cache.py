@@ -13,8 +13,9 @@ tokens it gives without (``tests/test_kv_cache.py``).
 
 Why a block missed is kept per request (``KvUsage.miss``): ``never-seen``, ``evicted`` (from L1 and in no lower
 tier), ``partial-block`` (the prompt ends before a full block), ``below-min-tokens`` (the rule's ``min_tokens``),
-``off`` (the rule switches KV reuse off), ``corrupt`` (a stored block failed its checks: it is dropped, never
-used). A reason is decided from the request's own salted hashes only: the cache keeps no index across
+``off`` (the rule switches KV reuse off), ``corrupt`` (a block in L2/L3 failed this cache's checks: it is
+dropped, never used, and misses name it until it is stored again; an entry failing the tier's signature is
+dropped by the tier and reads as absent). A reason is decided from the request's own salted hashes only: the cache keeps no index across
 namespaces, so a miss on leading tokens another tenant sent is ``never-seen``, exactly as if nobody had (a
 reason telling them apart would let any tenant who can see a count test whether another sent a guessed
 prompt).
@@ -141,6 +142,8 @@ class KvPrefixCache:
         self.corrupt = 0
         self.chunk_fallbacks = 0  # chunk-mode requests served prefix-only (a RoPE that does not shift exactly)
         self._seen: OrderedDict[BlockHash, None] = OrderedDict()
+        # Blocks dropped for failing their checks, until stored again: a later miss on one is ``corrupt``.
+        self._refused: OrderedDict[BlockHash, None] = OrderedDict()
         self._lock = threading.Lock()
         self._waiting: dict[int, tuple[BlockHash, ...]] = {}
         self._next_req = 0
@@ -239,6 +242,10 @@ class KvPrefixCache:
 
     def _why(self, block: BlockHash) -> str:
         """Why ``block`` missed, from this salted block alone: nothing another namespace stored enters."""
+        with self._lock:
+            refused = block in self._refused
+        if refused:
+            return "corrupt"
         if block in self.l1.evicted:
             return "evicted"
         if block not in self._seen:
@@ -296,6 +303,10 @@ class KvPrefixCache:
                     block = self._decode(parts, chunk)
                 except CorruptBlock as exc:
                     self.corrupt += 1
+                    with self._lock:
+                        self._refused[h] = None
+                        if len(self._refused) > _MEMORY:
+                            self._refused.popitem(last=False)
                     log.warning("KV block %s in %s dropped: %s", bytes(h).hex()[:12], tier_name, exc)
                     try:
                         tier.delete(plan.salt, [self._key(h, g) for g in self.groups])
@@ -358,6 +369,7 @@ class KvPrefixCache:
             usage.stored_blocks += 1
             with self._lock:
                 self._seen[h] = None
+                self._refused.pop(h, None)
                 if len(self._seen) > _MEMORY:
                     self._seen.popitem(last=False)
         tiers = [(name, self.lower[name]) for name in LOWER_TIERS if name in self.lower and name in plan.tiers]
