@@ -203,7 +203,6 @@ def default_signals(
 
 
 def stop_signals(hub: Any) -> None:
-    for collector in getattr(hub, "collectors", ()):
-        stop = getattr(collector, "close", None) or getattr(collector, "stop", None)
-        if stop is not None:
-            stop()
+    """Close ``hub`` (a ``SignalHub``, or None when the loop reads no other signals)."""
+    if hub is not None:
+        hub.close()

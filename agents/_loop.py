@@ -873,14 +873,12 @@ def record_policy_store(
     and judges as the loop does."""
     from dataclasses import asdict
 
-    from evocache.controller import FilePolicyStore
+    from evocache.controller import FilePolicyStore, RedisPolicyStore
 
     if isinstance(policies, FilePolicyStore):
         where: dict[str, Any] = {"directory": str(policies.directory.resolve())}
-    else:
-        url = getattr(policies, "url", None)
-        if url is None:
-            return
+    elif isinstance(policies, RedisPolicyStore):
+        url = policies.url
         parts = urlsplit(url)
         netloc = parts.netloc.rpartition("@")[2]
         where = {
@@ -888,6 +886,8 @@ def record_policy_store(
             "prefix": policies.prefix,
             "credentials": "@" in parts.netloc,
         }
+    else:  # a store of the caller's own making: nothing another process could open
+        return
     record: dict[str, Any] = {"policy_store": where}
     if capacity is not None:
         record["capacity"] = capacity

@@ -296,6 +296,20 @@ class Scripted:
             raise step
         return step
 
+    closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+        if self.name == "broken":
+            raise RuntimeError("cannot close")
+
+
+def test_closing_the_hub_closes_every_collector_even_past_one_that_fails(caplog):
+    collectors = [Scripted("a", []), Scripted("broken", []), Scripted("c", [])]
+    SignalHub(collectors).close()
+    assert [c.closed for c in collectors] == [1, 1, 1]
+    assert "signal broken: close failed" in caplog.text
+
 
 def test_real_nvml_without_a_gpu_is_reported_once_over_many_rounds(caplog):
     nvml = NvmlCollector()

@@ -1,7 +1,7 @@
 """What every collector is, the hub that asks them all, and the sample buffer the sampling collectors share.
 
-Collector (Protocol)   name; collect(start, end) -> list[Series]; raises SignalUnavailable when it cannot
-SignalHub(collectors)  collect(start, end): every available collector's series, the rest left out
+Collector (Protocol)   name; collect(start, end) -> list[Series]; raises SignalUnavailable when it cannot; close()
+SignalHub(collectors)  collect(start, end): every available collector's series, the rest left out; close()
 SampleBuffer           bounded (name, labels, unit) -> points store, read back as Series over [start, end)
 Sampler                a daemon thread calling a collector's sample() every period_s
 NewFiles               which files of a directory are new or changed since the last look
@@ -36,6 +36,10 @@ class Collector(Protocol):
 
     def collect(self, start: float, end: float) -> list[Series]: ...
 
+    def close(self) -> None:
+        """Stop any sampling and release what the collector holds (a thread, a driver handle, a connection).
+        Safe to call more than once."""
+
 
 class SignalHub:
     """Asks each collector in turn; one that fails never stops the others or the loop.
@@ -54,6 +58,14 @@ class SignalHub:
             raise ValueError(f"collector names must be unique, repeated: {dupes}")
         self.unavailable: dict[str, str] = {}
         self.errors: dict[str, int] = {}
+
+    def close(self) -> None:
+        """Close every collector; one that fails to close is logged and the others are still closed."""
+        for collector in self.collectors:
+            try:
+                collector.close()
+            except Exception:  # noqa: BLE001 - a collector's defect must not keep the others open
+                log.exception("signal %s: close failed", collector.name)
 
     def collect(self, start: float, end: float) -> list[Series]:
         if not end >= start:

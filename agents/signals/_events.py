@@ -66,6 +66,9 @@ class EventSource(Protocol):
 
     def read(self) -> list[tuple[str, Any]]: ...
 
+    def close(self) -> None:
+        """Release the file or connection (a client the caller handed in stays the caller's)."""
+
 
 class _Skips:
     """Counts bad records of one source and logs the first few with where they were."""
@@ -212,6 +215,9 @@ class RedisStreamTail(_Skips):
             if url is None:
                 raise ValueError("RedisStreamTail needs a url or a client")
             client = connect(url, socket_timeout=1.0, connect_timeout=1.0)
+            self._owned = True
+        else:
+            self._owned = False
         super().__init__(f"redis stream {stream}")
         self.client = client
         self.stream = stream
@@ -219,6 +225,10 @@ class RedisStreamTail(_Skips):
         self.batch = batch
         self.max_entries = max_entries
         self._errors = REDIS_ERRORS
+
+    def close(self) -> None:
+        if self._owned:
+            self.client.close()
 
     def read(self) -> list[tuple[str, Any]]:
         out: list[tuple[str, Any]] = []
@@ -463,6 +473,11 @@ class EventsCollector:
     def poll(self) -> list[tuple[Request, Outcome]]:
         """The pairs completed since the last poll, per source in its order."""
         return [(s.request, s.outcome) for s in self._poll()]
+
+    def close(self) -> None:
+        """Close every source."""
+        for source in self.sources:
+            source.close()
 
     def poll_labelled(self) -> list[tuple[Request, Outcome, str]]:
         """As ``poll``, each pair with the policy version that decided it (``name@version``): what tells a

@@ -68,3 +68,6 @@ class HostCollector:
 
     def stop(self) -> None:
         self.sampler.stop()
+
+    def close(self) -> None:
+        self.stop()

@@ -317,3 +317,6 @@ class NcuCollector:
     def collect(self, start: float, end: float) -> list[Series]:
         self.scan()
         return self.buffer.series(start, end)
+
+    def close(self) -> None:
+        """Nothing to release: the directory is scanned on each ``collect``."""

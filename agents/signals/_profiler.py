@@ -177,6 +177,9 @@ class ProfileCollector:
         self.scan()
         return self.buffer.series(start, end)
 
+    def close(self) -> None:
+        """Nothing to release: the directory is scanned on each ``collect``."""
+
 
 def profile_callable(fn: Callable[[], object], *, steps: int, activities: Sequence[str] | None = None,
                      directory: str | os.PathLike[str] | None = None) -> Path:

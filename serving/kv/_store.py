@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evocache.controller import EntryInfo, make_eviction_policy
+from evocache.controller.eviction import LookaheadPolicy
 
 from .errors import KvReuseError
 
@@ -220,8 +221,7 @@ class DeviceBlocks:
             if key in self._blocks:
                 self.policy.on_hit(key)
                 return True
-            admit = getattr(self.policy, "admit", None)
-            if admit is not None and self.used + self.block_bytes > self.capacity and not admit(key, info):
+            if self.used + self.block_bytes > self.capacity and not self.policy.admit(key, info):
                 return False
             while self.used + self.block_bytes > self.capacity and self._blocks:
                 victim = self.policy.victim()
@@ -243,8 +243,8 @@ class DeviceBlocks:
             return list(self._blocks)
 
     def on_queue(self, waiting: Sequence[Any]) -> None:
-        """Tell a queue-aware policy which requests wait (``QueuedRequest``s); others ignore it."""
-        on_queue = getattr(self.policy, "on_queue", None)
-        if on_queue is not None:
+        """Tell a queue-aware policy (the look-ahead) which requests wait (``QueuedRequest``s); others have no
+        use for it."""
+        if isinstance(self.policy, LookaheadPolicy):
             with self._lock:
-                on_queue(waiting)
+                self.policy.on_queue(waiting)
