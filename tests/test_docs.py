@@ -322,3 +322,48 @@ def test_the_loop_graph_is_drawn_as_the_code_builds_it() -> None:
     drawing = (ROOT / "docs" / "agents.md").read_text(encoding="utf-8").split("\n## The graph\n", 1)[1]
     drawn = set(re.findall(r"\b([a-z]+)\b", drawing.split("```")[1]))
     assert {n for n in graph.nodes if not n.startswith("__")} <= drawn  # every node is in the drawing
+
+
+def _section(page: str, marker: str) -> str:
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    assert marker in text, f"docs/{page}: {marker!r} not found"
+    return text.split(marker, 1)[1]
+
+
+def test_every_event_outcome_the_controller_records_is_documented() -> None:
+    from evocache.controller import EVENT_OUTCOMES
+
+    paragraph = _section("architecture.md", "- Access event (").split("\n- ", 1)[0]
+    named = set(re.findall(r"`([a-z-]+)`", paragraph))
+    assert [o for o in EVENT_OUTCOMES if o not in named] == []
+
+
+def _kv_reasons_in_code() -> set[str]:
+    """Each miss reason the KV cache and the replica produce: the string literals assigned to ``usage.miss``,
+    returned by ``KvPrefixCache._why`` or given to ``KvPlan(reason=...)``."""
+    import ast
+
+    found: set[str] = set()
+    for path in (ROOT / "serving" / "kv" / "_cache.py", ROOT / "serving" / "_server.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Attribute) and t.attr == "miss" for t in node.targets):
+                found |= {c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant) and c.value}
+            elif isinstance(node, ast.FunctionDef) and node.name == "_why":
+                found |= {r.value.value for r in ast.walk(node)
+                          if isinstance(r, ast.Return) and isinstance(r.value, ast.Constant)}
+            elif isinstance(node, ast.keyword) and node.arg == "reason" and isinstance(node.value, ast.Constant):
+                found.add(node.value.value)
+    return {r for r in found if isinstance(r, str)}
+
+
+def test_the_kv_miss_reasons_are_the_codes_and_documented_where_they_are_read() -> None:
+    from evocache.serving.kv import MISS_REASONS
+
+    assert _kv_reasons_in_code() == set(MISS_REASONS)
+    kv_page = _section("kv.md", "## What each request reports")
+    metrics_row = next(line for line in (ROOT / "docs" / "serving.md").read_text(encoding="utf-8").splitlines()
+                       if "`evocache_kv_misses_total{reason}`" in line)
+    for where, text in (("docs/kv.md", kv_page), ("docs/serving.md", metrics_row)):
+        assert [r for r in MISS_REASONS if f"`{r}`" not in text] == [], where

@@ -9,6 +9,7 @@ math, and which RoPE scalings are exact and why, are in serving/kv/_rope.py.
 """
 
 from .._lazy import lazy_getattr as _lazy_getattr
+from ._reasons import MISS_REASONS
 from .errors import KvReuseError, RopeShiftUnsupported
 
 # torch is imported on first use, so `import evocache.serving.kv` stays light.
@@ -31,6 +32,7 @@ __all__ = [
     "KvPrefixCache",
     "KvUsage",
     "KvReuseError",
+    "MISS_REASONS",
     "ROTARY_EMBEDDINGS",
     "RopeShift",
     "RopeShiftUnsupported",

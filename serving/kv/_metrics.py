@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ._cache import KvPrefixCache, KvUsage
+from ._reasons import MISS_REASONS
 
 TIERS = ("l1", "l2", "l3")
 LOAD_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -65,8 +66,8 @@ class KvMetrics:
         self.hidden = Counter("evocache_kv_prefetch_hidden_seconds", "Seconds of prefetch that overlapped the "
                               "request's wait for the model (hidden from its latency).", registry=registry)
         self.misses = Counter("evocache_kv_misses", "Requests whose prompt's first uncached block missed, by "
-                              "why (never-seen, evicted, partial-block, below-min-tokens, off, corrupt; a "
-                              "prompt another tenant sent counts as never-seen).", ["reason"], registry=registry)
+                              f"why ({', '.join(MISS_REASONS)}; a prompt another tenant sent counts as "
+                              "never-seen).", ["reason"], registry=registry)
         self.reuse_rate = Gauge("evocache_kv_reuse_rate", "Share of the KV blocks accessed in the last window "
                                 "that were accessed more than once.", registry=registry)
         registry.register(_HeldCollector(cache))
