@@ -268,8 +268,8 @@ class CachedFunction:
         self._epoch_floor = 0
         self._invalidated: dict[tuple[Namespace, CacheKey], int] = {}
         self._epoch_lock = threading.Lock()
-        # (ns, key) of a call -> ((semantic cache, neighbour id, decision) that served it last, the SLO
-        # breaker's mark of its rule then (SloBreakers.mark)): for feedback() and its verdict.
+        # (ns, key) of a call -> ((semantic cache, neighbour id, decision) that served it last, the mark of
+        # the tenant's SLO breaker of its rule then (SloBreakers.mark)): for feedback() and its verdict.
         self._served: collections.OrderedDict[tuple[Namespace, CacheKey], tuple[tuple[Any, str, Any], Any]]
         self._served = collections.OrderedDict()
         self._served_lock = threading.Lock()
@@ -308,12 +308,11 @@ class CachedFunction:
         cells = metrics.decisions.get(labels) or metrics.cells(labels)
         cells[0 if seconds <= LATENCY_BUCKETS[0] else bisect_left(LATENCY_BUCKETS, seconds)] += 1
         cells[-1] += seconds
-        # The rule's SLO breaker measures its lookups, but not the decisions it made in safe mode (a reason).
-        breakers = rt.slo.by_rule
-        if breakers and (outcome == "hit" or outcome == "miss") and not plan.reason:
-            breaker = breakers.get(plan.rule)
-            if breaker is not None:
-                breaker.observe(seconds, outcome == "hit" and tier == L1)
+        # The tenant's SLO breaker of the rule measures its lookups, but not the decisions made in safe mode
+        # (a reason).
+        slo = rt.slo
+        if slo.by_rule and (outcome == "hit" or outcome == "miss") and not plan.reason:
+            slo.observe(plan.rule, plan.ns, seconds)
         # A plain tuple in AccessEvent field order (see controller._events).
         rt.events.record((
             rt.clock(), plan.key or "", plan.ns, plan.rule, rt.policy_ref, outcome, tier, size,
@@ -374,9 +373,12 @@ class CachedFunction:
             generation, entries_get, append, reads, note_reads, clock, record, policy_ref, bypassing = rt.hot
             memo_key = (args, kw, types_, tenant_get(), generation)
             plan = memo_get(memo_key)
-            # l1_first: this runtime has an L1. A rule its SLO breaker tripped to bypass takes the full path,
-            # where the breaker decides; the set is empty while every rule holds.
-            if plan is None or not plan.l1_first or (bypassing and plan.rule in bypassing):
+            # l1_first: this runtime has an L1. A tenant's rule its SLO breaker tripped to bypass (or the
+            # rule, tripped rule-wide) takes the full path, where the breaker decides; the set is empty while
+            # every breaker holds.
+            if plan is None or not plan.l1_first or (
+                bypassing and (plan.rule in bypassing or plan.tenant_rule in bypassing)
+            ):
                 return full_path(rt, args, kwargs, plan, memo_key)
             now = clock()
             slot = plan.slot
@@ -404,6 +406,9 @@ class CachedFunction:
             # An L1 hit nearly always lands in the first bucket: skip the bisect then (same index).
             cells[0 if seconds <= first_bucket else bisect_left(buckets, seconds)] += 1
             cells[-1] += seconds
+            tally = plan.slo_hits
+            if tally is not None:  # the tenant's breaker of the rule counts it as a fast lookup
+                tally[0] += 1
             record((
                 now, plan.key, plan.ns, plan.rule, policy_ref, "hit", L1, len(entry.value), seconds * 1000.0,
                 entry.saved_ms, identity, "", None,
@@ -450,7 +455,7 @@ class CachedFunction:
         served = outcome.served
         if served is not None:
             with self._served_lock:
-                self._served[plan.slot] = (outcome.verdict, rt.slo.mark(plan.rule))
+                self._served[plan.slot] = (outcome.verdict, rt.slo.mark(plan.rule, plan.ns))
                 self._served.move_to_end(plan.slot)
                 if len(self._served) > _SERVED_MAX:
                     self._served.popitem(last=False)
@@ -481,12 +486,12 @@ class CachedFunction:
 
     def _semantic_learn(self, rt: CacheRuntime, plan: Plan, value: Any, stored: bool, learning: Any) -> None:
         """After the model answered a semantic miss (``SemanticLayer.learn``); never raises. An exploration's
-        verdict counts in the rule's SLO breaker."""
+        verdict counts in the tenant's SLO breaker of the rule."""
         wrong = rt.semantic.learn(
             self.identity, plan.ns, plan.key, plan.semantic, plan.ttl, value, stored, learning
         )
         if wrong is not None:
-            rt.slo.verdict(plan.rule, wrong)
+            rt.slo.verdict(plan.rule, plan.ns, wrong)
 
     def _admit(
         self, rt: CacheRuntime, plan: Plan, payload: bytes | None, saved_ms: float, reason: str, epoch: int,
@@ -867,7 +872,7 @@ class CachedFunction:
             return False
         (cache, entry_id, decision), mark = served
         cache.feedback(entry_id, bool(correct), decision=decision)  # the verdict is on that very lookup
-        if mark is not None:  # the breaker of the rule that served it, if it is still that rule's state
+        if mark is not None:  # the tenant's breaker of the rule that served it, if still in that state
             breaker, transitions = mark
             breaker.verdict(not correct, transitions)
         return True

@@ -449,12 +449,18 @@ class Plan:
     # construction: the L1 hit path swaps the whole pair (one attribute store, so readers see either pair).
     decoded: tuple[Any, Any] = field(default=(None, None), compare=False)
     decision: Decision | None = field(default=None, compare=False)
+    # For the L1 hit path: the tally its hits of this tenant's calls count in for the rule's SLO breaker
+    # (None: the rule has no p99 objective; controller._slo.SloBreakers.l1_tally).
+    slo_hits: list[float] | None = field(default=None, compare=False)
     slot: tuple[Namespace, CacheKey] | None = field(init=False, default=None)
+    # (rule, ns): what the hit path looks for among the SLO breakers tripped to bypass.
+    tenant_rule: tuple[str, Namespace] | None = field(init=False, default=None)
     l1_first: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         if self.key is not None:
             object.__setattr__(self, "slot", (self.ns, self.key))
+            object.__setattr__(self, "tenant_rule", (self.rule, self.ns))
             object.__setattr__(self, "l1_first", bool(self.tiers) and self.tiers[0] == L1 and self.hit_cells is not None)
 
 
@@ -723,8 +729,9 @@ class Contract:
             semantic = self._semantic_plan(rt, rule, parts, rest, semantic_spec, chosen)
         # The L1 hit path needs a MemoryTier as L1 (its lock-free peek); any other "l1" takes the full path.
         hit_cells = rt.metrics.cells((rule, L1, "hit")) if chosen[0] == L1 and rt.l1 is not None else None
+        slo_hits = rt.slo.l1_tally(rule, ns) if hit_cells is not None else None
         return Plan(key, ns, rule, "", ttl, sliding, chosen, max_bytes, stream_ok, hit_cells, semantic,
-                    decision=decision)
+                    decision=decision, slo_hits=slo_hits)
 
     def _semantic_plan(
         self, rt: CacheRuntime, rule: str, parts: dict[str, Any], rest: dict[str, Any], spec: SemanticSpec,

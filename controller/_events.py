@@ -1,23 +1,28 @@
-"""Access events: one JSON object per cache decision, the format the replay simulator and the agent read.
+"""Access events: one JSON object per cached call, the format the replay simulator and the agent read.
 
-    {"t": 1732867200.123, "key": "9f2c...", "ns": "tenant-a", "rule": "long-context-greedy",
-     "policy": "chat-prod@7", "outcome": "hit", "tier": "l2", "size": 5321, "latency_ms": 0.41,
-     "saved_ms": 812.0, "semantic": null}
+    {"v": 2, "call": "3fa9c2d1-1b", "t": 1732867200.123, "key": "9f2c...", "ns": "tenant-a",
+     "rule": "long-context-greedy", "policy": "chat-prod@7", "arm": "", "outcome": "miss", "tier": null,
+     "size": 5321, "latency_ms": 0.41, "saved_ms": 812.0, "stored": "l1,l2", "rejected": "", "reason": "",
+     "semantic": null, "kv": null, "fn": "app:answer"}
 
-``outcome`` is one of ``hit`` (served from ``tier``), ``miss`` (the function ran), ``bypass`` (not looked up:
-the contract or rule said no, the call samples, or an argument has no canonical form; ``reason`` says which),
-``store`` (written to the tiers in ``tier``, comma-separated: those that took the write, not those a rule
-named) and ``reject`` (computed but not admitted: too large, unserializable, a stream that failed, or no tier
-took the write, ``reason`` ``not-stored``). A rule's SLO breaker (``controller._slo``) records its transitions
-as ``slo-open``, ``slo-half-open`` and ``slo-closed``, with the rule and a ``reason``, and no key; the
-decisions of a rule it tripped carry reason ``slo-breaker``. A model replica with a KV prefix cache records,
-after each call whose model ran with the cache present, a ``kv`` event: the key, namespace, rule and policy of
-that call's decision, ``size`` the prompt tokens served from cached keys and values, ``tier`` the deepest tier
-they came from (None when none), ``latency_ms`` the time spent loading blocks from L2/L3, ``reason`` why the
-first block missed (``never-seen``, also for tokens another tenant sent; ``evicted``, ``partial-block``,
-``below-min-tokens``, ``off``, ``corrupt``; empty when none did) and ``kv`` the whole usage
-(``serving.kv.KvUsage.as_dict``). ``kv`` events are not accesses: replay skips them, as it skips ``bypass``
-and the breaker's. A sink that fails never fails a call: its errors are logged and counted in ``errors``.
+One event per call, written when the call ends (a stream: after its last piece), with the call's id (``call``,
+as ``CallOutcome.call_id``), the time it was decided (``t``) and the schema version (``v``). ``outcome`` is
+``hit`` (served from ``tier``; ``size`` the entry's bytes, ``saved_ms`` what computing it took), ``miss`` (the
+function ran: ``size`` its result's bytes, ``saved_ms`` what it took, ``stored`` the tiers that took the result,
+comma-separated, or ``rejected`` why none did: ``too-large``, ``unserializable``, ``not-stored``,
+``invalidated``, ``stream-not-allowed``, or ``incomplete`` when the function raised or its stream was closed
+before its end) or ``bypass`` (not looked up: ``reason`` says why). ``latency_ms`` is the lookup's time.
+``arm`` is the rollout arm that decided (``canary``, ``shadow``; empty for the policy in force). ``kv`` is the
+engine's KV prefix cache usage when its model ran with one (``serving.kv.KvUsage.as_dict``: prompt and reused
+tokens by tier, ``miss`` the reason the first block missed: ``never-seen``, also for tokens another tenant
+sent; ``evicted``, ``partial-block``, ``below-min-tokens``, ``off``, ``corrupt``). A rule's SLO breaker
+(``controller._slo``) records its transitions as ``slo-open``, ``slo-half-open`` and ``slo-closed``, with the
+rule, the namespace and a ``reason``, and no key or call; the decisions of a rule it tripped carry reason
+``slo-breaker``. A sink that fails never fails a call: its errors are logged and counted in ``errors``.
+
+Version 1 files (no ``v``) recorded a call as up to three events: its decision (a miss with size 0), then
+``store`` or ``reject`` with the result's size, then ``kv``. ``controller.replay.read_events`` reads both and
+gives one event per call; nothing else reads event files.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -36,7 +42,11 @@ from ._breaker import Breaker
 
 log = logging.getLogger("evocache.controller.events")
 
-OUTCOMES = ("hit", "miss", "bypass", "store", "reject", "slo-open", "slo-half-open", "slo-closed", "kv")
+SCHEMA_VERSION = 2
+OUTCOMES = ("hit", "miss", "bypass", "slo-open", "slo-half-open", "slo-closed")
+"""The outcomes recorded now: a call's three and the SLO breaker's transitions."""
+V1_OUTCOMES = ("store", "reject", "kv")
+"""Outcomes that only version 1 files hold (a miss's result, and the engine's KV usage, as events of their own)."""
 
 
 class _Fields(NamedTuple):
@@ -55,14 +65,19 @@ class _Fields(NamedTuple):
     reason: str = ""
     semantic: dict[str, Any] | None = None
     kv: dict[str, Any] | None = None
+    call: str = ""
+    stored: str = ""
+    rejected: str = ""
+    arm: str = ""
+    v: int = SCHEMA_VERSION
 
 
 class AccessEvent(_Fields):
-    """One decision. A named tuple, so the request path can record a plain tuple in this field order and a
-    reader turns it into an event for free (``AccessEvent._make(record)``).
+    """One call (or a breaker's transition). A named tuple, so the request path can record a plain tuple in
+    this field order and a reader turns it into an event for free (``AccessEvent._make(record)``).
 
-    A record may stop before the trailing fields that have defaults (the request path's records end at
-    ``semantic``): ``_make`` fills them in, so adding a field never changes what the hot path records."""
+    A record may stop before the trailing fields that have defaults: ``_make`` fills them in (``v`` as the
+    current version). ``from_dict`` reads a decoded JSON object: a record without ``v`` is version 1."""
 
     __slots__ = ()
 
@@ -84,7 +99,73 @@ class AccessEvent(_Fields):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AccessEvent:
-        return cls(**{k: data[k] for k in cls._fields if k in data})
+        """The event a decoded JSON object holds, its fields checked; ``ValueError`` naming the first field
+        that is missing or of the wrong type (unknown fields are ignored: readers skip what they do not
+        know)."""
+        if type(data) is not dict:
+            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+        version = data.get("v", 1)
+        if type(version) is not int or version < 1:
+            raise ValueError(f"field 'v' must be an int >= 1, got {_show(version)}")
+        outcome = data.get("outcome")
+        known = OUTCOMES if version >= 2 else OUTCOMES + V1_OUTCOMES
+        if outcome not in known:
+            raise ValueError(f"field 'outcome' must be one of {sorted(known)}, got {_show(outcome)}")
+        values = {"v": version}
+        for name, check in _CHECKS.items():
+            if name in data:
+                values[name] = check(name, data[name])
+            elif name in _REQUIRED:
+                raise ValueError(f"missing field {name!r}")
+        return cls(**values)
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _number(name: str, value: Any) -> float:
+    if type(value) in (int, float) and math.isfinite(value):
+        return value
+    raise ValueError(f"field {name!r} must be a finite number, got {_show(value)}")
+
+
+def _count(name: str, value: Any) -> int:
+    if type(value) is int and value >= 0:
+        return value
+    raise ValueError(f"field {name!r} must be an int >= 0, got {_show(value)}")
+
+
+def _string(name: str, value: Any) -> str:
+    if type(value) is str:
+        return value
+    raise ValueError(f"field {name!r} must be a string, got {_show(value)}")
+
+
+def _key(name: str, value: Any) -> str:
+    if type(value) is int:  # traces written by other tools number their keys
+        return str(value)
+    return _string(name, value)
+
+
+def _optional_string(name: str, value: Any) -> str | None:
+    return None if value is None else _string(name, value)
+
+
+def _object(name: str, value: Any) -> dict[str, Any] | None:
+    if value is None or type(value) is dict:
+        return value
+    raise ValueError(f"field {name!r} must be an object or null, got {_show(value)}")
+
+
+_CHECKS: dict[str, Callable[[str, Any], Any]] = {
+    "t": _number, "key": _key, "ns": _string, "rule": _string, "policy": _string, "outcome": _string,
+    "tier": _optional_string, "size": _count, "latency_ms": _number, "saved_ms": _number, "fn": _string,
+    "reason": _string, "semantic": _object, "kv": _object, "call": _string, "stored": _string,
+    "rejected": _string, "arm": _string,
+}
+_REQUIRED = frozenset(("t", "key", "ns", "rule", "policy", "outcome", "tier", "size", "latency_ms", "saved_ms"))
 
 
 _TRAILING_DEFAULTS = tuple(_Fields._field_defaults[f] for f in _Fields._fields if f in _Fields._field_defaults)

@@ -83,13 +83,17 @@ class CacheMetrics:
         )
 
         # Set by controller._slo on each breaker transition, off the request path.
+        # A tenant's series lives while the rule keeps its breaker (controller._slo.MAX_TENANT_BREAKERS per
+        # rule), so the tenant label is bounded; the counter has no tenant label, as it is never removed.
         self.slo_states = Gauge(
-            "evocache_slo_state", "SLO breaker state per policy and rule: 0 closed, 1 half-open, 2 open "
-            "(from the rule's first transition).", ["policy", "rule"], registry=self.registry,
+            "evocache_slo_state", "SLO breaker state per policy, rule and tenant namespace (ns; empty: the "
+            "rule-wide state): 0 closed, 1 half-open, 2 open (from the breaker's first transition).",
+            ["policy", "rule", "ns"], registry=self.registry,
         )
         self.slo_transitions = Counter(
-            "evocache_slo_transitions", "SLO breaker transitions, by policy, rule and the state entered.",
-            ["policy", "rule", "state"], registry=self.registry,
+            "evocache_slo_transitions", "SLO breaker transitions, by policy, rule, scope (a tenant's "
+            "breaker, or the rule-wide state) and the state entered.",
+            ["policy", "rule", "scope", "state"], registry=self.registry,
         )
 
     def record(self, rule: str, tier: str | None, outcome: str, seconds: float) -> None:
@@ -114,14 +118,20 @@ class CacheMetrics:
     def tier_fault(self, tier: str, kind: str) -> None:
         self.tier_faults.labels(tier, kind).inc()
 
-    def slo_transition(self, policy: str, rule: str, state: str, value: int) -> None:
-        self.slo_transitions.labels(policy, rule, state).inc()
-        self.slo_states.labels(policy, rule).set(value)
+    def slo_transition(
+        self, policy: str, rule: str, ns: str, scope: str, state: str, value: int | None
+    ) -> None:
+        """A breaker entered ``state``; its gauge is set to ``value``, or dropped for None (so is it)."""
+        self.slo_transitions.labels(policy, rule, scope, state).inc()
+        if value is None:
+            self.slo_forget(policy, rule, ns)
+        else:
+            self.slo_states.labels(policy, rule, ns).set(value)
 
-    def slo_forget(self, policy: str, rule: str) -> None:
-        """Drop a rule's state gauge (its policy left; its transitions stay counted)."""
+    def slo_forget(self, policy: str, rule: str, ns: str) -> None:
+        """Drop a breaker's state gauge (its policy left, or it was dropped; its transitions stay counted)."""
         with contextlib.suppress(KeyError):
-            self.slo_states.remove(policy, rule)
+            self.slo_states.remove(policy, rule, ns)
 
     def value(self, name: str, **labels: str) -> float:
         """A sample's current value (0.0 when never set): for reports and tests."""

@@ -325,6 +325,10 @@ SLO_WINDOW = 60.0  # seconds of measurements a rule is judged on, when its slo s
 SLO_MIN_SAMPLES = 20  # fewer measurements than this in the window judge nothing
 SLO_COOL_DOWN = 30.0  # seconds a tripped rule runs in safe mode before it is probed
 SLO_PROBE = 0.1  # fraction of a half-open rule's requests that run normally, as probes
+# Tenants whose own breakers must be open at once before a rule trips for every tenant: one tenant (or two
+# keys of one customer) cannot switch off what the others are served.
+SLO_RULE_WIDE_TENANTS = 3
+MAX_RULE_WIDE_TENANTS = 1000  # the controller keeps at least this many tenants' breakers per rule
 MAX_SLO_SPAN = 86_400.0  # a window or cool-down longer than a day would judge, or punish, yesterday's traffic
 MAX_SLO_SAMPLES = 1_000_000
 
@@ -348,14 +352,16 @@ TripTo = Literal["semantic-off", "bypass"]
 
 class SloSpec(_Model):
     """Service objectives: the policy loop watches them during a canary, and the controller enforces them per
-    rule (``controller._slo``).
+    rule and tenant (``controller._slo``).
 
-    Over the last ``window`` of a rule's requests, with at least ``min_samples`` measurements, the rule trips
-    when the share of wrong answers among the semantic verdicts exceeds ``max_error_rate`` or the p99 of its
-    lookup latency exceeds ``p99_ms``. A tripped rule runs in safe mode for ``cool_down`` (``trip_to``:
-    ``semantic-off`` keeps exact caching and drops semantic lookups, ``bypass`` skips the cache), then a
-    fraction ``probe`` of its requests run normally until their measurements say whether it closes or opens
-    again. The policy's ``slo`` applies to every rule; a rule's own ``slo`` overrides it field by field.
+    Over the last ``window`` of one tenant's requests of a rule, with at least ``min_samples`` measurements,
+    the tenant's breaker of the rule trips when the share of wrong answers among its semantic verdicts exceeds
+    ``max_error_rate`` or the p99 of its lookup latency exceeds ``p99_ms``. A tripped breaker runs that
+    tenant's requests of the rule in safe mode for ``cool_down`` (``trip_to``: ``semantic-off`` keeps exact
+    caching and drops semantic lookups, ``bypass`` skips the cache), then a fraction ``probe`` of them run
+    normally until their measurements say whether it closes or opens again. While at least
+    ``rule_wide_tenants`` tenants' breakers of a rule are open, the rule runs in safe mode for every tenant.
+    The policy's ``slo`` applies to every rule; a rule's own ``slo`` overrides it field by field.
 
     Every field stays None when not written, so the normalised document shows only what was written;
     ``over`` merges a rule's spec over the policy's and ``resolved`` fills in the defaults (``SLO_*``).
@@ -368,6 +374,7 @@ class SloSpec(_Model):
     cool_down: SloSpan | None = None
     trip_to: TripTo | None = None
     probe: Annotated[Number, Field(gt=0, le=1)] | None = None
+    rule_wide_tenants: Annotated[Int, Field(ge=1, le=MAX_RULE_WIDE_TENANTS)] | None = None
 
     @property
     def objectives(self) -> bool:
@@ -381,13 +388,16 @@ class SloSpec(_Model):
 
     def resolved(self) -> SloSpec:
         """This spec with every field but the objectives filled in (``SLO_WINDOW``, ``SLO_MIN_SAMPLES``,
-        ``SLO_COOL_DOWN``, ``semantic-off``, ``SLO_PROBE``) where not written."""
+        ``SLO_COOL_DOWN``, ``semantic-off``, ``SLO_PROBE``, ``SLO_RULE_WIDE_TENANTS``) where not written."""
         return self.model_copy(update={
             "window": SLO_WINDOW if self.window is None else self.window,
             "min_samples": SLO_MIN_SAMPLES if self.min_samples is None else self.min_samples,
             "cool_down": SLO_COOL_DOWN if self.cool_down is None else self.cool_down,
             "trip_to": self.trip_to or "semantic-off",
             "probe": SLO_PROBE if self.probe is None else self.probe,
+            "rule_wide_tenants": (
+                SLO_RULE_WIDE_TENANTS if self.rule_wide_tenants is None else self.rule_wide_tenants
+            ),
         })
 
 

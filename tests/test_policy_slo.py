@@ -34,7 +34,8 @@ def test_the_policy_slo_applies_to_every_rule_resolved_with_the_defaults() -> No
         "slo: {max_error_rate: 0.05}\n"
     )
     expected = SloSpec(
-        max_error_rate=0.05, window=60.0, min_samples=20, cool_down=30.0, trip_to="semantic-off", probe=0.1
+        max_error_rate=0.05, window=60.0, min_samples=20, cool_down=30.0, trip_to="semantic-off", probe=0.1,
+        rule_wide_tenants=3,
     )
     assert dict(p.slos) == {"default": expected, "a": expected, "b": expected}
 
@@ -53,6 +54,7 @@ def test_a_rules_own_slo_overrides_the_policys_field_by_field() -> None:
     assert (strict.window, strict.min_samples) == (300.0, 50)
     assert (strict.trip_to, strict.cool_down) == ("bypass", 120.0)
     assert (plain.max_error_rate, plain.trip_to, plain.cool_down) == (0.1, "semantic-off", 30.0)
+    assert strict.rule_wide_tenants == plain.rule_wide_tenants == 3
     # The normalised document keeps what was written, where it was written.
     written = {"max_error_rate": 0.01, "cool_down": "2m", "trip_to": "bypass"}
     assert policy_to_dict(p)["rules"][0]["slo"] == written
@@ -64,6 +66,16 @@ def test_a_rule_may_set_an_objective_the_policy_does_not() -> None:
         HEAD + "rules:\n  - {name: slow, when: 'true', slo: {p99_ms: 40}}\n  - {name: x, when: 'false'}\n"
     )
     assert set(p.slos) == {"slow"} and p.slos["slow"].p99_ms == 40.0
+
+
+def test_rule_wide_tenants_is_written_like_any_slo_field_and_a_rule_overrides_it() -> None:
+    p = parse_policy(
+        HEAD + "rules:\n  - {name: shared, when: 'true', slo: {rule_wide_tenants: 5}}\n"
+        "slo: {max_error_rate: 0.1, rule_wide_tenants: 2}\n"
+    )
+    assert (p.slos["shared"].rule_wide_tenants, p.slos["default"].rule_wide_tenants) == (5, 2)
+    assert policy_to_dict(p)["rules"][0]["slo"] == {"rule_wide_tenants": 5}
+    assert parse_policy(policy_to_yaml(p)) == p
 
 
 def test_durations_take_every_spelling_and_normalise() -> None:
@@ -84,6 +96,9 @@ def test_durations_take_every_spelling_and_normalise() -> None:
         ("slo: {trip_to: degrade}", 16, "slo.trip_to", "must be 'semantic-off' or 'bypass'; got str"),
         ("slo: {probe: 0}", 14, "slo.probe", "must be greater than 0; got int 0"),
         ("slo: {probe: 1.5}", 14, "slo.probe", "must be less than or equal to 1; got float 1.5"),
+        ("slo: {rule_wide_tenants: 0}", 26, "slo.rule_wide_tenants", "must be greater than or equal to 1"),
+        ("slo: {rule_wide_tenants: 1001}", 26, "slo.rule_wide_tenants", "must be less than or equal to 1000"),
+        ("slo: {rule_wide_tenants: 2.5}", 26, "slo.rule_wide_tenants", "expected an integer; got float 2.5"),
         ("slo: {p99_ms: .inf}", 15, "slo.p99_ms", "must be a finite number"),
         ("slo: {max_error_rate: 2}", 23, "slo.max_error_rate", "must be less than or equal to 1"),
         ("slo: {p95_ms: 10}", 7, "slo.p95_ms", "unknown field 'p95_ms'; known fields: p99_ms"),
