@@ -1,21 +1,34 @@
 """The OpenAI wire format as pydantic models: requests, responses, streaming chunks, errors.
 
-Requests are checked in two steps. ``parse_request`` first bounds the work: the body's size, then (on the
-decoded JSON, before any model is built) the number of messages and the prompt's characters; then the
-model validates the fields and ``Limits`` bounds ``max_tokens``. Every refusal is a ``BadRequest`` whose
-``param`` names the field (``messages[2].content``), which ``error_response`` turns into OpenAI's
-``{"error": {"message", "type", "param", "code"}}`` body.
+Requests are checked in steps. ``parse_request`` first bounds the work: the body's size; then, on the decoded
+JSON and before any model is built, every value JSON can carry that no field takes (a string with a lone
+surrogate, NaN or Infinity, a number beyond 64 bits), the number of messages and the prompt's characters; then
+the models validate the fields, strictly (``max_tokens: true`` or ``"4"`` is not an integer); then fields that
+would change the answer but that this server cannot honour are refused; last ``Limits`` bounds ``max_tokens``.
+Every refusal is a ``BadRequest`` whose ``param`` names the field (``messages[2].content``), which
+``error_response`` turns into OpenAI's ``{"error": {"message", "type", "param", "code"}}`` body. The bounds
+that need the tokenizer (token ids within the vocabulary, prompt tokens against the context) are the
+ingress's (``serving._ingress``).
 
-Unknown top-level fields: OpenAI request fields that this server does not act on (``user``, ``metadata``,
-``tools``, ...; listed in ``IGNORED_COMPLETION_FIELDS`` and ``IGNORED_CHAT_FIELDS``) are accepted and dropped,
-so the official client's calls pass; any other name is refused with a 400 naming it, so a misspelt field
-(``max_token``) never silently does nothing.
+Fields OpenAI defines fall in three sets:
+
+* declared by the models below and honoured;
+* ``IGNORED_COMPLETION_FIELDS``, ``IGNORED_CHAT_FIELDS``: accepted and dropped, because they never change the
+  answer (``user``, ``metadata``, ``store``, ...);
+* ``REFUSED_COMPLETION_FIELDS``, ``REFUSED_CHAT_FIELDS``, ``REFUSED_MESSAGE_FIELDS``: they change the answer
+  (``tools``, ``response_format``, ``logit_bias``, ``n``, a message's ``name``, ...) and the engine cannot
+  honour them, so a request that asks for anything with one is refused naming it; absent, null or the value
+  that asks for nothing (``n: 1``, ``tools: []``) passes. Serving such a request the plain request's answer
+  would also file it under the plain request's cache entry.
+
+Any other name is refused with a 400 naming it, so a misspelt field (``max_token``) never silently does
+nothing.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections import Counter
 from typing import Any, Literal
 
 import pydantic
@@ -24,27 +37,47 @@ from pydantic import BaseModel, ConfigDict, Field
 from .errors import ApiError, BadRequest
 
 
-@dataclass(frozen=True)
-class Limits:
-    """Bounds applied before and after parsing a request."""
+class Limits(BaseModel):
+    """Bounds on a request: before parsing (body bytes, messages, prompt characters), after (``max_tokens``),
+    and after tokenising (``max_prompt_tokens``, ``None`` for no bound but the model's context)."""
 
-    max_body_bytes: int = 1 << 20
-    max_messages: int = 256
-    max_prompt_chars: int = 200_000  # characters of text, or token ids of a tokenised prompt
-    max_tokens: int = 8192
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_body_bytes: int = Field(1 << 20, ge=1)
+    max_messages: int = Field(256, ge=1)
+    max_prompt_chars: int = Field(200_000, ge=1)  # characters of text, or token ids of a tokenised prompt
+    max_tokens: int = Field(8192, ge=1)
+    max_prompt_tokens: int | None = Field(None, ge=1)
 
 
-IGNORED_COMPLETION_FIELDS = frozenset({"best_of", "logit_bias", "suffix", "user"})
+IGNORED_COMPLETION_FIELDS = frozenset({"user"})
 IGNORED_CHAT_FIELDS = frozenset({
-    "audio", "function_call", "functions", "logit_bias", "metadata", "modalities", "moderation",
-    "parallel_tool_calls", "prediction", "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention",
-    "reasoning_effort", "response_format", "safety_identifier", "service_tier", "store", "tool_choice",
-    "tools", "user", "verbosity", "web_search_options",
+    "metadata", "parallel_tool_calls", "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention",
+    "safety_identifier", "service_tier", "store", "user",
 })  # fmt: skip
+
+# Each refused field with the values that ask for nothing (null always does); any other value is refused.
+REFUSED_COMPLETION_FIELDS: dict[str, tuple[Any, ...]] = {
+    "best_of": (1,), "echo": (False,), "frequency_penalty": (0, 0.0), "logit_bias": ({},), "logprobs": (),
+    "n": (1,), "presence_penalty": (0, 0.0), "suffix": ("",),
+}  # fmt: skip
+REFUSED_CHAT_FIELDS: dict[str, tuple[Any, ...]] = {
+    "audio": (), "frequency_penalty": (0, 0.0), "function_call": ("none",), "functions": ([],),
+    "logit_bias": ({},), "logprobs": (False,), "modalities": (["text"],), "moderation": (), "n": (1,),
+    "prediction": (), "presence_penalty": (0, 0.0), "reasoning_effort": (), "response_format": ({"type": "text"},),
+    "tool_choice": ("none",), "tools": ([],), "top_logprobs": (), "verbosity": (), "web_search_options": (),
+}  # fmt: skip
+# A message's name and tool calls would reach the model only through a chat template that renders them; the
+# prompt is rendered from roles and text, so they are refused rather than dropped. A tool message answers a
+# tool call, which this server never makes.
+REFUSED_MESSAGE_FIELDS: dict[str, tuple[Any, ...]] = {"name": (), "tool_calls": ([],), "tool_call_id": ()}
+
+INT64 = 1 << 63
+_MAX_INT_DIGITS = 20  # a longer integer is beyond every field's range (the widest, seed, is 64 bits)
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class StreamOptions(_Strict):
@@ -56,9 +89,9 @@ class _Sampling(_Strict):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    n: int = Field(default=1, ge=1, le=16)
+    n: int | None = Field(default=1, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-INT64, lt=INT64)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     stream: bool = False
@@ -67,7 +100,7 @@ class _Sampling(_Strict):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
-    echo: bool = False
+    echo: bool | None = False
     logprobs: int | None = Field(default=None, ge=0, le=5)
 
 
@@ -113,7 +146,7 @@ class Message(_Strict):
 class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool = False
+    logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
 
@@ -250,9 +283,21 @@ def _path(error: Any) -> str:
     return path
 
 
+def _member(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The location up to the union member an error is under (``("prompt", "list[int]")``), else all of it."""
+    for i, part in enumerate(loc):
+        if isinstance(part, str) and part not in _FIELDS:
+            return loc[: i + 1]
+    return loc
+
+
 def validation_error(exc: pydantic.ValidationError) -> BadRequest:
-    """The 400 for a request that failed validation, naming the most specific field that failed."""
-    error = max(exc.errors(), key=lambda e: len(e["loc"]))
+    """The 400 for a request that failed validation, naming the most specific field that failed, and of those
+    the one in the union member the value came closest to (fewest errors): ``prompt: [1, true]`` is refused at
+    ``prompt[1]``, not an integer, rather than at ``prompt[0]``, not a string."""
+    errors = exc.errors()
+    counts = Counter(_member(e["loc"]) for e in errors)
+    error = min(errors, key=lambda e: (-len(e["loc"]), counts[_member(e["loc"])]))
     path = _path(error)
     if error["type"] == "extra_forbidden":
         message = f"{path}: unknown field"
@@ -295,27 +340,119 @@ def _bound(document: dict[str, Any], kind: Literal["completion", "chat"], limits
         raise BadRequest(f"{param}: {size} characters, more than the {allowed} allowed", param)
 
 
+class _Unfit:
+    """A JSON number no field takes, kept in place of its value so the walk below can name where it was."""
+
+    __slots__ = ("what",)
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+
+def _float(text: str) -> float | _Unfit:
+    value = float(text)
+    return value if value not in (float("inf"), float("-inf")) else _Unfit(f"{text} is beyond a double")
+
+
+def _int(text: str) -> int | _Unfit:
+    digits = len(text.lstrip("-"))
+    return int(text) if digits <= _MAX_INT_DIGITS else _Unfit(f"an integer of {digits} digits, beyond 64 bits")
+
+
+def _constant(name: str) -> _Unfit:
+    return _Unfit(f"{name} is not a number JSON allows")
+
+
+def _decode(body: bytes) -> Any:
+    """The JSON document in ``body``, with NaN, Infinity, numbers beyond a double and integers beyond 64 bits
+    left as ``_Unfit`` (``json.loads`` would take them, and the first two are not JSON)."""
+    try:
+        return json.loads(body, parse_constant=_constant, parse_float=_float, parse_int=_int)
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+
+
+def _has_surrogate(text: str) -> bool:
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _check_values(document: dict[str, Any]) -> None:
+    """Refuse a value no field can take (a lone surrogate, which is no Unicode text, or an ``_Unfit``
+    number), naming its place. Iterative: the depth is ``json.loads``'s to bound, not this walk's."""
+    todo: list[tuple[str, Any]] = [("", document)]
+    while todo:
+        path, value = todo.pop()
+        if isinstance(value, str):
+            if _has_surrogate(value):
+                raise BadRequest(f"{path}: a lone surrogate (\\ud800-\\udfff) is not Unicode text", path)
+        elif isinstance(value, _Unfit):
+            raise BadRequest(f"{path}: {value.what}", path)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if _has_surrogate(key):
+                    where = path or None
+                    raise BadRequest(f"{path or 'request body'}: a field name with a lone surrogate", where)
+                todo.append((f"{path}.{key}" if path else key, item))
+        elif isinstance(value, list):
+            todo.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+
+
+def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
+    """Whether ``value`` asks for nothing: null, or one of ``neutral`` with its JSON type (``true`` is not 1)."""
+    if value is None:
+        return True
+    text = json.dumps(value, sort_keys=True)
+    return any(text == json.dumps(n, sort_keys=True) for n in neutral)
+
+
+def _refusal(path: str, neutral: tuple[Any, ...]) -> BadRequest:
+    allowed = " or ".join(["null", *(json.dumps(n) for n in neutral)])
+    return BadRequest(f"{path}: not supported by this server (leave it out, or send {allowed})", path)
+
+
+def _refuse_unsupported(document: dict[str, Any], kind: Literal["completion", "chat"]) -> None:
+    """Refuse each field that would change the answer and that this server cannot honour (module docstring).
+    Runs on the validated document, so every value has its field's type."""
+    refused = REFUSED_CHAT_FIELDS if kind == "chat" else REFUSED_COMPLETION_FIELDS
+    for name, neutral in refused.items():
+        if not _neutral(document.get(name), neutral):
+            raise _refusal(name, neutral)
+    if document.get("stream_options") is not None and document.get("stream") is not True:
+        raise BadRequest("stream_options: only allowed with stream: true", "stream_options")
+    for i, message in enumerate(document.get("messages") or ()):
+        for name, neutral in REFUSED_MESSAGE_FIELDS.items():
+            if not _neutral(message.get(name), neutral):
+                raise _refusal(f"messages[{i}].{name}", neutral)
+
+
 def parse_request(
     body: bytes, kind: Literal["completion", "chat"], limits: Limits = Limits()
 ) -> CompletionRequest | ChatCompletionRequest:
     """The request in ``body`` (JSON) for ``/v1/completions`` or ``/v1/chat/completions``; ``BadRequest``
-    naming the field when it is too large or invalid."""
+    naming the field when it is too large, invalid, or asks for what this server cannot honour."""
     if len(body) > limits.max_body_bytes:
         raise BadRequest(f"request body of {len(body)} bytes, more than the {limits.max_body_bytes} allowed")
-    try:
-        document = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    document = _decode(body)
     if not isinstance(document, dict):
         raise BadRequest("request body must be a JSON object")
+    _check_values(document)
     _bound(document, kind, limits)
     ignored = IGNORED_CHAT_FIELDS if kind == "chat" else IGNORED_COMPLETION_FIELDS
-    fields = {name: value for name, value in document.items() if name not in ignored}
+    refused = REFUSED_CHAT_FIELDS if kind == "chat" else REFUSED_COMPLETION_FIELDS
     model = ChatCompletionRequest if kind == "chat" else CompletionRequest
+    fields = {name: value for name, value in document.items()
+              if name not in ignored and (name not in refused or name in model.model_fields)}
     try:
         request = model.model_validate(fields)
     except pydantic.ValidationError as exc:
         raise validation_error(exc) from exc
+    _refuse_unsupported(document, kind)
     caps = [("max_tokens", request.max_tokens)]
     if isinstance(request, ChatCompletionRequest):
         caps.append(("max_completion_tokens", request.max_completion_tokens))

@@ -16,6 +16,8 @@ from openai.types.chat import completion_create_params as chat_params
 from evocache.serving import (
     IGNORED_CHAT_FIELDS,
     IGNORED_COMPLETION_FIELDS,
+    REFUSED_CHAT_FIELDS,
+    REFUSED_COMPLETION_FIELDS,
     AssistantMessage,
     BadRequest,
     ChatChoice,
@@ -55,18 +57,17 @@ def test_a_chat_request_parses_with_openai_defaults():
     assert request.messages[0].text() == "hi"
 
 
-def test_chat_messages_take_every_role_and_text_parts():
+def test_chat_messages_take_every_text_role_and_text_parts():
     messages = [
         {"role": "system", "content": "be brief"},
+        {"role": "developer", "content": "be kind"},
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
-                                              "function": {"name": "f", "arguments": "{}"}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+        {"role": "assistant", "content": "c", "name": None, "tool_calls": []},
     ]  # fmt: skip
     body = _body(model="m", messages=messages, stream=True, stream_options={"include_usage": True})
     request = parse_request(body, "chat")
-    assert [m.role for m in request.messages] == ["system", "user", "assistant", "tool"]
-    assert request.messages[1].text() == "ab"
+    assert [m.role for m in request.messages] == ["system", "developer", "user", "assistant"]
+    assert request.messages[2].text() == "ab"
     assert request.stream and request.stream_options.include_usage
 
 
@@ -78,17 +79,34 @@ def test_a_completion_prompt_is_text_or_tokens(prompt):
 
 
 def test_every_field_of_the_official_client_is_known():
-    """The openai package's request fields are each declared or deliberately ignored, so no call it makes is
-    refused for an unknown field."""
+    """The openai package's request fields are each declared, deliberately ignored or deliberately refused, so
+    no call it makes is refused as an unknown field, and no field is both ignored and refused."""
     chat = set(typing.get_type_hints(chat_params.CompletionCreateParamsBase)) | {"stream"}
     completion = set(typing.get_type_hints(completion_params.CompletionCreateParamsBase)) | {"stream"}
-    assert chat - set(ChatCompletionRequest.model_fields) - IGNORED_CHAT_FIELDS == set()
-    assert completion - set(CompletionRequest.model_fields) - IGNORED_COMPLETION_FIELDS == set()
+    assert chat - set(ChatCompletionRequest.model_fields) - IGNORED_CHAT_FIELDS - set(REFUSED_CHAT_FIELDS) == set()
+    assert completion - set(CompletionRequest.model_fields) - IGNORED_COMPLETION_FIELDS - set(
+        REFUSED_COMPLETION_FIELDS) == set()
+    assert IGNORED_CHAT_FIELDS.isdisjoint(REFUSED_CHAT_FIELDS)
+    assert IGNORED_COMPLETION_FIELDS.isdisjoint(REFUSED_COMPLETION_FIELDS)
 
 
 def test_ignored_openai_fields_are_dropped():
-    request = parse_request(_chat(user="u-1", metadata={"a": "b"}, tools=[]), "chat")
+    request = parse_request(_chat(user="u-1", metadata={"a": "b"}, store=True, parallel_tool_calls=False),
+                            "chat")
     assert "user" not in request.model_dump()
+
+
+@pytest.mark.parametrize("field", sorted(REFUSED_CHAT_FIELDS))
+def test_every_refused_chat_field_passes_when_it_asks_for_nothing(field):
+    for neutral in (None, *REFUSED_CHAT_FIELDS[field]):
+        assert isinstance(parse_request(_chat(**{field: neutral}), "chat"), ChatCompletionRequest)
+
+
+@pytest.mark.parametrize("field", sorted(REFUSED_COMPLETION_FIELDS))
+def test_every_refused_completion_field_passes_when_it_asks_for_nothing(field):
+    for neutral in (None, *REFUSED_COMPLETION_FIELDS[field]):
+        assert isinstance(parse_request(_body(model="m", prompt="x", **{field: neutral}), "completion"),
+                          CompletionRequest)
 
 
 @pytest.mark.parametrize(
