@@ -48,7 +48,8 @@ def build_app(config: ServingConfig) -> Any:
     )
     return ingress.bind(
         model, config.server, config.api_keys.model_dump(),
-        {"rate": config.rate.model_dump() if config.rate else None, "ready_timeout_s": config.ready_timeout_s},
+        {"rate": config.rate.model_dump() if config.rate else None, "ready_timeout_s": config.ready_timeout_s,
+         "limits": config.limits},
         config.metrics,
     )
 

@@ -39,7 +39,7 @@ from redis.cluster import RedisCluster
 from evocache.controller import REDIS_ERRORS, NotARegularFile, Tenant, namespace_for, read_bounded
 from evocache.controller import connect_redis as connect
 
-from .errors import Forbidden, RateLimited, ServingConfigError, Unauthenticated, Unavailable
+from .errors import BadRequest, Forbidden, RateLimited, ServingConfigError, Unauthenticated, Unavailable
 
 MAX_KEY_FILE_BYTES = 1 << 20
 MAX_KEY_CHARS = 256
@@ -49,6 +49,16 @@ DEFAULT_REDIS_KEY = "evocache:api-keys"
 def key_digest(key: str) -> bytes:
     """The SHA-256 digest under which an API key is stored."""
     return hashlib.sha256(key.encode("utf-8")).digest()
+
+
+def authorization_header(values: list[str]) -> str | None:
+    """The request's one ``Authorization`` header (``values``: every one it sent), or None; ``BadRequest``
+    when it sent several, which proxies and frameworks resolve differently (first, last, joined), so no
+    single one is taken on trust."""
+    if len(values) > 1:
+        raise BadRequest(f"Authorization: sent {len(values)} times; send one 'Authorization: Bearer <api key>'",
+                         "Authorization")
+    return values[0] if values else None
 
 
 def bearer_key(authorization: str | None) -> str:

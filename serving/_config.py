@@ -7,6 +7,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from ._protocol import Limits
 from ._server import ServerSpec
 
 
@@ -78,6 +79,7 @@ class ServingConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    limits: Limits = Field(default_factory=Limits)  # request bounds at the ingress (serving._protocol.Limits)
 
     @model_validator(mode="after")
     def _metrics_port_apart(self) -> ServingConfig:

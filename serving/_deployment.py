@@ -31,6 +31,7 @@ from ._auth import AdminKeys, FileKeyStore, KeyStore, Rate, RedisKeyStore, tenan
 from ._ingress import Api, build_fastapi, serve_metrics
 from ._metrics import merge_expositions
 from ._model import load_tokenizer
+from ._protocol import Limits
 from ._request import Completion, Decision, Finish, GenerateRequest
 from ._server import ModelServer, ServerSpec
 
@@ -163,7 +164,8 @@ class IngressDeployment:
             backend=RayBackend(model, context.app_name), keys=key_store(keys), block_size=spec.block_size,
             default_max_tokens=spec.model.max_tokens, ready_timeout_s=options.get("ready_timeout_s", 30.0),
             rate=Rate(**rate) if rate else None, block_extras=spec.block_extras(),
-            admin_keys=AdminKeys.from_hex(metrics.admin_keys),
+            admin_keys=AdminKeys.from_hex(metrics.admin_keys), limits=options.get("limits") or Limits(),
+            context_tokens=spec.model.context_length(),
         )
         # Several ingress replicas on one host: the first to start holds the port (the others log it).
         self.metrics_listener = serve_metrics(self.api, metrics.host, metrics.port) if metrics.port else None

@@ -4,11 +4,15 @@
     GET  /v1/models             GET  /healthz                 GET /metrics
 
 Per request the ingress, in this order: authenticates the bearer key (the tenant is the key's, never a body
-field; 401 otherwise), takes the tenant's rate token (429 with ``Retry-After``), parses and bounds the body
-(400 naming the field), renders the prompt (a chat through the tokenizer's template), tokenises it and hashes
-its full blocks with the tenant namespace as salt (what the prefix-affinity router and, later, the KV cache key
-on), then calls a model replica through the ``Backend``. Every response carries the ``x-evocache-*`` headers of
-the replica's ``Decision``; a stream sends them before its first chunk. 503 when no replica answers in time.
+field; 401 otherwise, 400 for a repeated ``Authorization`` header), checks that the body is declared
+``application/json`` (415 otherwise), takes the tenant's rate token (429 with ``Retry-After``), parses and bounds
+the body (400 naming the field), renders the prompt (a chat through the tokenizer's template), tokenises it,
+bounds it in tokens (token ids within the vocabulary, ``Limits.max_prompt_tokens``, and prompt plus
+``max_tokens`` within the model's context: 400 naming the field), hashes its full blocks with the tenant
+namespace as salt (what the prefix-affinity router and, later, the KV cache key on), then calls a model replica
+through the ``Backend``. Every response carries the ``x-evocache-*`` headers of the replica's ``Decision``; a
+stream sends them before its first chunk. 503 when no replica answers in time; a fault of the ingress itself
+is a 500, in OpenAI's error shape like every refusal.
 
 ``GET /metrics`` shows every tenant's traffic, so it is the operator's: it answers only a request with an admin
 key (``AdminKeys``; a tenant's key gets 403, no key 401). ``serve_metrics`` serves it without a key on a separate
@@ -36,7 +40,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 from evocache.controller import block_hashes, namespace_for
 
-from ._auth import AdminKeys, KeyStore, Rate, RateLimiter, authenticate
+from ._auth import AdminKeys, KeyStore, Rate, RateLimiter, authenticate, authorization_header
 from ._model import Tokenizer
 from ._protocol import (
     AssistantMessage,
@@ -58,7 +62,7 @@ from ._protocol import (
     parse_request,
 )
 from ._request import Completion, Decision, Finish, GenerateRequest
-from .errors import ApiError, BadRequest, Unavailable
+from .errors import ApiError, BadRequest, Unavailable, UnsupportedMediaType
 
 log = logging.getLogger("evocache.serving")
 
@@ -76,14 +80,15 @@ class Backend(Protocol):
 
 
 class Api:
-    """The ingress's state: the model it names, its tokenizer and block hashing, keys (the tenants', and the
-    admin keys that read ``/metrics``), rate limits, backend."""
+    """The ingress's state: the model it names, its tokenizer, context (``context_tokens``: prompt plus answer,
+    ``ModelConfig.context_length``; None for no bound) and block hashing, keys (the tenants', and the admin keys
+    that read ``/metrics``), request limits, rate limits, backend."""
 
     def __init__(self, *, model_id: str, model_revision: str, tokenizer: Tokenizer, backend: Backend,
                  keys: KeyStore, block_size: int = 16, default_max_tokens: int = 64, limits: Limits = Limits(),
                  rate: Rate | None = None, clock: Callable[[], float] = time.monotonic,
                  ready_timeout_s: float = 30.0, block_extras: tuple[str, ...] | None = None,
-                 admin_keys: AdminKeys = AdminKeys()) -> None:
+                 admin_keys: AdminKeys = AdminKeys(), context_tokens: int | None = None) -> None:
         self.model_id = model_id
         self.model_revision = model_revision
         self.tokenizer = tokenizer
@@ -95,6 +100,7 @@ class Api:
         # router's hashes are the KV cache's.
         self.block_extras = block_extras if block_extras is not None else (model_id, model_revision)
         self.default_max_tokens = default_max_tokens
+        self.context_tokens = context_tokens
         self.limits = limits
         self.limiter = RateLimiter(rate, clock) if rate is not None else None
         self.clock = clock
@@ -132,26 +138,20 @@ class Api:
         if parsed.model != self.model_id:
             raise BadRequest(f"model: {parsed.model!r} is not served here; GET /v1/models lists {self.model_id!r}",
                              "model")
-        if parsed.n != 1:
-            raise BadRequest("n: only 1 choice per request is supported", "n")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(parsed, name) not in (None, 0, 0.0):
-                raise BadRequest(f"{name}: not supported by this server (leave it out or 0)", name)
         if isinstance(parsed, ChatCompletionRequest):
-            if parsed.logprobs:
-                raise BadRequest("logprobs: not supported by this server", "logprobs")
             messages = [(m.role, m.text()) for m in parsed.messages]
             prompt = self.tokenizer.render_chat(messages)
             input_ids = self.tokenizer.encode(prompt)
             chunks = chat_chunks(self.tokenizer, messages, prompt, input_ids)
-            max_tokens = parsed.max_completion_tokens or parsed.max_tokens
+            asked = ("max_completion_tokens", parsed.max_completion_tokens) if parsed.max_completion_tokens \
+                else ("max_tokens", parsed.max_tokens)
+            prompt_param = "messages"
         else:
-            if parsed.echo or parsed.logprobs:
-                raise BadRequest("echo and logprobs: not supported by this server", "echo" if parsed.echo else
-                                 "logprobs")
             prompt, input_ids = self._prompt(parsed.prompt)
             chunks = ()
-            max_tokens = parsed.max_tokens
+            asked = ("max_tokens", parsed.max_tokens)
+            prompt_param = "prompt"
+        max_tokens = self._token_bound(len(input_ids), asked, prompt_param)
         stop = parsed.stop if isinstance(parsed.stop, list) else [parsed.stop] if parsed.stop else []
         if len(stop) > 4 or any(not s or len(s) > 256 for s in stop):
             raise BadRequest("stop: up to 4 sequences of 1 to 256 characters", "stop")
@@ -165,7 +165,7 @@ class Api:
         return GenerateRequest(
             request_id=("chatcmpl-" if endpoint == "chat" else "cmpl-") + uuid.uuid4().hex,
             endpoint=endpoint, model=self.model_id, prompt=prompt, input_ids=tuple(input_ids), blocks=blocks,
-            tenant=tenant_id, tenant_tier=tier, max_tokens=max_tokens or self.default_max_tokens,
+            tenant=tenant_id, tenant_tier=tier, max_tokens=max_tokens,
             temperature=float(temperature), top_p=float(parsed.top_p if parsed.top_p is not None else 1.0),
             seed=parsed.seed, stop=tuple(stop), stream=parsed.stream, include_usage=include_usage,
             created=int(time.time()), chunks=chunks,
@@ -177,8 +177,35 @@ class Api:
         if isinstance(prompt, str):
             return prompt, self.tokenizer.encode(prompt)
         if isinstance(prompt, list) and all(type(t) is int for t in prompt):
+            vocab = self.tokenizer.vocab_size
+            for i, token in enumerate(prompt):
+                if not 0 <= token < vocab:
+                    raise BadRequest(f"prompt: token id {token} at {i} is outside the vocabulary (0 to {vocab - 1})",
+                                     "prompt")
             return self.tokenizer.decode(prompt), list(prompt)
         raise BadRequest("prompt: one prompt per request (a string or a list of token ids)", "prompt")
+
+    def _token_bound(self, prompt_tokens: int, asked: tuple[str, int | None], prompt_param: str) -> int:
+        """The request's ``max_tokens`` once its prompt is tokenised: what it asked, else the default cut to the
+        room the context leaves. ``BadRequest`` naming the prompt's field when the prompt alone is over
+        ``Limits.max_prompt_tokens`` or fills the context, naming ``asked`` when prompt plus it is over."""
+        limit = self.limits.max_prompt_tokens
+        if limit is not None and prompt_tokens > limit:
+            raise BadRequest(f"{prompt_param}: {prompt_tokens} tokens, more than the {limit} allowed", prompt_param)
+        name, value = asked
+        context = self.context_tokens
+        if context is None:
+            return value if value is not None else self.default_max_tokens
+        room = context - prompt_tokens
+        if room < 1:
+            raise BadRequest(f"{prompt_param}: {prompt_tokens} tokens leave no room for an answer in the model's "
+                             f"context of {context} tokens", prompt_param)
+        if value is None:
+            return min(self.default_max_tokens, room)
+        if value > room:
+            raise BadRequest(f"{name}: {prompt_tokens} prompt tokens and {value} more exceed the model's context "
+                             f"of {context} tokens (at most {room} here)", name)
+        return value
 
     # -- responses ---------------------------------------------------------------------------------------
 
@@ -270,7 +297,8 @@ def build_fastapi(api: Api) -> FastAPI:
     async def generate(request: Request, endpoint: Literal["completions", "chat"]) -> Response:
         started = time.perf_counter()
         try:
-            tenant = authenticate(api.keys, request.headers.get("authorization"))
+            tenant = authenticate(api.keys, authorization_header(request.headers.getlist("authorization")))
+            _json_body(request.headers.getlist("content-type"))
             if api.limiter is not None:
                 api.limiter.acquire(tenant.id)
             body = await _read_body(request, api.limits.max_body_bytes)
@@ -283,6 +311,9 @@ def build_fastapi(api: Api) -> FastAPI:
                 response = JSONResponse(api.body(work, done), headers=done.decision.headers())
         except ApiError as exc:
             return _error(exc, endpoint, api)
+        except Exception:  # a fault of the ingress itself: logged, and answered in OpenAI's shape
+            log.exception("%s: unexpected failure", endpoint)
+            return _error(ApiError("the server failed to handle the request"), endpoint, api)
         api.requests.labels(endpoint, "200").inc()
         api.latency.labels(endpoint).observe(time.perf_counter() - started)
         return response
@@ -298,7 +329,7 @@ def build_fastapi(api: Api) -> FastAPI:
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         try:
-            authenticate(api.keys, request.headers.get("authorization"))
+            authenticate(api.keys, authorization_header(request.headers.getlist("authorization")))
         except ApiError as exc:
             return _error(exc, "models", api)
         listing = ModelList(data=[ModelCard(id=api.model_id, created=api.created)])
@@ -318,7 +349,7 @@ def build_fastapi(api: Api) -> FastAPI:
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         try:
-            api.admin_keys.authorize(request.headers.get("authorization"), api.keys)
+            api.admin_keys.authorize(authorization_header(request.headers.getlist("authorization")), api.keys)
         except ApiError as exc:
             return _error(exc, "metrics", api)
         return _exposition(await api.exposition())
@@ -356,6 +387,18 @@ def serve_metrics(api: Api, host: str, port: int) -> Any:
     if not server.started:
         log.warning("metrics: no listener on %s:%d (see uvicorn's error above)", host, port)
     return server
+
+
+def _json_body(content_types: list[str]) -> None:
+    """Returns when the body is declared JSON: one ``Content-Type`` of ``application/json``, with no parameter
+    but ``charset=utf-8`` (the only encoding read); ``UnsupportedMediaType`` otherwise."""
+    if len(content_types) != 1:
+        raise UnsupportedMediaType("Content-Type: send one, application/json", "Content-Type")
+    media, *parameters = (part.strip().lower() for part in content_types[0].split(";"))
+    if media != "application/json" or any(p.replace(" ", "") not in ("charset=utf-8", 'charset="utf-8"', "")
+                                          for p in parameters):
+        raise UnsupportedMediaType("Content-Type: the body must be application/json (charset utf-8)",
+                                   "Content-Type")
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import logging
 import threading
 import time
@@ -34,6 +35,10 @@ log = logging.getLogger("evocache.serving")
 MINILM = "minilm"
 BYTES = "bytes"
 _PARAMS = ("prompt", "input_ids", "max_tokens", "temperature", "top_p", "seed", "stop")
+# Where a Hugging Face config.json gives the positions a model attends to, by architecture family.
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+# Below this a sampling temperature is greedy decoding: dividing logits by it overflows to inf (vLLM's bound).
+MIN_SAMPLING_TEMPERATURE = 1e-5
 
 
 class ModelConfig(BaseModel):
@@ -46,7 +51,8 @@ class ModelConfig(BaseModel):
 
     ``id`` is the model name clients send (``model`` in requests) and the key binds; ``revision`` changes keys
     when the weights change. ``tokenizer``: ``"bytes"``, ``"minilm"`` or a local folder; default: the model's
-    folder for ``hf``, ``"bytes"`` for a callable.
+    folder for ``hf``, ``"bytes"`` for a callable. ``context_tokens``: the most tokens a request's prompt and
+    answer may take together (``context_length``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -61,6 +67,7 @@ class ModelConfig(BaseModel):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     seed: int = 0
     max_tokens: int = Field(64, ge=1, le=8192)  # the default completion length when a request gives none
+    context_tokens: int | None = Field(None, ge=1)  # prompt plus answer; default: an hf model's config.json
 
     @model_validator(mode="after")
     def _source(self) -> ModelConfig:
@@ -69,6 +76,20 @@ class ModelConfig(BaseModel):
         if self.kind == "callable" and not self.callable:
             raise ValueError("kind: callable needs callable ('package.module:function')")
         return self
+
+    def context_length(self) -> int | None:
+        """The most tokens of prompt and answer together: ``context_tokens`` when given, else for ``hf`` the
+        first of ``CONTEXT_KEYS`` its ``config.json`` has; None (no bound) for a callable without one.
+        ``ServingConfigError`` when the config cannot be read."""
+        if self.context_tokens is not None or self.kind != "hf":
+            return self.context_tokens
+        path = Path(self.path or "") / "config.json"
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ServingConfigError(f"model {self.id!r}: cannot read {path}: {exc}") from exc
+        found = [config[key] for key in CONTEXT_KEYS if isinstance(config, dict) and type(config.get(key)) is int]
+        return found[0] if found else None
 
     @property
     def tokenizer_source(self) -> str:
@@ -88,6 +109,7 @@ class GenerationParams:
 
 class Tokenizer(Protocol):
     eos_id: int | None
+    vocab_size: int  # token ids run from 0 to vocab_size - 1
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -105,6 +127,7 @@ class ByteTokenizer:
     """UTF-8 bytes as token ids (0-255): exact, needs no files."""
 
     eos_id = None
+    vocab_size = 256
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -166,11 +189,16 @@ class Generator(Protocol):
 
 
 class CallableGenerator:
-    """A user's function: called with the parameters it declares; a str result is one piece."""
+    """A user's function: called with the parameters it declares; a str result is one piece. Its answer is cut
+    at ``max_tokens`` tokens of ``tokenizer`` (the deployment's; bytes when none is given), the count the
+    replica reports, so a function that ignores ``max_tokens`` still answers within it.
+
+    Counting re-tokenises the answer so far, but only once its UTF-8 size could hold more than ``max_tokens``
+    tokens: a tokenizer gives at most one token per byte of text, plus one (a leading marker)."""
 
     pieces_are_tokens = False
 
-    def __init__(self, fn: Callable[..., Any], where: str) -> None:
+    def __init__(self, fn: Callable[..., Any], where: str, tokenizer: Tokenizer | None = None) -> None:
         if getattr(fn, "cached_function", None) is not None:
             raise ServingConfigError(
                 f"{where} is already decorated with @cache_if: pass the undecorated function and give the "
@@ -184,12 +212,25 @@ class CallableGenerator:
         self._names = _PARAMS if takes_all else tuple(n for n in _PARAMS if n in signature.parameters)
         self._fn = fn
         self._where = where
+        self._tokenizer = tokenizer or ByteTokenizer()
 
     def stream(self, prompt: str, input_ids: Sequence[int], params: GenerationParams) -> Iterator[str]:
         values = {"prompt": prompt, "input_ids": list(input_ids), "max_tokens": params.max_tokens,
                   "temperature": params.temperature, "top_p": params.top_p, "seed": params.seed,
                   "stop": list(params.stop)}
-        result = self._fn(**{name: values[name] for name in self._names})
+        text = ""
+        for piece in self._pieces(self._fn(**{name: values[name] for name in self._names})):
+            whole = text + piece
+            if self._fits(whole, params.max_tokens):
+                text = whole
+                yield piece
+                continue
+            cut = self._cut(whole, len(text), params.max_tokens)
+            if cut > len(text):
+                yield whole[len(text):cut]
+            return
+
+    def _pieces(self, result: Any) -> Iterator[str]:
         if isinstance(result, str):
             yield result
             return
@@ -199,6 +240,23 @@ class CallableGenerator:
             if not isinstance(piece, str):
                 raise TypeError(f"{self._where} yielded {type(piece).__name__}: yield str pieces")
             yield piece
+
+    def _fits(self, text: str, budget: int) -> bool:
+        if len(text.encode("utf-8", errors="surrogatepass")) + 1 <= budget:
+            return True
+        return len(self._tokenizer.encode(text)) <= budget
+
+    def _cut(self, text: str, start: int, budget: int) -> int:
+        """The longest prefix of ``text``, at least ``start`` characters (which fit), within ``budget`` tokens:
+        a binary search, as a prefix's token count grows with its length."""
+        low, high = start, len(text)  # text[:low] fits, text[:high] does not
+        while high - low > 1:
+            middle = (low + high) // 2
+            if len(self._tokenizer.encode(text[:middle])) <= budget:
+                low = middle
+            else:
+                high = middle
+        return low
 
 
 def import_callable(spec: str) -> Callable[..., Any]:
@@ -371,7 +429,7 @@ class HFGenerator:
 
 
 def _pick(torch: Any, logits: Any, params: GenerationParams, rng: Any) -> int:
-    if params.temperature <= 0 or rng is None:
+    if params.temperature < MIN_SAMPLING_TEMPERATURE or rng is None:
         return int(torch.argmax(logits))
     probs = torch.softmax(logits.float() / params.temperature, dim=-1)
     if params.top_p < 1.0:
@@ -384,7 +442,7 @@ def _pick(torch: Any, logits: Any, params: GenerationParams, rng: Any) -> int:
 def load_generator(config: ModelConfig, tokenizer: Tokenizer) -> Generator:
     if config.kind == "callable":
         assert config.callable is not None  # the validator
-        return CallableGenerator(import_callable(config.callable), config.callable)
+        return CallableGenerator(import_callable(config.callable), config.callable, tokenizer)
     return HFGenerator(config, tokenizer)
 
 

@@ -6,6 +6,7 @@
         ├── BadRequest       400: the body is malformed or a field is invalid (``param`` names it)
         ├── Unauthenticated  401: no, malformed or unknown API key
         ├── Forbidden        403: a valid key that may not use this endpoint (a tenant's key on /metrics)
+        ├── UnsupportedMediaType  415: the body is not declared ``application/json``
         ├── RateLimited      429: the tenant is over its request rate (``retry_after`` seconds)
         └── Unavailable      503: no replica (or key store) can serve the request now
 
@@ -52,6 +53,15 @@ class Forbidden(ApiError):
     status = 403
     error_type = "invalid_request_error"
     code = "insufficient_permissions"
+
+
+class UnsupportedMediaType(ApiError):
+    """The official client raises its ``APIStatusError`` for a 415 (status, message and this body) and does
+    not retry it; it always sends ``application/json``, so only a hand-made request meets this."""
+
+    status = 415
+    error_type = "invalid_request_error"
+    code = "unsupported_media_type"
 
 
 class RateLimited(ApiError):

@@ -80,9 +80,9 @@ def test_a_repeated_completion_is_a_hit_with_the_decision_in_its_headers(served)
     http, server, _ = served
     c = client(http)
     first = c.completions.with_raw_response.create(model="echo", prompt="one two three", temperature=0,
-                                                   max_tokens=8)
+                                                   max_tokens=16)
     again = c.completions.with_raw_response.create(model="echo", prompt="one two three", temperature=0,
-                                                   max_tokens=8)
+                                                   max_tokens=16)
     assert first.headers["x-evocache-outcome"] == "miss"
     assert again.headers["x-evocache-outcome"] == "hit" and again.headers["x-evocache-tier"] == "l1"
     assert again.headers["x-evocache-rule"] == "completions"
