@@ -30,8 +30,9 @@ c. ``kv-routing``: the Mooncake trace replayed through the production classes on
    scaled to ``--rate`` requests per second. Routing by the production affinity logic (``AffinityIndex`` and
    ``rendezvous_order`` as ``PrefixAffinityRouter`` ranks, with its imbalance threshold) against Ray's default
    (power of two choices on the queue lengths); eviction LRU (vLLM's policy), ``lookahead`` (over LRU) and
-   ``lookahead`` over ``learned``, told the waiting requests (``enqueue``/``dequeue``, as ``HFGenerator`` does),
-   and Belady per replica (``controller.replay.belady_unit`` on the block accesses each replica saw under LRU).
+   ``lookahead`` over ``learned``, told the waiting requests (``DeviceBlocks.enqueue``/``dequeue`` from arrival
+   to service start; each request runs through the cache's ``prefill`` at its start and ``store`` at its end,
+   on an engine that runs no model, ``TraceEngine``), and Belady per replica (``controller.replay.belady_unit`` on the block accesses each replica saw under LRU).
    KV hit ratio: blocks reused / blocks requested. Targets: affinity >= 1.5x the default router's; queue-aware
    >= LRU + 10 % of the LRU -> Belady gap.
 d. ``kv-memory``: bytes per cached token per dtype for the bench config, and an L1 filled past its bound through
@@ -52,7 +53,9 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
@@ -161,7 +164,7 @@ def behind(generator: Any, blocker: Sequence[int], ids: Sequence[int], kv_plan: 
 
     thread = threading.Thread(target=first)
     thread.start()
-    while not generator._lock.locked():  # the blocker holds the model: the measured request will wait
+    while not generator.engine.lock.locked():  # the blocker holds the model: the measured request will wait
         time.sleep(0.0005)
     list(generator.stream("", ids, params(1), kv_plan, usage))
     done = time.perf_counter()
@@ -402,9 +405,32 @@ def router_hash(hash_id: int) -> bytes:
     return hashlib.blake2b(hash_id.to_bytes(8, "little"), digest_size=32, person=b"bench.kv").digest()
 
 
+class TraceEngine:
+    """The engine of a replica on the virtual clock (``serving.kv.KvEngine``): it runs no model; a forward
+    appends zero keys and values of the 1-layer, 1-head, 1-dim geometry, so the cache's ``prefill`` and
+    ``store`` build, fill and keep real blocks as they do for a model."""
+
+    model_config = None
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def forward(self, ids: Sequence[int], cache: Any, positions: Any = None, mask: Any = None) -> Any:
+        import torch
+
+        cache.update(torch.zeros(1, 1, len(ids), 1), torch.zeros(1, 1, len(ids), 1), 0)
+        return SimpleNamespace(logits=None)
+
+    def rope_shift(self) -> Any:
+        from evocache.serving.kv import RopeShiftUnsupported
+
+        raise RopeShiftUnsupported("a replica on the virtual clock runs no model to shift keys of")
+
+
 class Replica:
     """One replica on the virtual clock: a production ``KvPrefixCache`` (L1 only, blocks of 1 token of a
-    1-layer, 1-head, 1-dim float32 model: 8 bytes each) and a FIFO queue serving one request at a time."""
+    1-layer, 1-head, 1-dim float32 model: 8 bytes each) on a ``TraceEngine``, and a FIFO queue serving one
+    request at a time."""
 
     def __init__(self, name: str, capacity_blocks: int, policy: str) -> None:
         from evocache.controller import make_eviction_policy
@@ -419,6 +445,7 @@ class Replica:
             # KvConfig names a registry policy without options; its base is LRU. The same registry call with
             # the base the brief's queue-aware row needs.
             self.kv.l1.policy = make_eviction_policy("lookahead", base="learned", capacity=self.kv.l1.capacity)
+        self.engine = TraceEngine()
         self.name = name
         self.queue: list[tuple[int, float, tuple[int, ...], int]] = []  # (request, arrival, ids, ticket)
         self.busy = False
@@ -433,9 +460,6 @@ def replay_routing(requests: Sequence[tuple[float, tuple[int, ...]]], router: st
                    capacity_blocks: int, per_block_s: float, rate_scale: float, seed: int = 0,
                    threshold: int = 10, replicas: int = 2) -> dict[str, Any]:
     """One (router, eviction policy) run over ``requests`` on a virtual clock; the row of figures."""
-    import torch
-    from transformers import DynamicCache
-
     from evocache.controller.replay import QueueModel
     from evocache.serving._affinity import AffinityIndex, rendezvous_order
     from evocache.serving.kv import KvUsage
@@ -477,41 +501,29 @@ def replay_routing(requests: Sequence[tuple[float, tuple[int, ...]]], router: st
         waiting_at_start.append(len(replica.queue))
         waits.append(now - arrived)
         replica.busy = True
-        kv = replica.kv
-        kv.dequeue(ticket)
-        usage = KvUsage()
-        hashes, blocks = kv.lookup(kv_plan, range(len(ids) + 1), usage, ids)
+        replica.kv.l1.dequeue(ticket)
+        # The trace's hash ids are the blocks' hashes; one token more than blocks, so every block is usable.
+        filled = replica.kv.prefill(replace(kv_plan, hashes=ids), range(len(ids) + 1), KvUsage(), replica.engine)
+        found = filled.first_block
         requested += len(ids)
-        reused += len(blocks)
+        reused += found
         replica.accesses.append((req, ids))
         seq += 1
-        heapq.heappush(events, (now + model.service_time(len(ids) - len(blocks)), seq, "done",
-                                (replica.name, ids, len(blocks), usage)))
-
-    for_cache: dict[int, Any] = {}
-
-    def payload(n: int) -> Any:
-        """A model cache of ``n`` tokens of the 1-layer tiny geometry (what ``store`` copies blocks from)."""
-        cache = for_cache.get(n)
-        if cache is None:
-            cache = DynamicCache()
-            cache.update(torch.zeros(1, 1, n, 1), torch.zeros(1, 1, n, 1), 0)
-            for_cache[n] = cache
-        return cache
+        heapq.heappush(events, (now + model.service_time(len(ids) - found), seq, "done", (replica.name, filled)))
 
     while events:
         now, order, kind, data = heapq.heappop(events)
         if kind == "arrive":
             ids = data
             replica = replicas[route(ids)]
-            ticket = replica.kv.enqueue(ids)
+            ticket = replica.kv.l1.enqueue(ids)
             replica.queue.append((order, now, ids, ticket))
             if not replica.busy:
                 start(replica, now)
         else:
-            name, ids, found, usage = data
+            name, filled = data
             replica = replicas[name]
-            replica.kv.store(kv_plan, range(len(ids) + 1), ids, payload(len(ids)), found, usage)
+            replica.kv.store(filled)
             replica.busy = False
             replica.served += 1
             if replica.queue:

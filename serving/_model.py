@@ -20,15 +20,17 @@ import inspect
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .errors import ServingConfigError
+
+if TYPE_CHECKING:  # the KV cache imports torch where it runs, not here
+    from .kv import KvPlan, KvPrefixCache, KvUsage, RopeShift
 
 log = logging.getLogger("evocache.serving")
 
@@ -275,9 +277,54 @@ def import_callable(spec: str) -> Callable[..., Any]:
     return target
 
 
+class HFEngine:
+    """A loaded causal LM as the KV cache drives it (``serving.kv.KvEngine``): its config, the lock every
+    forward holds (requests waiting on it are the replica's queue), the forward, and its RoPE shift for chunk
+    reuse (read from the model once)."""
+
+    def __init__(self, model: Any, device: str) -> None:
+        import torch  # noqa: PLC0415
+
+        self.model = model
+        self.model_config = model.config
+        self.device = device
+        self.lock = threading.Lock()
+        self._torch = torch
+        # transformers renamed the forward's cache argument (past_key_values -> cache); take the one it has.
+        names = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in names else "past_key_values"
+        self._shift: Any = None  # the RopeShift, once built
+        self._refusal = ""  # why the model's RoPE cannot be shifted, once known
+
+    def forward(self, ids: Sequence[int], cache: Any, positions: Any = None, mask: Any = None) -> Any:
+        """The model on ``ids`` after ``cache`` (at ``positions``, under a 4D ``mask``, when given)."""
+        extra = {}
+        if positions is not None:
+            extra["position_ids"] = positions[None]
+        if mask is not None:
+            extra["attention_mask"] = mask
+        return self.model(input_ids=self._torch.tensor([list(ids)], device=self.device), use_cache=True,
+                          **{self._cache_arg: cache}, **extra)
+
+    def rope_shift(self) -> RopeShift:
+        """The model's ``RopeShift``; ``RopeShiftUnsupported`` when its rotary embedding cannot be moved exactly."""
+        from .kv._rope import RopeShift  # noqa: PLC0415
+        from .kv.errors import RopeShiftUnsupported  # noqa: PLC0415
+
+        if self._shift is None and not self._refusal:
+            try:
+                self._shift = RopeShift.from_model(self.model)
+            except RopeShiftUnsupported as exc:
+                self._refusal = str(exc)
+        if self._refusal:
+            raise RopeShiftUnsupported(self._refusal)
+        return self._shift
+
+
 class HFGenerator:
     """A causal LM decoding one token at a time with its KV cache; greedy at temperature 0, else sampled
-    (top-p) from a generator seeded by the request's ``seed`` (unseeded without one)."""
+    (top-p) from a generator seeded by the request's ``seed`` (unseeded without one). With a KV prefix cache
+    attached, the prompt's prefill goes through it: ``prefill`` with the model as its engine, then ``store``."""
 
     pieces_are_tokens = True
 
@@ -301,21 +348,16 @@ class HFGenerator:
         self.device = config.device
         self.tokenizer = tokenizer
         self._torch = torch
-        # transformers renamed the forward's cache argument (past_key_values -> cache); take the one it has.
-        names = inspect.signature(self.model.forward).parameters
-        self._cache_arg = "cache" if "cache" in names else "past_key_values"
-        # One forward at a time: requests waiting here are the replica's queue (prefetch and eviction read it).
-        self._lock = threading.Lock()
+        self.engine = HFEngine(self.model, config.device)
 
-    def attach_kv(self, kv: Any) -> None:
+    kv: KvPrefixCache | None = None
+
+    def attach_kv(self, kv: KvPrefixCache | None) -> None:
         """Serve prompts' cached prefixes from ``kv`` (a ``serving.kv.KvPrefixCache`` for this model)."""
         self.kv = kv
 
-    kv: Any = None
-    _shift: Any = None  # RopeShift, or the RopeShiftUnsupported that refused it (chunk reuse)
-
-    def stream(self, prompt: str, input_ids: Sequence[int], params: GenerationParams, kv_plan: Any = None,
-               usage: Any = None) -> Iterator[str]:
+    def stream(self, prompt: str, input_ids: Sequence[int], params: GenerationParams,
+               kv_plan: KvPlan | None = None, usage: KvUsage | None = None) -> Iterator[str]:
         """The answer's pieces, one per generated token. With a KV cache attached and ``kv_plan`` enabled, the
         prompt's longest cached prefix is loaded and only the rest is computed (``usage``: what it reused)."""
         torch = self._torch
@@ -331,9 +373,8 @@ class HFGenerator:
             cache, logits = self._prefill(ids, kv_plan, usage)
             for i in range(params.max_tokens):
                 if i:
-                    step = torch.tensor([[produced[-1]]], device=self.device)
-                    with self._lock:
-                        logits = self.model(input_ids=step, use_cache=True, **{self._cache_arg: cache}).logits
+                    with self.engine.lock:
+                        logits = self.engine.forward([produced[-1]], cache).logits
                 token = _pick(torch, logits[0, -1], params, rng)
                 if token == self.tokenizer.eos_id:
                     return
@@ -342,90 +383,21 @@ class HFGenerator:
                 piece, text = full[len(text):], full
                 yield piece
 
-    def _prefill(self, ids: list[int], kv_plan: Any, usage: Any) -> tuple[Any, Any]:
-        """The cache after the prompt, and the prompt's last logits: from the KV prefix cache's longest prefix
-        plus the rest computed, or all computed."""
+    def _prefill(self, ids: list[int], kv_plan: KvPlan | None, usage: KvUsage | None) -> tuple[Any, Any]:
+        """The cache after the prompt, and the prompt's last logits: through the KV prefix cache when one is
+        attached and the plan allows it (its longest cached prefix plus the rest computed), else all computed."""
         from transformers import DynamicCache  # noqa: PLC0415
 
-        torch = self._torch
         kv = self.kv if kv_plan is not None and kv_plan.enabled else None
         if kv is None:
             cache = DynamicCache(config=self.model.config)
-            with self._lock:
-                out = self.model(input_ids=torch.tensor([ids], device=self.device), use_cache=True,
-                                 **{self._cache_arg: cache})
+            with self.engine.lock:
+                out = self.engine.forward(ids, cache)
             return cache, out.logits
-        hashes = kv_plan.hashes or kv.hashes(ids, kv_plan.salt)
-        ticket = kv.enqueue(hashes)
-        prefetch = kv.start_prefetch(kv_plan, hashes) if kv.config.prefetch else None
-        waited = time.perf_counter()
-        with self._lock:
-            waited = time.perf_counter() - waited
-            kv.dequeue(ticket)
-            if prefetch is not None:
-                loaded = prefetch.result()
-                usage.prefetch_ms = loaded * 1000.0
-                usage.hidden_ms = min(loaded, waited) * 1000.0
-            hashes, blocks = kv.lookup(kv_plan, ids, usage, hashes)
-            cache = kv.build(self.model.config, blocks)
-            start = len(blocks) * kv.block_size
-            chunks = self._chunk_prefill(kv, kv_plan, usage, cache) if kv_plan.mode == "chunks" else None
-            if chunks is None:
-                out = self._forward(ids[start:], cache)
-                kv.store(kv_plan, ids, hashes, cache, len(blocks), usage)
-                return cache, out.logits
-            out = chunks.run(ids, cache, kv_plan.chunks)
-            usage.reused["chunk"] = chunks.reused_tokens
-            usage.recomputed = len(ids) - usage.cached_tokens
-            # Prefix blocks are exact: none after the first reused chunk, whose keys and values are not.
-            exact = len(ids) if chunks.first_reused < 0 else chunks.first_reused
-            kv.store(kv_plan, ids, hashes, cache, len(blocks), usage, stop_block=exact // kv.block_size)
-            for a, b in chunks.computed or ():
-                kv.store_chunk(kv_plan, ids[a:b], a, cache)
-        return cache, out.logits
-
-    def _forward(self, ids: Sequence[int], cache: Any, positions: Any = None, mask: Any = None) -> Any:
-        """The model on ``ids`` after ``cache`` (at ``positions``, under a 4D ``mask``, when given)."""
-        extra = {}
-        if positions is not None:
-            extra["position_ids"] = positions[None]
-        if mask is not None:
-            extra["attention_mask"] = mask
-        return self.model(input_ids=self._torch.tensor([list(ids)], device=self.device), use_cache=True,
-                          **{self._cache_arg: cache}, **extra)
-
-    def _chunk_prefill(self, kv: Any, plan: Any, usage: Any, cache: Any) -> Any:
-        """The chunk-reuse prefill for ``plan`` (serving/kv/_chunks.py), or None (prefix reuse only, counted
-        by ``kv.refuse_chunks``) when this model's RoPE cannot be shifted exactly or its ``cache`` has
-        sliding-window layers (which drop the entries a chunk is placed and refreshed by)."""
-        from .kv._chunks import ChunkPrefill  # noqa: PLC0415
-        from .kv._rope import RopeShift  # noqa: PLC0415
-        from .kv.errors import RopeShiftUnsupported  # noqa: PLC0415
-
-        if self._shift is None:
-            try:
-                self._shift = RopeShift.from_model(self.model)
-            except RopeShiftUnsupported as exc:
-                self._shift = exc
-        if isinstance(self._shift, RopeShiftUnsupported):
-            kv.refuse_chunks(usage, "rope-unsupported", str(self._shift))
-            return None
-        if any(layer.is_sliding for layer in cache.layers):
-            kv.refuse_chunks(usage, "sliding-window",
-                             f"{self.model.config.model_type} model with sliding-window attention layers")
-            return None
-        fraction = plan.recompute_fraction
-        attention = self.model.config._attn_implementation
-        if fraction and attention not in ("sdpa", "eager"):
-            # The refresh forward needs a custom 4D mask, which other attention kernels do not take.
-            log.warning("KV chunk reuse: attention %r takes no 4D mask, recompute_fraction is not applied",
-                        attention)
-            usage.chunk_fallback = "no-refresh-mask"
-            fraction = 0.0
-        return ChunkPrefill(forward=self._forward,
-                            lookup=lambda ids, usable: kv.lookup_chunk(plan, ids, usable), shift=self._shift,
-                            block_size=kv.block_size, recompute_tokens=plan.recompute_tokens,
-                            recompute_fraction=fraction)
+        assert kv_plan is not None and usage is not None  # a plan comes with its usage
+        filled = kv.prefill(kv_plan, ids, usage, self.engine)
+        kv.store(filled)
+        return filled.cache, filled.logits
 
 
 def _pick(torch: Any, logits: Any, params: GenerationParams, rng: Any) -> int:

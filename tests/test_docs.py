@@ -340,17 +340,18 @@ def test_every_event_outcome_the_controller_records_is_documented() -> None:
 
 def _kv_reasons_in_code() -> set[str]:
     """Each miss reason the KV cache and the replica produce: the string literals assigned to ``usage.miss``,
-    returned by ``KvPrefixCache._why`` or given to ``KvPlan(reason=...)``."""
+    returned by ``DeviceBlocks.why`` or given to ``KvPlan(reason=...)``, in every module of serving/kv and the
+    replica's."""
     import ast
 
     found: set[str] = set()
-    for path in (ROOT / "serving" / "kv" / "_cache.py", ROOT / "serving" / "_server.py"):
+    for path in (*sorted((ROOT / "serving" / "kv").glob("*.py")), ROOT / "serving" / "_server.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.Assign) and any(
                     isinstance(t, ast.Attribute) and t.attr == "miss" for t in node.targets):
                 found |= {c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant) and c.value}
-            elif isinstance(node, ast.FunctionDef) and node.name == "_why":
+            elif isinstance(node, ast.FunctionDef) and node.name == "why":
                 found |= {r.value.value for r in ast.walk(node)
                           if isinstance(r, ast.Return) and isinstance(r.value, ast.Constant)}
             elif isinstance(node, ast.keyword) and node.arg == "reason" and isinstance(node.value, ast.Constant):

@@ -115,7 +115,7 @@ def test_an_evicted_prefix_is_evicted_only_for_the_tenant_that_stored_it(generat
     kv = attach(generator, l1_bytes=four_blocks, eviction="lru")
     run(generator, ids, plan_for("acme"), KvUsage())
     run(generator, prompt_ids(40, seed=14), plan_for("acme"), KvUsage())  # pushes the first prompt out of L1
-    assert not any(h in kv.l1 for h in kv.hashes(ids, plan_for("acme").salt))
+    assert not any(h in kv.l1 for h in kv.hasher.prefix(ids, plan_for("acme").salt))
     mine, guess, fresh = KvUsage(), KvUsage(), KvUsage()
     run(generator, ids, plan_for("globex"), guess)
     run(generator, prompt_ids(40, seed=15), plan_for("globex"), fresh)
@@ -175,13 +175,13 @@ def test_a_block_that_fails_the_caches_checks_is_dropped_and_its_miss_is_named_c
     plan = plan_for(tiers=("l1", "l3"))
     run(generator, ids, plan, KvUsage())
     warm.flush_writes()
-    first = warm.hashes(ids, plan.salt)[0]
-    lower["l3"].set_many(plan.salt, [(warm._key(first, g), Entry(b"not a block of this model", None, 0.0, "kv"))
-                                     for g in warm.groups])
+    first = warm.hasher.prefix(ids, plan.salt)[0]
+    forged = Entry(b"not a block of this model", None, 0.0, "kv")
+    lower["l3"].set_many(plan.salt, [(warm.hasher.tier_key(first, g), forged) for g in warm.lower.groups])
     cold = attach(generator, lower)
     usage = KvUsage()
     assert run(generator, ids, plan, usage) == expected
-    assert (usage.cached_tokens, usage.miss, cold.corrupt) == (0, "corrupt", 1)
+    assert (usage.cached_tokens, usage.miss, cold.lower.corrupt) == (0, "corrupt", 1)
     cold.flush_writes()
     again = KvUsage()
     assert run(generator, ids, plan, again) == expected
@@ -211,10 +211,10 @@ def test_queue_aware_eviction_keeps_the_blocks_a_waiting_request_needs(generator
     kv = attach(generator, l1_bytes=6 * block, eviction="lookahead")
     waiting_ids = prompt_ids(33, seed=6)  # 4 full blocks
     run(generator, waiting_ids, plan_for(), KvUsage())
-    ticket = kv.enqueue(kv.hashes(waiting_ids, plan_for().salt))
+    ticket = kv.l1.enqueue(kv.hasher.prefix(waiting_ids, plan_for().salt))
     for seed in range(7, 10):  # other prompts push 12 blocks through a 6-block L1
         run(generator, prompt_ids(33, seed=seed), plan_for(), KvUsage())
-    kv.dequeue(ticket)
+    kv.l1.dequeue(ticket)
     usage = KvUsage()
     run(generator, waiting_ids, plan_for(), usage)
     assert usage.reused["l1"] == 32
@@ -245,10 +245,11 @@ def test_prefetch_loads_a_waiting_requests_blocks_in_position_order(generator, t
     run(generator, ids, plan_for(tiers=("l1", "l3")), KvUsage())
     warm.flush_writes()
     cold = attach(generator, {"l3": disk}, prefetch=True)
-    hashes = cold.hashes(ids, plan_for().salt)
+    hashes = cold.hasher.prefix(ids, plan_for().salt)
     disk.asked.clear()
-    cold.start_prefetch(plan_for(tiers=("l1", "l3")), hashes).result()
-    assert disk.asked == [cold._key(h, g) for h in hashes for g in cold.groups]  # the chain, in order
+    cold.prefetch(plan_for(tiers=("l1", "l3")), hashes)
+    # The chain, in order.
+    assert disk.asked == [cold.hasher.tier_key(h, g) for h in hashes for g in cold.lower.groups]
     assert [h in cold.l1 for h in hashes] == [True] * 7
     usage = KvUsage()
     run(generator, ids, plan_for(tiers=("l1", "l3")), usage)
@@ -267,6 +268,6 @@ def test_the_l1_policy_is_told_each_blocks_place_in_its_request_and_may_be_the_l
     kv.l1.put = lambda key, block, info: told.append(info) or put(key, block, info)
     ids = prompt_ids(41, seed=12)  # 5 full blocks
     run(generator, ids, plan_for(), KvUsage())
-    hashes = kv.hashes(ids, plan_for().salt)
+    hashes = kv.hasher.prefix(ids, plan_for().salt)
     assert [(i.pos, i.req_len, i.parent) for i in told] == [(j, 5, hashes[j - 1] if j else None) for j in range(5)]
     assert len({i.req for i in told}) == 1

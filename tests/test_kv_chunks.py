@@ -114,7 +114,7 @@ def test_a_chunk_moved_after_another_preamble_has_the_layer_0_keys_computed_ther
     # The chunk computed alone at its new position: layer 0 keys and values depend on token and position only.
     fresh = DynamicCache(config=generator.model.config)
     with torch.no_grad():
-        generator._forward(C, fresh, positions=len(B) + torch.arange(len(C)))
+        generator.engine.forward(C, fresh, positions=len(B) + torch.arange(len(C)))
     where = slice(len(B), len(B) + len(C))
     moved, there = cache.layers[0], fresh.layers[0]
     assert (moved.keys[:, :, where] - there.keys).abs().max() <= TOLERANCE
@@ -188,8 +188,8 @@ def test_a_sliding_window_model_falls_back_to_prefix_reuse(tmp_path):
 def test_tenants_never_share_chunks_and_chunk_hashes_are_not_prefix_hashes(generator):
     kv = attach(generator)
     salt = str(namespace_for("acme"))
-    assert set(kv.chunk_hashes(C, salt)).isdisjoint(kv.hashes(C, salt))
-    assert set(kv.chunk_hashes(C, salt)).isdisjoint(kv.chunk_hashes(C, str(namespace_for("globex"))))
+    assert set(kv.hasher.chunk(C, salt)).isdisjoint(kv.hasher.prefix(C, salt))
+    assert set(kv.hasher.chunk(C, salt)).isdisjoint(kv.hasher.chunk(C, str(namespace_for("globex"))))
     prefill(generator, FIRST, plan(FIRST_CHUNKS, tenant="acme"), KvUsage())
     other = KvUsage()
     prefill(generator, SECOND, plan(SECOND_CHUNKS, tenant="globex"), other)
@@ -203,7 +203,7 @@ def test_reuse_prefix_never_uses_or_stores_chunks_and_stays_exact(generator):
     kv = attach(generator)
     for prompt, chunks in ((FIRST, FIRST_CHUNKS), (SECOND, SECOND_CHUNKS)):
         prefill(generator, prompt, plan(chunks, mode="prefix"), KvUsage())
-    assert not any(kv.l1.get(h) for h in kv.chunk_hashes(C, str(namespace_for("acme"))))
+    assert not any(kv.l1.get(h) for h in kv.hasher.chunk(C, str(namespace_for("acme"))))
     usage = KvUsage()
     assert tokens(generator, SECOND, plan(SECOND_CHUNKS, mode="prefix")) == tokens(generator, SECOND)
     prefill(generator, SECOND, plan(SECOND_CHUNKS, mode="prefix"), usage)
@@ -216,7 +216,7 @@ def test_no_prefix_block_is_stored_after_a_reused_chunk(generator):
     usage = KvUsage()
     prefill(generator, SECOND, plan(SECOND_CHUNKS), usage)
     assert usage.reused["chunk"] == len(C)
-    held = [h for h in kv.hashes(SECOND, str(namespace_for("acme"))) if h in kv.l1]
+    held = [h for h in kv.hasher.prefix(SECOND, str(namespace_for("acme"))) if h in kv.l1]
     assert len(held) == len(B) // BS  # the blocks before C only: the rest attended to moved keys
     exact = KvUsage()
     got = list(generator.stream("", SECOND, GREEDY, plan(SECOND_CHUNKS, mode="prefix"), exact))
@@ -225,14 +225,15 @@ def test_no_prefix_block_is_stored_after_a_reused_chunk(generator):
     whole = attach(generator)  # a chunk recomputed whole is exact: every prefix block is kept
     prefill(generator, FIRST, plan(FIRST_CHUNKS), KvUsage())
     prefill(generator, SECOND, plan(SECOND_CHUNKS, k=len(C)), KvUsage())
-    assert all(h in whole.l1 for h in whole.hashes(SECOND, str(namespace_for("acme"))))
+    assert all(h in whole.l1 for h in whole.hasher.prefix(SECOND, str(namespace_for("acme"))))
 
 
 def test_a_chunk_comes_back_from_l3_with_its_position(generator, tmp_path):
     runtime = build_runtime(StoreConfig(disk=DiskConfig(path=str(tmp_path / "l3"))))
     lower = {"l3": runtime.store.tiers["l3"]}
-    attach(generator, lower)
+    warm = attach(generator, lower)
     prefill(generator, FIRST, plan(FIRST_CHUNKS, tiers=("l3",)), KvUsage())
+    warm.flush_writes()  # chunk blocks are written on the writer thread, as prefix blocks are
     _, warm_logits, _ = reuse(generator)  # the same request from L1
     attach(generator, lower)  # a cold replica: the chunk is on disk only
     usage = KvUsage()
@@ -251,8 +252,10 @@ def test_a_chunk_comes_back_from_l2_in_layer_groups_and_a_forged_position_is_ref
                        extras=("tiny-llama", "", "float32", ""), device="cpu", lower=lower)
     generator.attach_kv(kv)
     prefill(generator, FIRST, plan(FIRST_CHUNKS, tiers=("l2",)), KvUsage())
+    kv.flush_writes()
     for _ in range(2):  # a cold replica each time: the chunk is in Redis only, one payload per layer
-        cold = KvPrefixCache(KvConfig(layer_group=1), kv.geometry, extras=kv.extras, device="cpu", lower=lower)
+        cold = KvPrefixCache(KvConfig(layer_group=1), kv.geometry, extras=kv.hasher.extras, device="cpu",
+                             lower=lower)
         generator.attach_kv(cold)
         usage = KvUsage()
         _, logits = prefill(generator, SECOND, plan(SECOND_CHUNKS, tiers=("l1", "l2")), usage)
@@ -260,17 +263,18 @@ def test_a_chunk_comes_back_from_l2_in_layer_groups_and_a_forged_position_is_ref
         assert (logits[0, -1] - warm_logits).abs().max() <= TOLERANCE
     # Layer groups of one block that disagree on its position are a corrupt block: dropped, never used.
     salt = str(namespace_for("acme"))
-    first = kv.chunk_hashes(C, salt)[0]
+    first = kv.hasher.chunk(C, salt)[0]
     tier = lower["l2"]
-    (entry,) = tier.get_many(salt, [kv._key(first, (1, 2))])
+    (entry,) = tier.get_many(salt, [kv.hasher.tier_key(first, (1, 2))])
     forged = bytearray(entry.value)
     forged[5:13] = (len(A) + 1).to_bytes(8, "little")
-    tier.set_many(salt, [(kv._key(first, (1, 2)), entry._replace(value=bytes(forged)))])
-    cold = KvPrefixCache(KvConfig(layer_group=1), kv.geometry, extras=kv.extras, device="cpu", lower=lower)
+    tier.set_many(salt, [(kv.hasher.tier_key(first, (1, 2)), entry._replace(value=bytes(forged)))])
+    cold = KvPrefixCache(KvConfig(layer_group=1), kv.geometry, extras=kv.hasher.extras, device="cpu",
+                         lower=lower)
     generator.attach_kv(cold)
     usage = KvUsage()
     prefill(generator, SECOND, plan(SECOND_CHUNKS, tiers=("l1", "l2")), usage)
-    assert usage.reused["chunk"] == 0 and cold.corrupt == 1
+    assert usage.reused["chunk"] == 0 and cold.lower.corrupt == 1
     runtime.close()
 
 

@@ -1,4 +1,8 @@
-"""The KV prefix cache's parts that move cached keys and values between requests.
+"""The KV prefix cache of a replica's model, and its parts that move cached keys and values between requests.
+
+    from evocache.serving.kv import KvPrefixCache
+    filled = kv.prefill(plan, input_ids, usage, engine)  # engine: a KvEngine (config, lock, forward, RoPE)
+    kv.store(filled)                                     # the new blocks into L1, and to L2/L3 on the writer
 
     from evocache.serving.kv import RopeShift
     shift = RopeShift.from_model(model)    # or RopeShift.for_config(config); refuses what is inexact
@@ -16,7 +20,8 @@ from .errors import KvReuseError, RopeShiftUnsupported
 _LAZY = {
     "EXACT_ROPE_TYPES": "._rope", "ROTARY_EMBEDDINGS": "._rope", "RopeShift": "._rope",
     "KvConfig": "._cache", "KvPlan": "._cache", "KvPrefixCache": "._cache", "KvUsage": "._cache",
-    "BlockGeometry": "._store", "CorruptBlock": "._store", "DeviceBlocks": "._store",
+    "Prefilled": "._cache", "KvEngine": "._engine", "DeviceBlocks": "._pool",
+    "BlockGeometry": "._store", "CorruptBlock": "._store",
 }  # fmt: skip
 
 __getattr__ = _lazy_getattr(__name__, _LAZY, globals())
@@ -28,11 +33,13 @@ __all__ = [
     "DeviceBlocks",
     "EXACT_ROPE_TYPES",
     "KvConfig",
+    "KvEngine",
     "KvPlan",
     "KvPrefixCache",
     "KvUsage",
     "KvReuseError",
     "MISS_REASONS",
+    "Prefilled",
     "ROTARY_EMBEDDINGS",
     "RopeShift",
     "RopeShiftUnsupported",

@@ -1,55 +1,61 @@
-"""The KV prefix cache of one replica: find a prompt's longest cached prefix, build a fresh ``DynamicCache`` from
-its blocks, and keep the new full blocks after the model ran the rest.
+"""The KV prefix cache of one replica, as its model runner sees it: two calls.
 
-A prompt's tokens are cut into blocks of ``block_size`` (full blocks only); block ``i``'s hash chains its
-parent's, its tokens and the extra keys (model id and revision, dtype, adapter), and block 0 is salted with the
-tenant namespace (``controller.block_hashes``), so no block is ever shared across tenants unless the rule
-declares its prefixes shared (``kv: {shared_prefixes: true}``: a salt common to all tenants). A lookup walks the
-chain in order and stops at the first block it cannot find: L1 (tensors on the model's device), then L2 and L3
-(one batched read per tier for the rest of the chain; what they hold is promoted into L1). The model then runs
-only on the remaining tokens, its positions continuing from the cached length; at least the last prompt token
-is always computed, so the first generated token has its logits. Greedy decoding with the cache gives the
-tokens it gives without (``tests/test_kv_cache.py``).
+``prefill(plan, ids, usage, engine)`` does everything between a request's arrival and its prompt's last
+logits: it registers the request in the replica's queue (what the look-ahead eviction reads) and, with
+``prefetch`` on, loads its blocks that sit only in L2/L3 into L1 on a loader thread while it waits for the
+engine's lock; then it finds the prompt's longest cached prefix (L1, then one batched read per lower tier,
+stopping at the first block no tier holds), builds a fresh ``DynamicCache`` from its blocks and runs the
+engine on the rest, the positions continuing from the cached length (at least the last prompt token is always
+computed, so the first generated token has its logits), or, for a ``chunks`` plan, the chunk prefill of
+serving/kv/_chunks.py. It returns the filled cache, the logits and what to keep, still holding the engine's
+lock. ``store(result)`` keeps the prompt's new full blocks (and the chunks the model computed whole): cloned
+into L1, handed to the lower tiers' writer thread, and then releases the lock, so a request waiting behind it
+finds them. Greedy decoding with the cache gives the tokens it gives without (``tests/test_kv_cache.py``).
 
-Why a block missed is kept per request (``KvUsage.miss``): ``never-seen``, ``evicted`` (from L1 and in no lower
-tier), ``partial-block`` (the prompt ends before a full block), ``below-min-tokens`` (the rule's ``min_tokens``),
-``off`` (the rule switches KV reuse off), ``corrupt`` (a block in L2/L3 failed this cache's checks: it is
-dropped, never used, and misses name it until it is stored again; an entry failing the tier's signature is
-dropped by the tier and reads as absent). A reason is decided from the request's own salted hashes only: the cache keeps no index across
+Behind the two calls sit three parts: ``BlockHasher`` (serving/kv/_hashing.py: prefix and chunk hashes, tier
+keys), ``DeviceBlocks`` (serving/kv/_pool.py: L1 and what the cache remembers about blocks, the queue among
+it) and ``LowerTiers`` (serving/kv/_lower.py: checked reads from L2/L3, and one writer thread for every write).
+The engine is anything with the members of ``KvEngine`` (serving/kv/_engine.py).
+
+A prompt's blocks are hashed under the plan's salt: the tenant's namespace, or a salt common to all tenants
+when the rule declares its prefixes shared (``kv: {shared_prefixes: true}``); the ingress's hashes
+(``KvPlan.hashes``) are used when the request carries them. Why a block missed is kept per request
+(``KvUsage.miss``): ``never-seen``, ``evicted`` (from L1 and in no lower tier), ``partial-block`` (the prompt
+ends before a full block), ``below-min-tokens`` (the rule's ``min_tokens``), ``off`` (the rule switches KV
+reuse off), ``corrupt`` (a block in L2/L3 failed this cache's checks: it is dropped, never used, and misses
+name it until it is stored again; an entry failing the tier's signature is dropped by the tier and reads as
+absent). A reason is decided from the request's own salted hashes only: the cache keeps no index across
 namespaces, so a miss on leading tokens another tenant sent is ``never-seen``, exactly as if nobody had (a
 reason telling them apart would let any tenant who can see a count test whether another sent a guessed
 prompt).
-
-``KvPlan.mode`` ``chunks`` adds chunk reuse after the exact prefix (serving/kv/_chunks.py: approximate, opt-in);
-its blocks sit in the same L1 and tiers under chunk hashes, with the position they were computed at.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import itertools
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from evocache.controller import BlockHash, Entry, EntryInfo, KvReport, TierError, block_hashes
-from evocache.controller.eviction import QueuedRequest
+from evocache.controller import BlockHash, EntryInfo, KvReport
 
-from ._chunks import ChunkBlock, chunk_salt, decode_chunk_group, encode_chunk_group
-from ._store import BlockGeometry, CorruptBlock, DeviceBlocks, decode_group, encode_group, layer_groups
+from ._chunks import ChunkBlock, ChunkPrefill
+from ._engine import KvEngine
+from ._hashing import BlockHasher
+from ._lower import LowerTiers
+from ._pool import Block, DeviceBlocks
+from ._store import BlockGeometry
+from .errors import RopeShiftUnsupported
 
 log = logging.getLogger("evocache.serving.kv")
 
 SHARED_SALT = ".kv-shared"  # not a namespace any tenant id maps to (those never start with a dot)
-LOWER_TIERS = ("l2", "l3")
-_MEMORY = 65_536  # entries each bounded bookkeeping map keeps (blocks seen, prefetched)
 
 
 class KvConfig(BaseModel):
@@ -123,93 +129,121 @@ class KvPlan:
     hashes: tuple[BlockHash, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class Prefilled:
+    """What ``KvPrefixCache.prefill`` hands back: the model's ``cache`` holding the whole prompt, the last
+    forward's ``logits`` (the prompt's last token's at ``[0, -1]``), and what ``store`` keeps of them: the full
+    prefix blocks from ``first_block`` (the first the lookup did not find) up to ``stop_block`` (None: the
+    prompt's last full block), named by ``hashes``, and the ``chunks`` (``[start, stop)`` spans of ``ids``) the
+    model computed whole. ``lock`` is the engine's, held until ``store``."""
+
+    cache: Any
+    logits: Any
+    plan: KvPlan
+    ids: Sequence[int]
+    usage: KvUsage
+    hashes: tuple[BlockHash, ...]
+    first_block: int
+    lock: threading.Lock
+    stop_block: int | None = None
+    chunks: tuple[tuple[int, int], ...] = ()
+
+
 class KvPrefixCache:
     """The cache of one replica (see the module docstring). ``lower`` maps ``l2``/``l3`` to controller tiers
-    (the replica's own, shared with its response cache); ``device`` is the model's."""
+    (the replica's own, shared with its response cache); ``device`` is the model's; ``extras`` what a block's
+    hash binds besides its tokens and salt (model id and revision, dtype, adapter); ``clock`` stamps the
+    entries written to L2/L3."""
 
     def __init__(self, config: KvConfig, geometry: BlockGeometry, *, extras: tuple[str, ...], device: Any,
                  lower: dict[str, Any] | None = None, clock: Any = time.time) -> None:
         self.config = config
         self.geometry = geometry
         self.block_size = geometry.block_size
-        self.device = device
-        self.extras = tuple(extras)  # what a block's hash binds: model id and revision, dtype, adapter
+        self.hasher = BlockHasher(geometry.block_size, extras)
         self.l1 = DeviceBlocks(config.l1_bytes, geometry.block_bytes(), config.eviction)
-        self.lower = {name: tier for name, tier in (lower or {}).items() if name in LOWER_TIERS}
-        self.groups = layer_groups(geometry, config.layer_group)
+        self.lower = LowerTiers(lower or {}, geometry, layer_group=config.layer_group, ttl_s=config.ttl_s,
+                                device=device)
         self.clock = clock
-        self.errors = 0
-        self.corrupt = 0
         self.chunk_fallbacks = 0  # chunk-mode requests served prefix-only (a RoPE that does not shift exactly)
-        self._seen: OrderedDict[BlockHash, None] = OrderedDict()
-        # Blocks dropped for failing their checks, until stored again: a later miss on one is ``corrupt``.
-        self._refused: OrderedDict[BlockHash, None] = OrderedDict()
-        self._lock = threading.Lock()
-        self._waiting: dict[int, tuple[BlockHash, ...]] = {}
-        self._next_req = 0
-        self.accessed: dict[BlockHash, int] = {}  # accesses per block in the current window (reuse rate)
-        self._prefetched: dict[BlockHash, str] = {}  # blocks the prefetch put in L1 -> the tier they came from
-        self._requests = itertools.count()
-        self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="evocache-kv-write")
-        self._pending: list[concurrent.futures.Future] = []
+        self._fallbacks = threading.Lock()
+        self._requests = itertools.count()  # the request number each L1 insertion tells the policy
         self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="evocache-kv-prefetch")
 
-    # -- hashing -------------------------------------------------------------------------------------------
+    # -- the two calls -------------------------------------------------------------------------------------
 
-    def hashes(self, input_ids: Sequence[int], salt: str) -> tuple[BlockHash, ...]:
-        return block_hashes(input_ids, self.block_size, self.extras, salt)
+    def prefill(self, plan: KvPlan, ids: Sequence[int], usage: KvUsage, engine: KvEngine) -> Prefilled:
+        """Run the prompt ``ids`` on ``engine`` from its longest cached prefix (see the module docstring),
+        filling ``usage``. Returns holding ``engine.lock``: call ``store`` with the result, which releases it.
+        A tier that fails is a miss; an error of the engine propagates, the lock released."""
+        hashes = plan.hashes or self.hasher.prefix(ids, plan.salt)
+        ticket = self.l1.enqueue(hashes)
+        prefetch = self._loader.submit(self.prefetch, plan, hashes) if self.config.prefetch else None
+        waited = time.perf_counter()
+        engine.lock.acquire()
+        try:
+            waited = time.perf_counter() - waited
+            self.l1.dequeue(ticket)
+            if prefetch is not None:
+                loaded = prefetch.result()
+                usage.prefetch_ms = loaded * 1000.0
+                usage.hidden_ms = min(loaded, waited) * 1000.0
+            blocks = self._lookup(plan, ids, hashes, usage)
+            cache = self._build(engine.model_config, blocks)
+            chunks = self._chunk_prefill(plan, usage, cache, engine) if plan.mode == "chunks" else None
+            if chunks is None:
+                out = engine.forward(ids[len(blocks) * self.block_size :], cache)
+                return Prefilled(cache, out.logits, plan, ids, usage, hashes, len(blocks), engine.lock)
+            out = chunks.run(ids, cache, plan.chunks)
+            usage.reused["chunk"] = chunks.reused_tokens
+            usage.recomputed = len(ids) - usage.cached_tokens
+            # Prefix blocks are exact: none after the first reused chunk, whose keys and values are not.
+            exact = len(ids) if chunks.first_reused < 0 else chunks.first_reused
+            return Prefilled(cache, out.logits, plan, ids, usage, hashes, len(blocks), engine.lock,
+                             stop_block=exact // self.block_size, chunks=tuple(chunks.computed or ()))
+        except BaseException:
+            engine.lock.release()
+            raise
 
-    @staticmethod
-    def _key(block: BlockHash, group: tuple[int, int]) -> str:
-        """The tier key of one layer group of a block: a digest of its own kind (the tiers take hex keys), so it
-        never equals a response entry's key."""
-        data = bytes(block) + group[0].to_bytes(4, "little") + group[1].to_bytes(4, "little")
-        return hashlib.blake2b(data, digest_size=32, person=b"evocache.kv1").hexdigest()
+    def store(self, filled: Prefilled) -> None:
+        """Keep what ``filled`` says: its new full prefix blocks and computed chunks, cloned into L1 (when the
+        plan allows L1) and written to the plan's lower tiers on the writer thread; then release the engine's
+        lock."""
+        plan = filled.plan
+        try:
+            now = self.clock()
+            writes = self._keep_prefix(filled) + self._keep_chunks(filled)
+        finally:
+            filled.lock.release()
+        self.lower.write(plan.salt, plan.tiers, writes, now)
 
-    # -- the queue (prefetch and queue-aware eviction) -----------------------------------------------------
+    def flush_writes(self, timeout: float | None = None) -> None:
+        """Wait until the blocks stored so far, prefix and chunk blocks alike, are written to L2/L3."""
+        self.lower.flush(timeout)
 
-    def enqueue(self, hashes: tuple[BlockHash, ...]) -> int:
-        """Register a request that waits for the model; returns its ticket for ``dequeue``."""
-        with self._lock:
-            self._next_req += 1
-            req = self._next_req
-            self._waiting[req] = hashes
-            waiting = [QueuedRequest(r, tuple(h)) for r, h in self._waiting.items()]
-        self.l1.on_queue(waiting)
-        return req
-
-    def dequeue(self, req: int) -> None:
-        with self._lock:
-            self._waiting.pop(req, None)
-            waiting = [QueuedRequest(r, tuple(h)) for r, h in self._waiting.items()]
-        self.l1.on_queue(waiting)
-
-    def start_prefetch(self, plan: KvPlan, hashes: Sequence[BlockHash]) -> Any:
-        """``prefetch`` on the cache's loader thread; the future's result is the seconds it spent."""
-        return self._loader.submit(self.prefetch, plan, hashes)
+    # -- waiting: the prefetch -----------------------------------------------------------------------------
 
     def prefetch(self, plan: KvPlan, hashes: Sequence[BlockHash]) -> float:
         """Load into L1, in position order, the blocks of ``hashes`` that sit only in L2/L3 (up to the first
-        block no tier holds); returns the seconds it spent loading."""
+        block no tier holds); returns the seconds it spent loading. Runs on the loader thread while the
+        request waits."""
         started = time.perf_counter()
         missing = [h for h in hashes if h not in self.l1]
         first_held = len(hashes) - len(missing)
         if not missing or not plan.enabled:
             return 0.0
-        self._load_lower(plan, hashes, first_held, into_l1=True, prefetching=True)
+        self._load(plan, hashes, first_held, into_l1=True, prefetching=True)
         return time.perf_counter() - started
 
-    # -- lookup and store ----------------------------------------------------------------------------------
+    # -- the lookup ----------------------------------------------------------------------------------------
 
-    def lookup(self, plan: KvPlan, input_ids: Sequence[int], usage: KvUsage,
-               hashes: tuple[BlockHash, ...] | None = None) -> tuple[tuple[BlockHash, ...], list[Any]]:
-        """The prompt's block hashes and its longest cached prefix as blocks (each a (keys, values) pair per
-        layer), filling ``usage``; the prefix stops one token short of the prompt at most."""
-        usage.prompt_tokens = len(input_ids)
+    def _lookup(self, plan: KvPlan, ids: Sequence[int], hashes: Sequence[BlockHash],
+                usage: KvUsage) -> list[Any]:
+        """The prompt's longest cached prefix as blocks (each a (keys, values) pair per layer), filling
+        ``usage``; the prefix stops one token short of the prompt at most."""
+        usage.prompt_tokens = len(ids)
         bs = self.block_size
-        if hashes is None:
-            hashes = self.hashes(input_ids, plan.salt)
-        usable = (len(input_ids) - 1) // bs  # the last prompt token is always computed
+        usable = (len(ids) - 1) // bs  # the last prompt token is always computed
         blocks: list[Any] = []
         usage.reused["l1"] = 0
         for h in hashes[:usable]:
@@ -217,178 +251,27 @@ class KvPrefixCache:
             if block is None:
                 break
             blocks.append(block)
-            # A block the prefetch brought in counts for the tier it came from.
-            with self._lock:
-                origin = self._prefetched.pop(h, "l1")
+            origin = self.l1.origin(h)  # a block the prefetch brought in counts for the tier it came from
             usage.reused[origin] = usage.reused.get(origin, 0) + bs
         if len(blocks) < usable and self.lower:
             started = time.perf_counter()
-            more, per_tier = self._load_lower(plan, hashes[:usable], len(blocks), into_l1="l1" in plan.tiers)
+            more, per_tier = self._load(plan, hashes[:usable], len(blocks), into_l1="l1" in plan.tiers)
             usage.load_ms += (time.perf_counter() - started) * 1000.0
             blocks += more
             for tier, n in per_tier.items():
                 usage.reused[tier] = usage.reused.get(tier, 0) + n * bs
-        usage.recomputed = len(input_ids) - len(blocks) * bs
-        with self._lock:
-            if len(self.accessed) > 1 << 20:  # nobody reads the window: keep it bounded
-                self.accessed.clear()
-            for h in hashes:
-                self.accessed[h] = self.accessed.get(h, 0) + 1
+        usage.recomputed = len(ids) - len(blocks) * bs
+        self.l1.touch(hashes)
         if len(blocks) < len(hashes[:usable]):
-            usage.miss = usage.miss or self._why(hashes[len(blocks)])
-        elif len(blocks) * bs < len(input_ids) - 1 and not usage.miss:
+            usage.miss = usage.miss or self.l1.why(hashes[len(blocks)])
+        elif len(blocks) * bs < len(ids) - 1 and not usage.miss:
             usage.miss = "partial-block"
-        return hashes, blocks
-
-    def _why(self, block: BlockHash) -> str:
-        """Why ``block`` missed, from this salted block alone: nothing another namespace stored enters."""
-        with self._lock:
-            refused = block in self._refused
-        if refused:
-            return "corrupt"
-        if block in self.l1.evicted:
-            return "evicted"
-        if block not in self._seen:
-            return "never-seen"
-        return "evicted"
-
-    def _info(self, plan: KvPlan, hashes: Sequence[BlockHash], i: int, req: int) -> EntryInfo:
-        """What the L1 policy is told of block ``i`` of a request: its place in the request's chain, the
-        request's number and length, and its parent, as the replay tells the learned policy."""
-        return EntryInfo(size=self.geometry.block_bytes(), ns=plan.salt, req=req, pos=i, req_len=len(hashes),
-                         parent=hashes[i - 1] if i else None)
-
-    def _write_lower(self, salt: str, tiers: list[tuple[str, Any]], writes: list[tuple[BlockHash, Any]],
-                     now: float) -> None:
-        for h, block in writes:
-            for tier_name, tier in tiers:
-                items = [(self._key(h, g), Entry(encode_group(block[a:b], self.geometry, a), now + self.config.ttl_s,
-                                                 now, "kv")) for g in self.groups for a, b in [g]]
-                try:
-                    tier.set_many(salt, items)
-                except TierError as exc:
-                    self.errors += 1
-                    log.info("KV %s write failed (not stored): %s", tier_name, exc)
-
-    def flush_writes(self, timeout: float | None = None) -> None:
-        """Wait until the blocks stored so far are written to L2/L3."""
-        for future in list(self._pending):
-            future.result(timeout)
-
-    def _load_lower(self, plan: KvPlan, hashes: Sequence[BlockHash], start: int, into_l1: bool,
-                    prefetching: bool = False, chunk: bool = False) -> tuple[list[Any], dict[str, int]]:
-        """Blocks ``hashes[start:]`` read from L2 then L3 in order, stopping at the first one no tier holds
-        whole; each found block is put in L1 when ``into_l1``. ``chunk``: the blocks are ``ChunkBlock``s."""
-        found: list[Any] = []
-        per_tier: dict[str, int] = {}
-        pending = list(hashes[start:])
-        req = next(self._requests)
-        for tier_name in LOWER_TIERS:
-            tier = self.lower.get(tier_name)
-            if tier is None or tier_name not in plan.tiers or not pending:
-                continue
-            keys = [self._key(h, g) for h in pending for g in self.groups]
-            try:
-                entries = tier.get_many(plan.salt, keys)
-            except TierError as exc:
-                self.errors += 1
-                log.info("KV %s read failed (a miss): %s", tier_name, exc)
-                continue
-            taken = 0
-            for i, h in enumerate(pending):
-                parts = entries[i * len(self.groups) : (i + 1) * len(self.groups)]
-                if any(e is None for e in parts):
-                    break
-                try:
-                    block = self._decode(parts, chunk)
-                except CorruptBlock as exc:
-                    self.corrupt += 1
-                    with self._lock:
-                        self._refused[h] = None
-                        if len(self._refused) > _MEMORY:
-                            self._refused.popitem(last=False)
-                    log.warning("KV block %s in %s dropped: %s", bytes(h).hex()[:12], tier_name, exc)
-                    try:
-                        tier.delete(plan.salt, [self._key(h, g) for g in self.groups])
-                    except TierError:
-                        pass
-                    break
-                found.append(block)
-                if into_l1:
-                    self.l1.put(h, block, self._info(plan, hashes, start + len(found) - 1, req))
-                    if prefetching:
-                        with self._lock:
-                            self._prefetched[h] = tier_name
-                            if len(self._prefetched) > _MEMORY:
-                                self._prefetched.clear()
-                taken += 1
-            if taken:
-                per_tier[tier_name] = taken
-            pending = pending[taken:]
-            if taken and pending:
-                # A block missing here may sit in the next tier: keep looking from where this tier stopped.
-                continue
-        return found, per_tier
-
-    def _decode(self, parts: Sequence[Any], chunk: bool) -> Any:
-        if not chunk:
-            layers: list[Any] = []
-            for (a, b), entry in zip(self.groups, parts, strict=True):
-                layers += decode_group(entry.value, self.geometry, a, b, self.device)
-            return tuple(layers)
-        positions, layers = set(), []
-        for (a, b), entry in zip(self.groups, parts, strict=True):
-            position, group = decode_chunk_group(entry.value, self.geometry, a, b, self.device)
-            positions.add(position)
-            layers += group
-        if len(positions) != 1:
-            raise CorruptBlock(f"KV chunk block whose layer groups disagree on its position: "
-                               f"{sorted(positions)}")
-        return ChunkBlock(tuple(layers), positions.pop())
-
-    def store(self, plan: KvPlan, input_ids: Sequence[int], hashes: Sequence[BlockHash], cache: Any,
-              start_block: int, usage: KvUsage, stop_block: int | None = None) -> None:
-        """Keep the full blocks ``start_block .. stop_block`` of the prompt ``input_ids`` from ``cache`` (the
-        model's cache after the prefill): cloned into L1, and written to the lower tiers the plan allows."""
-        bs = self.block_size
-        n = min(len(hashes), cache.get_seq_length() // bs)
-        if stop_block is not None:
-            n = min(n, stop_block)
-        now = self.clock()
-        req = next(self._requests)
-        writes: list[tuple[BlockHash, Any]] = []
-        for i in range(start_block, n):
-            h = hashes[i]
-            block = tuple(
-                (layer.keys[0, :, i * bs : (i + 1) * bs, :].clone(), layer.values[0, :, i * bs : (i + 1) * bs, :].clone())
-                for layer in cache.layers
-            )
-            if "l1" in plan.tiers:
-                self.l1.put(h, block, self._info(plan, hashes, i, req))
-            writes.append((h, block))
-            usage.stored_blocks += 1
-            with self._lock:
-                self._seen[h] = None
-                self._refused.pop(h, None)
-                if len(self._seen) > _MEMORY:
-                    self._seen.popitem(last=False)
-        tiers = [(name, self.lower[name]) for name in LOWER_TIERS if name in self.lower and name in plan.tiers]
-        if writes and tiers:
-            # Off the request's path: the first token does not wait for L2/L3 (flush_writes() waits for them).
-            self._pending.append(self._writer.submit(self._write_lower, plan.salt, tiers, writes, now))
-            self._pending = [f for f in self._pending if not f.done()]
-
-    # -- chunks (reuse: chunks) ------------------------------------------------------------------------------
-
-    def chunk_hashes(self, tokens: Sequence[int], salt: str) -> tuple[BlockHash, ...]:
-        """The hashes of a chunk's full blocks: chained over the chunk's own tokens only, salted apart from
-        prefix blocks (``chunk_salt``)."""
-        return block_hashes(tokens, self.block_size, self.extras, chunk_salt(salt))
+        return blocks
 
     def lookup_chunk(self, plan: KvPlan, tokens: Sequence[int], usable: int) -> list[ChunkBlock]:
         """The leading cached blocks of the chunk ``tokens`` (at most ``usable``): from L1, then L2/L3
         (promoted into L1)."""
-        hashes = self.chunk_hashes(tokens, plan.salt)[:usable]
+        hashes = self.hasher.chunk(tokens, plan.salt)[:usable]
         found: list[ChunkBlock] = []
         for h in hashes:
             block = self.l1.get(h) if "l1" in plan.tiers else None
@@ -396,54 +279,38 @@ class KvPrefixCache:
                 break
             found.append(block)
         if len(found) < len(hashes) and self.lower:
-            more, _ = self._load_lower(plan, hashes, len(found), into_l1="l1" in plan.tiers, chunk=True)
+            more, _ = self._load(plan, hashes, len(found), into_l1="l1" in plan.tiers, chunk=True)
             found += more
         return found
 
-    def store_chunk(self, plan: KvPlan, tokens: Sequence[int], start: int, cache: Any) -> int:
-        """Keep the full blocks of the chunk ``tokens``, which sits at ``start`` in ``cache``, under chunk
-        hashes with their positions (L1 and the plan's lower tiers); returns the blocks kept."""
-        bs = self.block_size
-        hashes = self.chunk_hashes(tokens, plan.salt)
-        now = self.clock()
-        kept = 0
-        for j, h in enumerate(hashes):
-            a = start + j * bs
-            if a + bs > cache.get_seq_length():
-                break
-            layers = tuple((layer.keys[0, :, a : a + bs].clone(), layer.values[0, :, a : a + bs].clone())
-                           for layer in cache.layers)
-            block = ChunkBlock(layers, a)
-            if "l1" in plan.tiers:
-                self.l1.put(h, block, EntryInfo(size=self.geometry.block_bytes(), ns=plan.salt, pos=j))
-            for tier_name in LOWER_TIERS:
-                tier = self.lower.get(tier_name)
-                if tier is None or tier_name not in plan.tiers:
-                    continue
-                expires = now + self.config.ttl_s
-                items = [(self._key(h, (x, y)), Entry(encode_chunk_group(block, self.geometry, x, y), expires, now,
-                                                      "kv")) for x, y in self.groups]
-                try:
-                    tier.set_many(plan.salt, items)
-                except TierError as exc:
-                    self.errors += 1
-                    log.info("KV %s write of a chunk failed (not stored): %s", tier_name, exc)
-            kept += 1
-        return kept
+    def _load(self, plan: KvPlan, hashes: Sequence[BlockHash], start: int, into_l1: bool,
+              prefetching: bool = False, chunk: bool = False) -> tuple[list[Any], dict[str, int]]:
+        """Blocks ``hashes[start:]`` read from the plan's lower tiers in order, up to the first no tier holds
+        whole, each put in L1 when ``into_l1``; with the count per tier they came from."""
+        read = self.lower.read(plan.salt, plan.tiers, hashes[start:], chunk)
+        for h in read.refused:
+            self.l1.refuse(h)
+        req = next(self._requests)
+        per_tier: dict[str, int] = {}
+        for i, (block, tier) in enumerate(zip(read.blocks, read.tiers, strict=True)):
+            if into_l1:
+                h = hashes[start + i]
+                self.l1.put(h, block, self._info(plan, hashes, start + i, req))
+                if prefetching:
+                    self.l1.prefetched(h, tier)
+            per_tier[tier] = per_tier.get(tier, 0) + 1
+        return list(read.blocks), per_tier
 
-    def refuse_chunks(self, usage: KvUsage, reason: str, why: str) -> None:
-        """Serve a chunk-mode request prefix-only: counted, logged (a warning the first time), and ``reason``
-        said in ``usage.chunk_fallback``."""
-        with self._lock:
-            self.chunk_fallbacks += 1
-            first = self.chunk_fallbacks == 1
-        usage.chunk_fallback = reason
-        (log.warning if first else log.info)("KV chunk reuse refused, prefix reuse only: %s", why)
+    def _info(self, plan: KvPlan, hashes: Sequence[BlockHash], i: int, req: int) -> EntryInfo:
+        """What the L1 policy is told of block ``i`` of a request: its place in the request's chain, the
+        request's number and length, and its parent, as the replay tells the learned policy."""
+        return EntryInfo(size=self.geometry.block_bytes(), ns=plan.salt, req=req, pos=i, req_len=len(hashes),
+                         parent=hashes[i - 1] if i else None)
 
-    # -- building a model cache ----------------------------------------------------------------------------
+    # -- running the prompt --------------------------------------------------------------------------------
 
-    def build(self, model_config: Any, blocks: Sequence[Any]) -> Any:
-        """A fresh ``DynamicCache`` holding ``blocks`` in order (batch 1)."""
+    def _build(self, model_config: Any, blocks: Sequence[Any]) -> Any:
+        """A fresh ``DynamicCache`` for ``model_config`` holding ``blocks`` in order (batch 1)."""
         import torch  # noqa: PLC0415
         from transformers import DynamicCache  # noqa: PLC0415
 
@@ -455,18 +322,96 @@ class KvPrefixCache:
                 cache.update(keys, values, layer)
         return cache
 
+    def _chunk_prefill(self, plan: KvPlan, usage: KvUsage, cache: Any,
+                       engine: KvEngine) -> ChunkPrefill | None:
+        """The chunk-reuse prefill for ``plan`` (serving/kv/_chunks.py), or None (prefix reuse only, counted
+        and said in ``usage.chunk_fallback``) when the engine's RoPE cannot be shifted exactly or its
+        ``cache`` has sliding-window layers (which drop the entries a chunk is placed and refreshed by)."""
+        try:
+            shift = engine.rope_shift()
+        except RopeShiftUnsupported as exc:
+            self._refuse_chunks(usage, "rope-unsupported", str(exc))
+            return None
+        config = engine.model_config
+        if any(layer.is_sliding for layer in cache.layers):
+            self._refuse_chunks(usage, "sliding-window",
+                                f"{config.model_type} model with sliding-window attention layers")
+            return None
+        fraction = plan.recompute_fraction
+        attention = config._attn_implementation
+        if fraction and attention not in ("sdpa", "eager"):
+            # The refresh forward needs a custom 4D mask, which other attention kernels do not take.
+            log.warning("KV chunk reuse: attention %r takes no 4D mask, recompute_fraction is not applied",
+                        attention)
+            usage.chunk_fallback = "no-refresh-mask"
+            fraction = 0.0
+        def lookup(tokens: Sequence[int], usable: int) -> list[ChunkBlock]:
+            return self.lookup_chunk(plan, tokens, usable)
+
+        return ChunkPrefill(forward=engine.forward, lookup=lookup, shift=shift, block_size=self.block_size, recompute_tokens=plan.recompute_tokens,
+                            recompute_fraction=fraction)
+
+    def _refuse_chunks(self, usage: KvUsage, fallback: str, why: str) -> None:
+        """Serve a chunk-mode request prefix-only: counted, logged (a warning the first time), and
+        ``fallback`` said in ``usage.chunk_fallback``."""
+        with self._fallbacks:
+            self.chunk_fallbacks += 1
+            first = self.chunk_fallbacks == 1
+        usage.chunk_fallback = fallback
+        (log.warning if first else log.info)("KV chunk reuse refused, prefix reuse only: %s", why)
+
+    # -- storing -------------------------------------------------------------------------------------------
+
+    def _keep_prefix(self, filled: Prefilled) -> list[tuple[BlockHash, Block]]:
+        """Clone the new full prefix blocks of ``filled`` into L1 (when the plan allows it); returns the blocks
+        to write."""
+        plan, hashes, cache, bs = filled.plan, filled.hashes, filled.cache, self.block_size
+        n = min(len(hashes), cache.get_seq_length() // bs)
+        if filled.stop_block is not None:
+            n = min(n, filled.stop_block)
+        req = next(self._requests)
+        kept: list[tuple[BlockHash, Block]] = []
+        for i in range(filled.first_block, n):
+            h = hashes[i]
+            block = tuple((layer.keys[0, :, i * bs : (i + 1) * bs, :].clone(),
+                           layer.values[0, :, i * bs : (i + 1) * bs, :].clone()) for layer in cache.layers)
+            if "l1" in plan.tiers:
+                self.l1.put(h, block, self._info(plan, hashes, i, req))
+            kept.append((h, block))
+            filled.usage.stored_blocks += 1
+            self.l1.stored(h)
+        return kept
+
+    def _keep_chunks(self, filled: Prefilled) -> list[tuple[BlockHash, Block]]:
+        """Clone the full blocks of each chunk the model computed whole into L1 (when the plan allows it),
+        under chunk hashes and with the position each was computed at; the blocks to write."""
+        plan, cache, bs = filled.plan, filled.cache, self.block_size
+        length = cache.get_seq_length()
+        kept: list[tuple[BlockHash, Block]] = []
+        for start, stop in filled.chunks:
+            for j, h in enumerate(self.hasher.chunk(filled.ids[start:stop], plan.salt)):
+                a = start + j * bs
+                if a + bs > length:
+                    break
+                layers = tuple((layer.keys[0, :, a : a + bs].clone(), layer.values[0, :, a : a + bs].clone())
+                               for layer in cache.layers)
+                block = ChunkBlock(layers, a)
+                if "l1" in plan.tiers:
+                    self.l1.put(h, block, EntryInfo(size=self.geometry.block_bytes(), ns=plan.salt, pos=j))
+                kept.append((h, block))
+        return kept
+
+    # -- what the replica reads ----------------------------------------------------------------------------
+
     def reuse_rate(self) -> float:
         """The share of blocks accessed more than once among those accessed since the last call (the KV reuse
         rate of the window); resets the window."""
-        with self._lock:
-            counts, self.accessed = self.accessed, {}
-        if not counts:
-            return 0.0
-        return sum(1 for c in counts.values() if c > 1) / len(counts)
+        return self.l1.reuse_rate()
 
     def held(self) -> list[Hashable]:
         return self.l1.keys()
 
     def close(self) -> None:
+        """Stop prefetching; finish the L2/L3 writes stored so far."""
         self._loader.shutdown(wait=False, cancel_futures=True)
-        self._writer.shutdown(wait=True)
+        self.lower.close()

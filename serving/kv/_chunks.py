@@ -8,7 +8,7 @@ are the spans between those offsets, the first cut where the prefix ends (``chun
 
 A chunk's KV is kept as full blocks of ``block_size`` tokens under hashes that chain only within the chunk:
 ``controller.block_hashes`` over the chunk's own tokens, with the plan's salt behind a marker byte that no UTF-8
-salt starts with, so a chunk hash never equals a prefix block's hash and no chunk crosses tenants. Blocks, not
+salt starts with (``_hashing.BlockHasher.chunk``), so a chunk hash never equals a prefix block's hash and no chunk crosses tenants. Blocks, not
 whole chunks, so a chunk's KV lives in the same tiers, under the same byte bound and eviction, as prefix
 blocks, and a chunk whose later blocks were evicted is still reused up to them. Each block records the
 position of its first token when it was computed (``ChunkBlock.position``; in L2/L3 after a magic in front of
@@ -39,7 +39,6 @@ from typing import Any
 
 from ._store import BlockGeometry, CorruptBlock, decode_group, encode_group
 
-CHUNK_MARK = b"\xffkv-chunk\x00"  # 0xFF never occurs in UTF-8: no str salt's bytes start with it
 _MAGIC = b"EVKC1"
 _POSITION = struct.Struct("<Q")
 MAX_CHUNKS = 256  # chunk offsets beyond this many are ignored: the prompt's tail is one chunk
@@ -52,11 +51,6 @@ class ChunkBlock:
 
     layers: tuple[Any, ...]
     position: int
-
-
-def chunk_salt(salt: str) -> bytes:
-    """The first salt of a chunk's hash chain: the plan's salt behind ``CHUNK_MARK``."""
-    return CHUNK_MARK + salt.encode("utf-8")
 
 
 def chunk_spans(n_tokens: int, starts: Sequence[int], prefix: int) -> list[tuple[int, int]]:

@@ -42,8 +42,8 @@ class _HeldCollector(Collector):
         errors = CounterMetricFamily("evocache_kv_block_errors", "KV block reads or writes lost to a failing "
                                      "tier (tier-error) or blocks dropped for failing their checks (corrupt).",
                                      labels=["kind"])
-        errors.add_metric(["tier-error"], self.cache.errors)
-        errors.add_metric(["corrupt"], self.cache.corrupt)
+        errors.add_metric(["tier-error"], self.cache.lower.errors)
+        errors.add_metric(["corrupt"], self.cache.lower.corrupt)
         yield errors
 
 

@@ -1,13 +1,11 @@
-"""Where KV blocks live: replica memory on the model's device (L1), and bytes in the controller's tiers (L2, L3).
+"""What a KV block is, and its bytes in the controller's tiers (L2, L3).
 
 A block is ``block_size`` tokens of every layer's keys and values, ``[kv_heads, block_size, head_dim]`` each
-(batch 1, before grouped-query repetition). In L1 a block is kept as tensors on the model's device, bounded in
-bytes, ordered by one of the controller's eviction policies (``make_eviction_policy``: the same classes the
-replay simulator runs, ``lookahead`` told which requests wait). In L2 (Redis) and L3 (disk) a block is one
-entry per layer group: a small JSON header (the geometry it was written for) and the tensors' raw bytes, in the
-controller's tiers, whose entry codec checks every payload with the deployment's secret and binds it to its
-namespace and key. A payload whose header does not match this model's geometry is refused like a corrupt one:
-it is never loaded into a cache.
+(batch 1, before grouped-query repetition). In L1 a block is kept as tensors on the model's device
+(``_pool.DeviceBlocks``). In L2 (Redis) and L3 (disk) a block is one entry per layer group: a small JSON
+header (the geometry it was written for) and the tensors' raw bytes, in the controller's tiers, whose entry
+codec checks every payload with the deployment's secret and binds it to its namespace and key. A payload whose
+header does not match this model's geometry is refused like a corrupt one: it is never loaded into a cache.
 
 Nothing here is unpickled: tensors are rebuilt from bytes whose size the header fixes. On a CUDA device the bytes
 travel through pinned host buffers with non-blocking copies (``_cuda_to_bytes``, ``_bytes_to_cuda``): one staging
@@ -18,13 +16,9 @@ from __future__ import annotations
 
 import json
 import struct
-import threading
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-
-from evocache.controller import EntryInfo, make_eviction_policy
-from evocache.controller.eviction import LookaheadPolicy
 
 from .errors import KvReuseError
 
@@ -178,73 +172,3 @@ def decode_group(data: bytes, geometry: BlockGeometry, start: int, stop: int, de
             pair.append((t.view(dtype) if raw is not dtype else t).to(device))
         out.append((pair[0], pair[1]))
     return out
-
-
-Block = tuple  # one block: a (keys, values) pair of tensors per layer
-
-
-class DeviceBlocks:
-    """L1: blocks as tensors on the model's device, at most ``capacity_bytes``, evicted by ``policy`` (a name
-    of the controller's eviction registry, e.g. ``lru`` or ``lookahead``, whose ``on_queue`` is told the waiting
-    requests; ``lookahead:learned`` is the look-ahead over another base). Thread-safe."""
-
-    def __init__(self, capacity_bytes: int, block_bytes: int, policy: str = "lru") -> None:
-        if capacity_bytes < block_bytes:
-            raise ValueError(f"KV L1 of {capacity_bytes} bytes cannot hold one block of {block_bytes}")
-        self.capacity = capacity_bytes
-        self.block_bytes = block_bytes
-        name, _, base = policy.partition(":")  # "lookahead:learned": the look-ahead over another policy
-        options = {"base": base} if base else {}
-        self.policy = make_eviction_policy(name, capacity=capacity_bytes, **options)
-        self._blocks: dict[Hashable, Block] = {}
-        self._lock = threading.Lock()
-        self.used = 0
-        self.evictions = 0
-        self.evicted: set[Hashable] = set()  # bounded below: for the "evicted" miss reason
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._blocks
-
-    def __len__(self) -> int:
-        return len(self._blocks)
-
-    def get(self, key: Hashable) -> Block | None:
-        with self._lock:
-            block = self._blocks.get(key)
-            if block is not None:
-                self.policy.on_hit(key)
-            return block
-
-    def put(self, key: Hashable, block: Block, info: EntryInfo) -> bool:
-        """Hold ``block`` (evicting others as the policy says); False when the policy does not admit it."""
-        with self._lock:
-            if key in self._blocks:
-                self.policy.on_hit(key)
-                return True
-            if self.used + self.block_bytes > self.capacity and not self.policy.admit(key, info):
-                return False
-            while self.used + self.block_bytes > self.capacity and self._blocks:
-                victim = self.policy.victim()
-                self._blocks.pop(victim, None)
-                self.policy.on_remove(victim)
-                self.used -= self.block_bytes
-                self.evictions += 1
-                if len(self.evicted) > 65_536:
-                    self.evicted.clear()
-                self.evicted.add(victim)
-            self._blocks[key] = block
-            self.used += self.block_bytes
-            self.policy.on_insert(key, info)
-            self.evicted.discard(key)
-            return True
-
-    def keys(self) -> list[Hashable]:
-        with self._lock:
-            return list(self._blocks)
-
-    def on_queue(self, waiting: Sequence[Any]) -> None:
-        """Tell a queue-aware policy (the look-ahead) which requests wait (``QueuedRequest``s); others have no
-        use for it."""
-        if isinstance(self.policy, LookaheadPolicy):
-            with self._lock:
-                self.policy.on_queue(waiting)
