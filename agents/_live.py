@@ -9,8 +9,10 @@ under the policy store's state when it closed (the active version, the canary an
 counted on the canary's arm when the version that decided it is the canary's. Then the graph runs one pass, as
 ``agent run`` does over a trace: what it promotes, canaries or rolls back goes to the policy store, and the
 replicas' followers pick it up. Replay evidence replays the windows' requests (keys, sizes, rules, tenants)
-against ``capacity``, the L1 size the replicas run with in bytes, each response entry weighed as L1 weighs it
-(its payload and its key; a request the policy did not store, its rule's mean: ``_Weights``).
+against ``capacity``, the L1 size the replicas run with in bytes, each response entry weighed as L1 weighs it:
+its payload (the event's ``size``: a miss's result, stored or not; a bypassed call's result, sized for what it
+would weigh if its rule cached it) and its key (``weighed_as_l1``). A call with no key (one whose contract,
+or whose arguments, keep it out of every cache) is replayed as it was: no policy can store it.
 
 With ``signals`` (a ``SignalHub``: GPU through NVML, the host, torch.profiler traces, Nsight Compute exports),
 each window also reads those series over its span: they join the cache's own for diagnosis, and their means
@@ -38,32 +40,12 @@ from ._types import Outcome, Request
 log = logging.getLogger("evocache.agents")
 
 
-class _Weights:
-    """What a response entry weighs in L1: its payload (the event's size) and its key. A request the policy
-    did not store (a bypass, a miss whose store was never seen) has no size in its events; it is given the
-    mean weight of its rule's entries seen so far (of all entries, before its rule has any), so that replaying
-    a policy that would store it counts the room it takes. A bypass names no key either: it gets a key of its
-    own, asked for once, as the traffic a bypass is proposed for (traffic that never hits) is."""
-
-    def __init__(self) -> None:
-        self._sums: dict[str, tuple[int, int]] = {}
-        self._unkeyed = 0
-
-    def __call__(self, request: Request) -> Request:
-        if request.kind == "kv":
-            return request
-        if not request.keys:
-            self._unkeyed += 1
-            request = replace(request, keys=(f"unkeyed:{self._unkeyed}",))
-        key = len(request.keys[0])
-        if request.size:
-            total, n = self._sums.get(request.rule, (0, 0))
-            self._sums[request.rule] = (total + request.size + key, n + 1)
-            all_total, all_n = self._sums.get("", (0, 0))
-            self._sums[""] = (all_total + request.size + key, all_n + 1)
-            return replace(request, size=request.size + key)
-        total, n = self._sums.get(request.rule) or self._sums.get("", (0, 0))
-        return replace(request, size=round(total / n)) if n else request
+def weighed_as_l1(request: Request) -> Request:
+    """``request`` with the size its entry takes in L1: the payload and the key
+    (``controller.MemoryTier``'s weight)."""
+    if request.kind == "kv" or not request.keys or not request.size:
+        return request
+    return replace(request, size=request.size + len(request.keys[0]))
 
 
 class LiveLoop:
@@ -118,7 +100,6 @@ class LiveLoop:
         self.runner = LoopRunner(self.ctx, build_graph(self.ctx, saver), harmful_at=harmful_at)
         self._pending: list[tuple[Request, Outcome, str]] = []
         self.signals = signals  # a SignalHub (GPU, host, profiler, ncu) read over each window's span, or None
-        self._weigh = _Weights()
 
     @property
     def pending(self) -> int:
@@ -149,7 +130,7 @@ class LiveLoop:
         state = self.policies.state()
         base = self.policies.load(state.active)
         canary = self.policies.load(state.canary) if state.canary else None
-        requests = [self._weigh(r) for r, _, _ in chunk]
+        requests = [weighed_as_l1(r) for r, _, _ in chunk]
         outcomes = [o for _, o, _ in chunk]
         arms = [canary is not None and ref == state.canary for _, _, ref in chunk]
         others = (

@@ -12,7 +12,8 @@ from ._blocks import MAX_BLOCK_TOKENS, BlockHash, block_hashes
 from ._cache_if import CacheInfo, cache_if
 from ._contract import Admission, SemanticOptions, Tenant, tenant_scope
 from ._events import OUTCOMES as EVENT_OUTCOMES
-from ._events import AccessEvent, EventSink, JsonlSink, RedisStreamSink, RingSink, read_events
+from ._calls import read_events
+from ._events import AccessEvent, EventSink, JsonlSink, RedisStreamSink, RingSink
 from ._keys import derive_key, namespace_for
 from ._metrics import CacheMetrics
 from ._outcome import AsyncCallStream, CallHandle, CallId, CallOutcome, CallStream, Called, KvReport

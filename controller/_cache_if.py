@@ -49,8 +49,9 @@ from ._contract import (
     current_tenant,
     function_identity,
 )
+from ._events import INCOMPLETE, SCHEMA_VERSION
 from ._keys import template_hash
-from ._outcome import AsyncCallStream, Called, CallHandle, CallOutcome, CallStream
+from ._outcome import AsyncCallStream, Called, CallHandle, CallOutcome, CallStream, next_call_number
 from ._metrics import LATENCY_BUCKETS
 from ._runtime import CacheRuntime, StoreConfig, build_runtime, current_runtime
 from ._semantic import JudgeLimits, Served
@@ -300,8 +301,8 @@ class CachedFunction:
 
     # -- events ------------------------------------------------------------------------------------------
 
-    def _emit(self, rt: CacheRuntime, plan: Plan, outcome: str, tier: str | None, size: int,
-              seconds: float, saved_ms: float = 0.0, reason: str = "", semantic: dict | None = None) -> None:
+    def _observe(self, rt: CacheRuntime, plan: Plan, outcome: str, tier: str | None, seconds: float) -> None:
+        """The decision's metrics, and its lookup time in the tenant's SLO breaker of the rule."""
         # CacheMetrics.record, inlined (it runs on every L2/L3 hit and every miss).
         metrics = rt.metrics
         labels = (plan.rule, tier or "", outcome)
@@ -313,25 +314,33 @@ class CachedFunction:
         slo = rt.slo
         if slo.by_rule and (outcome == "hit" or outcome == "miss") and not plan.reason:
             slo.observe(plan.rule, plan.ns, seconds)
-        # A plain tuple in AccessEvent field order (see controller._events).
-        rt.events.record((
-            rt.clock(), plan.key or "", plan.ns, plan.rule, rt.policy_ref, outcome, tier, size,
-            seconds * 1000.0, saved_ms, self.identity, reason or plan.reason, semantic,
-        ))
 
     def _decided(self, rt: CacheRuntime, plan: Plan, handle: CallHandle, outcome: str, tier: str | None,
                  size: int, seconds: float, saved_ms: float = 0.0, reason: str = "",
                  semantic: dict | None = None) -> None:
-        """The call is decided: its access event, and its handle's ``decided``."""
-        self._emit(rt, plan, outcome, tier, size, seconds, saved_ms, reason, semantic)
+        """The call is decided: its metrics, and its handle's ``decided`` (its event waits for its end)."""
+        self._observe(rt, plan, outcome, tier, seconds)
         handle.decide(self._outcome(rt, plan, handle, outcome, tier, size, seconds, saved_ms, reason, semantic))
 
     @staticmethod
     def _outcome(rt: CacheRuntime, plan: Plan, handle: CallHandle, outcome: str, tier: str | None, size: int,
                  seconds: float, saved_ms: float = 0.0, reason: str = "",
                  semantic: dict | None = None) -> CallOutcome:
-        return CallOutcome(handle.call_id, outcome, plan.rule, rt.policy_ref, reason or plan.reason, plan.key,
-                           plan.ns, plan.decision, rt.arm, tier, size, seconds * 1000.0, saved_ms, semantic)
+        key = plan.key if plan.key is not None else plan.would_key
+        return CallOutcome(handle.call_id, outcome, plan.rule, rt.policy_ref, reason or plan.reason, key,
+                           plan.ns, plan.decision, rt.arm, tier, size, seconds * 1000.0, saved_ms, semantic,
+                           at=rt.clock())
+
+    def _record(self, rt: CacheRuntime, outcome: CallOutcome) -> None:
+        """The call's one access event, from its final outcome: a plain tuple in ``AccessEvent`` field order
+        (``controller._events``)."""
+        kv = outcome.kv
+        rt.events.record((
+            outcome.at, outcome.key or "", outcome.ns, outcome.rule, outcome.policy, outcome.outcome,
+            outcome.tier, outcome.size, outcome.latency_ms, outcome.saved_ms, self.identity, outcome.reason,
+            outcome.semantic, None if kv is None else dict(kv.detail), outcome.call_id, ",".join(outcome.stored),
+            outcome.rejected, outcome.arm, SCHEMA_VERSION,
+        ))
 
     # -- the L1 hit path ---------------------------------------------------------------------------------
 
@@ -358,6 +367,7 @@ class CachedFunction:
         buckets = LATENCY_BUCKETS
         first_bucket = buckets[0]
         read_buffer_drain = READ_BUFFER_DRAIN
+        next_call = next_call_number
 
         def entry_point(*args: Any, **kwargs: Any) -> Any:
             rt = runtime or current_runtime()
@@ -370,7 +380,7 @@ class CachedFunction:
                 kw = ()
             if not issimple(types_):
                 return full_path(rt, args, kwargs, None, None)
-            generation, entries_get, append, reads, note_reads, clock, record, policy_ref, bypassing = rt.hot
+            generation, entries_get, append, reads, note_reads, clock, record, policy_ref, arm, bypassing = rt.hot
             memo_key = (args, kw, types_, tenant_get(), generation)
             plan = memo_get(memo_key)
             # l1_first: this runtime has an L1. A tenant's rule its SLO breaker tripped to bypass (or the
@@ -409,9 +419,10 @@ class CachedFunction:
             tally = plan.slo_hits
             if tally is not None:  # the tenant's breaker of the rule counts it as a fast lookup
                 tally[0] += 1
+            # The call's one event; its id a number the sink formats (controller._outcome.call_id_of).
             record((
                 now, plan.key, plan.ns, plan.rule, policy_ref, "hit", L1, len(entry.value), seconds * 1000.0,
-                entry.saved_ms, identity, "", None,
+                entry.saved_ms, identity, "", None, None, next_call(), "", "", arm, SCHEMA_VERSION,
             ))
             return value
 
@@ -505,8 +516,7 @@ class CachedFunction:
         if payload is None or (plan.max_entry_bytes is not None and len(payload) > plan.max_entry_bytes):
             self.counters.rejects += 1
             size = 0 if payload is None else len(payload)
-            self._emit(rt, plan, "reject", None, size, time.perf_counter() - started, saved_ms,
-                       reason or "too-large")
+            self._observe(rt, plan, "reject", None, time.perf_counter() - started)
             handle.finish(size=size, saved_ms=saved_ms, rejected=reason or "too-large")
             return ()
         now = rt.clock()
@@ -521,14 +531,13 @@ class CachedFunction:
         stored_in = rt.store.set(plan.ns, plan.key, entry, plan.tiers)  # the tiers that took it
         if not stored_in:  # every selected tier failed the write (the store counted each failure)
             self.counters.rejects += 1
-            self._emit(rt, plan, "reject", None, len(payload), time.perf_counter() - started, saved_ms,
-                       "not-stored")
+            self._observe(rt, plan, "reject", None, time.perf_counter() - started)
             handle.finish(size=len(payload), saved_ms=saved_ms, rejected="not-stored")
             return ()
         self.counters.stores += 1
         for tier in stored_in:
             rt.metrics.stored(plan.rule, tier, len(payload))
-        self._emit(rt, plan, "store", ",".join(stored_in), len(payload), time.perf_counter() - started, saved_ms)
+        self._observe(rt, plan, "store", ",".join(stored_in), time.perf_counter() - started)
         stored = tuple(stored_in)
         handle.finish(size=len(payload), saved_ms=saved_ms, stored=stored)
         return stored
@@ -575,7 +584,7 @@ class CachedFunction:
 
         It yields ``_Store`` steps (run ``step.call()``, send back its result), ``_COMPUTE`` (run the function,
         send back what it returned; a stream's wrapper plays the stream to the caller and sends back the chunks
-        it yielded) and ``_RUN`` (run the function uncached: a bypass; a stream's chunks are played, not kept).
+        it yielded) and ``_RUN`` (the same, uncached: a bypass, whose result is only sized).
         It returns ``(hit, value)``: a hit's value (a stream's wrapper replays it), or what the function
         computed (a stream's: already played). ``handle`` is the call's (``CallHandle``): decided once the
         lookup is done, finished when the function has run and its result was admitted or not.
@@ -585,59 +594,75 @@ class CachedFunction:
         so bypasses, lookups, admission, events, counters and outcomes are the same for all; its wrapper plans
         the call and decides only how a step runs: called, awaited, iterated, or in a thread.
         """
-        if plan.key is None:
-            self._bypass(rt, plan, started, handle)
-            value = yield _RUN
-            self._finish(rt, plan, handle)
-            return False, value
-        tripped = rt.slo.tripped
-        if tripped and plan.rule in tripped:  # after the memo: a plan outlives the breaker's state
-            safe = rt.slo.admit(plan)
-            if safe is None:
-                self._bypass(rt, plan, started, handle, SLO_REASON)
+        try:
+            if plan.key is None:
+                self._bypass(rt, plan, started, handle)
                 value = yield _RUN
-                self._finish(rt, plan, handle)
+                self._finish_bypass(rt, plan, handle, value)
                 return False, value
-            plan = safe
-        learning = None
-        if refresh_epoch is not None:
-            epoch = refresh_epoch
-            handle.decide(self._outcome(rt, plan, handle, "miss", None, 0, time.perf_counter() - started))
-        else:
-            hit, value, epoch = yield _Store(functools.partial(self._lookup, rt, plan, started, handle))
-            if hit:
-                handle.finish()
-                return True, value
-            if plan.semantic is not None and self._semantic_kinds and rt.semantic is not None:
-                # Embedding a prompt is CPU work: an async wrapper runs it in a thread.
-                hit, value, learning = yield _Store(
-                    functools.partial(self._semantic_lookup, rt, plan, started, handle), cpu=True
-                )
+            tripped = rt.slo.tripped
+            if tripped and plan.rule in tripped:  # after the memo: a plan outlives the breaker's state
+                safe = rt.slo.admit(plan)
+                if safe is None:
+                    self._bypass(rt, plan, started, handle, SLO_REASON)
+                    value = yield _RUN
+                    self._finish_bypass(rt, plan, handle, value)
+                    return False, value
+                plan = safe
+            learning = None
+            if refresh_epoch is not None:
+                epoch = refresh_epoch
+                handle.decide(self._outcome(rt, plan, handle, "miss", None, 0, time.perf_counter() - started))
+            else:
+                hit, value, epoch = yield _Store(functools.partial(self._lookup, rt, plan, started, handle))
                 if hit:
-                    handle.finish()
+                    self._finish(rt, handle)
                     return True, value
-        t0 = time.perf_counter()
-        value = yield _COMPUTE
-        saved_ms = (time.perf_counter() - t0) * 1000.0
-        payload, reason = self._payload(plan, value)
-        stored = yield _Store(functools.partial(self._admit, rt, plan, payload, saved_ms, reason, epoch, handle))
-        if learning is not None:  # the semantic update may embed
-            yield _Store(functools.partial(self._semantic_learn, rt, plan, value, bool(stored), learning),
-                         cpu=True)
-        self._finish(rt, plan, handle)
-        return False, value
+                if plan.semantic is not None and self._semantic_kinds and rt.semantic is not None:
+                    # Embedding a prompt is CPU work: an async wrapper runs it in a thread.
+                    hit, value, learning = yield _Store(
+                        functools.partial(self._semantic_lookup, rt, plan, started, handle), cpu=True
+                    )
+                    if hit:
+                        self._finish(rt, handle)
+                        return True, value
+            t0 = time.perf_counter()
+            value = yield _COMPUTE
+            saved_ms = (time.perf_counter() - t0) * 1000.0
+            payload, reason = self._payload(plan, value)
+            stored = yield _Store(functools.partial(self._admit, rt, plan, payload, saved_ms, reason, epoch, handle))
+            if learning is not None:  # the semantic update may embed
+                yield _Store(functools.partial(self._semantic_learn, rt, plan, value, bool(stored), learning),
+                             cpu=True)
+            self._finish(rt, handle)
+            return False, value
+        finally:
+            # Closed before its end (the function raised, or its stream was closed): the call's one event
+            # still goes out, with nothing stored.
+            if handle.outcome is None and handle.decided is not None:
+                self._abandon(rt, handle)
 
-    def _finish(self, rt: CacheRuntime, plan: Plan, handle: CallHandle) -> None:
-        """The call has ended: the outcome is final, and the engine's KV report, if it gave one, is recorded
-        as the call's ``kv`` event (after its decision and store, with the same key, namespace and rule)."""
-        if handle.outcome is None:
-            handle.finish()
-        kv = handle.kv
-        if kv is not None:
-            rt.events.record((
-                rt.clock(), plan.key or "", plan.ns, plan.rule, rt.policy_ref, "kv", kv.tier, kv.cached_tokens,
-                kv.load_ms, 0.0, self.identity, kv.miss, None, dict(kv.detail),
-            ))
+    def _finish(self, rt: CacheRuntime, handle: CallHandle) -> None:
+        """The call has ended: its outcome is final (with the engine's KV report, if it gave one) and its one
+        access event is recorded."""
+        self._record(rt, handle.outcome if handle.outcome is not None else handle.finish())
+
+    def _finish_bypass(self, rt: CacheRuntime, plan: Plan, handle: CallHandle, value: Any) -> None:
+        """A bypass has ended: a call with a key (one its rule or sampling, or its SLO breaker, kept out of the
+        cache) has its result's size in its outcome, what it would weigh if cached."""
+        assert handle.decided is not None
+        size = 0
+        if handle.decided.key is not None:
+            payload, _ = self._payload(plan, value)
+            size = len(payload) if payload is not None else 0
+        self._record(rt, handle.finish(size=size))
+
+    def _abandon(self, rt: CacheRuntime, handle: CallHandle) -> None:
+        """The call ended before its result was admitted: a miss's outcome says ``incomplete``, and its event
+        is recorded."""
+        assert handle.decided is not None
+        rejected = INCOMPLETE if handle.decided.outcome == "miss" else ""
+        self._record(rt, handle.finish(rejected=rejected))
 
     def _payload(self, plan: Plan, value: Any) -> tuple[bytes | None, str]:
         """What a computed result is stored as, or ``(None, reason)`` when it cannot be: a stream's chunk list
@@ -680,13 +705,16 @@ class CachedFunction:
     ) -> Called:
         fn_kwargs = self._fn_kwargs(kwargs, handle)
         reply = None
-        while True:
-            try:
-                step = steps.send(reply)
-            except StopIteration as done:
-                value = done.value[1]
-                break
-            reply = step.call() if type(step) is _Store else self.fn(*args, **fn_kwargs)
+        try:
+            while True:
+                try:
+                    step = steps.send(reply)
+                except StopIteration as done:
+                    value = done.value[1]
+                    break
+                reply = step.call() if type(step) is _Store else self.fn(*args, **fn_kwargs)
+        finally:
+            steps.close()  # after a failure: the call's event, as incomplete
         assert handle.outcome is not None  # _steps finishes every call it returns from
         return Called(value, handle.outcome)
 
@@ -717,18 +745,21 @@ class CachedFunction:
         offload = self._offload(rt)
         fn_kwargs = self._fn_kwargs(kwargs, handle)
         reply = None
-        while True:
-            try:
-                step = steps.send(reply)
-            except StopIteration as done:
-                value = done.value[1]
-                break
-            if type(step) is _Compute:  # _COMPUTE or _RUN: the same for a coroutine
-                reply = await self.fn(*args, **fn_kwargs)
-            elif offload or step.cpu:
-                reply = await asyncio.to_thread(step.call)
-            else:
-                reply = step.call()
+        try:
+            while True:
+                try:
+                    step = steps.send(reply)
+                except StopIteration as done:
+                    value = done.value[1]
+                    break
+                if type(step) is _Compute:  # _COMPUTE or _RUN: the same for a coroutine
+                    reply = await self.fn(*args, **fn_kwargs)
+                elif offload or step.cpu:
+                    reply = await asyncio.to_thread(step.call)
+                else:
+                    reply = step.call()
+        finally:
+            steps.close()  # after a failure or a cancellation: the call's event, as incomplete
         assert handle.outcome is not None  # _steps finishes every call it returns from
         return Called(value, handle.outcome)
 
@@ -751,23 +782,23 @@ class CachedFunction:
     ) -> Iterator[Any]:
         fn_kwargs = self._fn_kwargs(kwargs, handle)
         reply = None
-        while True:
-            try:
-                step = steps.send(reply)
-            except StopIteration as done:
-                hit, value = done.value
-                break
-            if step is _COMPUTE:
-                # A stream that raises or is closed early ends here: partial streams are never stored.
-                reply = []
-                for chunk in self.fn(*args, **fn_kwargs):
-                    reply.append(chunk)
-                    yield chunk
-            elif step is _RUN:
-                reply = None
-                yield from self.fn(*args, **fn_kwargs)
-            else:
-                reply = step.call()
+        try:
+            while True:
+                try:
+                    step = steps.send(reply)
+                except StopIteration as done:
+                    hit, value = done.value
+                    break
+                if type(step) is _Compute:  # _COMPUTE or _RUN: played, and its chunks sent back
+                    # A stream that raises or is closed early ends here: partial streams are never stored.
+                    reply = []
+                    for chunk in self.fn(*args, **fn_kwargs):
+                        reply.append(chunk)
+                        yield chunk
+                else:
+                    reply = step.call()
+        finally:
+            steps.close()  # a stream closed early, or failed: the call's event, as incomplete
         if hit:
             yield from value
 
@@ -790,25 +821,24 @@ class CachedFunction:
         offload = self._offload(rt)
         fn_kwargs = self._fn_kwargs(kwargs, handle)
         reply = None
-        while True:
-            try:
-                step = steps.send(reply)
-            except StopIteration as done:
-                hit, value = done.value
-                break
-            if step is _COMPUTE:
-                reply = []
-                async for chunk in self.fn(*args, **fn_kwargs):
-                    reply.append(chunk)
-                    yield chunk
-            elif step is _RUN:
-                reply = None
-                async for chunk in self.fn(*args, **fn_kwargs):
-                    yield chunk
-            elif offload or step.cpu:
-                reply = await asyncio.to_thread(step.call)
-            else:
-                reply = step.call()
+        try:
+            while True:
+                try:
+                    step = steps.send(reply)
+                except StopIteration as done:
+                    hit, value = done.value
+                    break
+                if type(step) is _Compute:  # _COMPUTE or _RUN: played, and its chunks sent back
+                    reply = []
+                    async for chunk in self.fn(*args, **fn_kwargs):
+                        reply.append(chunk)
+                        yield chunk
+                elif offload or step.cpu:
+                    reply = await asyncio.to_thread(step.call)
+                else:
+                    reply = step.call()
+        finally:
+            steps.close()  # a stream closed early, or failed: the call's event, as incomplete
         if hit:
             for chunk in value:
                 yield chunk
@@ -854,9 +884,10 @@ class CachedFunction:
         rt, plan, started = self._start(args, kwargs)
         handle = CallHandle()
         self._bypass(rt, plan, started, handle, "caller")
-        value = self.fn(*args, **self._fn_kwargs(kwargs, handle))
-        handle.finish()
-        return value
+        try:
+            return self.fn(*args, **self._fn_kwargs(kwargs, handle))
+        finally:
+            self._finish(rt, handle)
 
     def feedback(self, *args: Any, correct: bool, **kwargs: Any) -> bool:
         """A verdict on the answer a semantic hit served for this call (``correct=False``: it was wrong for
@@ -881,12 +912,10 @@ class CachedFunction:
         """Recompute and store, ignoring what is cached (sync and async functions)."""
         rt, plan, started = self._start(args, kwargs)
         handle = CallHandle()
-        if plan.key is None:
-            self._bypass(rt, plan, started, handle)
-            return self.fn(*args, **self._fn_kwargs(kwargs, handle))
         if self.kind not in ("sync", "async"):
             raise TypeError("refresh() is for sync and async functions; for streams, invalidate() then call")
-        epoch = self._invalidate_slot(plan.slot)  # misses already under way must not overwrite this result
+        # Misses already under way must not overwrite this result (a bypass has no slot to mark).
+        epoch = self._invalidate_slot(plan.slot) if plan.key is not None else 0
         steps = self._steps(rt, plan, started, handle, refresh_epoch=epoch)
         if self.kind == "async":
             return _value_of(self._await(rt, steps, handle, args, kwargs))

@@ -424,7 +424,8 @@ class Plan:
     """What one call will do: computed once per (arguments, tenant, runtime generation), then memoised.
 
     ``key`` is ``None`` for a bypass, with ``reason`` saying why (``contract``, ``contract-error``, ``rule``,
-    ``rule-error``, ``sampling``, ``no-tier``, ``uncacheable-args``). ``decision`` is what the policy in force
+    ``rule-error``, ``sampling``, ``no-tier``, ``uncacheable-args``); a ``rule`` or ``sampling`` bypass has
+    ``would_key``, the key it would have if it were cached (what its access event names). ``decision`` is what the policy in force
     decided for the call's view, every section resolved (``kv`` included, which an engine reads from the
     call's outcome), also when the contract or the rule bypasses; None without a policy, or when no view
     could be built (a bad tenant). The policy decides once per call: nothing else asks it again.
@@ -452,6 +453,7 @@ class Plan:
     # For the L1 hit path: the tally its hits of this tenant's calls count in for the rule's SLO breaker
     # (None: the rule has no p99 objective; controller._slo.SloBreakers.l1_tally).
     slo_hits: list[float] | None = field(default=None, compare=False)
+    would_key: CacheKey | None = None
     slot: tuple[Namespace, CacheKey] | None = field(init=False, default=None)
     # (rule, ns): what the hit path looks for among the SLO breakers tripped to bypass.
     tenant_rule: tuple[str, Namespace] | None = field(init=False, default=None)
@@ -695,28 +697,21 @@ class Contract:
                 self._warn_once(rt, decision.skipped)
                 return Plan(None, ns, decision.skipped[0], "rule-error", decision=decision)
             if not decision.cache:
-                return Plan(None, ns, rule, "rule", decision=decision)
+                return Plan(None, ns, rule, "rule", decision=decision, would_key=self._would_key(arguments, ns))
             ttl, sliding, max_bytes = decision.ttl, decision.sliding, decision.max_entry_bytes
             allow_sampling, stream_ok = decision.allow_sampling, decision.stream
             tiers = tuple(TierName(t) for t in decision.tiers)
             semantic_spec = decision.semantic
 
         if not allow_sampling and arguments.get("seed") is None and _samples(arguments.get("temperature")):
-            return Plan(None, ns, rule, "sampling", decision=decision)
+            return Plan(None, ns, rule, "sampling", decision=decision, would_key=self._would_key(arguments, ns))
 
         available = rt.tier_names
         chosen = tuple(t for t in (tiers or available) if t in available)
         if not chosen:
             return Plan(None, ns, rule, "no-tier", decision=decision)
-        rest = dict(arguments)
-        params = {name: rest.pop(name) for name in self._generation_params if name in rest}
-        model = arguments.get("model", self.model) if isinstance(arguments.get("model"), str) else self.model
         try:
-            normalised = normalise_params(params)
-            key = derive_key(
-                function=self.identity, model=model, revision=self.model_revision, template=self.template,
-                params=normalised, ns=ns, args=rest,
-            )
+            key, normalised, rest, model = self._key(arguments, ns)
         except Uncacheable as exc:
             log.debug("%s: %s", self.identity, exc)
             return Plan(None, ns, rule, "uncacheable-args", decision=decision)
@@ -732,6 +727,27 @@ class Contract:
         slo_hits = rt.slo.l1_tally(rule, ns) if hit_cells is not None else None
         return Plan(key, ns, rule, "", ttl, sliding, chosen, max_bytes, stream_ok, hit_cells, semantic,
                     decision=decision, slo_hits=slo_hits)
+
+    def _key(self, arguments: dict[str, Any], ns: Namespace) -> tuple[CacheKey, Any, dict[str, Any], str]:
+        """The call's key, with its normalised generation parameters, its other arguments and its model;
+        ``Uncacheable`` when an argument has no canonical form."""
+        rest = dict(arguments)
+        params = {name: rest.pop(name) for name in self._generation_params if name in rest}
+        model = arguments.get("model", self.model) if isinstance(arguments.get("model"), str) else self.model
+        normalised = normalise_params(params)
+        key = derive_key(
+            function=self.identity, model=model, revision=self.model_revision, template=self.template,
+            params=normalised, ns=ns, args=rest,
+        )
+        return key, normalised, rest, model
+
+    def _would_key(self, arguments: dict[str, Any], ns: Namespace) -> CacheKey | None:
+        """The key a call its rule (or its sampling) keeps out of the cache would have: the call's event
+        carries it, so the policy loop can tell how often such calls repeat. None when none can be made."""
+        try:
+            return self._key(arguments, ns)[0]
+        except Uncacheable:
+            return None
 
     def _semantic_plan(
         self, rt: CacheRuntime, rule: str, parts: dict[str, Any], rest: dict[str, Any], spec: SemanticSpec,

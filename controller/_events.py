@@ -34,17 +34,21 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from ._breaker import Breaker
+from ._outcome import call_id_of
 
 log = logging.getLogger("evocache.controller.events")
 
 SCHEMA_VERSION = 2
 OUTCOMES = ("hit", "miss", "bypass", "slo-open", "slo-half-open", "slo-closed")
 """The outcomes recorded now: a call's three and the SLO breaker's transitions."""
+INCOMPLETE = "incomplete"
+"""``rejected`` of a miss whose result was neither stored nor refused: the function raised, its stream was
+closed before its end, or (a version 1 file) the event that sized it was lost."""
 V1_OUTCOMES = ("store", "reject", "kv")
 """Outcomes that only version 1 files hold (a miss's result, and the engine's KV usage, as events of their own)."""
 
@@ -89,6 +93,8 @@ class AccessEvent(_Fields):
             if not 0 < missing <= len(_TRAILING_DEFAULTS):
                 raise TypeError(f"an access event record has {len(cls._fields)} fields, got {len(record)}")
             record += _TRAILING_DEFAULTS[len(_TRAILING_DEFAULTS) - missing :]
+        if type(record[_CALL]) is int:  # the L1 hit path records the call's number (controller._outcome)
+            record = (*record[:_CALL], call_id_of(record[_CALL]), *record[_CALL + 1 :])
         return tuple.__new__(cls, record)
 
     def to_dict(self) -> dict[str, Any]:
@@ -111,7 +117,7 @@ class AccessEvent(_Fields):
         known = OUTCOMES if version >= 2 else OUTCOMES + V1_OUTCOMES
         if outcome not in known:
             raise ValueError(f"field 'outcome' must be one of {sorted(known)}, got {_show(outcome)}")
-        values = {"v": version}
+        values = {"v": version, **_ABSENT}
         for name, check in _CHECKS.items():
             if name in data:
                 values[name] = check(name, data[name])
@@ -165,9 +171,12 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "reason": _string, "semantic": _object, "kv": _object, "call": _string, "stored": _string,
     "rejected": _string, "arm": _string,
 }
-_REQUIRED = frozenset(("t", "key", "ns", "rule", "policy", "outcome", "tier", "size", "latency_ms", "saved_ms"))
+_REQUIRED = frozenset(("t", "key", "outcome", "size"))
+# What a field a record leaves out reads as (traces written by hand or by other tools carry only the required).
+_ABSENT: dict[str, Any] = {"ns": "", "rule": "", "policy": "", "tier": None, "latency_ms": 0.0, "saved_ms": 0.0}
 
 
+_CALL = _Fields._fields.index("call")
 _TRAILING_DEFAULTS = tuple(_Fields._field_defaults[f] for f in _Fields._fields if f in _Fields._field_defaults)
 
 EventRecord = tuple
@@ -369,15 +378,3 @@ class RedisStreamSink:
         self._thread.join(timeout=5)
         self._send()
         self.client.close()
-
-
-def read_events(path: str | os.PathLike[str]) -> Iterator[AccessEvent]:
-    """Stream the events of a JSONL file. A malformed line raises ValueError naming file and line."""
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                yield AccessEvent.from_dict(json.loads(line))
-            except (json.JSONDecodeError, TypeError) as exc:
-                raise ValueError(f"{path}:{lineno}: not an access event: {exc}") from exc

@@ -18,7 +18,8 @@ its engine's KV cache did (``call.report_kv``), which then travels in the outcom
 The handle fills in two steps: ``decided`` once the lookup is done (outcome ``hit``, ``miss`` or ``bypass``, the
 rule, key and namespace, a hit's tier and size), ``outcome`` once the call or its stream has ended (a miss's
 stored tiers and size, or why it was not stored, and the KV report). A call that raises, or a stream closed
-before its end, has no ``outcome``: nothing of it was stored.
+before its end, stores nothing: its ``outcome`` says ``rejected="incomplete"`` (a miss's). The call's one
+access event (``controller._events``) is recorded from its final outcome.
 """
 
 from __future__ import annotations
@@ -40,13 +41,18 @@ CallId = NewType("CallId", str)
 """Unique per call: this process's random prefix and a counter (``"3fa9c2d1-1b"``)."""
 
 _PROCESS = os.urandom(4).hex()
-_counter = itertools.count(1)
+next_call_number = itertools.count(1).__next__
+"""This process's next call number (atomic under the GIL); the L1 hit path records the number, and the event's
+reader makes it the id (``call_id_of``), so the hot path formats nothing."""
+
+
+def call_id_of(number: int) -> CallId:
+    # The prefix makes ids unique across the replicas that write one event stream; the number, within it.
+    return CallId(f"{_PROCESS}-{number:x}")
 
 
 def new_call_id() -> CallId:
-    # The prefix makes ids unique across the replicas that write one event stream; a counter is unique within
-    # the process (itertools.count's __next__ is atomic under the GIL).
-    return CallId(f"{_PROCESS}-{next(_counter):x}")
+    return call_id_of(next_call_number())
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +81,9 @@ class CallOutcome:
     are the entry's (``key`` None for a bypass). ``size``: a hit's entry bytes, a miss's result bytes (stored or
     not), 0 for a bypass. ``latency_ms``: the lookup's time; ``saved_ms``: what a hit saved (the model time its
     entry cost), or what a miss's function took. ``stored``: the tiers that took a miss's result; ``rejected``:
-    why a computed result was not stored. ``semantic``: the semantic lookup's explanation. ``kv``: the engine's
-    KV report, when it gave one.
+    why a computed result was not stored (``incomplete``: the function raised, or its stream was closed before
+    its end). ``semantic``: the semantic lookup's explanation. ``kv``: the engine's KV report, when it gave one.
+    ``at``: when the call was decided (the runtime's clock), the time its access event carries.
     """
 
     call_id: CallId
@@ -96,6 +103,7 @@ class CallOutcome:
     stored: tuple[str, ...] = ()
     rejected: str = ""
     kv: KvReport | None = None
+    at: float = 0.0
 
 
 class CallHandle:

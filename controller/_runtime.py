@@ -117,8 +117,8 @@ class CacheRuntime:
     # rollout): what a call's outcome names as its arm.
     arm: str = field(default="", compare=False)
     # What the L1 hit path reads, in one flat tuple: (generation, *l1.hot_read (Nones without an L1), clock,
-    # events.record, policy_ref, slo.bypassing).
-    hot: tuple = field(init=False, default=())
+    # events.record, policy_ref, arm, slo.bypassing).
+    hot: tuple = field(init=False, default=(), compare=False)
 
     def __post_init__(self) -> None:
         policy_ref = self.policy.ref if self.policy is not None else ""
@@ -133,7 +133,7 @@ class CacheRuntime:
         hot_read = l1.hot_read if l1 is not None else (None, None, None, None)
         object.__setattr__(
             self, "hot",
-            (self.generation, *hot_read, self.clock, self.events.record, policy_ref, slo.bypassing),
+            (self.generation, *hot_read, self.clock, self.events.record, policy_ref, self.arm, slo.bypassing),
         )
 
     @property

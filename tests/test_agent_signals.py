@@ -41,9 +41,12 @@ T0 = 1_700_000_000.0
 
 def ev(t: float, outcome: str, key: str = "k1", *, ns: str = "acme", rule: str = "faq", policy: str = "chat@3",
        tier: str | None = None, size: int = 0, latency_ms: float = 0.5, saved_ms: float = 0.0, reason: str = "",
-       kv: dict | None = None) -> AccessEvent:
+       kv: dict | None = None, v: int = 1, **more) -> AccessEvent:
+    """An event; of version 1 unless ``v`` says otherwise (most tests here write a call the way version 1 did:
+    its decision, then its store or reject, then its kv usage)."""
     return AccessEvent(t=T0 + t, key=key, ns=ns, rule=rule, policy=policy, outcome=outcome, tier=tier, size=size,
-                       latency_ms=latency_ms, saved_ms=saved_ms, fn="app.answer", reason=reason, kv=kv)
+                       latency_ms=latency_ms, saved_ms=saved_ms, fn="app.answer", reason=reason, kv=kv, v=v,
+                       **more)
 
 
 def lines(*events: AccessEvent) -> str:
@@ -64,6 +67,16 @@ TRAFFIC = (
     ev(4.0, "hit", "c", ns="beta", tier="l1", size=77, saved_ms=95.0, reason="semantic"),
     ev(5.0, "miss", "d"),
     ev(5.5, "reject", "d", size=0, saved_ms=12.5, reason="unserializable"),
+)
+
+# The same calls as version 2 writes them: one event per call.
+TRAFFIC_V2 = (
+    ev(0.0, "hit", "a", tier="l2", size=5321, saved_ms=812.0, v=2, call="c-1"),
+    ev(1.5, "slo-open", "", reason="p99", v=2),
+    ev(1.0, "miss", "b", size=900, saved_ms=640.0, stored="l1,l2", kv=KV_USAGE, v=2, call="c-2"),
+    ev(3.0, "bypass", "", rule="sampled", reason="samples", v=2, call="c-3"),
+    ev(4.0, "hit", "c", ns="beta", tier="l1", size=77, saved_ms=95.0, reason="semantic", v=2, call="c-4"),
+    ev(5.0, "miss", "d", saved_ms=12.5, rejected="unserializable", v=2, call="c-5"),
 )
 
 EXPECTED = [
@@ -92,6 +105,12 @@ def test_events_become_the_shared_pairs(tmp_path):
     assert events.requests_between(T0 + 1, T0 + 4) == EXPECTED[1:3]  # [start, end)
     stats = window_stats(0, "chat@3", *zip(*events.requests_between(T0, T0 + 10), strict=True))
     assert (stats.requests, stats.lookups, stats.hits, stats.bypassed) == (5, 4, 2, 1)
+
+
+def test_version_2_events_become_the_same_pairs(tmp_path):
+    path = tmp_path / "events.jsonl"
+    path.write_text(lines(*TRAFFIC_V2))
+    assert EventsCollector.from_files([path]).poll() == EXPECTED
 
 
 def test_appended_lines_are_read_once(tmp_path):
@@ -189,14 +208,15 @@ def test_a_miss_without_its_store_comes_out_unsized_once_its_wait_is_over(tmp_pa
         (("m",), 0, -1.0, 0), (("h",), 5, 1.0, 1), (("h",), 5, 1.0, 1)]
 
 
-def test_a_kv_event_without_its_decision_is_a_kv_request(tmp_path):
+def test_a_version_1_kv_event_without_its_call_is_no_request(tmp_path):
+    """A kv event is part of a call: one whose call is not waiting (or names no key, as version 1 wrote after a
+    bypass) makes no pair of its own."""
     path = tmp_path / "events.jsonl"
     path.write_text(lines(ev(0.0, "kv", "q", tier="l2", size=512, kv=KV_USAGE),
+                          ev(0.5, "bypass", "", rule="sampled", reason="samples"),
                           ev(1.0, "kv", "", tier=None, size=0, kv={**KV_USAGE, "cached_tokens": 0})))
     assert EventsCollector.from_files([path]).poll() == [
-        (Request(T0, "kv", ("q",), size=512, ns="acme", rule="faq", prompt_tokens=700), Outcome(1, 1, tier="l2")),
-        (Request(T0 + 1, "kv", (), size=0, ns="acme", rule="faq", prompt_tokens=700), Outcome(1, 0)),
-    ]
+        (Request(T0 + 0.5, "response", (), size=0, ns="acme", rule="sampled"), Outcome(0, 0, bypass=True))]
 
 
 def test_collect_returns_step_series_and_policy_series(tmp_path):

@@ -57,9 +57,10 @@ def test_contract_decides_what_is_cached(rt):
     gen(long, top_k=50), gen(long, top_k=50)
     assert calls == [600, 3, 3, 600, 600]
     assert outcomes(rt) == [
-        ("miss", None), ("store", "l1"), ("hit", "l1"),
+        ("miss", None), ("hit", "l1"),
         ("bypass", None), ("bypass", None), ("bypass", None), ("bypass", None),
     ]
+    assert [e.stored for e in rt.events.events()][:2] == ["l1", ""]  # the miss's event says where it went
     assert {e.reason for e in rt.events.events() if e.outcome == "bypass"} == {"contract"}
 
 
@@ -305,7 +306,7 @@ def test_unserializable_and_oversize_results_are_rejected_not_failed(rt):
 
     assert obj(1) == obj(1) == {1: "int keys do not survive JSON"}
     assert big(1) == big(1) == "y" * 100
-    rejects = [e.reason for e in rt.events.events() if e.outcome == "reject"]
+    rejects = [e.rejected for e in rt.events.events()]
     assert rejects == ["unserializable", "unserializable", "too-large", "too-large"]
 
 
@@ -387,7 +388,7 @@ def test_policy_rules_decide_and_label_events(rt, clock):
     gen("short"), gen("short", temperature=0.5)
     clock.now += 11
     gen("a long prompt here"), gen("short")
-    events = [(e.rule, e.outcome) for e in runtime.events.events() if e.outcome != "store"]
+    events = [(e.rule, e.outcome) for e in runtime.events.events()]
     assert events == [
         ("long", "miss"), ("long", "hit"),
         ("default", "miss"), ("sampled", "bypass"),
@@ -446,7 +447,7 @@ def test_lookup_latency_lands_in_the_prometheus_bucket_it_belongs_to(rt, seconds
         return x
 
     cf = f.cached_function
-    cf._emit(rt, cf.contract.plan(rt, (1,), {}), "miss", None, 0, seconds)
+    cf._observe(rt, cf.contract.plan(rt, (1,), {}), "miss", None, seconds)
     bounds = ["1e-05", "5e-05", "0.0001", "0.0005", "0.001", "0.005", "0.01", "0.05", "0.1", "0.5", "1.0", "5.0",
               "+Inf"]
     counts = [

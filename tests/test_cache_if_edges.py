@@ -65,7 +65,7 @@ def test_results_the_serializer_cannot_take_are_rejected_not_failed(rt):
 
     assert isinstance(nested(1), list)
     assert isinstance(odd(1), Refuses)
-    assert [e.reason for e in rt.events.events() if e.outcome == "reject"] == ["unserializable"] * 2
+    assert [e.rejected for e in rt.events.events()] == ["unserializable"] * 2
 
 
 def test_arguments_whose_export_fails_are_uncacheable_not_failed(rt):
@@ -209,7 +209,7 @@ def test_an_invalidate_during_a_miss_is_not_undone(rt):
     release.set()
     slow.join(10)
     assert read("k") == "v2"
-    assert [e.reason for e in rt.events.events() if e.outcome == "reject"] == ["invalidated"]
+    assert [e.rejected for e in rt.events.events() if e.rejected] == ["invalidated"]
 
 
 def test_a_stream_is_scoped_when_called_not_when_consumed(rt):

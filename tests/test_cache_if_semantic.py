@@ -56,13 +56,13 @@ def test_a_paraphrase_is_served_from_the_neighbours_entry_and_explained(srt):
 
     hit = [e for e in _events(srt) if e.outcome == "hit"]
     assert len(hit) == 1 and hit[0].reason == "semantic" and hit[0].tier == "l1"
-    first_store = next(e for e in _events(srt) if e.outcome == "store")
+    first_store = next(e for e in _events(srt) if e.stored)
     explained = hit[0].semantic
     assert explained["neighbour"] == first_store.key  # the neighbour is the first prompt's exact entry
     assert explained["similarity"] >= 0.8 and explained["threshold"] == 0.8
     assert set(explained) >= {"neighbour", "similarity", "threshold", "est_error"}
     # One event per call: the exact miss that preceded the semantic hit is not recorded separately.
-    assert [e.outcome for e in _events(srt)] == ["miss", "store", "hit", "miss", "store"]
+    assert [(e.outcome, e.stored) for e in _events(srt)] == [("miss", "l1"), ("hit", ""), ("miss", "l1")]
 
 
 def test_no_neighbour_crosses_tenants(srt):
@@ -83,7 +83,7 @@ def test_no_neighbour_crosses_tenants(srt):
         answer(PARAPHRASE)
     assert calls == [ASK, ASK, PARAPHRASE]
     served = [e for e in _events(srt) if e.outcome == "hit"]
-    assert len(served) == 1 and served[0].ns != [e for e in _events(srt) if e.outcome == "store"][0].ns
+    assert len(served) == 1 and served[0].ns != [e for e in _events(srt) if e.stored][0].ns
 
 
 def test_no_neighbour_crosses_models_or_other_arguments(srt):

@@ -69,11 +69,19 @@ def test_a_bypass_names_its_reason_and_still_carries_the_decision(rt):
     def answer(prompt: str) -> str:
         return "x"
 
-    value, outcome = answer.call("a prompt far too long for the small rule to take it")
+    long = "a prompt far too long for the small rule to take it"
+    value, outcome = answer.call(long)
     assert value == "x"
-    assert (outcome.outcome, outcome.rule, outcome.key, outcome.stored) == ("bypass", "big", None, ())
+    assert (outcome.outcome, outcome.rule, outcome.stored) == ("bypass", "big", ())
     assert outcome.reason == "rule"
     assert outcome.decision is not None and outcome.decision.cache is False
+    # The key it would have if its rule cached it, and what its result would weigh: so the policy loop can
+    # judge caching such calls. Nothing was looked up or stored under it.
+    again = answer.call(long).outcome
+    assert outcome.key is not None and again.key == outcome.key and again.outcome == "bypass"
+    assert outcome.size == again.size > 0
+    events = rt.events.events()
+    assert [(e.outcome, e.key, e.size) for e in events] == [("bypass", outcome.key, outcome.size)] * 2
 
 
 def test_a_contract_bypass_has_no_decision_to_carry(rt):
@@ -82,7 +90,7 @@ def test_a_contract_bypass_has_no_decision_to_carry(rt):
         return "x"
 
     _, outcome = answer.call("longer")
-    assert (outcome.outcome, outcome.reason, outcome.key) == ("bypass", "contract", None)
+    assert (outcome.outcome, outcome.reason, outcome.key, outcome.size) == ("bypass", "contract", None, 0)
 
 
 def test_a_result_too_large_to_store_says_why(tmp_path):
@@ -134,7 +142,7 @@ def test_a_stream_is_decided_at_its_first_piece_and_has_its_outcome_after_its_la
     assert (again.handle.outcome.outcome, again.handle.outcome.tier) == ("hit", "l1")
 
 
-def test_a_stream_closed_early_has_no_outcome_and_stores_nothing(rt):
+def test_a_stream_closed_early_is_incomplete_and_stores_nothing(rt):
     @cache_if("true", store=rt)
     def answer(prompt: str):
         yield from ("a", "b", "c")
@@ -142,11 +150,48 @@ def test_a_stream_closed_early_has_no_outcome_and_stores_nothing(rt):
     stream = answer.call("p")
     assert next(stream) == "a"
     stream.close()
-    assert stream.handle.decided.outcome == "miss" and stream.handle.outcome is None
+    assert stream.handle.decided.outcome == "miss"
+    assert (stream.handle.outcome.rejected, stream.handle.outcome.stored) == ("incomplete", ())
     again = answer.call("p")
     assert list(again) == ["a", "b", "c"]
     assert again.handle.outcome.outcome == "miss"  # the closed stream left nothing to hit
-    assert [e.outcome for e in rt.events.events()] == ["miss", "miss", "store"]
+    events = rt.events.events()
+    assert [(e.outcome, e.rejected, e.stored) for e in events] == [("miss", "incomplete", ""),
+                                                                   ("miss", "", "l1,l3")]
+    assert [e.call for e in events] == [stream.handle.call_id, again.handle.call_id]
+
+
+def test_a_function_that_raises_is_one_incomplete_event(rt):
+    @cache_if("true", store=rt)
+    def answer(prompt: str) -> str:
+        raise RuntimeError("model down")
+
+    with pytest.raises(RuntimeError):
+        answer("p")
+    with pytest.raises(RuntimeError):
+        answer.call("p")
+    events = rt.events.events()
+    assert [(e.outcome, e.rejected, e.size) for e in events] == [("miss", "incomplete", 0)] * 2
+    assert events[0].call != events[1].call
+
+
+def test_each_call_is_one_event_carrying_what_its_outcome_says(rt):
+    @cache_if("true", store=rt)
+    def answer(prompt: str) -> str:
+        return prompt * 3
+
+    first = answer.call("hi").outcome
+    second = answer.call("hi").outcome
+    assert answer("hi") == "hihihi"  # the L1 hit path records its event too
+    answer("a prompt far too long for the small rule to take it")
+    events = rt.events.events()
+    assert [(e.outcome, e.tier, e.stored, e.rejected, e.v) for e in events] == [
+        ("miss", None, "l1,l3", "", 2), ("hit", "l1", "", "", 2), ("hit", "l1", "", "", 2),
+        ("bypass", None, "", "", 2)]
+    assert [e.call for e in events[:2]] == [first.call_id, second.call_id]
+    assert len({e.call for e in events}) == 4 and all(e.call for e in events)
+    assert events[0].size == first.size > 0 and events[0].saved_ms == first.saved_ms
+    assert events[0].t == first.at and events[1].size == first.size
 
 
 def test_an_async_stream_hands_back_its_outcome(rt):
@@ -182,8 +227,8 @@ def test_the_function_reads_its_decision_and_reports_its_kv_usage(rt):
     assert handle.decided is not None and handle.decided.decision.kv.min_tokens == 4  # known before the run
     assert outcome.call_id == handle.call_id
     assert outcome.kv == KvReport(20, 16, "l1", 0.5, "", {"tiers": {"l1": 16}})
-    kv_events = [e for e in rt.events.events() if e.outcome == "kv"]
-    assert [(e.rule, e.tier, e.size, e.key) for e in kv_events] == [("small", "l1", 16, outcome.key)]
+    (event,) = rt.events.events()  # the call's one event carries the engine's report
+    assert (event.outcome, event.call, event.kv) == ("miss", outcome.call_id, {"tiers": {"l1": 16}})
     # The handle is never part of the key: a second call hits.
     assert answer.call("hello").outcome.outcome == "hit"
 
@@ -225,6 +270,8 @@ def test_a_rollout_arm_is_named_in_the_outcome(rt):
     canary = rt.with_rules(rt.policy, arm="canary")
     on_canary = cache_if("true", store=canary)(lambda prompt: prompt)
     assert on_canary.call("a").outcome.arm == "canary"
+    assert on_canary("a") == "a"  # an L1 hit names its arm too
+    assert [e.arm for e in canary.events.events()][-2:] == ["canary", "canary"]
 
 
 def test_the_call_parameter_is_not_the_callers(rt):

@@ -330,12 +330,14 @@ def _section(page: str, marker: str) -> str:
     return text.split(marker, 1)[1]
 
 
-def test_every_event_outcome_the_controller_records_is_documented() -> None:
-    from evocache.controller import EVENT_OUTCOMES
+def test_every_event_outcome_and_field_is_documented() -> None:
+    from evocache.controller import EVENT_OUTCOMES, AccessEvent
+    from evocache.controller._events import V1_OUTCOMES
 
-    paragraph = _section("architecture.md", "- Access event (").split("\n- ", 1)[0]
-    named = set(re.findall(r"`([a-z-]+)`", paragraph))
-    assert [o for o in EVENT_OUTCOMES if o not in named] == []
+    paragraph = _section("architecture.md", "- Access event, schema version 2 (").split("\n- ", 1)[0]
+    named = set(re.findall(r"`([a-z-]+)`", paragraph)) | set(re.findall(r'"([a-z_]+)":', paragraph))
+    assert [o for o in (*EVENT_OUTCOMES, *V1_OUTCOMES) if o not in named] == []
+    assert [f for f in AccessEvent._fields if f not in named] == []
 
 
 def _kv_reasons_in_code() -> set[str]:

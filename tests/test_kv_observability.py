@@ -80,42 +80,44 @@ def events(server: ModelServer, outcome: str) -> list[AccessEvent]:
     return [e for e in server.runtime.events.events() if e.outcome == outcome]
 
 
+def kv_events(server: ModelServer) -> list[AccessEvent]:
+    """The calls whose model ran with the KV cache: their event carries its usage."""
+    return [e for e in server.runtime.events.events() if e.kv is not None]
+
+
 FIRST = prompt_ids(61)  # 3 full blocks
 SECOND = FIRST[:48] + prompt_ids(20, seed=3)  # the same 3 blocks, then a block of its own
 
 
-def test_a_model_call_records_its_kv_usage_as_an_event_beside_its_miss(server, tmp_path):
+def test_a_model_call_carries_its_kv_usage_in_its_one_event(server, tmp_path):
     server.complete(request(server, FIRST))
     finish = server.complete(request(server, SECOND)).finish
-    misses, kvs = events(server, "miss"), events(server, "kv")
-    assert len(misses) == 2 and len(kvs) == 2
-    first, second = kvs
-    assert (first.key, first.ns, first.rule, first.policy, first.fn) == (
-        misses[0].key, misses[0].ns, "chat", "kv-obs@1", misses[0].fn)
-    assert first.ns == str(namespace_for("acme")) and first.key and second.key == misses[1].key
-    assert (first.size, first.tier, first.reason) == (0, None, "never-seen")
+    first, second = server.runtime.events.events()
+    assert (first.outcome, second.outcome) == ("miss", "miss")
+    assert (first.ns, first.rule, first.policy) == (str(namespace_for("acme")), "chat", "kv-obs@1")
+    assert first.key and first.call and first.stored == "l1"
     usage = {k: first.kv[k] for k in ("prompt_tokens", "cached_tokens", "reused", "recomputed", "load_ms",
                                       "miss", "stored_blocks")}
     assert usage == {"prompt_tokens": 61, "cached_tokens": 0, "reused": {"l1": 0}, "recomputed": 61,
                      "load_ms": 0.0, "miss": "never-seen", "stored_blocks": 3}
     assert 0 <= first.kv["hidden_ms"] <= first.kv["prefetch_ms"]
-    assert (second.size, second.tier, second.reason) == (48, "l1", "never-seen")
+    assert (second.kv["cached_tokens"], second.kv["miss"]) == (48, "never-seen")
     assert second.kv["reused"] == {"l1": 48} and second.kv["recomputed"] == 68 - 48
     assert second.kv["stored_blocks"] == 1 and finish.cached_tokens == 48
-    # The usage survives the JSON line, and replay reads the same accesses with or without the kv lines.
+    # The usage survives the JSON line, and replay reads the two calls as two accesses.
     lines = [e.to_json() for e in server.runtime.events.events()]
     assert [AccessEvent.from_dict(json.loads(line)) for line in lines] == server.runtime.events.events()
-    with_kv, without_kv = tmp_path / "with.jsonl", tmp_path / "without.jsonl"
-    with_kv.write_text("\n".join(lines) + "\n")
-    without_kv.write_text("\n".join(line for line in lines if '"outcome":"kv"' not in line) + "\n")
-    accesses = list(read_trace(with_kv, "events"))
-    assert len(accesses) == 2 and accesses == list(read_trace(without_kv, "events"))
+    path = tmp_path / "events.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    assert [(a.key, a.size) for a in read_trace(path, "events")] == [(first.key, first.size),
+                                                                    (second.key, second.size)]
 
 
-def test_a_hit_runs_no_model_and_records_no_kv_event(server):
+def test_a_hit_runs_no_model_and_carries_no_kv_usage(server):
     server.complete(request(server, FIRST))
     again = server.complete(request(server, FIRST))
-    assert again.decision.outcome == "hit" and len(events(server, "kv")) == 1
+    assert again.decision.outcome == "hit" and len(kv_events(server)) == 1
+    assert events(server, "hit")[0].kv is None
 
 
 def test_the_metrics_count_tokens_per_tier_after_two_requests_sharing_a_prefix(server):
@@ -149,10 +151,10 @@ def test_each_miss_reason_is_counted(server):
     reasons = {r: metrics.value("evocache_kv_misses_total", reason=r)
                for r in ("never-seen", "below-min-tokens", "off")}
     assert reasons == {"never-seen": 2, "below-min-tokens": 1, "off": 1}
-    assert [(e.rule, e.reason) for e in events(server, "kv")] == [
+    assert [(e.rule, e.kv["miss"]) for e in kv_events(server)] == [
         ("chat", "never-seen"), ("chat", "never-seen"), ("long-prompts-only", "below-min-tokens"),
         ("kv-off", "off")]
-    off = events(server, "kv")[-1]
+    off = kv_events(server)[-1]
     assert off.kv["recomputed"] == off.kv["prompt_tokens"] == 40 and off.kv["stored_blocks"] == 0
     assert server.kv.l1.used == held  # a request the rule keeps off the cache stores nothing
 
@@ -173,16 +175,16 @@ def kv_counts(server: ModelServer) -> dict[str, float]:
 
 
 def observed(server: ModelServer, ids: list[int], tenant: str) -> tuple[dict, dict[str, float], tuple]:
-    """What one request changes where it can be seen: the counters (as deltas), its ``kv`` event's reason,
-    size and tier and its usage (timings aside), and what it answers (the decision and the cached tokens)."""
+    """What one request changes where it can be seen: the counters (as deltas), its event's KV usage (timings
+    aside), and what it answers (the decision and the cached tokens)."""
     before = kv_counts(server)
     done = server.complete(request(server, ids, tenant=tenant))
     after = kv_counts(server)
-    event = events(server, "kv")[-1]
+    event = kv_events(server)[-1]
     usage = {k: v for k, v in event.kv.items() if k not in ("load_ms", "prefetch_ms", "hidden_ms")}
     answer = (done.decision.outcome, done.decision.tier, done.decision.reason, done.finish.cached_tokens,
               done.finish.prompt_tokens)
-    return ({"reason": event.reason, "size": event.size, "tier": event.tier, "usage": usage},
+    return ({"reason": event.kv["miss"], "usage": usage},
             {k: after[k] - before[k] for k in after}, answer)
 
 

@@ -70,11 +70,10 @@ def test_use_runtime_runs_sync_calls_on_its_runtime_and_ends_with_the_block(base
         assert entered is base and current_runtime() is base
         assert f(1) == "v1" and f(1) == "v1"
     assert calls == [1]
-    assert [(e.outcome, e.policy) for e in base.events.events()] == [("miss", "chat@1"), ("store", "chat@1"),
-                                                                     ("hit", "chat@1")]
+    assert [(e.outcome, e.policy) for e in base.events.events()] == [("miss", "chat@1"), ("hit", "chat@1")]
     assert current_runtime() is default_runtime()
     assert f(1) == "v1" and calls == [1, 1]  # outside the block: the process runtime, which never held it
-    assert len(base.events.events()) == 3
+    assert len(base.events.events()) == 2
 
 
 def test_use_runtime_nests_and_is_restored_after_an_exception(base: CacheRuntime) -> None:
@@ -109,9 +108,9 @@ def test_use_runtime_reaches_async_calls_and_the_tasks_started_in_the_block(base
         return first, second, await f(3)
 
     assert asyncio.run(main()) == ("v1", "v2", "v3")
-    stored = {(e.outcome, e.policy) for e in base.events.events()}
-    assert stored == {("miss", "chat@1"), ("store", "chat@1")}
-    assert len(base.events.events()) == 4  # f(1) and f(2); f(3) ran outside the block
+    stored = {(e.outcome, e.policy, e.stored) for e in base.events.events()}
+    assert stored == {("miss", "chat@1", "l1")}
+    assert len(base.events.events()) == 2  # f(1) and f(2); f(3) ran outside the block
 
 
 def test_use_runtime_reaches_a_stream_created_in_the_block_even_if_read_after_it(base: CacheRuntime) -> None:
@@ -123,8 +122,8 @@ def test_use_runtime_reaches_a_stream_created_in_the_block_even_if_read_after_it
         stream = tokens(3)
         assert list(tokens(2)) == ["t0", "t1"]
     assert list(stream) == ["t0", "t1", "t2"]
-    assert [(e.outcome, e.policy) for e in base.events.events()] == [
-        ("miss", "chat@1"), ("store", "chat@1"), ("miss", "chat@1"), ("store", "chat@1")]
+    assert [(e.outcome, e.policy, e.stored) for e in base.events.events()] == [
+        ("miss", "chat@1", "l1"), ("miss", "chat@1", "l1")]
     with use_runtime(base):
         assert list(tokens(3)) == ["t0", "t1", "t2"]
     assert base.events.events()[-1].outcome == "hit"
@@ -144,7 +143,7 @@ def test_use_runtime_does_not_reach_another_thread_or_a_pinned_function(base: Ca
         thread.join()
         assert own(1) == 1
     assert seen == [default_runtime()]
-    assert [e.outcome for e in pinned.events.events()] == ["miss", "store"] and base.events.events() == []
+    assert [e.outcome for e in pinned.events.events()] == ["miss"] and base.events.events() == []
     pinned.close()
 
 
@@ -167,8 +166,8 @@ def test_with_rules_shares_the_store_and_decides_by_the_other_version(base: Cach
     with use_runtime(base):
         f(1), f(9)  # the canary stored f(1): served from the shared store
     assert [(e.outcome, e.rule, e.policy, e.reason) for e in base.events.events()] == [
-        ("miss", "all", "chat@2", ""), ("store", "all", "chat@2", ""), ("bypass", "wide", "chat@2", "rule"),
-        ("hit", "all", "chat@1", ""), ("miss", "all", "chat@1", ""), ("store", "all", "chat@1", "")]
+        ("miss", "all", "chat@2", ""), ("bypass", "wide", "chat@2", "rule"),
+        ("hit", "all", "chat@1", ""), ("miss", "all", "chat@1", "")]
     plan = f.cached_function.contract.plan(base, (1,), {})
     entry = base.store.get(plan.ns, plan.key).entry
     assert entry is not None and entry.expires_at - entry.created_at == 60.0  # the canary's ttl decided
@@ -224,8 +223,7 @@ def test_access_events_carry_the_version_of_the_arm_that_decided(base: CacheRunt
     assert current_runtime() is default_runtime()
     assert [(e.outcome, e.rule, e.policy) for e in base.events.events()] == [
         ("bypass", "wide", "chat@2"), ("bypass", "wide", "chat@2"),
-        ("miss", "all", "chat@1"), ("store", "all", "chat@1"),
-        ("miss", "all", "chat@1"), ("store", "all", "chat@1")]
+        ("miss", "all", "chat@1"), ("miss", "all", "chat@1")]
 
 
 def test_the_shadow_is_planned_beside_each_call_and_counted_where_it_decides_otherwise(
@@ -248,9 +246,9 @@ def test_the_shadow_is_planned_beside_each_call_and_counted_where_it_decides_oth
     assert same == ShadowComparison("all", "all", ()) and same.agree
     assert bypassed == again == ShadowComparison("all", "wide", ("cache", "rule")) and not bypassed.agree
     assert longer == ShadowComparison("all", "long", ("rule", "ttl"))
-    # Nothing ran, was stored or was emitted for the compared calls: only f("a")'s own miss and store.
-    assert [(e.outcome, e.policy, e.key == f.cache_key("a", top_k=1)) for e in base.events.events()] == [
-        ("miss", "chat@1", True), ("store", "chat@1", True)]
+    # Nothing ran, was stored or was emitted for the compared calls: only f("a")'s own miss, stored.
+    assert [(e.outcome, e.policy, e.key == f.cache_key("a", top_k=1), e.stored)
+            for e in base.events.events()] == [("miss", "chat@1", True, "l1")]
     assert base.l1.usage(f.cached_function.contract.plan(base, ("a",), {"top_k": 1}).ns) > 0
     assert f.cache_info().misses == 1 and f.cache_info().stores == 1
     for prompt in ("b", "c"):

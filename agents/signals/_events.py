@@ -5,25 +5,18 @@ turned into the loop's ``(Request, Outcome)`` pairs.
     RedisStreamTail(url, stream=)   new entries of the RedisStreamSink's stream since the last id read
     EventsCollector(sources)        poll() -> new pairs; requests_between(start, end); collect(start, end)
 
-How events become pairs (one pair per decision, in each source's order):
+How events become pairs: each source's events are read as one event per call
+(``controller.replay.CallEvents``: version 2 events as they are, a version 1 miss with its store or reject and
+its kv folded in), and each call is one pair, in the source's order:
 
 - ``hit``: ``Outcome(lookups=1, hits=1, tier=...)``; ``size`` the entry's bytes; ``latency_ms`` the event's
   ``saved_ms`` (what the model took when the entry was computed: the time the hit saved). A semantic hit
   (``reason == "semantic"``) has ``semantic=True``.
-- ``miss``: ``Outcome(lookups=1, hits=0)``. The request path records a miss before the function runs, with
-  size 0: the ``store`` or ``reject`` of the same ``(ns, key)`` that follows gives its ``size`` and, from its
-  ``saved_ms``, the function's time as ``latency_ms``. A miss waits for it (later pairs queue behind, so the
-  order stays the source's) for at most ``miss_lookahead`` events or ``miss_wait_s`` seconds of event time,
-  then comes out with size 0 and latency -1, as replay does (``controller.replay``).
+- ``miss``: ``Outcome(lookups=1, hits=0)``; ``size`` the result's bytes and ``latency_ms`` the function's time
+  (``saved_ms``); a miss that never completed (``rejected`` ``incomplete``) has latency -1.
 - ``bypass``: ``Outcome(lookups=0, hits=0, bypass=True)``, latency unknown (-1).
-- ``kv`` (a replica's KV prefix cache usage after its model ran): folded into the decision of the same
-  ``(ns, key)`` it follows (its ``prompt_tokens`` set from ``kv["prompt_tokens"]``, also when that pair was
-  already polled: ``requests_between`` then shows the folded request); a ``kv`` event with no key (after a
-  bypass, which names none) into the oldest keyless bypass of its tenant and rule not folded yet. A ``kv``
-  event with no such decision is
-  a pair of its own: ``Request(kind="kv", prompt_tokens=...)`` with ``Outcome(lookups=1, hits=1 if any
-  token was reused else 0, tier=...)``.
-- ``store``, ``reject`` and the SLO breaker's ``slo-*`` transitions are not requests.
+- ``prompt_tokens`` comes from the call's KV usage (``kv["prompt_tokens"]``), -1 without one.
+- The SLO breaker's ``slo-*`` transitions are not requests.
 
 A malformed line or entry is skipped, counted in ``skipped`` and logged (file and line, or stream and id), so
 one bad writer never stops the loop. Memory is bounded: pairs older than ``retention_s`` (behind the newest
@@ -33,27 +26,24 @@ event) or beyond ``max_pairs`` are dropped, and each read takes at most ``max_re
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import itertools
 import json
 import logging
 import math
 import os
-from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from evocache.controller import EVENT_OUTCOMES as OUTCOMES
 from evocache.controller import AccessEvent
+from evocache.controller.replay import CallEvents
 
 from .._types import Outcome, Request, Series, step_series
 from ..errors import SignalUnavailable
 
 log = logging.getLogger("evocache.agents.signals")
 
-_OUTCOMES = frozenset(OUTCOMES)
-_DECISIONS = frozenset({"hit", "miss", "bypass"})
+_INCOMPLETE = "incomplete"  # a miss's ``rejected`` when its function never completed (controller._events)
 _LOGGED_BAD = 20  # bad lines logged per source; the rest are only counted
 
 
@@ -289,39 +279,22 @@ class _Bad(Exception):
 
 
 def _event(rec: Any) -> AccessEvent:
-    if type(rec) is not dict:
-        raise _Bad(f"expected a JSON object, got {type(rec).__name__}")
-    outcome = rec.get("outcome")
-    if outcome not in _OUTCOMES:
-        raise _Bad(f"field 'outcome' must be one of {sorted(_OUTCOMES)}, got {outcome!r}")
     try:
-        event = AccessEvent.from_dict(rec)
-    except TypeError as exc:  # a required field is missing
+        return AccessEvent.from_dict(rec)
+    except ValueError as exc:
         raise _Bad(str(exc)) from None
-    for name in ("t", "latency_ms", "saved_ms"):
-        value = getattr(event, name)
-        if type(value) not in (int, float) or not math.isfinite(value):
-            raise _Bad(f"field {name!r} must be a finite number, got {value!r}")
-    if type(event.size) is not int or event.size < 0:
-        raise _Bad(f"field 'size' must be an int >= 0, got {event.size!r}")
-    for name in ("key", "ns", "rule", "policy"):
-        if type(getattr(event, name)) is not str:
-            raise _Bad(f"field {name!r} must be a string, got {getattr(event, name)!r}")
-    return event
 
 
 class _Slot:
-    """One pair while it waits and while it is kept; mutable so that a later store or kv event completes
-    it."""
+    """One call as the loop's pair: its request, outcome and the policy version that decided it; ``seq``
+    orders calls of one time."""
 
-    __slots__ = ("folded", "outcome", "policy", "request", "seq", "sized")
+    __slots__ = ("outcome", "policy", "request", "seq")
 
-    def __init__(self, request: Request, outcome: Outcome, policy: str, sized: bool, seq: int) -> None:
+    def __init__(self, request: Request, outcome: Outcome, policy: str, seq: int) -> None:
         self.request = request
         self.outcome = outcome
         self.policy = policy
-        self.sized = sized
-        self.folded = False
         self.seq = seq
 
 
@@ -329,100 +302,28 @@ def _order(slot: _Slot) -> tuple[float, int]:
     return slot.request.t, slot.seq
 
 
-class _Pairer:
-    """Turns one source's events, in its order, into slots (the module docstring says how)."""
+def _prompt_tokens(usage: dict | None) -> int:
+    tokens = usage.get("prompt_tokens", -1) if usage is not None else -1
+    return tokens if type(tokens) is int and tokens >= 0 else -1
 
-    def __init__(self, lookahead: int, wait_s: float, seq: Iterable[int], recent: int = 10_000) -> None:
-        self.lookahead = lookahead
-        self.wait_s = wait_s
-        self._seq = iter(seq)
-        self._queue: deque[_Slot] = deque()
-        self._unsized: dict[tuple[str, str], deque[_Slot]] = {}
-        self._recent: OrderedDict[tuple[str, str], _Slot] = OrderedDict()  # the last decision per slot
-        self._recent_max = recent
-        # keyless decisions (a bypass names no key) per (ns, rule), oldest first: a keyless ``kv`` event of
-        # the same (ns, rule) folds into the oldest one not yet folded
-        self._keyless: dict[tuple[str, str], deque[_Slot]] = {}
-        self.newest = -math.inf
 
-    def feed(self, e: AccessEvent) -> None:
-        self.newest = max(self.newest, e.t)
-        slot_key = (e.ns, e.key)
-        if e.outcome in _DECISIONS:
-            slot = self._decision(e)
-            self._queue.append(slot)
-            if not slot.sized:
-                self._unsized.setdefault(slot_key, deque()).append(slot)
-            if e.key:
-                self._recent[slot_key] = slot
-                self._recent.move_to_end(slot_key)
-                if len(self._recent) > self._recent_max:
-                    self._recent.popitem(last=False)
-            elif e.outcome == "bypass":
-                self._keyless.setdefault((e.ns, e.rule), deque(maxlen=self._recent_max)).append(slot)
-        elif e.outcome in ("store", "reject"):
-            waiting = self._unsized.get(slot_key)
-            if waiting:
-                slot = waiting.popleft()
-                if not waiting:
-                    del self._unsized[slot_key]
-                slot.request = dataclasses.replace(slot.request, size=e.size, latency_ms=float(e.saved_ms))
-                slot.sized = True
-        elif e.outcome == "kv":
-            self._kv(e)
-
-    def release(self) -> list[_Slot]:
-        out = []
-        queue = self._queue
-        while queue and (
-            queue[0].sized or len(queue) > self.lookahead or self.newest - queue[0].request.t > self.wait_s
-        ):
-            slot = queue.popleft()
-            if not slot.sized:  # given up on: it is also the oldest waiting miss of its (ns, key)
-                key = (slot.request.ns, slot.request.keys[0] if slot.request.keys else "")
-                waiting = self._unsized[key]
-                waiting.popleft()
-                if not waiting:
-                    del self._unsized[key]
-                slot.sized = True
-            out.append(slot)
-        return out
-
-    def _decision(self, e: AccessEvent) -> _Slot:
-        keys = (e.key,) if e.key else ()
-        if e.outcome == "hit":
-            req = Request(
-                e.t, "response", keys, size=e.size, ns=e.ns, rule=e.rule, latency_ms=float(e.saved_ms)
-            )
-            out = Outcome(1, 1, tier=e.tier or "", semantic=e.reason == "semantic")
-            return _Slot(req, out, e.policy, True, next(self._seq))
-        if e.outcome == "miss":
-            req = Request(e.t, "response", keys, size=e.size, ns=e.ns, rule=e.rule)
-            return _Slot(req, Outcome(1, 0), e.policy, e.size > 0 or not e.key, next(self._seq))
-        req = Request(e.t, "response", keys, size=e.size, ns=e.ns, rule=e.rule)
-        return _Slot(req, Outcome(0, 0, bypass=True), e.policy, True, next(self._seq))
-
-    def _kv(self, e: AccessEvent) -> None:
-        usage = e.kv if isinstance(e.kv, dict) else {}
-        prompt = usage.get("prompt_tokens", -1)
-        prompt = prompt if type(prompt) is int and prompt >= 0 else -1
-        cached = usage.get("cached_tokens", e.size)
-        cached = cached if type(cached) is int and cached >= 0 else e.size
-        slot = self._recent.get((e.ns, e.key)) if e.key else self._oldest_keyless(e.ns, e.rule)
-        if slot is not None and not slot.folded and slot.outcome.hits == 0:
-            slot.request = dataclasses.replace(slot.request, prompt_tokens=prompt)
-            slot.folded = True
-            return
-        keys = (e.key,) if e.key else ()
-        req = Request(e.t, "kv", keys, size=cached, ns=e.ns, rule=e.rule, prompt_tokens=prompt)
-        out = Outcome(1, 1 if cached > 0 else 0, tier=e.tier or "")
-        self._queue.append(_Slot(req, out, e.policy, True, next(self._seq)))
-
-    def _oldest_keyless(self, ns: str, rule: str) -> _Slot | None:
-        waiting = self._keyless.get((ns, rule))
-        while waiting and waiting[0].folded:
-            waiting.popleft()
-        return waiting[0] if waiting else None
+def _pair(e: AccessEvent, seq: int) -> _Slot | None:
+    """The call ``e`` as a pair (the module docstring says how); None for what is no request."""
+    keys = (e.key,) if e.key else ()
+    prompt = _prompt_tokens(e.kv)
+    if e.outcome == "hit":
+        req = Request(e.t, "response", keys, size=e.size, ns=e.ns, rule=e.rule, latency_ms=float(e.saved_ms),
+                      prompt_tokens=prompt)
+        return _Slot(req, Outcome(1, 1, tier=e.tier or "", semantic=e.reason == "semantic"), e.policy, seq)
+    if e.outcome == "miss":
+        latency = -1.0 if e.rejected == _INCOMPLETE else float(e.saved_ms)
+        req = Request(e.t, "response", keys, size=e.size, ns=e.ns, rule=e.rule, latency_ms=latency,
+                      prompt_tokens=prompt)
+        return _Slot(req, Outcome(1, 0), e.policy, seq)
+    if e.outcome == "bypass":
+        req = Request(e.t, "response", keys, size=e.size, ns=e.ns, rule=e.rule, prompt_tokens=prompt)
+        return _Slot(req, Outcome(0, 0, bypass=True), e.policy, seq)
+    return None
 
 
 class EventsCollector:
@@ -457,8 +358,8 @@ class EventsCollector:
         self.by = tuple(by)
         self.retention_s = retention_s
         self.max_pairs = max_pairs
-        seq = itertools.count()
-        self._pairers = [_Pairer(miss_lookahead, miss_wait_s, seq) for _ in self.sources]
+        self._seq = itertools.count()
+        self._calls = [CallEvents(lookahead=miss_lookahead, wait_s=miss_wait_s) for _ in self.sources]
         self._pairs: list[_Slot] = []  # kept in (t, seq) order
         self.skipped = 0  # records that were JSON but not access events
 
@@ -487,7 +388,7 @@ class EventsCollector:
     def _poll(self) -> list[_Slot]:
         released: list[_Slot] = []
         failure: SignalUnavailable | None = None
-        for source, pairer in zip(self.sources, self._pairers, strict=True):
+        for source, calls in zip(self.sources, self._calls, strict=True):
             try:
                 records = source.read()
             except SignalUnavailable as exc:
@@ -501,12 +402,16 @@ class EventsCollector:
                     if self.skipped <= _LOGGED_BAD:
                         log.warning("%s: not an access event: %s", where, exc)
                     continue
-                pairer.feed(event)
-            released.extend(pairer.release())
+                released += self._pairs_of(calls.feed(event))
+            released += self._pairs_of(calls.settle())  # read to its end: no kv event is on its way
         self._keep(released)
         if failure is not None:
             raise failure
         return released
+
+    def _pairs_of(self, calls: list[AccessEvent]) -> list[_Slot]:
+        pairs = (_pair(call, next(self._seq)) for call in calls)
+        return [p for p in pairs if p is not None]
 
     def requests_between(
         self, start: float, end: float, *, policy: str | None = None
@@ -553,7 +458,7 @@ class EventsCollector:
                 bisect.insort(pairs, slot, key=_order)
         if not pairs:
             return
-        newest = max(p.newest for p in self._pairers)
+        newest = max(c.newest for c in self._calls)
         cut = bisect.bisect_left(pairs, newest - self.retention_s, key=lambda s: s.request.t)
         cut = max(cut, len(pairs) - self.max_pairs)
         if cut > 0:

@@ -12,6 +12,7 @@ its rules, tenant quotas and semantic settings). The agent loop judges every pol
 from ..errors import TraceError
 from ._access import Access
 from ._belady import belady_size, belady_unit
+from .._calls import CallEvents, read_events
 from ._queue import QueueModel
 from ._readers import FORMATS, CsvColumns, ReadStats, read_trace
 from ._sim import ReplayResult, WorkingSet, replay, working_set
@@ -20,6 +21,7 @@ from ._whatif import PolicySimulator, ReplayOutcome, ReplayRequest, eviction_nam
 __all__ = [
     "FORMATS",
     "Access",
+    "CallEvents",
     "PolicySimulator",
     "QueueModel",
     "CsvColumns",
@@ -32,6 +34,7 @@ __all__ = [
     "belady_size",
     "belady_unit",
     "eviction_name",
+    "read_events",
     "read_trace",
     "replay",
     "working_set",

@@ -4,10 +4,9 @@
 
 Formats (``FORMATS``; each reads one line at a time, so memory does not grow with the trace):
 
-- ``events``: evocache access events (``controller._events``). Only decisions that touched the cache are
-  accesses: ``hit`` and ``miss``. A miss is recorded before the function runs, with size 0; its size is the
-  size of the ``store`` (or ``reject``) that follows it for the same namespace and key, so a miss waits for
-  that event, for at most ``MISS_LOOKAHEAD`` lines, and accesses still come out in trace order.
+- ``events``: evocache access events (``controller._events``), read as one event per call
+  (``read_events``, either version). Only calls that looked up the cache are accesses: ``hit`` and ``miss``,
+  a miss with its result's size.
 - ``canonical``: ``{"t", "key", "size", "ns"?}`` JSONL.
 - ``mooncake``: Mooncake KV traces, one access per block hash, in prefix order.
 - ``csv``: libCacheSim-style CSV with a header and a ``CsvColumns`` mapping.
@@ -24,19 +23,15 @@ import io
 import json
 import math
 import os
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, TextIO
 
-from .._events import OUTCOMES
+from .._events import AccessEvent
 from ..errors import TraceError
 from ._access import Access
-
-MISS_LOOKAHEAD = 10_000
-"""How many event lines a miss waits for the store or reject that gives its size. One that is still unsized
-then (the function raised, or the lines were lost) comes out with size 0: nothing was produced to store."""
+from .._calls import CallEvents
 
 # A NamedTuple's generated __new__ costs a Python call per access; tuple.__new__ builds the same object in C.
 _new = tuple.__new__
@@ -222,70 +217,29 @@ def read_canonical(lines: Iterable[str], name: str, options: ReadOptions, stats:
         yield access
 
 
-_EVENT_OUTCOMES = frozenset(OUTCOMES)
+def read_event_trace(lines: Iterable[str], name: str, options: ReadOptions,
+                     stats: ReadStats) -> Iterator[Access]:
+    """Access events (``read_events``: one per call, either version): each ``hit`` and ``miss`` is one
+    ``Access(t, key, size, ns, rule)``, a miss sized by its result. Bypasses and the SLO breaker's transitions
+    are not accesses. Memory stays bounded (``controller.replay._calls``)."""
+    calls = CallEvents()
 
+    def accesses(events: list[AccessEvent]) -> Iterator[Access]:
+        for e in events:
+            if e.outcome == "hit" or e.outcome == "miss":
+                stats.accesses += 1
+                yield _new(Access, (e.t, e.key, e.size, e.ns, e.rule, -1, -1, -1))
 
-def read_events(lines: Iterable[str], name: str, options: ReadOptions, stats: ReadStats) -> Iterator[Access]:
-    """Access events: each ``hit`` and ``miss`` is one ``Access(t, key, size, ns, rule)``.
-
-    ``bypass`` lines, SLO breaker transitions (``slo-open``, ...) and a replica's KV cache usage (``kv``) are
-    not accesses and only their ``outcome`` is checked. A miss with size 0 (what the request path records) takes the size of the next
-    ``store`` or ``reject`` of the same ``(ns, key)``; while one waits, later accesses queue behind it so the
-    order is the trace's. The queue is bounded by ``MISS_LOOKAHEAD`` lines (see there), so memory stays
-    constant.
-    """
-    lookahead = MISS_LOOKAHEAD
-    # Entries are [t, key, size, ns, rule, sized]; a miss is sized in place by its store.
-    queue: deque[list[Any]] = deque()
-    unsized: dict[tuple[str, str], deque[list[Any]]] = {}  # misses still waiting, oldest first, per slot
     for lineno, rec in _json_records(lines, name, options, stats):
         try:
-            outcome = _field(rec, "outcome")
-            if outcome not in _EVENT_OUTCOMES:
-                raise _Bad(f"field 'outcome' must be one of {sorted(_EVENT_OUTCOMES)}, got {_show(outcome)}")
-            if outcome == "bypass" or outcome == "kv" or outcome.startswith("slo-"):
-                continue
-            t = _number(rec, "t")
-            key = _key(_field(rec, "key"), "key")
-            size = _size(rec, "size", 0)
-            ns = _text(rec, "ns")
-            rule = _text(rec, "rule")
-        except _Bad as exc:
+            event = AccessEvent.from_dict(rec)
+        except ValueError as exc:
             error = _fail(name, lineno, str(exc), options, stats)
             if error is not None:
                 raise error from None
             continue
-        if outcome == "hit" or (outcome == "miss" and size > 0):
-            if not queue:
-                stats.accesses += 1
-                yield _new(Access, (t, key, size, ns, rule, -1, -1, -1))
-                continue
-            queue.append([t, key, size, ns, rule, True])
-        elif outcome == "miss":
-            entry = [t, key, 0, ns, rule, False]
-            queue.append(entry)
-            unsized.setdefault((ns, key), deque()).append(entry)
-        else:  # store or reject: sizes the oldest waiting miss of its slot; with none it is no access
-            waiting = unsized.get((ns, key))
-            if not waiting:
-                continue
-            entry = waiting.popleft()
-            if not waiting:
-                del unsized[ns, key]
-            entry[2] = size
-            entry[5] = True
-        while queue and (queue[0][5] or len(queue) > lookahead):
-            t, key, size, ns, rule, sized = queue.popleft()
-            if not sized:  # given up on: it is the oldest waiting miss of its slot too
-                waiting = unsized[ns, key]
-                waiting.popleft()
-                if not waiting:
-                    del unsized[ns, key]
-            stats.accesses += 1
-            yield _new(Access, (t, key, size, ns, rule, -1, -1, -1))
-    for t, key, size, ns, rule, _sized in queue:
-        stats.accesses += 1
-        yield _new(Access, (t, key, size, ns, rule, -1, -1, -1))
+        yield from accesses(calls.feed(event))
+    yield from accesses(calls.flush())
 
 
 def read_mooncake(lines: Iterable[str], name: str, options: ReadOptions, stats: ReadStats) -> Iterator[Access]:
@@ -441,7 +395,7 @@ def read_auto(lines: Iterable[str], name: str, options: ReadOptions, stats: Read
 
 FORMATS: dict[str, Reader] = {
     "auto": read_auto,
-    "events": read_events,
+    "events": read_event_trace,
     "canonical": read_canonical,
     "mooncake": read_mooncake,
     "csv": read_csv,
