@@ -167,7 +167,7 @@ def _unique(edits: Iterable[Edit]) -> list[Edit]:
 
 
 def _share_edits(base: Policy, tenant: str, why: str) -> list[Edit]:
-    spec = base.tenants.get(tenant)
+    spec = base.tenant(tenant)  # its own entry, else the default one: the share it runs with now
     old = 1.0 if spec is None else float(spec.l1_share)
     return [
         Edit("tenant-share", f"tenants.{tenant}.l1_share", old, share, why) for share in SHARES if share < old

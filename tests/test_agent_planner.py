@@ -467,3 +467,24 @@ def test_a_misconfigured_planner_stops_each_loop_command_before_it_reads_or_star
     assert done.returncode == 2, done.stdout + done.stderr
     assert "EVOCACHE_PLANNER" in done.stderr and "evocache[planner]" in done.stderr.replace("\n", "")
     assert list(tmp_path.iterdir()) == []  # no workdir made, no demo started
+
+
+def test_a_tenant_without_its_own_entry_is_offered_shares_below_the_default_one_it_runs_with():
+    doc = """
+policy: shares
+version: 1
+rules:
+  - name: all
+    when: true
+tenants:
+  default: {l1_share: 0.5}
+  acme: {l1_share: 0.2}
+"""
+    from evocache.dsl import parse_policy
+
+    base = parse_policy(doc)
+    pushed = [Finding(kind="push-out", summary="pushes others out", window=3, windows=(1, 3),
+                      subject={"tenant": tenant}) for tenant in ("batch", "acme")]
+    shares = [(e.path, e.old, e.new) for e in candidate_edits(base, pushed, []) if e.kind == "tenant-share"]
+    assert shares == [("tenants.batch.l1_share", 0.5, 0.1), ("tenants.batch.l1_share", 0.5, 0.25),
+                      ("tenants.acme.l1_share", 0.2, 0.1)]
