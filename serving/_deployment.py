@@ -15,10 +15,11 @@ Ray is imported here only.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import ray
@@ -33,7 +34,8 @@ from ._metrics import merge_expositions
 from ._model import load_tokenizer
 from ._protocol import Limits
 from ._request import Completion, Decision, Finish, GenerateRequest
-from ._server import ModelServer, ServerSpec
+from ._pump import pump
+from ._server import ModelServer, ServerSpec, completion_of
 
 log = logging.getLogger("evocache.serving")
 
@@ -66,10 +68,13 @@ def metrics_hub(app_name: str) -> Any:
 class ModelDeployment:
     """One model replica (the class ``serving.app.build`` deploys; see the module docstring)."""
 
-    def __init__(self, spec: ServerSpec) -> None:
+    def __init__(self, spec: ServerSpec, run: str | None = None) -> None:
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
         self.server = ModelServer(spec, self.replica_id)
+        if run is not None and self.server.follower is not None:
+            # What `evocache policy apply` checks a new version against while this replica runs.
+            self.server.follower.register(run, spec.store)
         self._hub = metrics_hub(context.app_name)
         self._stop = threading.Event()
         threading.Thread(target=self._housekeeping, name="evocache-replica", daemon=True).start()
@@ -89,12 +94,16 @@ class ModelDeployment:
                 log.info("metrics push failed: %s", exc)
                 self._hub = metrics_hub(serve.get_replica_context().app_name)
 
-    # Sync methods run in Ray Serve's thread pool, so the model never blocks the replica's event loop.
-    def generate(self, request: GenerateRequest) -> Iterator[Decision | str | Finish]:
-        yield from self.server.stream(request)
+    # The server's lazy stream, driven from the replica's event loop in a thread of its own (serving._pump):
+    # the model never blocks the loop, and a request Ray Serve cancels (the ingress cancelled its call: the
+    # client went away, or the deadline passed) closes the stream, so the model stops between two tokens. A
+    # sync generator method would be run to its end by Serve's thread pool, whoever was still listening.
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[Decision | str | Finish]:
+        async for item in pump(self.server.stream(request)):
+            yield item
 
-    def complete(self, request: GenerateRequest) -> Completion:
-        return self.server.complete(request)
+    async def complete(self, request: GenerateRequest) -> Completion:
+        return completion_of([item async for item in pump(self.server.stream(request))])
 
     def ready(self) -> bool:
         return True
@@ -127,12 +136,27 @@ class RayBackend:
         self.app_name = app_name
         self._hub: Any = None
 
-    async def complete(self, request: GenerateRequest) -> Completion:
-        return await self.handle.complete.remote(request)
+    async def complete(self, request: GenerateRequest, placed: asyncio.Event | None = None) -> Completion:
+        response = self.handle.complete.remote(request)
+        try:
+            await _placed(response, placed)
+            return await response
+        except asyncio.CancelledError:  # awaiting no longer: the replica's task is cancelled too
+            response.cancel()
+            raise
 
-    async def stream(self, request: GenerateRequest) -> AsyncIterator[Decision | str | Finish]:
-        async for item in self.streaming.generate.remote(request):
-            yield item
+    async def stream(self, request: GenerateRequest,
+                     placed: asyncio.Event | None = None) -> AsyncIterator[Decision | str | Finish]:
+        response = self.streaming.generate.remote(request)
+        ended = False
+        try:
+            await _placed(response, placed)
+            async for item in response:
+                yield item
+            ended = True
+        finally:
+            if not ended:  # closed or cancelled before its end: so is the replica's generator
+                response.cancel()
 
     async def ready(self) -> bool:
         return bool(await self.handle.ready.remote())
@@ -141,6 +165,14 @@ class RayBackend:
         if self._hub is None:
             self._hub = metrics_hub(self.app_name)
         return merge_expositions(await self._hub.snapshot.remote())
+
+
+async def _placed(response: Any, placed: asyncio.Event | None) -> None:
+    """Set ``placed`` once Ray's router has assigned the request to a replica, the moment the response's
+    replica future resolves (Ray Serve names that moment only in this private method)."""
+    if placed is not None:
+        await response._fetch_future_result_async()
+        placed.set()
 
 
 def key_store(spec: dict[str, Any]) -> KeyStore:
@@ -155,7 +187,7 @@ class IngressDeployment:
     """The OpenAI API in front of the model deployment (see ``serving._ingress``)."""
 
     def __init__(self, model: Any, spec: ServerSpec, keys: dict[str, Any], options: dict[str, Any],
-                 metrics: MetricsConfig) -> None:
+                 metrics: MetricsConfig, run: str | None = None) -> None:
         context = serve.get_replica_context()
         tokenizer = load_tokenizer(spec.model.tokenizer_source)
         rate = options.get("rate")
@@ -175,6 +207,8 @@ class IngressDeployment:
             store = open_policy_store(spec.policy_store)
             self.follower = PolicyFollower(store, f"ingress:{context.replica_id.unique_id}", self._rates,
                                            interval=spec.policy_store.poll_interval_s)
+            if run is not None:
+                self.follower.register(run, None)  # its run only: the ingress enforces no cache policy
             self.follower.poll()
             self.follower.start()
 

@@ -11,8 +11,14 @@ bounds it in tokens (token ids within the vocabulary, ``Limits.max_prompt_tokens
 ``max_tokens`` within the model's context: 400 naming the field), hashes its full blocks with the tenant
 namespace as salt (what the prefix-affinity router and, later, the KV cache key on), then calls a model replica
 through the ``Backend``. Every response carries the ``x-evocache-*`` headers of the replica's ``Decision``; a
-stream sends them before its first chunk. 503 when no replica answers in time; a fault of the ingress itself
-is a 500, in OpenAI's error shape like every refusal.
+stream sends them before its first chunk. A fault of the ingress itself is a 500, in OpenAI's error shape like
+every refusal.
+
+A request's lifetime (``_answer``): it waits at most ``ready_timeout_s`` for a replica to take it (503 with
+``Retry-After`` otherwise: nothing was computed, and a retry may find one), then for its answer (a stream: its
+first piece) until its deadline, ``Limits.request_timeout_s`` after it arrived (504 otherwise). When the
+deadline passes, or the client goes away (mid-stream too), the backend call is cancelled, and with it the
+generation on the replica, between two tokens.
 
 ``GET /metrics`` shows every tenant's traffic, so it is the operator's: it answers only a request with an admin
 key (``AdminKeys``; a tenant's key gets 403, no key 401). ``serve_metrics`` serves it without a key on a separate
@@ -25,14 +31,15 @@ listener instead, bound to loopback by default, for a scraper on the same host.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, Literal, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, Literal, Protocol, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -62,17 +69,23 @@ from ._protocol import (
     parse_request,
 )
 from ._request import Completion, Decision, Finish, GenerateRequest
-from .errors import ApiError, BadRequest, Unavailable, UnsupportedMediaType
+from .errors import ApiError, BadRequest, ClientGone, GatewayTimeout, Unavailable, UnsupportedMediaType
 
 log = logging.getLogger("evocache.serving")
+
+T = TypeVar("T")
 
 OPENAI_DEFAULT_TEMPERATURE = 1.0  # what OpenAI samples at when a request gives none
 
 
 class Backend(Protocol):
-    async def complete(self, request: GenerateRequest) -> Completion: ...
+    """The way to the replicas. ``placed``, when given, is set once a replica has taken the request (Ray's
+    router assigned it); cancelling a call, or closing a stream before its end, cancels the replica's work."""
 
-    def stream(self, request: GenerateRequest) -> AsyncIterator[Decision | str | Finish]: ...
+    async def complete(self, request: GenerateRequest, placed: asyncio.Event | None = None) -> Completion: ...
+
+    def stream(self, request: GenerateRequest,
+               placed: asyncio.Event | None = None) -> AsyncIterator[Decision | str | Finish]: ...
 
     async def ready(self) -> bool: ...
 
@@ -111,6 +124,9 @@ class Api:
                                 ["endpoint", "status"], registry=self.registry)
         self.latency = Histogram("evocache_http_request_seconds", "Time to the response (to the first chunk "
                                  "of a stream)", ["endpoint"], registry=self.registry)
+        self.cancelled = Counter("evocache_http_cancelled", "Answers cancelled on their replica before their "
+                                 "end: the client gone, or the request's deadline passed",
+                                 ["endpoint", "why"], registry=self.registry)
 
     async def exposition(self) -> bytes:
         """The ingress's own metrics and every fresh replica's, merged (what ``/metrics`` serves)."""
@@ -287,6 +303,8 @@ def _error(exc: ApiError, endpoint: str, api: Api) -> JSONResponse:
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:
         headers["Retry-After"] = str(max(1, int(retry_after + 0.999)))
+    if exc.should_retry is not None:
+        headers["x-should-retry"] = "true" if exc.should_retry else "false"
     return JSONResponse(error_response(exc).model_dump(mode="json"), status_code=exc.status, headers=headers)
 
 
@@ -296,6 +314,7 @@ def build_fastapi(api: Api) -> FastAPI:
 
     async def generate(request: Request, endpoint: Literal["completions", "chat"]) -> Response:
         started = time.perf_counter()
+        arrived = time.monotonic()
         try:
             tenant = authenticate(api.keys, authorization_header(request.headers.getlist("authorization")))
             _json_body(request.headers.getlist("content-type"))
@@ -304,11 +323,19 @@ def build_fastapi(api: Api) -> FastAPI:
             body = await _read_body(request, api.limits.max_body_bytes)
             parsed = parse_request(body, "chat" if endpoint == "chat" else "completion", api.limits)
             work = api.to_generate(parsed, tenant.id, tenant.tier, endpoint)
-            if work.stream:
-                response = await _stream(api, work)
-            else:
-                done = await _within(api.backend.complete(work), api.ready_timeout_s)
-                response = JSONResponse(api.body(work, done), headers=done.decision.headers())
+            deadline = arrived + api.limits.request_timeout_s
+            # Until the response starts, nobody else reads the connection: a closed one cancels the call.
+            # (A stream's response listens itself from its first chunk on.)
+            gone = asyncio.ensure_future(_gone(request))
+            try:
+                if work.stream:
+                    response = await _stream(api, work, deadline, gone, endpoint)
+                else:
+                    call = functools.partial(api.backend.complete, work)
+                    done = await _answer(api, call, deadline, gone, endpoint)
+                    response = JSONResponse(api.body(work, done), headers=done.decision.headers())
+            finally:
+                gone.cancel()
         except ApiError as exc:
             return _error(exc, endpoint, api)
         except Exception:  # a fault of the ingress itself: logged, and answered in OpenAI's shape
@@ -414,26 +441,68 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _within(awaitable: Any, timeout: float) -> Any:
+async def _gone(request: Request) -> None:
+    """Returns once the client has closed its connection (the request's body already read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _answer(api: Api, call: Callable[[asyncio.Event], Awaitable[T]], deadline: float,
+                  gone: asyncio.Future[None], endpoint: str) -> T:
+    """``call(placed)``, a backend call, waited for in two parts: a replica must take it within
+    ``ready_timeout_s`` (else ``Unavailable``, a 503 with ``Retry-After``: no replica ready, none computed
+    anything), then it must answer by ``deadline`` (``time.monotonic()``; else ``GatewayTimeout``, a 504: the
+    replica was working, and an identical retry would work as long). Whatever ends the wait early (either
+    refusal, the client gone: ``ClientGone``) cancels the call, which cancels the replica's generation."""
+    placed = asyncio.Event()
+    task = asyncio.ensure_future(call(placed))
+    waiter = asyncio.ensure_future(placed.wait())
     try:
-        return await asyncio.wait_for(awaitable, timeout=timeout)
-    except TimeoutError:
-        raise Unavailable(f"no model replica answered within {timeout:g}s") from None
+        ready_s = min(api.ready_timeout_s, max(0.0, deadline - time.monotonic()))
+        await asyncio.wait((task, waiter, gone), timeout=ready_s, return_when=asyncio.FIRST_COMPLETED)
+        if not (placed.is_set() or task.done() or gone.done()):
+            raise Unavailable(f"no model replica took the request within {ready_s:g}s", retry_after=1.0)
+        await asyncio.wait((task, gone), timeout=max(0.0, deadline - time.monotonic()),
+                           return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        why = "client-gone" if gone.done() else "deadline"
+        task.cancel()
+        api.cancelled.labels(endpoint, why).inc()
+        if gone.done():
+            raise ClientGone("the client closed the connection before its answer")
+        raise GatewayTimeout(f"the answer took longer than the request's {api.limits.request_timeout_s:g}s "
+                             "(limits.request_timeout_s); its generation was cancelled")
     except ApiError:
         raise
     except Exception as exc:  # a replica that died or refused (Ray's backpressure) is "unavailable"
         log.warning("model replica call failed: %s: %s", type(exc).__name__, exc)
-        raise Unavailable(f"no model replica could take the request ({type(exc).__name__})") from exc
+        raise Unavailable(f"no model replica could take the request ({type(exc).__name__})",
+                          retry_after=1.0) from exc
+    finally:
+        waiter.cancel()
+        if not task.done():
+            task.cancel()
 
 
-async def _stream(api: Api, work: GenerateRequest) -> StreamingResponse:
-    items = api.backend.stream(work).__aiter__()
-    decision = await _within(items.__anext__(), api.ready_timeout_s)
+async def _stream(api: Api, work: GenerateRequest, deadline: float, gone: asyncio.Future[None],
+                  endpoint: str) -> StreamingResponse:
+    """The stream's headers once its ``Decision`` is in (within ``_answer``'s waits), then its chunks."""
+    items: Any = None  # the backend's stream: an async generator, closed here when the client goes
+
+    def opening(placed: asyncio.Event) -> Awaitable[Decision | str | Finish]:
+        nonlocal items
+        items = api.backend.stream(work, placed)
+        return anext(items)
+
+    decision = await _answer(api, opening, deadline, gone, endpoint)
     if not isinstance(decision, Decision):
+        await items.aclose()
         raise Unavailable("the model replica answered out of order")
 
     async def body() -> AsyncIterator[bytes]:
         first = True
+        ended = False
         try:
             async for item in items:
                 if isinstance(item, str):
@@ -447,10 +516,16 @@ async def _stream(api: Api, work: GenerateRequest) -> StreamingResponse:
                     yield api.chunk(work, None, finish=item)
                     if work.include_usage:
                         yield api.usage_chunk(work, item)
+            ended = True
         except Exception as exc:  # noqa: BLE001 - headers are sent: the error goes in the stream
             log.warning("stream %s failed: %s: %s", work.request_id, type(exc).__name__, exc)
             error = error_response(Unavailable(f"the answer stream failed ({type(exc).__name__})"))
             yield _sse(error.model_dump(mode="json"))
+            ended = True
+        finally:
+            await items.aclose()  # the client gone mid-stream: the replica stops generating
+            if not ended:
+                api.cancelled.labels(endpoint, "client-gone").inc()
         yield DONE
 
     headers = decision.headers() | {"cache-control": "no-cache", "x-accel-buffering": "no"}

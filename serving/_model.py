@@ -193,7 +193,9 @@ class Generator(Protocol):
 class CallableGenerator:
     """A user's function: called with the parameters it declares; a str result is one piece. Its answer is cut
     at ``max_tokens`` tokens of ``tokenizer`` (the deployment's; bytes when none is given), the count the
-    replica reports, so a function that ignores ``max_tokens`` still answers within it.
+    replica reports, so a function that ignores ``max_tokens`` still answers within it. A generator function
+    is advanced one piece at a time as the answer is read and closed when the answer is cut or closed, so
+    a caller that stops listening stops it between two pieces.
 
     Counting re-tokenises the answer so far, but only once its UTF-8 size could hold more than ``max_tokens``
     tokens: a tokenizer gives at most one token per byte of text, plus one (a leading marker)."""
@@ -221,16 +223,21 @@ class CallableGenerator:
                   "temperature": params.temperature, "top_p": params.top_p, "seed": params.seed,
                   "stop": list(params.stop)}
         text = ""
-        for piece in self._pieces(self._fn(**{name: values[name] for name in self._names})):
-            whole = text + piece
-            if self._fits(whole, params.max_tokens):
-                text = whole
-                yield piece
-                continue
-            cut = self._cut(whole, len(text), params.max_tokens)
-            if cut > len(text):
-                yield whole[len(text):cut]
-            return
+        result = self._fn(**{name: values[name] for name in self._names})
+        try:
+            for piece in self._pieces(result):
+                whole = text + piece
+                if self._fits(whole, params.max_tokens):
+                    text = whole
+                    yield piece
+                    continue
+                cut = self._cut(whole, len(text), params.max_tokens)
+                if cut > len(text):
+                    yield whole[len(text):cut]
+                return
+        finally:
+            if inspect.isgenerator(result):  # cut, or closed by a caller gone: the function stops now
+                result.close()
 
     def _pieces(self, result: Any) -> Iterator[str]:
         if isinstance(result, str):
@@ -324,7 +331,9 @@ class HFEngine:
 class HFGenerator:
     """A causal LM decoding one token at a time with its KV cache; greedy at temperature 0, else sampled
     (top-p) from a generator seeded by the request's ``seed`` (unseeded without one). With a KV prefix cache
-    attached, the prompt's prefill goes through it: ``prefill`` with the model as its engine, then ``store``."""
+    attached, the prompt's prefill goes through it: ``prefill`` with the model as its engine, then ``store``.
+    Each token is decoded when the stream is asked for it: a stream closed early (a caller gone) runs no
+    further forward pass."""
 
     pieces_are_tokens = True
 

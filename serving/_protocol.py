@@ -39,7 +39,11 @@ from .errors import ApiError, BadRequest
 
 class Limits(BaseModel):
     """Bounds on a request: before parsing (body bytes, messages, prompt characters), after (``max_tokens``),
-    and after tokenising (``max_prompt_tokens``, ``None`` for no bound but the model's context)."""
+    after tokenising (``max_prompt_tokens``, ``None`` for no bound but the model's context), and in time
+    (``request_timeout_s``: from the request's arrival to its answer, or a stream's first piece; past it the
+    answer is a 504 and the replica's generation is cancelled). The default is the official client's own
+    timeout, so the server gives up when such a client would; a deployment that serves long generations
+    raises it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -48,6 +52,7 @@ class Limits(BaseModel):
     max_prompt_chars: int = Field(200_000, ge=1)  # characters of text, or token ids of a tokenised prompt
     max_tokens: int = Field(8192, ge=1)
     max_prompt_tokens: int | None = Field(None, ge=1)
+    request_timeout_s: float = Field(600.0, gt=0)
 
 
 IGNORED_COMPLETION_FIELDS = frozenset({"user"})

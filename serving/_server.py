@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -93,6 +93,22 @@ def same_answer(a: list[str], b: list[str]) -> bool:
 
 
 _END = object()
+
+
+def completion_of(items: Iterable[Decision | str | Finish]) -> Completion:
+    """A whole answer from the items of ``ModelServer.stream``: its decision, its text and its finish."""
+    decision: Decision | None = None
+    finish: Finish | None = None
+    text: list[str] = []
+    for item in items:
+        if isinstance(item, str):
+            text.append(item)
+        elif isinstance(item, Decision):
+            decision = item
+        else:
+            finish = item
+    assert decision is not None and finish is not None  # stream() always yields both
+    return Completion(decision, "".join(text), finish)
 
 
 class ModelServer:
@@ -182,9 +198,12 @@ class ModelServer:
     # -- requests ----------------------------------------------------------------------------------------
 
     def stream(self, request: GenerateRequest) -> Iterator[Decision | str | Finish]:
-        """The ``Decision`` first (once the cache has looked up), then the answer's pieces, then ``Finish``."""
+        """The ``Decision`` first (once the cache has looked up), then the answer's pieces, then ``Finish``.
+        Lazy: each piece is computed when asked for, and closing the stream stops the model between two
+        pieces (``serving._pump`` drives it so from asyncio)."""
         with self._inflight_lock:
             self._inflight += 1
+        pieces = None
         try:
             arm, rt = self.rollouts.arm_for(request.rollout_key)
             kwargs = self._kwargs(request)
@@ -206,6 +225,8 @@ class ModelServer:
             yield Finish("length" if completion >= request.max_tokens else "stop", len(request.input_ids),
                          completion, cached)
         finally:
+            if pieces is not None:  # closed early (a caller gone): the model stops here, between two pieces
+                pieces.close()
             with self._inflight_lock:
                 self._inflight -= 1
 
@@ -230,18 +251,7 @@ class ModelServer:
         return len(self.tokenizer.encode("".join(pieces))) if pieces else 0
 
     def complete(self, request: GenerateRequest) -> Completion:
-        decision: Decision | None = None
-        finish: Finish | None = None
-        text: list[str] = []
-        for item in self.stream(request):
-            if isinstance(item, str):
-                text.append(item)
-            elif isinstance(item, Decision):
-                decision = item
-            else:
-                finish = item
-        assert decision is not None and finish is not None  # stream() always yields both
-        return Completion(decision, "".join(text), finish)
+        return completion_of(self.stream(request))
 
     def _decision(self, handle: CallHandle, arm: str) -> Decision:
         """What the response headers say: the call's decision (known once its first piece is out, or its

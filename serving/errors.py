@@ -8,7 +8,13 @@
         ├── Forbidden        403: a valid key that may not use this endpoint (a tenant's key on /metrics)
         ├── UnsupportedMediaType  415: the body is not declared ``application/json``
         ├── RateLimited      429: the tenant is over its request rate (``retry_after`` seconds)
-        └── Unavailable      503: no replica (or key store) can serve the request now
+        ├── Unavailable      503: no replica (or key store) can serve the request now (``retry_after``)
+        ├── GatewayTimeout   504: a replica took the request but its answer outlasted the request's deadline
+        └── ClientGone       499: the client closed the connection before its answer (never sent: counted)
+
+A 503 says "try again": the official client retries it. A 504 says the work itself took too long, so an
+identical retry would too: it carries ``x-should-retry: false``, which the official client obeys, and the
+replica's generation is cancelled when it is sent.
 
 ``serving._protocol.error_response`` turns an ``ApiError`` into the OpenAI error body.
 """
@@ -31,6 +37,7 @@ class ApiError(ServingError):
     status = 500
     error_type = "server_error"
     code: str | None = None
+    should_retry: bool | None = None  # the x-should-retry header when set: the official client obeys it
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -78,3 +85,22 @@ class Unavailable(ApiError):
     status = 503
     error_type = "server_error"
     code = "service_unavailable"
+
+    def __init__(self, message: str, param: str | None = None, *, retry_after: float | None = None) -> None:
+        super().__init__(message, param)
+        self.retry_after = retry_after
+
+
+class GatewayTimeout(ApiError):
+    status = 504
+    error_type = "server_error"
+    code = "timeout"
+    should_retry = False
+
+
+class ClientGone(ApiError):
+    """Nobody reads this answer: the status (nginx's "client closed request") is what ``/metrics`` counts."""
+
+    status = 499
+    error_type = "server_error"
+    code = "client_closed_request"

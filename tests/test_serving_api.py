@@ -276,10 +276,10 @@ def test_a_new_policy_version_reaches_the_replica_without_a_restart(served):
 class _NoReplica:
     """A backend with no replica ready: calls wait (as Ray's handle does while no replica runs)."""
 
-    async def complete(self, request):
+    async def complete(self, request, placed=None):
         await asyncio.sleep(60)
 
-    async def stream(self, request):
+    async def stream(self, request, placed=None):
         await asyncio.sleep(60)
         yield None
 
