@@ -81,8 +81,9 @@ MAX_DOCUMENT = 4 * 1024 * 1024  # bytes of one proposal's JSON: bounded before i
 
 
 class ProposalStoreError(ProposalError):
-    """The store's file cannot be opened, read or written: not SQLite, another schema version, missing (when
-    not to be created), or locked past the busy timeout. The message names the file."""
+    """The store's file cannot be opened, read or written: not a proposal store (empty, not SQLite, other
+    tables, a directory), another schema version, missing (when not to be created), or locked past the busy
+    timeout. The message names the file."""
 
 
 class _Plain(BaseModel):
@@ -413,10 +414,12 @@ def _transaction(db: sqlite3.Connection) -> Iterator[None]:
 class ProposalStore:
     """Proposals, reviews, the audit log and the policy history in the SQLite file ``path``.
 
-    The file (and its directory) is made when missing unless ``create`` is False. ``clock`` stamps every
-    change. Raises ``ProposalStoreError`` (naming ``path``) for a file that is not SQLite or not a proposal
-    store, one of another schema version, a missing file with ``create=False``, and a database error later
-    (locked longer than ``busy_timeout_s``, disk full). One store object may be shared by threads.
+    The file (and its directory) is made when ``path`` does not exist, unless ``create`` is False; anything
+    that exists there is only opened, never made into a store. ``clock`` stamps every change. Raises
+    ``ProposalStoreError`` (naming ``path``) for a path that is not a proposal store (an empty file, a file
+    that is not SQLite, an SQLite file of other tables, a directory), leaving it as it was; for a store of
+    another schema version; for a missing file with ``create=False``; and for a database error later (locked
+    longer than ``busy_timeout_s``, disk full). One store object may be shared by threads.
     """
 
     def __init__(
@@ -436,22 +439,20 @@ class ProposalStore:
         if not self.path.exists():
             if not create:
                 raise ProposalStoreError(f"{self.path}: no proposal store there")
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                why = exc.strerror or exc
-                raise ProposalStoreError(f"{self.path}: cannot make its directory: {why}") from None
+            self._make(busy_timeout_s)
+        if not self.path.is_file():
+            what = "a directory" if self.path.is_dir() else "not a regular file"
+            raise ProposalStoreError(f"{self.path}: not a proposal store ({what})")
+        elif self.path.stat().st_size == 0:
+            # SQLite reads an empty file as an empty database; taking it as a new store would hide a path
+            # that names something else, so only a missing path is made
+            raise ProposalStoreError(f"{self.path}: not a proposal store (an empty file)")
+        db = self._sqlite(self.path, busy_timeout_s)
         try:
-            db = sqlite3.connect(
-                self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
-            )
-        except sqlite3.Error as exc:
-            raise ProposalStoreError(f"{self.path}: cannot open the proposal store: {exc}") from None
-        try:
-            db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+            # checked before anything is written: switching to WAL rewrites the header of a foreign file
+            self._check_meta(db)
             db.execute("PRAGMA journal_mode = WAL")
             db.execute("PRAGMA foreign_keys = ON")
-            self._prepare(db)
         except sqlite3.OperationalError as exc:
             db.close()
             raise ProposalStoreError(f"{self.path}: cannot open the proposal store: {exc}") from None
@@ -463,28 +464,58 @@ class ProposalStore:
             raise
         return db
 
-    def _prepare(self, db: sqlite3.Connection) -> None:
-        """Make the tables in an empty file, else check it is a store of this schema version."""
-        with _transaction(db):
-            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            tables.discard("sqlite_sequence")
-            if not tables:
-                # one statement at a time: executescript would commit the transaction first
-                for statement in filter(str.strip, _SCHEMA.split(";")):
-                    db.execute(statement)
-                db.executemany(
-                    "INSERT INTO meta (key, value) VALUES (?, ?)",
-                    [("kind", STORE_KIND), ("schema_version", str(SCHEMA_VERSION))],
-                )
-            else:
-                self._check_meta(db, tables)
+    def _sqlite(self, path: Path, busy_timeout_s: float) -> sqlite3.Connection:
+        try:
+            db = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
+            db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+        except sqlite3.Error as exc:
+            raise ProposalStoreError(f"{self.path}: cannot open the proposal store: {exc}") from None
+        return db
 
-    def _check_meta(self, db: sqlite3.Connection, tables: set[str]) -> None:
+    def _make(self, busy_timeout_s: float) -> None:
+        """Make the store whole under a temporary name, then link it to ``path``: another process never sees
+        a half-made store (nor an empty file it would have to refuse), and of two making it at once, one
+        links and the other opens what it linked."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            why = exc.strerror or exc
+            raise ProposalStoreError(f"{self.path}: cannot make its directory: {why}") from None
+        draft = self.path.with_name(f".{self.path.name}.{secrets.token_hex(4)}.new")
+        try:
+            db = self._sqlite(draft, busy_timeout_s)
+            try:
+                with _transaction(db):
+                    # one statement at a time: executescript would commit the transaction first
+                    for statement in filter(str.strip, _SCHEMA.split(";")):
+                        db.execute(statement)
+                    db.executemany(
+                        "INSERT INTO meta (key, value) VALUES (?, ?)",
+                        [("kind", STORE_KIND), ("schema_version", str(SCHEMA_VERSION))],
+                    )
+                db.execute("PRAGMA journal_mode = WAL")  # kept in the file's header
+            except sqlite3.Error as exc:
+                raise ProposalStoreError(f"{self.path}: cannot make the proposal store: {exc}") from None
+            finally:
+                db.close()
+            try:
+                self.path.hardlink_to(draft)
+            except FileExistsError:
+                pass  # made by another process meanwhile: opened and checked as any existing store
+            except OSError as exc:
+                why = exc.strerror or exc
+                raise ProposalStoreError(f"{self.path}: cannot make the proposal store: {why}") from None
+        finally:
+            draft.unlink(missing_ok=True)
+
+    def _check_meta(self, db: sqlite3.Connection) -> None:
+        """Check, only reading, that ``db`` is a proposal store of this schema version."""
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        tables.discard("sqlite_sequence")
         meta = dict(db.execute("SELECT key, value FROM meta").fetchall()) if "meta" in tables else {}
         if meta.get("kind") != STORE_KIND:
-            raise ProposalStoreError(
-                f"{self.path}: not a proposal store (an SQLite file with tables {', '.join(sorted(tables))})"
-            )
+            what = f"tables {', '.join(sorted(tables))}" if tables else "no tables"
+            raise ProposalStoreError(f"{self.path}: not a proposal store (an SQLite file with {what})")
         if meta.get("schema_version") != str(SCHEMA_VERSION):
             raise ProposalStoreError(
                 f"{self.path}: a proposal store of schema version "

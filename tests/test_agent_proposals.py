@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -34,6 +37,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "policies"
 V7 = load_policy(EXAMPLES / "chat-prod.yaml")
 V8 = load_policy(EXAMPLES / "chat-prod-v8.yaml")
 T0 = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+T0_NS = int(T0) * 1_000_000_000
 
 CONTEXT = EvidenceContext("chat-prod@7", V7.content_hash, "qwen", "rev-a", "t" * 64,
                           OutputFingerprint.of_lengths([40, 42, 39, 41]))
@@ -364,6 +368,73 @@ def test_a_file_that_is_not_a_store_is_named(tmp_path: Path) -> None:
     assert not (tmp_path / "none.db").exists()
 
 
+def not_stores(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """Paths that exist and are not proposal stores, each with what the refusal says it is."""
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not SQLite at all, but long enough to have a header" * 20)
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as db:
+        db.execute("CREATE TABLE things (x)")
+    db.close()
+    bare = tmp_path / "bare.db"
+    sqlite3.connect(bare).execute("PRAGMA user_version = 3").connection.close()  # SQLite, no tables
+    folder = tmp_path / "folder.db"
+    folder.mkdir()
+    return {
+        "empty": (empty, "an empty file"),
+        "junk": (junk, "file is not a database"),
+        "other": (other, "an SQLite file with tables things"),
+        "bare": (bare, "an SQLite file with no tables"),
+        "folder": (folder, "a directory"),
+    }
+
+
+def snapshot(directory: Path) -> dict[str, tuple[bytes | None, int]]:
+    """Every entry of ``directory``: a file's bytes (None for a directory) and its modification time."""
+    return {e.name: (e.read_bytes() if e.is_file() else None, e.stat().st_mtime_ns)
+            for e in directory.iterdir()}
+
+
+@pytest.mark.parametrize("kind", ["empty", "junk", "other", "bare", "folder"])
+@pytest.mark.parametrize("create", [True, False])
+def test_a_path_that_is_not_a_store_is_refused_and_left_as_it_was(tmp_path: Path, kind: str,
+                                                                   create: bool) -> None:
+    path, what = not_stores(tmp_path)[kind]
+    os.utime(path, ns=(T0_NS, T0_NS))  # a time of its own: one any write would move
+    before = snapshot(tmp_path)
+    with pytest.raises(ProposalStoreError) as info:
+        ProposalStore(path, create=create)
+    assert str(info.value) == f"{path}: not a proposal store ({what})"
+    assert snapshot(tmp_path) == before
+
+
+def test_only_a_missing_path_is_made_into_a_store(tmp_path: Path) -> None:
+    path = tmp_path / "made" / "proposals.db"
+    with ProposalStore(path) as made:
+        made.add(proposal())
+    assert [e.name for e in path.parent.iterdir()] == ["proposals.db"]  # nothing half-made left beside it
+    with ProposalStore(path, create=False) as opened:
+        assert [p.id for p in opened.list()] == ["p-0000abcd"]
+
+
+def test_stores_made_at_once_are_one_store(path: Path) -> None:
+    start = threading.Barrier(6)
+
+    def make(i: int) -> str:
+        start.wait()
+        with ProposalStore(path) as s:
+            s.add(proposal(id=f"p-0000000{i}"))
+            return s.path.name
+
+    with ThreadPoolExecutor(6) as pool:
+        assert list(pool.map(make, range(6))) == ["proposals.db"] * 6
+    with ProposalStore(path, create=False) as s:
+        assert sorted(p.id for p in s.list()) == [f"p-0000000{i}" for i in range(6)]
+    assert sorted(e.name for e in path.parent.iterdir()) == ["proposals.db"]
+
+
 def test_a_corrupt_document_names_the_proposal(store: ProposalStore, path: Path) -> None:
     store.add(proposal())
     with sqlite3.connect(path) as db:
@@ -530,6 +601,32 @@ def test_approving_twice_exits_1(filled: Path) -> None:
     again = runner.invoke(make_app(), args)
     assert (again.exit_code, again.stderr) == (
         1, "error: proposal p-0000abcd is approved: it cannot move to approved (from approved: stale, canary)\n")
+
+
+@pytest.mark.parametrize("kind", ["empty", "other", "folder"])
+@pytest.mark.parametrize("args", [["list"], ["show", "p-1"], ["approve", "p-1", "--reviewer", "alice"],
+                                  ["reject", "p-1", "--reviewer", "alice"]])
+def test_every_command_refuses_what_is_not_a_store_and_leaves_it(tmp_path: Path, kind: str,
+                                                                  args: list[str]) -> None:
+    path, what = not_stores(tmp_path)[kind]
+    os.utime(path, ns=(T0_NS, T0_NS))
+    before = snapshot(tmp_path)
+    result = runner.invoke(make_app(), [*args, "--store", str(path)])
+    assert (result.exit_code, result.stderr, result.stdout) == (
+        2, f"error: {path}: not a proposal store ({what})\n", "")
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.slow  # the evocache command in a subprocess
+def test_the_command_refuses_an_empty_file_and_leaves_it(tmp_path: Path) -> None:
+    path, _ = not_stores(tmp_path)["empty"]
+    os.utime(path, ns=(T0_NS, T0_NS))
+    before = snapshot(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "evocache.cli", "proposals", "list", "--store", str(path)],
+                          capture_output=True, text=True, timeout=600)
+    assert (done.returncode, done.stderr, done.stdout) == (
+        2, f"error: {path}: not a proposal store (an empty file)\n", "")
+    assert snapshot(tmp_path) == before
 
 
 def test_a_missing_or_foreign_store_exits_2(tmp_path: Path) -> None:
