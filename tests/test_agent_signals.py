@@ -148,6 +148,96 @@ def test_a_truncated_file_is_read_again_from_its_start(tmp_path):
     assert [r.keys for r, _ in events.poll()] == [("z",)]
 
 
+def records(tag: str, n: int, start: int = 0) -> list[dict]:
+    """``n`` JSON records, of lengths that vary (so an old offset falls inside a line of other content)."""
+    return [{"key": f"{tag}-{i}", "pad": "x" * (i * 7 % 23)} for i in range(start, start + n)]
+
+
+def jsonl(recs: list[dict]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in recs)
+
+
+def in_place(path: Path, text: str) -> None:
+    """Truncate ``path`` and write ``text`` into the same file (inode)."""
+    with path.open("r+") as fh:
+        fh.truncate(0)
+        fh.seek(0)
+        fh.write(text)
+
+
+def replaced(path: Path, text: str) -> None:
+    """Write ``text`` to a new file and rename it over ``path``."""
+    new = path.with_name(path.name + ".new")
+    new.write_text(text)
+    os.replace(new, path)
+
+
+REWRITES = {"in_place": in_place, "replaced": replaced}
+
+
+@pytest.mark.parametrize("rewrite", REWRITES)
+@pytest.mark.parametrize("n", [1, 9, 26, 400])
+def test_a_file_rewritten_longer_between_reads_is_read_once_from_its_start(tmp_path, rewrite, n):
+    path = tmp_path / "events.jsonl"
+    path.write_text(jsonl(records("old", n)))
+    tail = JsonlTail(path)
+    assert [rec["key"] for _, rec in tail.read()] == [f"old-{i}" for i in range(n)]
+    inode = path.stat().st_ino
+    new = records("new", 2 * n + 3)
+    REWRITES[rewrite](path, jsonl(new))
+    assert (path.stat().st_ino == inode) == (rewrite == "in_place")
+    assert [rec for _, rec in tail.read()] == new
+    assert tail.read() == []
+    assert tail.skipped == 0
+
+
+@pytest.mark.parametrize("rewrite", REWRITES)
+def test_a_file_rewritten_with_as_many_bytes_is_read_again(tmp_path, rewrite):
+    path = tmp_path / "events.jsonl"
+    old = records("aaa", 30)
+    path.write_text(jsonl(old))
+    tail = JsonlTail(path)
+    assert len(tail.read()) == 30
+    new = records("bbb", 30)
+    REWRITES[rewrite](path, jsonl(new))
+    assert path.stat().st_size == len(jsonl(old))
+    assert [rec for _, rec in tail.read()] == new
+    assert tail.read() == []
+
+
+def test_a_file_rewritten_with_the_same_first_lines_is_read_again_from_its_start(tmp_path):
+    path = tmp_path / "events.jsonl"
+    path.write_text(jsonl(records("k", 300)))  # more than the bytes kept from the start of the file
+    tail = JsonlTail(path)
+    assert len(tail.read()) == 300
+    new = records("k", 299) + records("changed", 40)  # all but the last line read are the same
+    in_place(path, jsonl(new))
+    assert [rec for _, rec in tail.read()] == new
+
+
+def test_appending_after_a_rewrite_reads_only_what_was_appended(tmp_path):
+    path = tmp_path / "events.jsonl"
+    path.write_text(jsonl(records("old", 5)))
+    tail = JsonlTail(path)
+    tail.read()
+    in_place(path, jsonl(records("new", 12)))
+    assert len(tail.read()) == 12
+    with path.open("a") as fh:
+        fh.write(jsonl(records("more", 3)))
+    assert [rec["key"] for _, rec in tail.read()] == ["more-0", "more-1", "more-2"]
+
+
+def test_every_event_of_a_rewritten_file_becomes_one_pair(tmp_path):
+    path = tmp_path / "events.jsonl"
+    path.write_text(lines(*(ev(i, "hit", f"old{i}", tier="l1", size=1, saved_ms=1.0) for i in range(10))))
+    events = EventsCollector.from_files([path])
+    assert len(events.poll()) == 10
+    in_place(path, lines(*(ev(20 + i, "hit", f"new{i:03d}", tier="l1", size=1, saved_ms=1.0)
+                           for i in range(26))))
+    assert [r.keys for r, _ in events.poll()] == [(f"new{i:03d}",) for i in range(26)]
+    assert events.lines_skipped == 0
+
+
 def test_a_rotated_file_is_read_to_its_end_then_the_new_one(tmp_path):
     path = tmp_path / "events.jsonl"
     old = JsonlSink(path, flush_every=1)

@@ -1,7 +1,7 @@
 """The cache's own signal: access events (``controller._events``), tailed from JSONL files or a Redis stream,
 turned into the loop's ``(Request, Outcome)`` pairs.
 
-    JsonlTail(path)                 new lines of one JSONL file since the last read (rotation, truncation)
+    JsonlTail(path)                 new lines of one JSONL file since the last read (rotation, rewrite)
     RedisStreamTail(url, stream=)   new entries of the RedisStreamSink's stream since the last id read
     EventsCollector(sources)        poll() -> new pairs; requests_between(start, end); collect(start, end)
 
@@ -80,9 +80,14 @@ class JsonlTail(_Skips):
 
     Each ``read()`` returns the complete lines appended since the last one; a partial last line waits for its
     newline. A rotated file (the path now names another inode) is read to its end, then the new file from its
-    start; a truncated one (shorter than what was read) is read again from its start. A missing file is no
-    events yet. A line longer than ``max_line_bytes`` is skipped; a read takes at most ``max_read_bytes``.
+    start. A file rewritten in place is read again from its start: one shorter than what was read, or one
+    whose bytes read before no longer match (the first and the last ``_CHECK_BYTES`` read are kept and
+    compared before every read), as when it is truncated and written longer, or as long, between two reads.
+    A missing file is no events yet. A line longer than ``max_line_bytes`` is skipped; a read takes at most
+    ``max_read_bytes``.
     """
+
+    _CHECK_BYTES = 4096
 
     def __init__(
         self, path: str | os.PathLike[str], *, max_line_bytes: int = 1 << 20, max_read_bytes: int = 64 << 20
@@ -94,6 +99,8 @@ class JsonlTail(_Skips):
         self._fh: Any = None
         self._id: tuple[int, int] | None = None
         self._offset = 0
+        self._head = b""  # the first bytes read
+        self._tail = b""  # the last bytes read, ending at the offset
         self._partial = b""
         self._discarding = False  # inside an over-long line: drop bytes until its newline
         self._lineno = 0
@@ -115,15 +122,6 @@ class JsonlTail(_Skips):
             self.close()
             if self._open():
                 self._drain(out)
-        elif st.st_size < self._offset:
-            log.info(
-                "%s: truncated (%d bytes, %d read); reading it from the start",
-                self.path,
-                st.st_size,
-                self._offset,
-            )
-            self._restart()
-            self._drain(out)
         return out
 
     def close(self) -> None:
@@ -143,16 +141,43 @@ class JsonlTail(_Skips):
 
     def _restart(self) -> None:
         self._offset = 0
+        self._head = self._tail = b""
         self._partial = b""
         self._discarding = False
         self._lineno = 0
 
+    def _next_bytes(self) -> bytes:
+        """The bytes after what was read; the file from its start when it no longer holds what was read."""
+        size = os.fstat(self._fh.fileno()).st_size
+        if size < self._offset:
+            why = f"truncated ({size} bytes, {self._offset} read)"
+        else:
+            self._fh.seek(0)
+            same = self._fh.read(len(self._head)) == self._head
+            why = "" if same else "rewritten (its first bytes changed)"
+        if not why:
+            # the bytes before the offset and those after it in one read, so that a rewrite cannot fall
+            # between the check and the read
+            keep = len(self._tail)
+            self._fh.seek(self._offset - keep)
+            chunk = self._fh.read(keep + self.max_read_bytes)
+            if chunk[:keep] == self._tail:
+                return chunk[keep:]
+            why = "rewritten (the bytes before where it was read to changed)"
+        # resuming at the old offset would start mid-line in the new content and lose its first lines
+        log.info("%s: %s; reading it from the start", self.path, why)
+        self._restart()
+        self._fh.seek(0)
+        return self._fh.read(self.max_read_bytes)
+
     def _drain(self, out: list[tuple[str, Any]]) -> None:
-        self._fh.seek(self._offset)
-        data = self._fh.read(self.max_read_bytes)
+        data = self._next_bytes()
         self._offset += len(data)
         if not data:
             return
+        if len(self._head) < self._CHECK_BYTES:
+            self._head += data[: self._CHECK_BYTES - len(self._head)]
+        self._tail = (self._tail + data[-self._CHECK_BYTES :])[-self._CHECK_BYTES :]
         *lines, rest = (self._partial + data).split(b"\n")
         if self._discarding and lines:
             lines = lines[1:]  # the tail of the over-long line
