@@ -9,7 +9,6 @@ built through ``evocache.serving.app:build``, the import path ``serve deploy`` u
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import httpx
 import openai
 import pytest
 import yaml
-from _helpers import free_port
+from _helpers import eventually, free_port
 
 from evocache.controller import Tenant, open_policy_store
 from evocache.controller import PolicyStoreConfig
@@ -78,10 +77,8 @@ def cluster_app(redis_cluster, tmp_path_factory):
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build(args), name="evocache", route_prefix="/")
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while httpx.get(f"{base}/healthz", timeout=5).status_code != 200:
-        assert time.monotonic() < deadline, "the application did not become healthy"
-        time.sleep(0.3)
+    eventually(lambda: httpx.get(f"{base}/healthz", timeout=5).status_code == 200, timeout=90, interval=0.3,
+               message="the application to become healthy", ignoring=(httpx.HTTPError,))
     yield {"base": base, "store": store}
     serve.shutdown()
     ray.shutdown()
@@ -119,10 +116,8 @@ def test_a_policy_applied_to_the_redis_cluster_store_reaches_both_replicas(clust
     version = int(store.state().active.rsplit("@", 1)[1]) + 1
     store.apply(POLICY.format(version=version))
     ref = f"cluster-test@{version}"
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:
+    def on_ref():
         reports = [r for r in store.status().replicas if not r.replica_id.startswith("ingress:") and not r.stale]
-        if len(reports) == 2 and all(r.ref == ref for r in reports):
-            break
-        time.sleep(0.05)
-    assert len(reports) == 2 and all(r.ref == ref for r in reports), store.status()
+        return len(reports) == 2 and all(r.ref == ref for r in reports)
+
+    eventually(on_ref, timeout=2.0, interval=0.05, message=f"both model replicas on {ref}")
