@@ -51,14 +51,16 @@ async def check_backend(backend, **request_options) -> None:
     replayed = [item async for item in backend.stream(request(prompt, **request_options))]
     assert replayed[0].outcome == "hit" and replayed[1:-1] == items[1:-1]
 
-    # A stream closed after its first piece stores nothing and leaves the backend serving.
+    # A stream closed after its first piece never leaves a partial answer to be served, and the backend serves
+    # on. (Whether the replica had finished the answer by then, and stored it whole, is a race the contract
+    # leaves open: a fast model over Ray may have.)
     prompt = f"{uuid.uuid4().hex} closed early here"
     stream = backend.stream(request(prompt, **request_options))
     assert isinstance(await stream.__anext__(), Decision)
     assert isinstance(await stream.__anext__(), str)
     await stream.aclose()
     after = await backend.complete(request(prompt, **request_options))
-    assert (after.text, after.decision.outcome) == (echoed(prompt), "miss")
+    assert after.text == echoed(prompt) and after.decision.outcome in ("miss", "hit")
 
     # Tenants: the same prompt of another tenant is that tenant's miss.
     other = await backend.complete(request(prompt, **{**request_options, "tenant": "globex"}))

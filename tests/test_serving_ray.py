@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 from _redis_server import RedisServer
-from _helpers import free_port
+from _helpers import eventually, free_port
 from _serving_fixtures import ADMIN, ADMIN_DIGEST, KEYS, write_keys
 
 from evocache.controller import (
@@ -94,12 +94,10 @@ def app(tmp_path_factory):
     ray_dir = Path("/tmp") / f"evc-ray-{uuid.uuid4().hex[:6]}"
     start_local(config, num_cpus=2, temp_dir=str(ray_dir), auth=False)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while httpx.get(f"{base}/healthz", timeout=5).status_code != 200:
-        assert time.monotonic() < deadline, "the application did not become healthy"
-        time.sleep(0.2)
+    eventually(lambda: httpx.get(f"{base}/healthz", timeout=5).status_code == 200, timeout=60, interval=0.2,
+               message="the application to become healthy", ignoring=(httpx.HTTPError,))
     yield {"base": base, "store": store, "redis": redis_server, "work": work,
-           "metrics": f"http://127.0.0.1:{metrics_port}/metrics"}
+           "metrics": f"http://127.0.0.1:{metrics_port}/metrics", "spec": config.server}
     serve.shutdown()
     ray.shutdown()
     store.close()
@@ -118,6 +116,20 @@ def ask(app, prompt, key=ACME, **kwargs):
 def fresh(label: str) -> str:
     """A prompt of its own, unique from its first block on (the router homes a fresh prefix by that block)."""
     return f"{uuid.uuid4().hex} {label} alpha beta gamma"
+
+
+def test_the_ray_backend_keeps_the_backend_contract(app):
+    """The same contract as LocalBackend's (tests/_backend_contract.py), over the running deployment's handle."""
+    import asyncio
+
+    from _backend_contract import check_backend
+    from ray import serve
+
+    from evocache.serving._deployment import RayBackend
+
+    backend = RayBackend(serve.get_deployment_handle("model", app_name="evocache"), "evocache")
+    spec = app["spec"]
+    asyncio.run(check_backend(backend, block_size=spec.block_size, extras=spec.block_extras()))
 
 
 def test_an_exact_hit_through_ray_carries_the_decision_headers(app):
@@ -172,14 +184,13 @@ def test_tenants_never_share_even_through_the_shared_l2(app):
 
 
 def _replicas_on(store, ref, timeout=2.0):
-    """Seconds until every model replica reports ``ref`` as active (``None`` if not within ``timeout``)."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
+    """True once every model replica reports ``ref`` as active (within ``timeout`` seconds, else a failure
+    naming the store's status)."""
+    def on_ref():
         reports = [r for r in store.status().replicas if not r.replica_id.startswith("ingress:") and not r.stale]
-        if len(reports) >= 2 and all(r.ref == ref for r in reports):
-            return time.monotonic() - start
-        time.sleep(0.05)
-    return None
+        return len(reports) >= 2 and all(r.ref == ref for r in reports)
+
+    return eventually(on_ref, timeout=timeout, interval=0.05, message=f"every model replica on {ref}")
 
 
 def test_policy_apply_canary_promote_rollback_reach_every_replica(app):
@@ -245,15 +256,14 @@ def test_redis_killed_and_restarted_under_load_fails_no_request(app):
 
 def test_metrics_cover_every_replica(app):
     ask(app, fresh("metrics"))
-    deadline = time.monotonic() + 10
-    while True:
+
+    def both_replicas():
         text = httpx.get(f"{app['base']}/metrics", headers=ADMIN).text
-        replicas = {line.split('replica="')[1].split('"')[0] for line in text.splitlines()
-                    if 'replica="' in line}
-        if len(replicas) == 2 or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    assert len(replicas) == 2 and "evocache_http_requests_total" in text
+        replicas = {line.split('replica="')[1].split('"')[0] for line in text.splitlines() if 'replica="' in line}
+        return text if len(replicas) == 2 else None
+
+    text = eventually(both_replicas, timeout=10, interval=0.5, message="/metrics to cover both replicas")
+    assert "evocache_http_requests_total" in text
     # A tenant's key never reads them; the operator's loopback listener needs none.
     refused = httpx.get(f"{app['base']}/metrics", headers={"Authorization": f"Bearer {next(iter(KEYS))}"})
     assert refused.status_code == 403 and "evocache_" not in refused.text
@@ -273,13 +283,13 @@ def test_the_policy_commands_drive_the_running_replicas(app, tmp_path):
     applied = runner.invoke(cli, ["policy", "apply", str(doc), "--store", directory, "--canary", "0.25"])
     assert applied.exit_code == 0, applied.output
     assert _replicas_on(store, store.state().active) is not None
-    end = time.monotonic() + 5
-    while time.monotonic() < end:
+    def canary_lines():
         status = runner.invoke(cli, ["policy", "status", "--store", directory])
-        model_lines = [ln for ln in status.output.splitlines() if f"ray-test@{version}" in ln and "ingress" not in ln]
-        if len(model_lines) >= 3:  # the canary line, and both model replicas running it as their canary
-            break
-        time.sleep(0.1)
+        lines = [ln for ln in status.output.splitlines() if f"ray-test@{version}" in ln and "ingress" not in ln]
+        # the canary line, and both model replicas running it as their canary
+        return (status, lines) if len(lines) >= 3 else None
+
+    status, model_lines = eventually(canary_lines, timeout=5, interval=0.1, message="both replicas on the canary")
     assert f"canary: ray-test@{version}" in status.output, status.output
     promoted = runner.invoke(cli, ["policy", "promote", "--store", directory])
     assert promoted.exit_code == 0 and _replicas_on(store, f"ray-test@{version}") is not None
