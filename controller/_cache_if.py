@@ -14,6 +14,7 @@ and then (fail closed at import). At call time:
 3. The key binds function, model, revision, template, normalised generation params, tenant namespace and the
    canonical arguments (``controller._keys``).
 4. Exact lookup through the tiers; on a miss the function runs and its result is admitted by the rule.
+   Identical misses at the same time run it once (single flight, below).
 
 The cache never fails a call: tier failures are misses (``TieredStore``), unserialisable results are rejected
 and counted, a payload that does not decode is dropped and recomputed. Every decision emits an access event.
@@ -21,12 +22,26 @@ What a call will do is planned by its ``Contract`` (``controller._contract``); t
 the L1 hit path, lookups through the tiers, admission, events and the per-call controls. One generator,
 ``CachedFunction._steps``, carries every call past the L1 hit path, whatever the kind of function; the sync,
 async, generator and async-generator wrappers only run the steps it asks for.
+
+Single flight: a miss whose key (the namespace with it: tenants never share) another call of the same function
+on the same store is already computing in this process does not compute it again. The first call to miss (the
+leader) computes and admits; the others (followers) wait for it and are served its result, decoded from the
+payload it computed, as a hit: outcome ``hit``, reason ``coalesced``, the tier that stored it (None when the
+rule did not store it), its size and what computing it took. A stream's followers wait for the leader's
+stream to end, then replay its chunks like any hit (no follower serves a partial answer it might have to
+take back). A leader that raises or is closed early (its caller gone) shares nothing: its followers look up
+again, and the first of them to miss leads. A leader with nothing to share (a semantic hit, a result that
+cannot be serialised) lets each follower compute for itself. Refreshes and bypasses never coalesce, nor does a
+stream its rule keeps out of the cache; a call never waits for a leader it drives itself (one consumer
+interleaving two streams of one key). Across processes (replicas) nothing is shared until the entry is
+stored; the serving room's router sends identical prompts to one replica.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import functools
 import inspect
 import logging
@@ -51,7 +66,7 @@ from ._contract import (
 )
 from ._events import INCOMPLETE, SCHEMA_VERSION
 from ._keys import template_hash
-from ._outcome import AsyncCallStream, Called, CallHandle, CallOutcome, CallStream, next_call_number
+from ._outcome import COALESCED, AsyncCallStream, Called, CallHandle, CallOutcome, CallStream, next_call_number
 from ._metrics import LATENCY_BUCKETS
 from ._runtime import CacheRuntime, StoreConfig, build_runtime, current_runtime
 from ._semantic import JudgeLimits, Served
@@ -99,16 +114,77 @@ class _Compute:
 
 _COMPUTE = _Compute()
 _RUN = _Compute()
-_Step = _Store | _Compute
+
+
+class _Flight:
+    """One key's miss under way in this process (module docstring, single flight): ``ended`` resolves to how
+    its leader ended (``_Landed``, ``_RETRY`` or ``_ALONE``), once. ``owner`` drives the leader (its task or
+    thread), so a follower it also drives does not wait for itself."""
+
+    __slots__ = ("slot", "owner", "ended", "followers")
+
+    def __init__(self, slot: tuple, owner: object) -> None:
+        self.slot = slot
+        self.owner = owner
+        self.followers = 0
+        self.ended: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        # Running, so it cannot be cancelled: an async follower that stops waiting cancels its own wrapper of
+        # it (asyncio.wrap_future), never the flight the others wait on.
+        self.ended.set_running_or_notify_cancel()
+
+
+class _Landed(NamedTuple):
+    """What a leader computed, for its followers: the payload (each follower decodes its own copy, as a hit
+    does), the tiers that stored it and what computing it took."""
+
+    payload: bytes
+    stored: tuple[str, ...]
+    saved_ms: float
+
+
+_RETRY = "retry"  # the leader raised or was closed early: look up again, and the first to miss leads
+_ALONE = "alone"  # the leader has nothing to share: each follower computes for itself
+
+
+class _Wait(NamedTuple):
+    """The step of ``CachedFunction._steps`` that waits for a leader: send back what ``flight.ended`` holds
+    (blocking for a sync wrapper, awaited by an async one)."""
+
+    flight: _Flight
+
+
+class _Lookup(NamedTuple):
+    """``_lookup``'s answer: a hit's value, the epoch a miss is admitted against, the flight the call leads
+    (a miss that coalesces) or follows (a miss another call is computing: not decided yet)."""
+
+    hit: bool
+    value: Any
+    epoch: int
+    lead: _Flight | None = None
+    follow: _Flight | None = None
+
+
+_Step = _Store | _Compute | _Wait
+
+
+def _owner() -> object:
+    """What drives the running code: its asyncio task, else its thread."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no event loop runs in this thread
+        return threading.get_ident()
 
 
 @dataclass(frozen=True, slots=True)
 class CacheInfo:
+    """A function's counters; ``waiting``: its calls waiting now for another call computing their key."""
+
     hits: int
     misses: int
     bypasses: int
     stores: int
     rejects: int
+    waiting: int = 0
 
 
 class _Counters:
@@ -274,6 +350,9 @@ class CachedFunction:
         self._served: collections.OrderedDict[tuple[Namespace, CacheKey], tuple[tuple[Any, str, Any], Any]]
         self._served = collections.OrderedDict()
         self._served_lock = threading.Lock()
+        # (id of the store, namespace, key) -> the flight computing it (module docstring, single flight).
+        self._flights: dict[tuple[int, Namespace, CacheKey], _Flight] = {}
+        self._flights_lock = threading.Lock()
         if inspect.isasyncgenfunction(fn):
             self.kind, wrapper = "asyncgen", self._wrap_asyncgen()
         elif inspect.iscoroutinefunction(fn):
@@ -301,8 +380,10 @@ class CachedFunction:
 
     # -- events ------------------------------------------------------------------------------------------
 
-    def _observe(self, rt: CacheRuntime, plan: Plan, outcome: str, tier: str | None, seconds: float) -> None:
-        """The decision's metrics, and its lookup time in the tenant's SLO breaker of the rule."""
+    def _observe(self, rt: CacheRuntime, plan: Plan, outcome: str, tier: str | None, seconds: float,
+                 lookup: bool = True) -> None:
+        """The decision's metrics, and its lookup time in the tenant's SLO breaker of the rule (unless it was
+        no lookup's time: a follower's wait for its leader is the model's)."""
         # CacheMetrics.record, inlined (it runs on every L2/L3 hit and every miss).
         metrics = rt.metrics
         labels = (plan.rule, tier or "", outcome)
@@ -312,14 +393,14 @@ class CachedFunction:
         # The tenant's SLO breaker of the rule measures its lookups, but not the decisions made in safe mode
         # (a reason).
         slo = rt.slo
-        if slo.by_rule and (outcome == "hit" or outcome == "miss") and not plan.reason:
+        if slo.by_rule and lookup and (outcome == "hit" or outcome == "miss") and not plan.reason:
             slo.observe(plan.rule, plan.ns, seconds)
 
     def _decided(self, rt: CacheRuntime, plan: Plan, handle: CallHandle, outcome: str, tier: str | None,
                  size: int, seconds: float, saved_ms: float = 0.0, reason: str = "",
                  semantic: dict | None = None) -> None:
         """The call is decided: its metrics, and its handle's ``decided`` (its event waits for its end)."""
-        self._observe(rt, plan, outcome, tier, seconds)
+        self._observe(rt, plan, outcome, tier, seconds, lookup=reason != COALESCED)
         handle.decide(self._outcome(rt, plan, handle, outcome, tier, size, seconds, saved_ms, reason, semantic))
 
     @staticmethod
@@ -430,9 +511,12 @@ class CachedFunction:
 
     # -- lookup and admission (shared by every function kind) ---------------------------------------------
 
-    def _lookup(self, rt: CacheRuntime, plan: Plan, started: float, handle: CallHandle) -> tuple[bool, Any, int]:
-        """``(hit, value, epoch)``; ``epoch`` is what ``_admit`` checks a miss's result against (see
-        ``_invalidate_slot``). A payload that does not decode is deleted and counted, and the call is a miss."""
+    def _lookup(self, rt: CacheRuntime, plan: Plan, started: float, handle: CallHandle,
+                owner: object = None) -> _Lookup:
+        """A hit's value, or a miss with its ``epoch``, what ``_admit`` checks its result against (see
+        ``_invalidate_slot``). A payload that does not decode is deleted and counted, and the call is a miss.
+        With an ``owner`` (the call coalesces), a miss joins its key's flight: as its leader (decided a miss
+        here), or as a follower (left undecided: ``_steps`` waits)."""
         epoch = self._epoch
         found = rt.store.get(plan.ns, plan.key, plan.tiers)
         entry = found.entry
@@ -447,12 +531,52 @@ class CachedFunction:
                 self.counters.hits += 1
                 self._decided(rt, plan, handle, "hit", found.tier, len(entry.value), time.perf_counter() - started,
                               entry.saved_ms)
-                return True, value, epoch
+                return _Lookup(True, value, epoch)
+        lead = None
+        if owner is not None:
+            flight, leading = self._join(rt, plan, owner)
+            if flight is not None and not leading:
+                return _Lookup(False, None, epoch, follow=flight)
+            lead = flight
         if plan.semantic is not None and self._semantic_kinds and rt.semantic is not None:
-            return False, None, epoch  # _semantic_lookup decides, and records the one event of this call
+            return _Lookup(False, None, epoch, lead)  # _semantic_lookup decides, and records the call's event
         self.counters.misses += 1
         self._decided(rt, plan, handle, "miss", None, 0, time.perf_counter() - started)
-        return False, None, epoch
+        return _Lookup(False, None, epoch, lead)
+
+    def _join(self, rt: CacheRuntime, plan: Plan, owner: object) -> tuple[_Flight | None, bool]:
+        """The flight computing this call's key and whether ``owner`` leads it: ``(new flight, True)``, or
+        ``(flight under way, False)`` to follow, or ``(None, False)`` when ``owner`` drives that flight's
+        leader itself (waiting would wait for itself: the call computes alone)."""
+        assert plan.key is not None  # only a call with a key looks up
+        slot = (id(rt.store), plan.ns, plan.key)
+        with self._flights_lock:
+            flight = self._flights.get(slot)
+            if flight is None:
+                flight = self._flights[slot] = _Flight(slot, owner)
+                return flight, True
+            if flight.owner == owner:  # a thread's id is an int: compared by value
+                return None, False
+            flight.followers += 1
+            return flight, False
+
+    def _land(self, flight: _Flight, ended: _Landed | str) -> None:
+        """The leader has ended: later calls no longer find its flight, and its followers get ``ended`` (only
+        the first landing counts)."""
+        with self._flights_lock:
+            if self._flights.get(flight.slot) is flight:
+                del self._flights[flight.slot]
+            if flight.ended.done():
+                return
+            flight.ended.set_result(ended)
+
+    def _coalesced(self, rt: CacheRuntime, plan: Plan, started: float, handle: CallHandle, landed: _Landed) -> Any:
+        """A follower served its leader's result: a hit, reason ``coalesced``, from the tier that stored it."""
+        value = self._decode(landed.payload)
+        self.counters.hits += 1
+        self._decided(rt, plan, handle, "hit", landed.stored[0] if landed.stored else None, len(landed.payload),
+                      time.perf_counter() - started, landed.saved_ms, COALESCED)
+        return value
 
     def _semantic_lookup(
         self, rt: CacheRuntime, plan: Plan, started: float, handle: CallHandle
@@ -594,6 +718,7 @@ class CachedFunction:
         so bypasses, lookups, admission, events, counters and outcomes are the same for all; its wrapper plans
         the call and decides only how a step runs: called, awaited, iterated, or in a thread.
         """
+        lead: _Flight | None = None
         try:
             if plan.key is None:
                 self._bypass(rt, plan, started, handle)
@@ -614,7 +739,20 @@ class CachedFunction:
                 epoch = refresh_epoch
                 handle.decide(self._outcome(rt, plan, handle, "miss", None, 0, time.perf_counter() - started))
             else:
-                hit, value, epoch = yield _Store(functools.partial(self._lookup, rt, plan, started, handle))
+                # A stream its rule keeps out of the cache has nothing to share: it does not coalesce.
+                owner = _owner() if not self._streams or plan.stream_ok else None
+                while True:
+                    found = yield _Store(functools.partial(self._lookup, rt, plan, started, handle, owner))
+                    if found.follow is None:
+                        break
+                    landed = yield _Wait(found.follow)
+                    if type(landed) is _Landed:
+                        value = self._coalesced(rt, plan, started, handle, landed)
+                        self._finish(rt, handle)
+                        return True, value
+                    if landed is _ALONE:
+                        owner = None  # look up once more, then compute without a flight
+                hit, value, epoch, lead = found.hit, found.value, found.epoch, found.lead
                 if hit:
                     self._finish(rt, handle)
                     return True, value
@@ -624,6 +762,8 @@ class CachedFunction:
                         functools.partial(self._semantic_lookup, rt, plan, started, handle), cpu=True
                     )
                     if hit:
+                        if lead is not None:
+                            self._land(lead, _ALONE)
                         self._finish(rt, handle)
                         return True, value
             t0 = time.perf_counter()
@@ -631,6 +771,8 @@ class CachedFunction:
             saved_ms = (time.perf_counter() - t0) * 1000.0
             payload, reason = self._payload(plan, value)
             stored = yield _Store(functools.partial(self._admit, rt, plan, payload, saved_ms, reason, epoch, handle))
+            if lead is not None:  # stored (or not) by now: later calls find the entry, followers get the payload
+                self._land(lead, _ALONE if payload is None else _Landed(payload, stored, saved_ms))
             if learning is not None:  # the semantic update may embed
                 yield _Store(functools.partial(self._semantic_learn, rt, plan, value, bool(stored), learning),
                              cpu=True)
@@ -638,7 +780,9 @@ class CachedFunction:
             return False, value
         finally:
             # Closed before its end (the function raised, or its stream was closed): the call's one event
-            # still goes out, with nothing stored.
+            # still goes out, with nothing stored, and its followers look up again.
+            if lead is not None:
+                self._land(lead, _RETRY)
             if handle.outcome is None and handle.decided is not None:
                 self._abandon(rt, handle)
 
@@ -712,7 +856,13 @@ class CachedFunction:
                 except StopIteration as done:
                     value = done.value[1]
                     break
-                reply = step.call() if type(step) is _Store else self.fn(*args, **fn_kwargs)
+                kind = type(step)
+                if kind is _Store:
+                    reply = step.call()
+                elif kind is _Wait:
+                    reply = step.flight.ended.result()
+                else:
+                    reply = self.fn(*args, **fn_kwargs)
         finally:
             steps.close()  # after a failure: the call's event, as incomplete
         assert handle.outcome is not None  # _steps finishes every call it returns from
@@ -754,6 +904,8 @@ class CachedFunction:
                     break
                 if type(step) is _Compute:  # _COMPUTE or _RUN: the same for a coroutine
                     reply = await self.fn(*args, **fn_kwargs)
+                elif type(step) is _Wait:
+                    reply = await asyncio.wrap_future(step.flight.ended)
                 elif offload or step.cpu:
                     reply = await asyncio.to_thread(step.call)
                 else:
@@ -792,9 +944,15 @@ class CachedFunction:
                 if type(step) is _Compute:  # _COMPUTE or _RUN: played, and its chunks sent back
                     # A stream that raises or is closed early ends here: partial streams are never stored.
                     reply = []
-                    for chunk in self.fn(*args, **fn_kwargs):
-                        reply.append(chunk)
-                        yield chunk
+                    stream = self.fn(*args, **fn_kwargs)
+                    try:
+                        for chunk in stream:
+                            reply.append(chunk)
+                            yield chunk
+                    finally:
+                        stream.close()  # closed early: the function stops now, not when collected
+                elif type(step) is _Wait:
+                    reply = step.flight.ended.result()
                 else:
                     reply = step.call()
         finally:
@@ -830,9 +988,15 @@ class CachedFunction:
                     break
                 if type(step) is _Compute:  # _COMPUTE or _RUN: played, and its chunks sent back
                     reply = []
-                    async for chunk in self.fn(*args, **fn_kwargs):
-                        reply.append(chunk)
-                        yield chunk
+                    stream = self.fn(*args, **fn_kwargs)
+                    try:
+                        async for chunk in stream:
+                            reply.append(chunk)
+                            yield chunk
+                    finally:
+                        await stream.aclose()  # closed early: the function stops now, not when collected
+                elif type(step) is _Wait:
+                    reply = await asyncio.wrap_future(step.flight.ended)
                 elif offload or step.cpu:
                     reply = await asyncio.to_thread(step.call)
                 else:
@@ -862,7 +1026,9 @@ class CachedFunction:
 
     def cache_info(self) -> CacheInfo:
         c = self.counters
-        return CacheInfo(c.hits, c.misses, c.bypasses, c.stores, c.rejects)
+        with self._flights_lock:
+            waiting = sum(flight.followers for flight in self._flights.values())
+        return CacheInfo(c.hits, c.misses, c.bypasses, c.stores, c.rejects, waiting)
 
     def cache_key(self, *args: Any, **kwargs: Any) -> CacheKey | None:
         """The key this call would use, or None when it would bypass the cache."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, NewType
 
 from ._types import CacheKey, Namespace
@@ -36,6 +36,10 @@ if TYPE_CHECKING:
     from evocache.dsl import Decision
 
 __all__ = ["CallHandle", "CallId", "CallOutcome", "CallStream", "Called", "KvReport"]
+
+COALESCED = "coalesced"
+"""The reason of a hit served from another call's miss of the same key, computed while this call waited
+(single flight, ``controller._cache_if``)."""
 
 CallId = NewType("CallId", str)
 """Unique per call: this process's random prefix and a counter (``"3fa9c2d1-1b"``)."""
@@ -70,20 +74,24 @@ class KvReport:
     detail: Mapping[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class CallOutcome:
+class CallOutcome(NamedTuple):
     """What the cache did for one call.
 
-    ``outcome`` is ``hit`` (served from ``tier``; ``reason`` ``semantic`` for a similar prompt's answer),
+    ``outcome`` is ``hit`` (served from ``tier``; ``reason`` ``semantic`` for a similar prompt's answer,
+    ``coalesced`` for the answer another call computed for the same key while this one waited: ``tier`` the
+    tier that stored it, None when none did),
     ``miss`` (the function ran) or ``bypass`` (not looked up: ``reason`` says why, as in the access events).
     ``decision`` is the policy's resolved ``dsl.Decision`` for the call (None without a policy, or when the
     contract or tenant could not be evaluated); ``rule`` and ``policy`` name what decided. ``key`` and ``ns``
-    are the entry's (``key`` None for a bypass). ``size``: a hit's entry bytes, a miss's result bytes (stored or
+    are the entry's (a bypass's ``key``: the one it would have if its rule or sampling let it be cached, None
+    when no key can be made). ``size``: a hit's entry bytes, a miss's result bytes (stored or
     not), 0 for a bypass. ``latency_ms``: the lookup's time; ``saved_ms``: what a hit saved (the model time its
     entry cost), or what a miss's function took. ``stored``: the tiers that took a miss's result; ``rejected``:
     why a computed result was not stored (``incomplete``: the function raised, or its stream was closed before
     its end). ``semantic``: the semantic lookup's explanation. ``kv``: the engine's KV report, when it gave one.
     ``at``: when the call was decided (the runtime's clock), the time its access event carries.
+
+    Immutable (a named tuple: every call on the cache's full path makes one, and a tuple is cheap to make).
     """
 
     call_id: CallId
@@ -134,9 +142,12 @@ class CallHandle:
     def finish(self, **parts: Any) -> CallOutcome:
         """The final outcome: what was decided, with ``parts`` (stored, size, rejected, saved_ms) and the KV
         report."""
-        assert self.decided is not None  # every call is decided before it finishes
-        self.outcome = replace(self.decided, kv=self._kv, **parts)
-        return self.outcome
+        decided = self.decided
+        assert decided is not None  # every call is decided before it finishes
+        if parts or self._kv is not None:
+            decided = decided._replace(kv=self._kv, **parts)
+        self.outcome = decided
+        return decided
 
 
 class Called(NamedTuple):

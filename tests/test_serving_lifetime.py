@@ -210,3 +210,30 @@ def test_the_model_stops_when_its_answer_is_closed_in_process(tmp_path):
     items.close()
     assert gated.ended.is_set() and gated.produced == 2
     server.close()
+
+
+def test_identical_concurrent_streams_on_a_replica_run_the_model_once(tmp_path):
+    gated = Gated()
+    api, server = serve(tmp_path, gated)
+    body = {"model": "echo", "prompt": "eight at once", "temperature": 0, "max_tokens": 3, "stream": True}
+
+    def ask():
+        with httpx.stream("POST", f"{http.url}/v1/completions", headers={"Authorization": f"Bearer {ACME}"},
+                          json=body, timeout=30) as r:
+            lines = [line[6:] for line in r.iter_lines() if line.startswith("data: {")]
+            text = "".join(c["text"] for line in lines for c in json.loads(line)["choices"])
+            return r.headers["x-evocache-outcome"], r.headers.get("x-evocache-reason", ""), text
+
+    with UvicornThread(build_fastapi(api)) as http:
+        results: list = []
+        threads = [threading.Thread(target=lambda: results.append(ask())) for _ in range(8)]
+        for t in threads:
+            t.start()
+        eventually(lambda: server.answer.cache_info().waiting == 7, message="seven streams to wait for the first")
+        gated.open()
+        for t in threads:
+            t.join(30)
+    assert gated.calls == 1
+    assert sorted((outcome, reason) for outcome, reason, _ in results) == [("hit", "coalesced")] * 7 + [("miss", "")]
+    assert [text for _, _, text in results] == ["xxx"] * 8
+    server.close()
