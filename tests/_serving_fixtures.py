@@ -37,6 +37,21 @@ def slow_echo_model(prompt: str, max_tokens: int) -> Iterator[str]:
     yield from echo_model(prompt, max_tokens)
 
 
+def counting_model(prompt: str, max_tokens: int) -> Iterator[str]:
+    """A long generation another process can watch: a piece ("z") every 10 ms, the count so far written to the
+    file the prompt's last word names, and `` end`` after it once the generator ends, closed or not."""
+    path = Path(prompt.split()[-1])
+    produced = 0
+    try:
+        for _ in range(max_tokens):
+            time.sleep(0.01)
+            produced += 1
+            path.write_text(str(produced))
+            yield "z"
+    finally:
+        path.write_text(f"{produced} end")
+
+
 def write_keys(path: Path) -> Path:
     lines = ["keys:"]
     for key, (tenant, tier) in KEYS.items():
