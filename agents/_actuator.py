@@ -11,7 +11,8 @@ histories agree after every one:
 
 and the writes that touch the proposal store alone: ``add`` (a new proposal), ``review`` (a person's verdict),
 ``approve`` (inside the guardrails), ``hold`` (too little traffic to judge: a person decides), ``invalidate``
-(evidence that no longer holds), ``stale`` and ``supersede``. The analysis that chooses a move is
+(evidence that no longer holds), ``stale``, ``supersede`` and ``realised`` (what a promotion gained once it
+ran). The analysis that chooses a move is
 elsewhere (``agents._canary``); what the loop remembers of it (the window a canary started at) is the
 caller's state.
 """
@@ -112,6 +113,10 @@ class Actuator:
                 self.stale(p.id, f"superseded by {newer}, judged on newer windows")
                 moved.append(p.id)
         return moved
+
+    def realised(self, proposal_id: str, gain: float) -> None:
+        """Record what a promoted proposal gained once it ran (no status move)."""
+        self.proposals.set_realised_gain(proposal_id, gain, actor=self.actor)
 
     def _record(self, proposal: Any, kind: str) -> None:
         self.proposals.record_policy(

@@ -112,7 +112,7 @@ class LoopRunner:
             if p.realised_gain is None:
                 gain = loop.realised_gain(self.memory, p.id)
                 if gain is not None:
-                    loop.proposals.set_realised_gain(p.id, gain)
+                    loop.actuator.realised(p.id, gain)
         return row
 
     def report(self) -> dict[str, Any]:

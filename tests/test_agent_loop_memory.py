@@ -175,3 +175,19 @@ def test_every_verdict_moves_both_stores_together(
     theirs = [(kinds[h["action"]], h["ref"]) for h in policies.state().history]
     assert [(r.kind, r.ref) for r in loop.proposals.policy_history()] == theirs
     assert theirs[-1] == last
+
+
+def test_a_promotions_realised_gain_is_written_by_the_actuator_as_its_actor(tmp_path: Path) -> None:
+    loop, policies, policy = _open(tmp_path, CONFIG)
+    sim = Simulator(policy, 10_000)
+    with SqliteSaver.from_conn_string(str(tmp_path / "checkpoints.db")) as saver:
+        runner = LoopRunner(loop, build_graph(loop, saver), run_id="run")
+        for window in range(2):
+            _serve(runner, policies, sim, window)
+    (proposal,) = loop.proposals.list(status="canary")
+    arm = ArmMetrics(100, 0.4, 0.4, 0.0, 0.05, 10.0)
+    evidence = CanaryEvidence(arm, arm, (0.0, -0.01, 0.01), Comparison(arm, arm, 0.01, (0.0, 0.02), 0.0, 200), True)
+    loop.actuator.act(proposal.id, CanaryVerdict("promote", 1, "promote: said so"), evidence)
+    loop.actuator.realised(proposal.id, 0.042)
+    assert loop.proposals.get(proposal.id).realised_gain == 0.042
+    assert loop.proposals.audit(proposal.id)[-1].actor == loop.actuator.actor
