@@ -15,8 +15,11 @@ file, each written to a temporary file, fsynced and renamed over, so a crash mid
 and ``RedisPolicyStore`` (cluster: a key per version, a state key changed under WATCH, a hash of replica
 reports and a pub/sub channel for changes; every key carries the prefix as its hash tag, so one store lives in
 one slot of a Redis Cluster). A replica follows the store with ``PolicyFollower``: it keeps the last rollout
-it could load and reports why a newer one could not be. Stored documents are YAML text, parsed safely;
-nothing is unpickled.
+it could load and reports why a newer one could not be. A replica that registers (``PolicyFollower.register``)
+says in its reports which run it belongs to and what its store can enforce (``StoreSummary``); ``apply``
+checks a policy against every current replica's before anything is written, and ``status`` marks the replicas
+gone (no report within ``stale_after_s``) and those of earlier runs. Stored documents are YAML text, parsed
+safely; nothing is unpickled.
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ from pydantic import Field, model_validator
 
 from ..dsl import Policy, parse_policy, policy_to_yaml
 from ._runtime import check_policy
-from ._store_config import _Part
-from .errors import ControllerError
+from ._store_config import DiskConfig, L1Config, RedisConfig, StoreConfig, _Part
+from .errors import ControllerError, StoreConfigError
 
 __all__ = [
     "POLICY_STORE_ENV",
@@ -54,8 +57,11 @@ __all__ = [
     "PolicyStoreConfig",
     "PolicyStoreError",
     "RedisPolicyStore",
+    "Registration",
     "ReplicaReport",
     "Rollout",
+    "StoreSummary",
+    "UnenforceablePolicy",
     "canary_for",
     "default_policy_store",
     "open_policy_store",
@@ -67,11 +73,22 @@ POLICY_STORE_ENV = "EVOCACHE_POLICY_STORE"
 DEFAULT_DIRECTORY = ".evocache/policies"
 _REPLICA_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 _REF = re.compile(r"^[A-Za-z0-9_.-]+@[0-9]+$")
+_RUN = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+_CREDENTIALS = re.compile(r"^([A-Za-z+]+://)[^@/]*@")
 
 
 class PolicyStoreError(ControllerError, ValueError):
     """A policy store operation refused (a version not above the active one, nothing to promote) or a store
     whose contents cannot be read (named with the key or file)."""
+
+
+class UnenforceablePolicy(PolicyStoreError):
+    """``apply`` refused a policy that a current replica cannot enforce with the store it runs with (the
+    message names the replica and why); nothing changed."""
+
+    def __init__(self, message: str, replica_id: str) -> None:
+        super().__init__(message)
+        self.replica_id = replica_id
 
 
 class PolicyStoreConfig(_Part):
@@ -150,10 +167,98 @@ Step = Callable[[PolicyState], PolicyState]
 """One operation of the store: the state before -> the state after (``PolicyStoreError`` refuses it)."""
 
 
+def _field(data: dict[str, Any], name: str, kind: type | tuple[type, ...], optional: bool = False) -> Any:
+    value = data[name]
+    if (value is None and optional) or (isinstance(value, kind) and not isinstance(value, bool)):
+        return value
+    raise TypeError(f"{name}: {value!r} is not a {getattr(kind, '__name__', kind)}")
+
+
+@dataclass(frozen=True)
+class StoreSummary:
+    """The part of a replica's ``StoreConfig`` that decides which policies it can enforce (what
+    ``check_policy`` reads): L1's size, eviction and trained-model directory, L2 (the Redis URL without its
+    user and password; None: no L2) and its ``l2_bytes``, which a tenant's ``l2_share`` is a share of, and L3
+    (the disk tier's directory; None: no L3). It holds no secret, so a store others read can keep it."""
+
+    l1_bytes: int
+    l1_eviction: str
+    l1_models: str | None = None
+    l2: str | None = None
+    l2_bytes: int | None = None
+    l3: str | None = None
+
+    @classmethod
+    def of(cls, config: StoreConfig) -> StoreSummary:
+        redis, disk = config.redis, config.disk
+        return cls(l1_bytes=config.l1.bytes, l1_eviction=config.l1.eviction, l1_models=config.l1.models,
+                   l2=None if redis is None else _CREDENTIALS.sub(r"\1", redis.url),
+                   l2_bytes=None if redis is None else redis.l2_bytes,
+                   l3=None if disk is None else disk.path)
+
+    def config(self) -> StoreConfig:
+        """A store configuration with these settings, for ``check_policy`` (nothing is connected or
+        opened)."""
+        return StoreConfig(
+            l1=L1Config(bytes=self.l1_bytes, eviction=self.l1_eviction, models=self.l1_models),
+            redis=None if self.l2 is None else RedisConfig(url=self.l2, l2_bytes=self.l2_bytes),
+            disk=None if self.l3 is None else DiskConfig(path=self.l3),
+        )
+
+    def describe(self) -> str:
+        """``tiers l1, l2, l3; l2_bytes 1073741824`` (``l2_bytes none``: L2 without tenant quotas)."""
+        tiers = ["l1"] + (["l2"] if self.l2 is not None else []) + (["l3"] if self.l3 is not None else [])
+        text = "tiers " + ", ".join(tiers)
+        if self.l2 is not None:
+            text += f"; l2_bytes {self.l2_bytes if self.l2_bytes is not None else 'none'}"
+        return text
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"l1_bytes": self.l1_bytes, "l1_eviction": self.l1_eviction, "l1_models": self.l1_models,
+                "l2": self.l2, "l2_bytes": self.l2_bytes, "l3": self.l3}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StoreSummary:
+        """Raises ``TypeError`` or ``KeyError`` for a record of another shape (the caller names the place)."""
+        return cls(l1_bytes=_field(data, "l1_bytes", int), l1_eviction=_field(data, "l1_eviction", str),
+                   l1_models=_field(data, "l1_models", str, True), l2=_field(data, "l2", str, True),
+                   l2_bytes=_field(data, "l2_bytes", int, True), l3=_field(data, "l3", str, True))
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What a replica said it runs with when it started following the store: ``run``, the start of the
+    serving application it belongs to (one ``evocache serve``, one ``serve deploy``); ``started``, the store's
+    clock then; ``store``, its store configuration's summary (None for a follower that enforces no cache
+    policy, such as an ingress, which follows the store for the tenants' rates)."""
+
+    run: str
+    started: float
+    store: StoreSummary | None = None
+
+    def __post_init__(self) -> None:
+        if not _RUN.match(self.run):
+            raise ValueError(f"run {self.run!r} must match {_RUN.pattern}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"run": self.run, "started": self.started,
+                "store": None if self.store is None else self.store.as_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Registration:
+        store = data["store"]
+        return cls(run=_field(data, "run", str), started=float(_field(data, "started", (int, float))),
+                   store=None if store is None else StoreSummary.from_dict(store))
+
+
 @dataclass(frozen=True)
 class ReplicaReport:
     """What one replica last said it runs: ``ref`` (its active version), ``canary`` and ``shadow``, whether it
-    loaded the latest state (``ok``) and, if not, ``error``; ``at`` is the store's clock when it reported."""
+    loaded the latest state (``ok``) and, if not, ``error``; ``at`` is the store's clock when it reported (a
+    follower reports every poll: its heartbeat); ``registration``, what it runs with (None: it never said).
+
+    ``status()`` marks a report ``stale`` (gone: no report within the store's ``stale_after_s``) and
+    ``earlier_run`` (its run is not the latest to register); a report with neither mark is ``current``."""
 
     replica_id: str
     ref: str | None
@@ -163,29 +268,40 @@ class ReplicaReport:
     at: float
     stale: bool = False
     shadow: str | None = None
+    registration: Registration | None = None
+    earlier_run: bool = False
+
+    @property
+    def current(self) -> bool:
+        return not (self.stale or self.earlier_run)
 
     def to_json(self) -> str:
+        registration = None if self.registration is None else self.registration.as_dict()
         return json.dumps({"replica_id": self.replica_id, "ref": self.ref, "canary": self.canary,
-                           "ok": self.ok, "error": self.error, "at": self.at, "shadow": self.shadow},
-                          sort_keys=True)
+                           "ok": self.ok, "error": self.error, "at": self.at, "shadow": self.shadow,
+                           "registration": registration}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes, where: str) -> ReplicaReport:
         try:
             data = json.loads(text)
+            registration = data.get("registration")  # absent: a report written before registrations
             return cls(replica_id=str(data["replica_id"]), ref=data["ref"], canary=data["canary"],
                        ok=bool(data["ok"]), error=data["error"], at=float(data["at"]),
-                       shadow=data.get("shadow"))  # absent: a report written before shadows
+                       shadow=data.get("shadow"),  # absent: a report written before shadows
+                       registration=None if registration is None else Registration.from_dict(registration))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise PolicyStoreError(f"{where}: not a replica report: {exc}") from None
 
 
 @dataclass(frozen=True)
 class PolicyStatus:
-    """``status()``: the state and every replica's latest report (sorted by id; stale ones marked)."""
+    """``status()``: the state, every replica's latest report (sorted by id; those gone and those of earlier
+    runs marked) and ``run``, the latest run a replica registered (None: none registered)."""
 
     state: PolicyState
     replicas: tuple[ReplicaReport, ...] = field(default_factory=tuple)
+    run: str | None = None
 
 
 @dataclass(frozen=True)
@@ -294,9 +410,13 @@ class PolicyStore(Protocol):
     def status(self) -> PolicyStatus: ...
     def load(self, ref: str) -> Policy: ...
     def report(self, replica_id: str, ref: str | None, ok: bool, error: str | None = None,
-               canary: str | None = None, shadow: str | None = None) -> None: ...
+               canary: str | None = None, shadow: str | None = None,
+               registration: Registration | None = None) -> None: ...
     def wait(self, timeout: float) -> bool: ...
     def close(self) -> None: ...
+
+    clock: Callable[[], float]
+    stale_after_s: float
 
 
 class _StoreBase(abc.ABC):
@@ -310,14 +430,16 @@ class _StoreBase(abc.ABC):
               shadow: bool = False) -> PolicyState:
         """Validate ``document`` whole, then store it: as the active policy, as the canary on ``canary`` of
         requests, or (``shadow=True``) as the shadow, which replicas plan beside each call and never act on.
-        Raises ``PolicyError``/``StoreConfigError`` (invalid) or ``PolicyStoreError`` (refused: both
-        ``canary`` and ``shadow``, a version not above those held); in either case nothing changed."""
+        Raises ``PolicyError``/``StoreConfigError`` (invalid), ``UnenforceablePolicy`` (a current replica
+        cannot enforce it with the store it registered) or ``PolicyStoreError`` (refused: both ``canary`` and
+        ``shadow``, a version not above those held); in each case nothing changed."""
         if not isinstance(shadow, bool):
             raise TypeError(f"apply(shadow=) takes a bool, not {type(shadow).__name__}")
         if shadow and canary is not None:
             raise PolicyStoreError("a policy is applied as the canary or as the shadow, not both")
         _check_fraction(canary)
         policy = _validated(document)
+        self._check_replicas(policy)
         text = policy_to_yaml(policy)
         return self._change(lambda state: _after_apply(state, policy, canary, shadow, self.clock()),
                             (str(policy.ref), text))
@@ -329,16 +451,40 @@ class _StoreBase(abc.ABC):
         return self._change(lambda state: _after_rollback(state, self.clock()), None)
 
     def report(self, replica_id: str, ref: str | None, ok: bool, error: str | None = None,
-               canary: str | None = None, shadow: str | None = None) -> None:
+               canary: str | None = None, shadow: str | None = None,
+               registration: Registration | None = None) -> None:
         if not _REPLICA_ID.match(replica_id):
             raise PolicyStoreError(f"replica id {replica_id!r} must match {_REPLICA_ID.pattern}")
-        self._put_report(ReplicaReport(replica_id, ref, canary, ok, error, self.clock(), shadow=shadow))
+        self._put_report(ReplicaReport(replica_id, ref, canary, ok, error, self.clock(), shadow=shadow,
+                                       registration=registration))
 
     def status(self) -> PolicyStatus:
+        """Every report, marked ``stale`` when the replica has not reported within ``stale_after_s`` and
+        ``earlier_run`` when its run is not the latest to register (the run whose registration started
+        last)."""
         now = self.clock()
         reports = sorted(self._reports(), key=lambda r: r.replica_id)
-        marked = tuple(replace(r, stale=now - r.at > self.stale_after_s) for r in reports)
-        return PolicyStatus(self.state(), marked)
+        registered = [r.registration for r in reports if r.registration is not None]
+        run = max(registered, key=lambda g: g.started).run if registered else None
+        marked = tuple(replace(r, stale=now - r.at > self.stale_after_s,
+                               earlier_run=r.registration is not None and r.registration.run != run)
+                       for r in reports)
+        return PolicyStatus(self.state(), marked, run)
+
+    def _check_replicas(self, policy: Policy) -> None:
+        """``UnenforceablePolicy`` unless every current replica that registered its store can enforce
+        ``policy`` with it, as the replica itself checks a version before loading it (``check_policy``)."""
+        for report in self.status().replicas:
+            summary = report.registration.store if report.registration is not None else None
+            if not report.current or summary is None:
+                continue
+            try:
+                check_policy(policy, summary.config())
+            except StoreConfigError as exc:
+                reason = str(exc).removeprefix(f"policy {policy.ref}: ")
+                raise UnenforceablePolicy(
+                    f"policy {policy.ref}: replica {report.replica_id} ({summary.describe()}) cannot enforce "
+                    f"it: {reason}", report.replica_id) from None
 
     def _stored(self, ref: str, text: str, where: str) -> Policy:
         policy = parse_policy(text, source=where)
@@ -593,7 +739,8 @@ class PolicyFollower:
     """Keeps a replica on the store's rollout: ``poll()`` reads the state and, when it changed, loads the
     versions and calls ``on_policy(rollout)``. If loading or ``on_policy`` raises, the replica keeps its last
     good rollout and reports the error (once per state; it tries again when the state changes). Every poll
-    reports what the replica runs, so status shows it as fresh."""
+    reports what the replica runs, so status shows it as fresh; after ``register``, every report also says
+    what the replica runs with, so ``apply`` can refuse what it could not enforce."""
 
     def __init__(self, store: PolicyStore, replica_id: str, on_policy: Callable[[Rollout], None],
                  interval: float = 1.0) -> None:
@@ -603,7 +750,9 @@ class PolicyFollower:
         self.interval = interval
         self.rollout: Rollout | None = None
         self.error: str | None = None
+        self.registration: Registration | None = None
         self._serial: int | None = None
+        self._report_lock = threading.Lock()  # poll's thread and register() each write a whole report
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -628,10 +777,23 @@ class PolicyFollower:
                     self.error = f"{blame}: {exc}"
                 else:
                     self.rollout = rollout
-        running = (None, None, 0.0, None) if self.rollout is None else self._refs(self.rollout)
-        self.store.report(self.replica_id, running[0], self.error is None, self.error, canary=running[1],
-                          shadow=running[3])
+        self._report()
         return self.rollout
+
+    def register(self, run: str, config: StoreConfig | None) -> None:
+        """Say in the store what this replica runs with, at once and in every report after: ``run`` (the
+        start of the serving application it belongs to) and ``config``'s summary (``StoreSummary``; None for a
+        follower that enforces no cache policy). While the replica is current, ``apply`` refuses a policy
+        this configuration cannot enforce."""
+        summary = None if config is None else StoreSummary.of(config)
+        self.registration = Registration(run, self.store.clock(), summary)
+        self._report()
+
+    def _report(self) -> None:
+        with self._report_lock:
+            running = (None, None, 0.0, None) if self.rollout is None else self._refs(self.rollout)
+            self.store.report(self.replica_id, running[0], self.error is None, self.error, canary=running[1],
+                              shadow=running[3], registration=self.registration)
 
     @staticmethod
     def _refs(rollout: Rollout) -> tuple[str, str | None, float, str | None]:

@@ -3,8 +3,8 @@
 The store: ``--redis URL``, else ``--store DIR``, else ``$EVOCACHE_POLICY_STORE`` (a directory, or a
 ``redis://``, ``rediss://`` or ``unix://`` URL), else ``.evocache/policies`` under the working directory.
 Exit codes: 0 done; 1 an invalid document (each issue printed) or an operation the store refuses (a version
-not above the active one, nothing to promote or roll back); 2 a usage error or a file or store that cannot be
-read.
+not above the active one, nothing to promote or roll back); 2 a usage error, a file or store that cannot be
+read, or a policy that a running replica cannot enforce with its store (`apply`, naming the replica and why).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import typer
 from .cli_errors import EXIT_FAILED, EXIT_USAGE, Failed, error, usage
 
 if TYPE_CHECKING:
-    from ._policy_store import PolicyState, PolicyStore
+    from ._policy_store import PolicyState, PolicyStore, ReplicaReport
 
 T = TypeVar("T")
 _URL_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -56,13 +56,16 @@ def _open(store: Path | None, redis_url: str | None, prefix: str) -> PolicyStore
 
 
 def _run(store: PolicyStore, operation: Callable[[PolicyStore], T]) -> T:
-    """``operation(store)``, its refusal exiting 1 and a store it cannot reach exiting 2; the store closed."""
+    """``operation(store)``, its refusal exiting 1, and a store it cannot reach or a policy a running replica
+    cannot enforce exiting 2; the store closed."""
     import redis
 
-    from ._policy_store import PolicyStoreError
+    from ._policy_store import PolicyStoreError, UnenforceablePolicy
 
     try:
         return operation(store)
+    except UnenforceablePolicy as exc:
+        raise error(f"error: {exc}", EXIT_USAGE) from None
     except PolicyStoreError as exc:
         raise error(f"error: {exc}", EXIT_FAILED) from None
     except (OSError, redis.RedisError) as exc:
@@ -95,7 +98,8 @@ def apply(
     prefix: PrefixOption = "evc:policy",
 ) -> None:
     """Validate FILE whole and put it in force: as the active policy, with --canary beside it, or with
-    --shadow as the shadow (applying the shadow's FILE again puts it in force, as canary or active)."""
+    --shadow as the shadow (applying the shadow's FILE again puts it in force, as canary or active). It is
+    refused, and nothing changes, when a running replica cannot enforce it with the store it runs with."""
     from ..dsl import PolicyError, load_policy
     from ._runtime import check_policy
     from .errors import StoreConfigError
@@ -144,26 +148,49 @@ def status(
     store: StoreOption = None, redis_url: RedisOption = None, prefix: PrefixOption = "evc:policy"
 ) -> None:
     """Print the active policy, the canary, the shadow, the history, and the versions each replica reports
-    running."""
-    result = _run(_open(store, redis_url, prefix), lambda s: s.status())
+    running: the current replicas, then those gone (no report within the store's stale_after_s) and those of
+    earlier runs."""
+    opened = _open(store, redis_url, prefix)
+    stale_after_s = opened.stale_after_s
+    result = _run(opened, lambda s: s.status())
     _print_state(result.state)
     typer.echo("history:" if result.state.history else "history: none")
     for entry in result.state.history:
         typer.echo(f"  {_when(entry['at'])} {entry['action']} {entry['ref']}")
-    typer.echo("replicas:" if result.replicas else "replicas: none reported")
-    for report in result.replicas:
-        runs = report.ref or "none"
-        runs += f" + canary {report.canary}" if report.canary is not None else ""
-        runs += f" + shadow {report.shadow}" if report.shadow is not None else ""
-        health = "ok" if report.ok else f"failed: {report.error}"
-        stale = " (stale)" if report.stale else ""
-        typer.echo(f"  {report.replica_id} {runs} {health} at {_when(report.at)}{stale}")
+    if not result.replicas:
+        typer.echo("replicas: none reported")
+        return
+    earlier = [r for r in result.replicas if r.earlier_run]
+    gone = [r for r in result.replicas if r.stale and not r.earlier_run]
+    current = [r for r in result.replicas if r.current]
+    typer.echo("replicas:" if current else "replicas: none current")
+    for header, reports in ((None, current),
+                            (f"gone (no report within {stale_after_s:g}s):", gone),
+                            ("of earlier runs:", earlier)):
+        if header is not None and reports:
+            typer.echo(header)
+        for report in reports:
+            typer.echo(f"  {_replica_line(report)}")
+
+
+def _replica_line(report: ReplicaReport) -> str:
+    runs = report.ref or "none"
+    runs += f" + canary {report.canary}" if report.canary is not None else ""
+    runs += f" + shadow {report.shadow}" if report.shadow is not None else ""
+    health = "ok" if report.ok else f"failed: {report.error}"
+    line = f"{report.replica_id} {runs} {health} at {_when(report.at)}"
+    registration = report.registration
+    if registration is not None:
+        line += f" (run {registration.run}" + (
+            f"; {registration.store.describe()})" if registration.store is not None else ")")
+    return line
 
 
 def add_commands(group: typer.Typer) -> None:
     """Add apply, status, promote and rollback to the `policy` command ``group``."""
     group.command(epilog=_EPILOG.format(one="an invalid document (each issue printed) or " + _REFUSED
-                                        + " (a version not above the active one)"))(apply)
+                                        + " (a version not above the active one)")
+                  + " Exit 2 also when a running replica cannot enforce FILE with its store.")(apply)
     group.command(epilog=_EPILOG.format(one="a store whose contents cannot be read"))(status)
     group.command(epilog=_EPILOG.format(one=_REFUSED + " (no canary)"))(promote)
     group.command(epilog=_EPILOG.format(one=_REFUSED + " (nothing to roll back to)"))(rollback)

@@ -6,12 +6,14 @@
 
 ``serving.app:build`` is the same as an import path for ``serve run`` / ``serve deploy`` config files (its
 ``args`` are a ``ServingConfig``). ``start_local`` starts the embedded set-up: a local Ray with the dashboard
-and usage stats off, Serve's HTTP proxy on the configured host and port.
+and usage stats off (``init_local_ray``, which can be called first on its own), Serve's HTTP proxy on the
+configured host and port.
 """
 
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,7 +23,9 @@ APP_NAME = "evocache"
 
 
 def build_app(config: ServingConfig) -> Any:
-    """The Ray Serve application: ``IngressDeployment`` bound to ``ModelDeployment``."""
+    """The Ray Serve application: ``IngressDeployment`` bound to ``ModelDeployment``. Each build is a run of
+    its own (a fresh id every replica registers in the policy store with what it runs with), so `evocache
+    policy status` tells this start's replicas from those of an earlier one."""
     from ray import serve  # noqa: PLC0415
 
     from ._deployment import IngressDeployment, ModelDeployment  # noqa: PLC0415
@@ -41,7 +45,8 @@ def build_app(config: ServingConfig) -> Any:
         options["request_router_config"] = prefix_router_config(
             imbalance_threshold=d.imbalance_threshold, stats_period_s=d.routing_stats_period_s
         )
-    model = serve.deployment(ModelDeployment, **options).bind(config.server)
+    run = uuid.uuid4().hex[:12]
+    model = serve.deployment(ModelDeployment, **options).bind(config.server, run)
     ingress = serve.deployment(
         IngressDeployment, name="ingress", num_replicas=d.ingress_replicas,
         ray_actor_options={"num_cpus": d.ingress_num_cpus}, max_ongoing_requests=1000,
@@ -50,7 +55,7 @@ def build_app(config: ServingConfig) -> Any:
         model, config.server, config.api_keys.model_dump(),
         {"rate": config.rate.model_dump() if config.rate else None, "ready_timeout_s": config.ready_timeout_s,
          "limits": config.limits},
-        config.metrics,
+        config.metrics, run,
     )
 
 
@@ -59,12 +64,10 @@ def ray_environment() -> dict[str, str]:
     return {"RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1"}
 
 
-def start_local(config: ServingConfig, *, num_cpus: int | None = None, temp_dir: str | None = None,
-                auth: bool = True) -> Any:
-    """Start a local Ray (dashboard off), Serve on ``config.host:port``, and the application; returns the
-    ingress handle. ``auth=False`` turns Ray's token authentication off (loopback tests only)."""
+def init_local_ray(*, num_cpus: int | None = None, temp_dir: str | None = None, auth: bool = True) -> None:
+    """Start a local Ray (dashboard off, ``ray_environment`` in every process) unless one is running.
+    ``auth=False`` turns Ray's token authentication off (loopback tests only)."""
     import ray  # noqa: PLC0415
-    from ray import serve  # noqa: PLC0415
 
     env = ray_environment()
     os.environ.update(env)
@@ -73,6 +76,15 @@ def start_local(config: ServingConfig, *, num_cpus: int | None = None, temp_dir:
     if not ray.is_initialized():
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, _temp_dir=temp_dir,
                  runtime_env={"env_vars": env | ({"RAY_AUTH_MODE": "disabled"} if not auth else {})})
+
+
+def start_local(config: ServingConfig, *, num_cpus: int | None = None, temp_dir: str | None = None,
+                auth: bool = True) -> Any:
+    """Start a local Ray (``init_local_ray``, unless one is running), Serve on ``config.host:port``, and the
+    application; returns the ingress handle."""
+    from ray import serve  # noqa: PLC0415
+
+    init_local_ray(num_cpus=num_cpus, temp_dir=temp_dir, auth=auth)
     serve.start(http_options={"host": config.host, "port": config.port})
     return serve.run(build_app(config), name=APP_NAME, route_prefix="/")
 

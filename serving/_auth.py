@@ -121,9 +121,51 @@ class _KeyFile(pydantic.BaseModel):
     keys: list[_FileRecord]
 
 
-def _issues(exc: pydantic.ValidationError) -> str:
+def _yaml_document(path: Path, data: bytes) -> tuple[Any, yaml.Node | None]:
+    """The document in ``data`` and its node tree (whose marks give each value's line); ``ServingConfigError``
+    naming ``path`` and the line (and column) where it stops being UTF-8 or YAML."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ServingConfigError(f"{path}:{line}: not UTF-8 text") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        return (None if node is None else loader.construct_document(node)), node
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = "; ".join(filter(None, (exc.context, exc.problem)))
+        raise ServingConfigError(f"{where}: not valid YAML or JSON: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise ServingConfigError(f"{path}: not valid YAML or JSON: {exc}") from None
+    finally:
+        loader.dispose()
+
+
+def _line(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int:
+    """The line (from 1) of the value at ``loc`` in the node tree, or of the nearest value around it that the
+    document has (a missing field: its record's line)."""
+    if node is None:
+        return 1
+    for step in loc:
+        if isinstance(node, yaml.MappingNode):
+            found = next((value for key, value in node.value if getattr(key, "value", None) == step), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(step, int) and 0 <= step < len(node.value):
+            found = node.value[step]
+        else:
+            found = None
+        if found is None:
+            break
+        node = found
+    return node.start_mark.line + 1
+
+
+def _issues(path: Path, node: yaml.Node | None, exc: pydantic.ValidationError) -> str:
     return "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or '(document)'}: {e['msg']}" for e in exc.errors()
+        f"{path}:{_line(node, e['loc'])}: {'.'.join(str(p) for p in e['loc']) or '(document)'}: {e['msg']}"
+        for e in exc.errors()
     )
 
 
@@ -144,7 +186,9 @@ class FileKeyStore:
     @classmethod
     def load(cls, path: str | os.PathLike[str], max_bytes: int = MAX_KEY_FILE_BYTES) -> FileKeyStore:
         """Reads ``path``; ``ServingConfigError`` when it is not a regular file, is group- or world-writable,
-        is larger than ``max_bytes`` or does not hold valid records."""
+        is larger than ``max_bytes`` or does not hold valid records. A message about the content names the
+        file and the line (``keys.yaml:3: keys.0.tenant: ...``; the column too for a YAML syntax error), so
+        ``evocache serve`` can refuse the file before Ray starts."""
         path = Path(path)
         try:
             data, mode = read_bounded(path, max_bytes)
@@ -159,19 +203,17 @@ class FileKeyStore:
             )
         if len(data) > max_bytes:
             raise ServingConfigError(f"{path}: larger than {max_bytes} bytes")
-        try:
-            document: Any = yaml.safe_load(data.decode("utf-8"))
-        except (UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise ServingConfigError(f"{path}: not valid YAML or JSON: {exc}") from exc
+        document, node = _yaml_document(path, data)
         try:
             records = _KeyFile.model_validate(document).keys
         except pydantic.ValidationError as exc:
-            raise ServingConfigError(f"{path}: {_issues(exc)}") from exc
+            raise ServingConfigError(_issues(path, node, exc)) from None
         table: dict[bytes, Tenant] = {}
         for i, record in enumerate(records):
             digest = record.digest()
             if digest in table:
-                raise ServingConfigError(f"{path}: keys.{i}: the same key is listed twice")
+                line = _line(node, ("keys", i))
+                raise ServingConfigError(f"{path}:{line}: keys.{i}: the same key is listed twice")
             table[digest] = record.as_tenant()
         return cls(table)
 

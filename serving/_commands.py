@@ -10,6 +10,9 @@ one generated once into ``metrics-key``, mode 0600, the file a Prometheus ``cred
 tiny Llama (``examples/tiny-llama``: random weights from its config, the packaged WordPiece tokenizer) unless
 ``--model`` names another folder, or ``--callable`` a function. ``--config FILE`` instead reads a whole
 ``ServingConfig`` (YAML).
+
+The API-key file is read before Ray starts, so a file the ingress would refuse ends the command with exit 2
+naming the file and the line. Ctrl-C and SIGTERM stop it alike: Serve shut down, then Ray's processes, exit 0.
 """
 
 from __future__ import annotations
@@ -97,18 +100,22 @@ def serve(
             metrics_key=metrics_key, metrics_port=metrics_port, workdir=workdir, config=config)
     except (ValueError, OSError) as exc:
         raise usage("serve", str(exc)) from None
+    _check_key_file(serving_config, "--config" if config is not None else "--keys")
     ref = _apply_policy(serving_config, policy_file)
     from ray import serve as ray_serve  # noqa: PLC0415 - Ray starts here
 
-    from ._app import start_local  # noqa: PLC0415
+    from ._app import init_local_ray, start_local  # noqa: PLC0415
 
     typer.echo("starting a local Ray and the model replicas (this takes a few seconds) ...")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
+        init_local_ray()
+        # Ray's core worker answers SIGTERM with a fatal-signal abort that leaves its agents running, and it
+        # installs that handler during ray.init: from here on a supervisor's SIGTERM stops the server the way
+        # Ctrl-C does (Serve shut down, then Ray's processes at exit).
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
         start_local(serving_config)
         _banner(serving_config, ref, generated, None if config else metrics_key or workdir / "metrics-key")
-        stop.wait()
+        threading.Event().wait()
     except KeyboardInterrupt:
         pass
     finally:
@@ -172,6 +179,22 @@ def _config(*, model: Path, model_id: str, tokenizer: str | None, callable_: str
                               port=metrics_port),
     )
     return serving_config, generated, policy
+
+
+def _check_key_file(config: Any, option: str) -> None:
+    """Read the API-key file as the ingress will, before Ray starts: a file it would refuse ends the command
+    here (exit 2, naming the file and the line), not in a replica's traceback after the deployment's wait."""
+    from evocache.controller.cli_errors import usage  # noqa: PLC0415
+
+    from ._auth import FileKeyStore  # noqa: PLC0415
+    from .errors import ServingConfigError  # noqa: PLC0415
+
+    if config.api_keys.file is None:
+        return
+    try:
+        FileKeyStore.load(config.api_keys.file)
+    except ServingConfigError as exc:
+        raise usage(option, str(exc)) from None
 
 
 def _apply_policy(config: Any, policy_file: Path | None) -> str | None:

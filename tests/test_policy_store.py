@@ -13,18 +13,26 @@ from _helpers import FakeClock
 from typer.testing import CliRunner
 
 from evocache.controller import (
+    DiskConfig,
     FilePolicyStore,
     PolicyFollower,
     PolicyState,
     PolicyStore,
     PolicyStoreConfig,
     PolicyStoreError,
+    RedisConfig,
     RedisPolicyStore,
+    Registration,
     Rollout,
+    StoreConfig,
     StoreConfigError,
+    StoreSummary,
+    UnenforceablePolicy,
     canary_for,
 )
 from evocache.dsl import PolicyError, parse_policy
+
+import evocache.controller._policy_store as policy_store_module
 
 
 def doc(version: int, name: str = "chat", ttl: str = "5m", eviction: str = "lru") -> str:
@@ -187,6 +195,133 @@ def test_a_follower_loads_changes_and_keeps_the_last_good_rollout(open_store: Ca
     assert (report.ref, report.canary, report.ok) == ("chat@1", "chat@3", True)
 
 
+def shared_l2(version: int) -> str:
+    """A policy whose tenant acme takes a share of L2: only a store with ``l2_bytes`` can enforce it."""
+    return doc(version) + "tenants:\n  acme: {l2_share: 0.5}\n"
+
+
+NO_QUOTA = StoreConfig(redis=RedisConfig(url="redis://:s3cret-password@10.0.0.5:6379/0"),
+                       disk=DiskConfig(path="/var/cache/evocache"))
+WITH_QUOTA = StoreConfig(redis=RedisConfig(url="redis://10.0.0.5:6379/0", l2_bytes=1 << 30))
+NO_L2_BYTES = ("tenants ['acme'] set l2_share, but the store has no l2_bytes to share (RedisConfig.l2_bytes: "
+               "evocache's part of Redis memory)")
+
+
+def test_apply_refuses_what_a_current_replica_cannot_enforce_and_changes_nothing(
+        open_store: Callable[[], PolicyStore]) -> None:
+    store = open_store()
+    before = store.apply(doc(1))
+    PolicyFollower(store, "model-a", lambda rollout: None).register("run-1", NO_QUOTA)
+    PolicyFollower(store, "model-b", lambda rollout: None).register("run-1", WITH_QUOTA)
+    for canary, shadow in ((None, False), (0.5, False), (None, True)):
+        with pytest.raises(UnenforceablePolicy) as refused:
+            store.apply(shared_l2(2), canary, shadow=shadow)
+        assert str(refused.value) == ("policy chat@2: replica model-a (tiers l1, l2, l3; l2_bytes none) "
+                                      f"cannot enforce it: {NO_L2_BYTES}")
+        assert refused.value.replica_id == "model-a"
+    assert store.state() == before
+    with pytest.raises(PolicyStoreError, match="no stored version chat@2"):
+        store.load("chat@2")
+    assert store.apply(doc(2)).active == "chat@2"  # what every replica can enforce goes through
+
+
+def test_a_registration_keeps_what_the_check_reads_and_no_credentials(open_store: Callable[[], PolicyStore],
+                                                                      fake_clock: FakeClock) -> None:
+    store = open_store()
+    PolicyFollower(store, "model-a", lambda rollout: None).register("run-1", NO_QUOTA)
+    [report] = open_store().status().replicas
+    summary = StoreSummary(l1_bytes=64 << 20, l1_eviction="lru", l2="redis://10.0.0.5:6379/0",
+                           l3="/var/cache/evocache")
+    assert report.registration == Registration("run-1", T0, summary)
+    assert (report.ref, report.ok, report.at) == (None, True, T0)
+    assert summary.config().redis.url == "redis://10.0.0.5:6379/0" and summary.config().redis.l2_bytes is None
+    assert StoreSummary.of(WITH_QUOTA).describe() == "tiers l1, l2; l2_bytes 1073741824"
+    assert StoreSummary.of(StoreConfig(redis=None)).describe() == "tiers l1"
+
+
+def test_replicas_gone_or_of_an_earlier_run_are_marked_and_do_not_hold_back_a_policy(
+        open_store: Callable[[], PolicyStore], fake_clock: FakeClock) -> None:
+    store = open_store()
+    store.apply(doc(1))
+    old = PolicyFollower(store, "model-old", lambda rollout: None)
+    old.register("run-1", NO_QUOTA)
+    ingress = PolicyFollower(store, "ingress-old", lambda rollout: None)
+    ingress.register("run-1", None)
+    PolicyFollower(store, "plain", lambda rollout: None).poll()  # a follower that never registers
+    fake_clock.advance(10)
+    new = PolicyFollower(store, "model-new", lambda rollout: None)
+    new.register("run-2", WITH_QUOTA)
+    old.poll()  # an earlier run's replica still reporting: of an earlier run, not current
+    status = store.status()
+    assert status.run == "run-2"
+    assert [(r.replica_id, r.stale, r.earlier_run, r.current) for r in status.replicas] == [
+        ("ingress-old", False, True, False), ("model-new", False, False, True),
+        ("model-old", False, True, False), ("plain", False, False, True)]
+    assert store.apply(shared_l2(2)).active == "chat@2"  # model-old runs an earlier run: not asked
+
+    fake_clock.advance(31)
+    new.poll()
+    status = store.status()
+    assert [(r.replica_id, r.stale, r.earlier_run, r.current) for r in status.replicas] == [
+        ("ingress-old", True, True, False), ("model-new", False, False, True),
+        ("model-old", True, True, False), ("plain", True, False, False)]
+    fake_clock.advance(31)
+    assert [r.current for r in store.status().replicas] == [False] * 4  # every one gone
+
+
+def test_a_gone_replica_does_not_hold_back_a_policy(open_store: Callable[[], PolicyStore],
+                                                    fake_clock: FakeClock) -> None:
+    store = open_store()
+    store.apply(doc(1))
+    PolicyFollower(store, "model-a", lambda rollout: None).register("run-1", NO_QUOTA)
+    with pytest.raises(UnenforceablePolicy):
+        store.apply(shared_l2(2))
+    fake_clock.advance(31)  # no report within stale_after_s: gone
+    assert store.apply(shared_l2(2)).active == "chat@2"
+
+
+def test_cli_apply_names_the_replica_that_cannot_enforce_it_and_status_marks_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from evocache.cli.app import make_app
+
+    app, runner = make_app(), CliRunner()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("EVOCACHE_POLICY_STORE", raising=False)
+    (tmp_path / "v1.yaml").write_text(doc(1))
+    (tmp_path / "v2.yaml").write_text(shared_l2(2))
+    clock = FakeClock(T0)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        result = runner.invoke(app, ["policy", *args])
+        return result.exit_code, result.stdout, result.stderr
+
+    assert run("apply", "v1.yaml")[0] == 0
+    store = FilePolicyStore(tmp_path / ".evocache" / "policies", clock=clock)
+    PolicyFollower(store, "model-old", lambda rollout: None).register("run-1", WITH_QUOTA)
+    clock.advance(5)
+    PolicyFollower(store, "ingress-1", lambda rollout: None).register("run-2", None)
+    PolicyFollower(store, "model-1", lambda rollout: None).register("run-2", NO_QUOTA)
+    opened = policy_store_module.open_policy_store  # the CLI's store reads the test's clock
+    monkeypatch.setattr(policy_store_module, "open_policy_store", lambda config: opened(config, clock=clock))
+    assert run("apply", "v2.yaml") == (
+        2, "", f"error: policy chat@2: replica model-1 (tiers l1, l2, l3; l2_bytes none) cannot enforce it: "
+               f"{NO_L2_BYTES}\n")
+    assert FilePolicyStore(tmp_path / ".evocache" / "policies").state().active == "chat@1"
+    clock.advance(40)
+    PolicyFollower(store, "model-2", lambda rollout: None).register("run-2", NO_QUOTA)
+    code, out, _ = run("status")
+    assert code == 0
+    assert out.splitlines()[5:] == [
+        "replicas:",
+        "  model-2 none ok at 2023-11-14T22:14:05Z (run run-2; tiers l1, l2, l3; l2_bytes none)",
+        "gone (no report within 30s):",
+        "  ingress-1 none ok at 2023-11-14T22:13:25Z (run run-2)",
+        "  model-1 none ok at 2023-11-14T22:13:25Z (run run-2; tiers l1, l2, l3; l2_bytes none)",
+        "of earlier runs:",
+        "  model-old none ok at 2023-11-14T22:13:20Z (run run-1; tiers l1, l2; l2_bytes 1073741824)",
+    ]
+
+
 def test_a_corrupt_stored_version_is_reported_and_the_old_one_kept(tmp_path: Path, fake_clock: FakeClock) -> None:
     store = FilePolicyStore(tmp_path, clock=fake_clock)
     store.apply(doc(1))
@@ -285,7 +420,8 @@ def test_cli_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert out.splitlines()[:4] == ["active: chat@1", "canary: none", "shadow: none", "history:"]
     assert [line.split()[1:] for line in out.splitlines()[4:8]] == [
         ["apply", "chat@1"], ["canary", "chat@2"], ["promote", "chat@2"], ["rollback", "chat@2"]]
-    assert out.splitlines()[8:] == ["replicas:", "  r1 chat@1 ok at 2023-11-14T22:13:20Z (stale)"]
+    assert out.splitlines()[8:] == ["replicas: none current", "gone (no report within 30s):",
+                                    "  r1 chat@1 ok at 2023-11-14T22:13:20Z"]
     monkeypatch.setenv("EVOCACHE_POLICY_STORE", str(tmp_path / "elsewhere"))
     assert run("status") == (
         0, "active: none\ncanary: none\nshadow: none\nhistory: none\nreplicas: none reported\n", "")
@@ -478,9 +614,9 @@ def test_cli_shadow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     opened.report("r2", "chat@1", True)
     code, out, _ = run("status")
     assert code == 0 and out.splitlines()[:3] == ["active: chat@1", "canary: none", "shadow: chat@3"]
-    assert out.splitlines()[-3:] == ["replicas:",
-                                     "  r1 chat@1 + shadow chat@3 ok at 2023-11-14T22:13:20Z (stale)",
-                                     "  r2 chat@1 ok at 2023-11-14T22:13:20Z (stale)"]
+    assert out.splitlines()[-4:] == ["replicas: none current", "gone (no report within 30s):",
+                                     "  r1 chat@1 + shadow chat@3 ok at 2023-11-14T22:13:20Z",
+                                     "  r2 chat@1 ok at 2023-11-14T22:13:20Z"]
     assert run("apply", "v3.yaml", "--canary", "0.25") == (
         0, "active: chat@1\ncanary: chat@3 on 0.25 of requests\nshadow: none\n", "")
     assert run("rollback") == (0, "active: chat@1\ncanary: none\nshadow: none\n", "")

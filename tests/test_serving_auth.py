@@ -107,6 +107,36 @@ def test_an_invalid_key_file_names_the_place(tmp_path, text, match):
         FileKeyStore.load(_key_file(tmp_path, text))
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("keys:\n  - key: sk-one\n    tenant: acme\n  - key: sk-two\n    tenant: globex\n    teir: pro\n",
+         ":6: keys.1.teir: Extra inputs are not permitted"),
+        ("keys:\n  - key: sk-one\n    tenant: acme\n  - key: sk-two\n", ":4: keys.1.tenant: Field required"),
+        ("keys:\n  - key: sk-one\n    tenant: acme\n  - key: sk-one\n    tenant: globex\n",
+         ":4: keys.1: the same key is listed twice"),
+        ("keys:\n  - key: sk-one\n    tenant: {acme\n", ":4:1: not valid YAML or JSON: while parsing a flow "
+         "mapping; expected ',' or '}', but got '<stream end>'"),
+        ("keys:\n  - key: sk-one\n tenant: acme\n", ":3:2: not valid YAML or JSON: while parsing a block "
+         "mapping; expected <block end>, but found '<block mapping start>'"),
+    ],
+)
+def test_a_key_file_error_names_the_file_and_the_line(tmp_path, text, message):
+    path = _key_file(tmp_path, text)
+    with pytest.raises(ServingConfigError) as caught:
+        FileKeyStore.load(path)
+    assert str(caught.value) == f"{path}{message}"
+
+
+def test_a_key_file_that_is_not_utf8_names_the_line(tmp_path):
+    path = tmp_path / "keys.yaml"
+    path.write_bytes(b"keys:\n  - key: sk-\xff\n")
+    path.chmod(0o600)
+    with pytest.raises(ServingConfigError) as caught:
+        FileKeyStore.load(path)
+    assert str(caught.value) == f"{path}:2: not UTF-8 text"
+
+
 def test_a_key_file_over_the_size_bound_is_refused(tmp_path):
     with pytest.raises(ServingConfigError, match="larger than 64 bytes"):
         FileKeyStore.load(_key_file(tmp_path, KEYS), max_bytes=64)
