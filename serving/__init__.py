@@ -66,6 +66,8 @@ from ._protocol import (
 from .errors import (
     ApiError,
     BadRequest,
+    BodyTimeout,
+    BodyTooLarge,
     Forbidden,
     GatewayTimeout,
     RateLimited,
@@ -122,6 +124,8 @@ __all__ = [
     "AdminKeys",
     "AssistantMessage",
     "BadRequest",
+    "BodyTimeout",
+    "BodyTooLarge",
     "ChatChoice",
     "ChatCompletionChunk",
     "ChatCompletionRequest",

@@ -69,7 +69,16 @@ from ._protocol import (
     parse_request,
 )
 from ._request import Completion, Decision, Finish, GenerateRequest
-from .errors import ApiError, BadRequest, ClientGone, GatewayTimeout, Unavailable, UnsupportedMediaType
+from .errors import (
+    ApiError,
+    BadRequest,
+    BodyTimeout,
+    BodyTooLarge,
+    ClientGone,
+    GatewayTimeout,
+    Unavailable,
+    UnsupportedMediaType,
+)
 
 log = logging.getLogger("evocache.serving")
 
@@ -300,9 +309,10 @@ DONE = b"data: [DONE]\n\n"
 def _error(exc: ApiError, endpoint: str, api: Api) -> JSONResponse:
     api.requests.labels(endpoint, str(exc.status)).inc()
     headers = {}
-    retry_after = getattr(exc, "retry_after", None)
-    if retry_after is not None:
-        headers["Retry-After"] = str(max(1, int(retry_after + 0.999)))
+    if exc.retry_after is not None:
+        headers["Retry-After"] = str(max(1, int(exc.retry_after + 0.999)))
+    if exc.close:
+        headers["Connection"] = "close"
     if exc.should_retry is not None:
         headers["x-should-retry"] = "true" if exc.should_retry else "false"
     return JSONResponse(error_response(exc).model_dump(mode="json"), status_code=exc.status, headers=headers)
@@ -320,7 +330,7 @@ def build_fastapi(api: Api) -> FastAPI:
             _json_body(request.headers.getlist("content-type"))
             if api.limiter is not None:
                 api.limiter.acquire(tenant.id)
-            body = await _read_body(request, api.limits.max_body_bytes)
+            body = await _read_body(request, api.limits)
             parsed = parse_request(body, "chat" if endpoint == "chat" else "completion", api.limits)
             work = api.to_generate(parsed, tenant.id, tenant.tier, endpoint)
             deadline = arrived + api.limits.request_timeout_s
@@ -428,17 +438,28 @@ def _json_body(content_types: list[str]) -> None:
                                    "Content-Type")
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limits: Limits) -> bytes:
+    """The body, read until its end or one byte past ``limits.max_body_bytes`` (what ``parse_request``
+    refuses as too large), within ``limits.body_timeout_s``; past it a 408. A declared length above the limit is
+    refused before anything is read. Either refusal closes the connection, so the rest is never read."""
+    limit = limits.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BadRequest(f"request body of {declared} bytes, more than the {limit} allowed")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BadRequest(f"request body of more than {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+        raise BodyTooLarge(f"request body of {declared} bytes, more than the {limit} allowed")
+
+    async def read() -> bytes:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                break
+        return b"".join(chunks)
+
+    try:
+        return await asyncio.wait_for(read(), timeout=limits.body_timeout_s)
+    except TimeoutError:
+        raise BodyTimeout(f"the request body did not arrive within {limits.body_timeout_s:g}s") from None
 
 
 async def _gone(request: Request) -> None:

@@ -34,7 +34,7 @@ from typing import Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import ApiError, BadRequest
+from .errors import ApiError, BadRequest, BodyTooLarge
 
 
 class Limits(BaseModel):
@@ -53,6 +53,7 @@ class Limits(BaseModel):
     max_tokens: int = Field(8192, ge=1)
     max_prompt_tokens: int | None = Field(None, ge=1)
     request_timeout_s: float = Field(600.0, gt=0)
+    body_timeout_s: float = Field(30.0, gt=0)  # to receive the whole body, however slowly it trickles in
 
 
 IGNORED_COMPLETION_FIELDS = frozenset({"user"})
@@ -442,7 +443,7 @@ def parse_request(
     """The request in ``body`` (JSON) for ``/v1/completions`` or ``/v1/chat/completions``; ``BadRequest``
     naming the field when it is too large, invalid, or asks for what this server cannot honour."""
     if len(body) > limits.max_body_bytes:
-        raise BadRequest(f"request body of {len(body)} bytes, more than the {limits.max_body_bytes} allowed")
+        raise BodyTooLarge(f"request body of more than the {limits.max_body_bytes} bytes allowed")
     document = _decode(body)
     if not isinstance(document, dict):
         raise BadRequest("request body must be a JSON object")

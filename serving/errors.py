@@ -4,6 +4,8 @@
     ├── ServingConfigError   a serving configuration (an API-key file, a stored key record) is invalid
     └── ApiError             a request is refused; carries the HTTP status and OpenAI's error fields
         ├── BadRequest       400: the body is malformed or a field is invalid (``param`` names it)
+        │   └── BodyTooLarge 400: the body is larger than the server reads (the connection is closed)
+        ├── BodyTimeout      408: the body did not arrive in time (the connection is closed)
         ├── Unauthenticated  401: no, malformed or unknown API key
         ├── Forbidden        403: a valid key that may not use this endpoint (a tenant's key on /metrics)
         ├── UnsupportedMediaType  415: the body is not declared ``application/json``
@@ -38,6 +40,8 @@ class ApiError(ServingError):
     error_type = "server_error"
     code: str | None = None
     should_retry: bool | None = None  # the x-should-retry header when set: the official client obeys it
+    retry_after: float | None = None  # the Retry-After header's seconds when set (429, 503)
+    close: bool = False  # answer with Connection: close (the rest of the request body is not read)
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -48,6 +52,21 @@ class ApiError(ServingError):
 class BadRequest(ApiError):
     status = 400
     error_type = "invalid_request_error"
+
+
+class BodyTooLarge(BadRequest):
+    """Refused before the rest of the body is read: the answer closes the connection, so a client sending
+    megabytes more is not read on."""
+
+    close = True
+
+
+class BodyTimeout(ApiError):
+    """A body that trickles in slower than ``Limits.body_timeout_s``: refused, and the connection closed."""
+
+    status = 408
+    error_type = "invalid_request_error"
+    close = True
 
 
 class Unauthenticated(ApiError):
