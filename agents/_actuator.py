@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from evocache.controller import PolicyStore
+from evocache.controller import PolicyStore, UnenforceablePolicy
 from evocache.dsl import parse_policy
 
 from ._canary import CanaryEvidence, CanaryVerdict
@@ -40,14 +40,20 @@ class Actuator:
     def start_canary(self, proposal_id: str) -> str:
         """Put an approved proposal on the canary at its base's ``guardrails.canary.fraction``: ``canary``.
         ``stale`` (and the proposal moved there) when its base is no longer the policy in force or a canary
-        is out: its evidence is older than the policy it would replace."""
+        is out: its evidence is older than the policy it would replace; also when the policy store refuses it
+        because a running replica cannot enforce it (``UnenforceablePolicy``: nothing was written to either
+        store, and the note names the replica and why)."""
         proposal = self.proposals.get(proposal_id)
         state = self.policies.state()
         if state.active != proposal.base_policy or state.canary is not None:
             self.stale(proposal.id, f"the policy in force is {state.active}, not {proposal.base_policy}")
             return "stale"
         fraction = self.policies.load(state.active).guardrails.rollout.fraction
-        self.policies.apply(parse_policy(proposal.new_policy, proposal.new_ref), canary=fraction)
+        try:
+            self.policies.apply(parse_policy(proposal.new_policy, proposal.new_ref), canary=fraction)
+        except UnenforceablePolicy as exc:
+            self.stale(proposal.id, f"refused by the policy store: {exc}")
+            return "stale"
         self._record(proposal, "canary")
         self.proposals.transition(proposal.id, "canary", actor=self.actor, note=f"canary on {fraction:.0%}")
         return "canary"

@@ -11,7 +11,7 @@ import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from evocache.agents._canary import CanaryEvidence, CanaryVerdict, Phase
-from evocache.agents._evidence import ArmMetrics, Comparison
+from evocache.agents._evidence import ArmMetrics, Comparison, Judgement
 
 from evocache.agents._loop import Loop, LoopConfig, build_graph, resume_review, thread_config
 from evocache.agents._memory import empty_memory
@@ -191,3 +191,26 @@ def test_a_promotions_realised_gain_is_written_by_the_actuator_as_its_actor(tmp_
     loop.actuator.realised(proposal.id, 0.042)
     assert loop.proposals.get(proposal.id).realised_gain == 0.042
     assert loop.proposals.audit(proposal.id)[-1].actor == loop.actuator.actor
+
+
+def test_a_canary_no_running_replica_can_enforce_is_stale_in_both_stores_and_nothing_is_written(
+        tmp_path: Path) -> None:
+    from evocache.controller import PolicyFollower, RedisConfig, StoreConfig
+
+    loop, policies, policy = _open(tmp_path, CONFIG)
+    # a replica whose L2 has no l2_bytes: a policy giving a tenant an l2_share is one it cannot enforce
+    PolicyFollower(policies, "model-a", lambda rollout: None).register(
+        "run-1", StoreConfig(redis=RedisConfig(url="redis://10.0.0.5:6379/0")))
+    cand = parse_policy(POLICY.replace("version: 1", "version: 2") + "tenants:\n  acme: {l2_share: 0.5}\n")
+    span = _requests(0)
+    memory, _ = loop.remember(empty_memory(), span, Simulator(policy, 10_000).run(span), (policy, None, 0.0),
+                              [False] * len(span))
+    arm = ArmMetrics(100, 0.4, 0.4, 0.0, 0.05, 10.0)
+    judged = Judgement(Comparison(arm, arm, 0.01, (0.0, 0.02), 0.0, 200), "lasting", (0, 0), 0.0)
+    proposal = loop.store_proposal(loop.records(memory), policy, cand, [], [], judged, None)
+    loop.actuator.approve(proposal.id)
+    before, history = policies.state(), loop.proposals.policy_history()
+    assert loop.actuator.start_canary(proposal.id) == "stale"
+    moved = loop.proposals.get(proposal.id)
+    assert moved.status == "stale" and "replica model-a" in moved.history[-1].note
+    assert policies.state() == before and loop.proposals.policy_history() == history
