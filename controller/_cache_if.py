@@ -118,8 +118,9 @@ _RUN = _Compute()
 
 class _Flight:
     """One key's miss under way in this process (module docstring, single flight): ``ended`` resolves to how
-    its leader ended (``_Landed``, ``_RETRY`` or ``_ALONE``), once. ``owner`` drives the leader (its task or
-    thread), so a follower it also drives does not wait for itself."""
+    its leader ended (``_Landed``, ``_RETRY`` or ``_ALONE``), once; it is made when the first follower joins
+    (most misses have none, and a future costs more than the rest of the flight). ``owner`` drives the leader
+    (its task or thread), so a follower it also drives does not wait for itself."""
 
     __slots__ = ("slot", "owner", "ended", "followers")
 
@@ -127,10 +128,17 @@ class _Flight:
         self.slot = slot
         self.owner = owner
         self.followers = 0
-        self.ended: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        # Running, so it cannot be cancelled: an async follower that stops waiting cancels its own wrapper of
-        # it (asyncio.wrap_future), never the flight the others wait on.
-        self.ended.set_running_or_notify_cancel()
+        self.ended: concurrent.futures.Future[Any] | None = None
+
+    def follow(self) -> None:
+        """One more follower (under the flights' lock)."""
+        self.followers += 1
+        if self.ended is None:
+            ended: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            # Running, so it cannot be cancelled: an async follower that stops waiting cancels its own wrapper
+            # of it (asyncio.wrap_future), never the flight the others wait on.
+            ended.set_running_or_notify_cancel()
+            self.ended = ended
 
 
 class _Landed(NamedTuple):
@@ -401,26 +409,26 @@ class CachedFunction:
                  semantic: dict | None = None) -> None:
         """The call is decided: its metrics, and its handle's ``decided`` (its event waits for its end)."""
         self._observe(rt, plan, outcome, tier, seconds, lookup=reason != COALESCED)
-        handle.decide(self._outcome(rt, plan, handle, outcome, tier, size, seconds, saved_ms, reason, semantic))
+        handle.decided = self._outcome(rt, plan, handle, outcome, tier, size, seconds, saved_ms, reason, semantic)
 
     @staticmethod
     def _outcome(rt: CacheRuntime, plan: Plan, handle: CallHandle, outcome: str, tier: str | None, size: int,
                  seconds: float, saved_ms: float = 0.0, reason: str = "",
                  semantic: dict | None = None) -> CallOutcome:
         key = plan.key if plan.key is not None else plan.would_key
+        # Positional, in CallOutcome's field order (a keyword costs a named tuple a slower path).
         return CallOutcome(handle.call_id, outcome, plan.rule, rt.policy_ref, reason or plan.reason, key,
-                           plan.ns, plan.decision, rt.arm, tier, size, seconds * 1000.0, saved_ms, semantic,
-                           at=rt.clock())
+                           plan.ns, plan.decision, rt.arm, tier, size, seconds * 1000.0, saved_ms, semantic, (),
+                           "", None, rt.clock())
 
     def _record(self, rt: CacheRuntime, outcome: CallOutcome) -> None:
         """The call's one access event, from its final outcome: a plain tuple in ``AccessEvent`` field order
         (``controller._events``)."""
-        kv = outcome.kv
+        (call_id, what, rule, policy, reason, key, ns, _, arm, tier, size, latency_ms, saved_ms, semantic, stored,
+         rejected, kv, at) = outcome
         rt.events.record((
-            outcome.at, outcome.key or "", outcome.ns, outcome.rule, outcome.policy, outcome.outcome,
-            outcome.tier, outcome.size, outcome.latency_ms, outcome.saved_ms, self.identity, outcome.reason,
-            outcome.semantic, None if kv is None else dict(kv.detail), outcome.call_id, ",".join(outcome.stored),
-            outcome.rejected, outcome.arm, SCHEMA_VERSION,
+            at, key or "", ns, rule, policy, what, tier, size, latency_ms, saved_ms, self.identity, reason, semantic,
+            call_id, arm, None if kv is None else dict(kv.detail), ",".join(stored), rejected, SCHEMA_VERSION,
         ))
 
     # -- the L1 hit path ---------------------------------------------------------------------------------
@@ -503,7 +511,7 @@ class CachedFunction:
             # The call's one event; its id a number the sink formats (controller._outcome.call_id_of).
             record((
                 now, plan.key, plan.ns, plan.rule, policy_ref, "hit", L1, len(entry.value), seconds * 1000.0,
-                entry.saved_ms, identity, "", None, None, next_call(), "", "", arm, SCHEMA_VERSION,
+                entry.saved_ms, identity, "", None, next_call(), arm,
             ))
             return value
 
@@ -557,7 +565,7 @@ class CachedFunction:
                 return flight, True
             if flight.owner == owner:  # a thread's id is an int: compared by value
                 return None, False
-            flight.followers += 1
+            flight.follow()
             return flight, False
 
     def _land(self, flight: _Flight, ended: _Landed | str) -> None:
@@ -566,7 +574,7 @@ class CachedFunction:
         with self._flights_lock:
             if self._flights.get(flight.slot) is flight:
                 del self._flights[flight.slot]
-            if flight.ended.done():
+            if flight.ended is None or flight.ended.done():  # no follower, or landed already
                 return
             flight.ended.set_result(ended)
 
@@ -740,7 +748,10 @@ class CachedFunction:
                 handle.decide(self._outcome(rt, plan, handle, "miss", None, 0, time.perf_counter() - started))
             else:
                 # A stream its rule keeps out of the cache has nothing to share: it does not coalesce.
-                owner = _owner() if not self._streams or plan.stream_ok else None
+                if self.kind == "sync":
+                    owner: object = threading.get_ident()  # no task can be inside a sync call but its own
+                else:
+                    owner = _owner() if not self._streams or plan.stream_ok else None
                 while True:
                     found = yield _Store(functools.partial(self._lookup, rt, plan, started, handle, owner))
                     if found.follow is None:
@@ -834,7 +845,10 @@ class CachedFunction:
     def _sync_full_path(
         self, rt: CacheRuntime, args: tuple, kwargs: dict, plan: Plan | None, memo_key: tuple | None
     ) -> Any:
-        return self._sync_called(rt, args, kwargs, plan, memo_key).value
+        started = time.perf_counter()
+        plan = plan or self.contract.plan(rt, args, kwargs, memo_key)
+        handle = CallHandle()
+        return self._call(self._steps(rt, plan, started, handle), handle, args, kwargs)
 
     def _sync_called(
         self, rt: CacheRuntime, args: tuple, kwargs: dict, plan: Plan | None, memo_key: tuple | None
@@ -842,11 +856,13 @@ class CachedFunction:
         started = time.perf_counter()
         plan = plan or self.contract.plan(rt, args, kwargs, memo_key)
         handle = CallHandle()
-        return self._call(self._steps(rt, plan, started, handle), handle, args, kwargs)
+        value = self._call(self._steps(rt, plan, started, handle), handle, args, kwargs)
+        assert handle.outcome is not None  # _steps finishes every call it returns from
+        return Called(value, handle.outcome)
 
     def _call(
         self, steps: Generator[_Step, Any, tuple[bool, Any]], handle: CallHandle, args: tuple, kwargs: dict
-    ) -> Called:
+    ) -> Any:
         fn_kwargs = self._fn_kwargs(kwargs, handle)
         reply = None
         try:
@@ -865,8 +881,7 @@ class CachedFunction:
                     reply = self.fn(*args, **fn_kwargs)
         finally:
             steps.close()  # after a failure: the call's event, as incomplete
-        assert handle.outcome is not None  # _steps finishes every call it returns from
-        return Called(value, handle.outcome)
+        return value
 
     def _wrap_async(self) -> Callable[..., Any]:
         # Serves L1 hits; for anything else returns a _FullPath to await here.
@@ -1085,7 +1100,7 @@ class CachedFunction:
         steps = self._steps(rt, plan, started, handle, refresh_epoch=epoch)
         if self.kind == "async":
             return _value_of(self._await(rt, steps, handle, args, kwargs))
-        return self._call(steps, handle, args, kwargs).value
+        return self._call(steps, handle, args, kwargs)
 
 
 async def _value_of(called: Awaitable[Called]) -> Any:

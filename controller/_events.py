@@ -68,11 +68,12 @@ class _Fields(NamedTuple):
     fn: str = ""
     reason: str = ""
     semantic: dict[str, Any] | None = None
-    kv: dict[str, Any] | None = None
+    # After the fields the L1 hit path records (it stops at ``arm``), those a miss or the engine fills in.
     call: str = ""
+    arm: str = ""
+    kv: dict[str, Any] | None = None
     stored: str = ""
     rejected: str = ""
-    arm: str = ""
     v: int = SCHEMA_VERSION
 
 
