@@ -468,16 +468,18 @@ class Rule(_Model):
 
 
 class TenantSpec(_Model):
-    """A tenant's shares of the L1 and L2 capacity (1.0: no quota), its weight against other tenants, and
-    its request rate: ``rate`` requests per second, ``burst`` at once (a token bucket; default
-    ``max(1, rate)``, filled in when a rate is written). No ``rate``: the tenant is not rate-limited, and a
-    ``burst`` without one is an error."""
+    """A tenant's shares of the L1 and L2 capacity (1.0: no quota), its weight against other tenants, its
+    request rate: ``rate`` requests per second, ``burst`` at once (a token bucket; default ``max(1, rate)``,
+    filled in when a rate is written), and ``max_prompt_tokens``, the most tokens its prompts may hold (the
+    serving ingress refuses a longer one before any replica works on it; None: no bound of its own). No
+    ``rate``: the tenant is not rate-limited, and a ``burst`` without one is an error."""
 
     l1_share: Share = 1.0
     l2_share: Share = 1.0
     weight: Annotated[Number, Field(gt=0)] = 1.0
     rate: Annotated[Number, Field(gt=0, allow_inf_nan=False)] | None = None
     burst: Annotated[Number, Field(ge=1, allow_inf_nan=False)] | None = None
+    max_prompt_tokens: Annotated[Int, Field(ge=1)] | None = None
 
     @field_validator("burst")
     @classmethod
@@ -766,10 +768,11 @@ class Policy(_Model):
         return self._fallthrough
 
     def tenant(self, name: str | None) -> TenantSpec | None:
-        """The settings of tenant ``name`` (its quotas, weight and rate): its own entry under ``tenants``, else
-        the ``default`` entry, else None (the policy sets nothing for it: no quota, no rate limit). ``None``
-        for ``name`` (a caller that knows no tenant) gives the ``default`` entry too. The one reading of the
-        section: the controller's tiers and the replay simulator both ask here."""
+        """The settings of tenant ``name`` (its quotas, weight, rate and prompt bound): its own entry under
+        ``tenants``, else the ``default`` entry, else None (the policy sets nothing for it: no quota, no rate
+        limit, no prompt bound). ``None`` for ``name`` (a caller that knows no tenant) gives the ``default``
+        entry too. The one reading of the section: the controller's tiers, the replay simulator and the serving
+        ingress's prompt bound all ask here."""
         own = self.tenants.get(name) if name is not None else None
         return own if own is not None else self.tenants.get(DEFAULT_TENANT)
 

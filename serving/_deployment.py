@@ -24,11 +24,12 @@ from typing import Any
 
 import ray
 from ray import serve
+from ray.exceptions import RayActorError, RayTaskError
 
 from evocache.controller import PolicyFollower, open_policy_store
 
 from ._config import MetricsConfig
-from ._auth import AdminKeys, FileKeyStore, KeyStore, Rate, RedisKeyStore, tenant_rates
+from ._auth import AdminKeys, FileKeyStore, KeyStore, Rate, RedisKeyStore
 from ._ingress import Api, build_fastapi, serve_metrics
 from ._metrics import merge_expositions
 from ._model import load_tokenizer
@@ -128,7 +129,12 @@ class ModelDeployment:
 
 
 class RayBackend:
-    """The ingress's ``Backend`` over the model deployment's handle."""
+    """The ingress's ``Backend`` over the model deployment's handle.
+
+    A call whose replica died before it produced anything (``replica_died``) is sent once more
+    (``REPLICA_RETRIES``): Ray's router drops a replica whose call died, so another replica takes it. A call that already produced output (a stream
+    past its first item), or that failed for another reason, is not sent again: its failure is the caller's.
+    """
 
     def __init__(self, handle: Any, app_name: str) -> None:
         self.handle = handle
@@ -137,26 +143,42 @@ class RayBackend:
         self._hub: Any = None
 
     async def complete(self, request: GenerateRequest, placed: asyncio.Event | None = None) -> Completion:
-        response = self.handle.complete.remote(request)
-        try:
-            await _placed(response, placed)
-            return await response
-        except asyncio.CancelledError:  # awaiting no longer: the replica's task is cancelled too
-            response.cancel()
-            raise
+        retries = REPLICA_RETRIES
+        while True:
+            response = self.handle.complete.remote(request)
+            try:
+                await _placed(response, placed)
+                return await response
+            except asyncio.CancelledError:  # awaiting no longer: the replica's task is cancelled too
+                response.cancel()
+                raise
+            except Exception as exc:
+                if retries == 0 or not replica_died(exc):
+                    raise
+                retries -= 1
+                _retrying(request, exc)
 
     async def stream(self, request: GenerateRequest,
                      placed: asyncio.Event | None = None) -> AsyncIterator[Decision | str | Finish]:
-        response = self.streaming.generate.remote(request)
-        ended = False
-        try:
-            await _placed(response, placed)
-            async for item in response:
-                yield item
-            ended = True
-        finally:
-            if not ended:  # closed or cancelled before its end: so is the replica's generator
-                response.cancel()
+        retries = REPLICA_RETRIES
+        while True:
+            response = self.streaming.generate.remote(request)
+            started = ended = False
+            try:
+                await _placed(response, placed)
+                async for item in response:
+                    started = True
+                    yield item
+                ended = True
+                return
+            except Exception as exc:
+                if started or retries == 0 or not replica_died(exc):
+                    raise
+                retries -= 1
+                _retrying(request, exc)
+            finally:
+                if not ended:  # closed or cancelled before its end: so is the replica's generator
+                    response.cancel()
 
     async def ready(self) -> bool:
         return bool(await self.handle.ready.remote())
@@ -165,6 +187,21 @@ class RayBackend:
         if self._hub is None:
             self._hub = metrics_hub(self.app_name)
         return merge_expositions(await self._hub.snapshot.remote())
+
+
+REPLICA_RETRIES = 1  # a request whose replica died before answering is sent this many more times
+
+
+def replica_died(exc: BaseException) -> bool:
+    """Whether a handle call failed because its replica is gone (Ray's ``RayActorError`` family: the actor
+    died, or cannot be reached), rather than because the replica's own code raised: a ``RayTaskError``, even
+    one whose cause is another actor's death, is the request's failure, not the replica's."""
+    return isinstance(exc, RayActorError) and not isinstance(exc, RayTaskError)
+
+
+def _retrying(request: GenerateRequest, exc: BaseException) -> None:
+    log.warning("request %s: its model replica died before answering (%s); sending it to another",
+                request.request_id, type(exc).__name__)
 
 
 async def _placed(response: Any, placed: asyncio.Event | None) -> None:
@@ -201,19 +238,18 @@ class IngressDeployment:
         )
         # Several ingress replicas on one host: the first to start holds the port (the others log it).
         self.metrics_listener = serve_metrics(self.api, metrics.host, metrics.port) if metrics.port else None
-        self._default_rate = self.api.limiter.default if self.api.limiter is not None else None
         self.follower = None
         if spec.policy_store is not None:
             store = open_policy_store(spec.policy_store)
-            self.follower = PolicyFollower(store, f"ingress:{context.replica_id.unique_id}", self._rates,
+            self.follower = PolicyFollower(store, f"ingress:{context.replica_id.unique_id}", self._follow,
                                            interval=spec.policy_store.poll_interval_s)
             if run is not None:
                 self.follower.register(run, None)  # its run only: the ingress enforces no cache policy
             self.follower.poll()
             self.follower.start()
 
-    def _rates(self, rollout: Any) -> None:
-        self.api.set_tenant_rates(*tenant_rates(rollout.active, self._default_rate))
+    def _follow(self, rollout: Any) -> None:
+        self.api.set_policy(rollout.active)  # the active version's tenants: their rates and prompt bounds
 
     def __serve_build_asgi_app__(self) -> Any:
         return build_fastapi(self.api)

@@ -7,8 +7,9 @@ Per request the ingress, in this order: authenticates the bearer key (the tenant
 field; 401 otherwise, 400 for a repeated ``Authorization`` header), checks that the body is declared
 ``application/json`` (415 otherwise), takes the tenant's rate token (429 with ``Retry-After``), parses and bounds
 the body (400 naming the field), renders the prompt (a chat through the tokenizer's template), tokenises it,
-bounds it in tokens (token ids within the vocabulary, ``Limits.max_prompt_tokens``, and prompt plus
-``max_tokens`` within the model's context: 400 naming the field), hashes its full blocks with the tenant
+bounds it in tokens (token ids within the vocabulary, ``Limits.max_prompt_tokens`` and the tenant's
+``max_prompt_tokens`` in the policy, the tighter of the two, and prompt plus ``max_tokens`` within the model's
+context: 400 naming the field), hashes its full blocks with the tenant
 namespace as salt (what the prefix-affinity router and, later, the KV cache key on), then calls a model replica
 through the ``Backend``. Every response carries the ``x-evocache-*`` headers of the replica's ``Decision``; a
 stream sends them before its first chunk. A fault of the ingress itself is a 500, in OpenAI's error shape like
@@ -39,7 +40,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -47,7 +48,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 from evocache.controller import block_hashes, namespace_for
 
-from ._auth import AdminKeys, KeyStore, Rate, RateLimiter, authenticate, authorization_header
+from ._auth import AdminKeys, KeyStore, Rate, RateLimiter, authenticate, authorization_header, tenant_rates
 from ._model import Tokenizer
 from ._protocol import (
     AssistantMessage,
@@ -80,6 +81,9 @@ from .errors import (
     UnsupportedMediaType,
 )
 
+if TYPE_CHECKING:
+    from evocache.dsl import Policy
+
 log = logging.getLogger("evocache.serving")
 
 T = TypeVar("T")
@@ -104,7 +108,8 @@ class Backend(Protocol):
 class Api:
     """The ingress's state: the model it names, its tokenizer, context (``context_tokens``: prompt plus answer,
     ``ModelConfig.context_length``; None for no bound) and block hashing, keys (the tenants', and the admin keys
-    that read ``/metrics``), request limits, rate limits, backend."""
+    that read ``/metrics``), request limits, rate limits, the policy whose tenants' settings it enforces
+    (``set_policy``), backend."""
 
     def __init__(self, *, model_id: str, model_revision: str, tokenizer: Tokenizer, backend: Backend,
                  keys: KeyStore, block_size: int = 16, default_max_tokens: int = 64, limits: Limits = Limits(),
@@ -124,7 +129,9 @@ class Api:
         self.default_max_tokens = default_max_tokens
         self.context_tokens = context_tokens
         self.limits = limits
+        self.default_rate = rate
         self.limiter = RateLimiter(rate, clock) if rate is not None else None
+        self.policy: Policy | None = None
         self.clock = clock
         self.ready_timeout_s = ready_timeout_s
         self.created = int(time.time())
@@ -145,6 +152,19 @@ class Api:
             log.info("metrics: replicas unreachable: %s", exc)
             replicas = b""
         return generate_latest(self.registry) + replicas
+
+    def set_policy(self, policy: Policy) -> None:
+        """Follow ``policy``'s tenants: their rates (over the deployment's ``rate``) and prompt bounds."""
+        self.set_tenant_rates(*tenant_rates(policy, self.default_rate))
+        self.policy = policy
+
+    def max_prompt_tokens(self, tenant_id: str) -> int | None:
+        """The tightest bound on ``tenant_id``'s prompts in tokens: ``Limits.max_prompt_tokens`` and the
+        tenant's ``max_prompt_tokens`` in the policy (``Policy.tenant``: its own entry, else ``default``)."""
+        spec = self.policy.tenant(tenant_id) if self.policy is not None else None
+        own = spec.max_prompt_tokens if spec is not None else None
+        bounds = [b for b in (self.limits.max_prompt_tokens, own) if b is not None]
+        return min(bounds) if bounds else None
 
     def set_tenant_rates(self, default: Rate | None, per_tenant: Mapping[str, Rate]) -> None:
         """Rate limits from the policy's tenant section: ``default`` for tenants it does not name."""
@@ -176,7 +196,7 @@ class Api:
             chunks = ()
             asked = ("max_tokens", parsed.max_tokens)
             prompt_param = "prompt"
-        max_tokens = self._token_bound(len(input_ids), asked, prompt_param)
+        max_tokens = self._token_bound(len(input_ids), asked, prompt_param, self.max_prompt_tokens(tenant_id))
         stop = parsed.stop if isinstance(parsed.stop, list) else [parsed.stop] if parsed.stop else []
         if len(stop) > 4 or any(not s or len(s) > 256 for s in stop):
             raise BadRequest("stop: up to 4 sequences of 1 to 256 characters", "stop")
@@ -210,11 +230,11 @@ class Api:
             return self.tokenizer.decode(prompt), list(prompt)
         raise BadRequest("prompt: one prompt per request (a string or a list of token ids)", "prompt")
 
-    def _token_bound(self, prompt_tokens: int, asked: tuple[str, int | None], prompt_param: str) -> int:
+    def _token_bound(self, prompt_tokens: int, asked: tuple[str, int | None], prompt_param: str,
+                     limit: int | None) -> int:
         """The request's ``max_tokens`` once its prompt is tokenised: what it asked, else the default cut to the
         room the context leaves. ``BadRequest`` naming the prompt's field when the prompt alone is over
-        ``Limits.max_prompt_tokens`` or fills the context, naming ``asked`` when prompt plus it is over."""
-        limit = self.limits.max_prompt_tokens
+        ``limit`` (``max_prompt_tokens``) or fills the context, naming ``asked`` when prompt plus it is over."""
         if limit is not None and prompt_tokens > limit:
             raise BadRequest(f"{prompt_param}: {prompt_tokens} tokens, more than the {limit} allowed", prompt_param)
         name, value = asked

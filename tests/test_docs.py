@@ -340,6 +340,15 @@ def test_every_event_outcome_and_field_is_documented() -> None:
     assert [f for f in AccessEvent._fields if f not in named] == []
 
 
+def test_every_tenant_field_is_in_the_tenants_table() -> None:
+    from evocache.dsl import TenantSpec
+
+    table = _section("policy-language.md", "A tenant's entry under `tenants:`").split("\n\n| field |", 1)[1]
+    table = table.split("\n\n", 1)[0]
+    named = {name for row in table.splitlines() for name in re.findall(r"`([a-z0-9_]+)`", row.split("|")[1])}
+    assert sorted(set(TenantSpec.model_fields) - named) == []
+
+
 def _kv_reasons_in_code() -> set[str]:
     """Each miss reason the KV cache and the replica produce: the string literals assigned to ``usage.miss``,
     returned by ``DeviceBlocks.why`` or given to ``KvPlan(reason=...)``, in every module of serving/kv and the

@@ -108,6 +108,14 @@ def test_durations_take_every_spelling_and_normalise() -> None:
         ("tenants: {a: {rate: .inf}}", 21, "tenants.a.rate", "must be a finite number"),
         ("tenants: {a: {rate: 5, burst: 0.5}}", 31, "tenants.a.burst", "must be greater than or equal to 1"),
         ("tenants: {a: {burst: 5}}", 22, "tenants.a.burst", "burst needs a rate"),
+        ("tenants: {a: {max_prompt_tokens: 0}}", 34, "tenants.a.max_prompt_tokens",
+         "must be greater than or equal to 1; got int 0"),
+        ("tenants: {a: {max_prompt_tokens: 2.5}}", 34, "tenants.a.max_prompt_tokens",
+         "expected an integer; got float 2.5"),
+        ("tenants: {a: {max_prompt_tokens: '100'}}", 34, "tenants.a.max_prompt_tokens",
+         "expected an integer; got str '100'"),
+        ("tenants: {a: {max_prompt_tokens: true}}", 34, "tenants.a.max_prompt_tokens",
+         "expected an integer; got bool True"),
     ],
 )
 def test_out_of_bounds_values_are_reported_at_their_field(
@@ -144,6 +152,23 @@ def test_a_tenant_rate_fills_in_its_burst() -> None:
     assert parse_policy(policy_to_yaml(p)) == p
 
 
+def test_a_tenant_prompt_bound_is_its_own_else_the_default_entrys() -> None:
+    p = parse_policy(
+        HEAD + "tenants:\n  default: {max_prompt_tokens: 4096}\n  acme: {max_prompt_tokens: 32000}\n"
+        "  free: {rate: 2}\n"
+    )
+    assert p.tenant("acme").max_prompt_tokens == 32000
+    assert p.tenant("initech").max_prompt_tokens == 4096  # no entry of its own: the default entry's
+    assert p.tenant(None).max_prompt_tokens == 4096
+    assert p.tenant("free").max_prompt_tokens is None  # an entry of its own replaces the default whole
+    assert policy_to_dict(p)["tenants"]["acme"] == {
+        "l1_share": 1.0, "l2_share": 1.0, "weight": 1.0, "max_prompt_tokens": 32000,
+    }
+    assert "max_prompt_tokens" not in policy_to_dict(p)["tenants"]["free"]
+    assert parse_policy(policy_to_yaml(p)) == p
+    assert parse_policy(HEAD + "tenants: {acme: {weight: 2}}\n").tenant("acme").max_prompt_tokens is None
+
+
 def test_policy_check_reports_the_new_fields(tmp_path) -> None:
     from evocache.cli.app import app
 
@@ -154,6 +179,8 @@ def test_policy_check_reports_the_new_fields(tmp_path) -> None:
     bad.write_text(
         HEAD + "rules:\n  - {name: r, when: 'true', slo: {min_samples: -1}}\ntenants: {a: {burst: 3}}\n"
     )
+    bounds = tmp_path / "bounds.yaml"
+    bounds.write_text(HEAD + "tenants:\n  default: {max_prompt_tokens: 0}\n")
     runner = CliRunner()
     ok = runner.invoke(app, ["policy", "check", str(good)])
     assert ok.exit_code == 0 and ok.output.startswith("ok p@1 ")
@@ -162,3 +189,7 @@ def test_policy_check_reports_the_new_fields(tmp_path) -> None:
     said = failed.output
     assert f"{bad}:4:48: rules[0].slo.min_samples: must be greater than or equal to 1; got int -1" in said
     assert f"{bad}:5:22: tenants.a.burst: burst needs a rate" in said
+    refused = runner.invoke(app, ["policy", "check", str(bounds)])
+    assert refused.exit_code == 1
+    assert (f"{bounds}:4:32: tenants.default.max_prompt_tokens: must be greater than or equal to 1; got int 0"
+            in refused.output)

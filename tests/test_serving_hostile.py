@@ -14,9 +14,10 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from _serving_fixtures import ADMIN_DIGEST, KEYS, echo_model, write_keys
+from _serving_fixtures import ADMIN_DIGEST, CALLS, KEYS, echo_model, write_keys
 
 from evocache.controller import EventsConfig, StoreConfig
+from evocache.dsl import parse_policy
 from evocache.serving import (
     AdminKeys,
     Api,
@@ -424,6 +425,39 @@ def test_max_prompt_tokens_bounds_the_prompt_in_tokens(make_api):
     assert len("\U0001f600" * 5) <= Limits().max_prompt_chars
     _openai_error(_post(api, CHAT, chat(messages=[{"role": "user", "content": "\U0001f600" * 5}])), 400,
                   "messages")
+
+
+GLOBEX = next(key for key, (tenant, _) in KEYS.items() if tenant == "globex")
+TENANT_BOUNDS = """\
+policy: bounds
+version: 1
+tenants:
+  default: {max_prompt_tokens: 12}
+  globex: {max_prompt_tokens: 40}
+"""
+
+
+def test_a_tenants_max_prompt_tokens_in_the_policy_bounds_its_prompts(make_api):
+    api = make_api(limits=Limits(max_prompt_tokens=20))
+    globex = {"authorization": f"Bearer {GLOBEX}"} | JSON
+    assert _post(api, COMPLETIONS, completion(prompt=_words(13), temperature=0)).status_code == 200
+    api.set_policy(parse_policy(TENANT_BOUNDS))  # what the ingress does with each version it follows
+    CALLS.clear()
+    # acme has no entry of its own: the default entry's bound, tighter than the deployment's
+    assert _post(api, COMPLETIONS, completion(prompt=_words(12), temperature=0)).status_code == 200
+    error = _openai_error(_post(api, COMPLETIONS, completion(prompt=_words(13))), 400, "prompt")
+    assert "13 tokens, more than the 12 allowed" in error["message"]
+    long_chat = [{"role": "user", "content": _words(12)}]  # rendered with its role: more than 12 tokens
+    error = _openai_error(_post(api, CHAT, chat(messages=long_chat)), 400, "messages")
+    assert "more than the 12 allowed" in error["message"]
+    # globex's own bound is looser than the deployment's: the deployment's applies
+    assert _post(api, COMPLETIONS, completion(prompt=_words(20), temperature=0), globex).status_code == 200
+    error = _openai_error(_post(api, COMPLETIONS, completion(prompt=_words(21)), globex), 400, "prompt")
+    assert "21 tokens, more than the 20 allowed" in error["message"]
+    assert CALLS == [_words(12), _words(20)]  # the refused requests reached no replica
+    # a version without the bounds lifts them
+    api.set_policy(parse_policy(TENANT_BOUNDS.replace("version: 1", "version: 2").split("tenants:")[0]))
+    assert _post(api, COMPLETIONS, completion(prompt=_words(13), temperature=0)).status_code == 200
 
 
 def test_the_context_comes_from_the_models_config_or_the_setting():
