@@ -160,9 +160,14 @@ class Api:
 
     def max_prompt_tokens(self, tenant_id: str) -> int | None:
         """The tightest bound on ``tenant_id``'s prompts in tokens: ``Limits.max_prompt_tokens`` and the
-        tenant's ``max_prompt_tokens`` in the policy (``Policy.tenant``: its own entry, else ``default``)."""
-        spec = self.policy.tenant(tenant_id) if self.policy is not None else None
-        own = spec.max_prompt_tokens if spec is not None else None
+        tenant's ``max_prompt_tokens`` in the policy: its own entry's, else the ``default`` entry's (field by
+        field, as a rate is)."""
+        own = None
+        if self.policy is not None:
+            for spec in (self.policy.tenants.get(tenant_id), self.policy.tenant(None)):
+                if spec is not None and spec.max_prompt_tokens is not None:
+                    own = spec.max_prompt_tokens
+                    break
         bounds = [b for b in (self.limits.max_prompt_tokens, own) if b is not None]
         return min(bounds) if bounds else None
 

@@ -433,6 +433,7 @@ policy: bounds
 version: 1
 tenants:
   default: {max_prompt_tokens: 12}
+  acme: {rate: 1000}
   globex: {max_prompt_tokens: 40}
 """
 
@@ -443,7 +444,7 @@ def test_a_tenants_max_prompt_tokens_in_the_policy_bounds_its_prompts(make_api):
     assert _post(api, COMPLETIONS, completion(prompt=_words(13), temperature=0)).status_code == 200
     api.set_policy(parse_policy(TENANT_BOUNDS))  # what the ingress does with each version it follows
     CALLS.clear()
-    # acme has no entry of its own: the default entry's bound, tighter than the deployment's
+    # acme's own entry sets no bound: the default entry's, tighter than the deployment's (as a rate falls back)
     assert _post(api, COMPLETIONS, completion(prompt=_words(12), temperature=0)).status_code == 200
     error = _openai_error(_post(api, COMPLETIONS, completion(prompt=_words(13))), 400, "prompt")
     assert "13 tokens, more than the 12 allowed" in error["message"]
