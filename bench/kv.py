@@ -501,9 +501,10 @@ def replay_routing(requests: Sequence[tuple[float, tuple[int, ...]]], router: st
         waiting_at_start.append(len(replica.queue))
         waits.append(now - arrived)
         replica.busy = True
-        replica.kv.l1.dequeue(ticket)
         # The trace's hash ids are the blocks' hashes; one token more than blocks, so every block is usable.
-        filled = replica.kv.prefill(replace(kv_plan, hashes=ids), range(len(ids) + 1), KvUsage(), replica.engine)
+        # The request waited in the queue since it arrived: prefill takes it out once it holds the model.
+        filled = replica.kv.prefill(replace(kv_plan, hashes=ids), range(len(ids) + 1), KvUsage(), replica.engine,
+                                    ticket=ticket)
         found = filled.first_block
         requested += len(ids)
         reused += found

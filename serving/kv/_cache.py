@@ -172,12 +172,16 @@ class KvPrefixCache:
 
     # -- the two calls -------------------------------------------------------------------------------------
 
-    def prefill(self, plan: KvPlan, ids: Sequence[int], usage: KvUsage, engine: KvEngine) -> Prefilled:
+    def prefill(self, plan: KvPlan, ids: Sequence[int], usage: KvUsage, engine: KvEngine, *,
+                ticket: int | None = None) -> Prefilled:
         """Run the prompt ``ids`` on ``engine`` from its longest cached prefix (see the module docstring),
         filling ``usage``. Returns holding ``engine.lock``: call ``store`` with the result, which releases it.
-        A tier that fails is a miss; an error of the engine propagates, the lock released."""
+        A tier that fails is a miss; an error of the engine propagates, the lock released. The request waits
+        in the queue the look-ahead eviction reads until it holds the lock; ``ticket``: the queue's ticket of a
+        caller that put it there when it arrived (``l1.enqueue``), else it is put there now."""
         hashes = plan.hashes or self.hasher.prefix(ids, plan.salt)
-        ticket = self.l1.enqueue(hashes)
+        if ticket is None:
+            ticket = self.l1.enqueue(hashes)
         prefetch = self._loader.submit(self.prefetch, plan, hashes) if self.config.prefetch else None
         waited = time.perf_counter()
         engine.lock.acquire()
