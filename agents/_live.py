@@ -155,9 +155,13 @@ class LiveLoop:
         return path
 
     def close(self) -> None:
+        """Close the checkpoint store the loop opened and its ``signals`` hub (which it takes over: sampling
+        stops); its report stays readable."""
         if self._owned is not None:
             self._owned.__exit__(None, None, None)
             self._owned = None
+        if self.signals is not None:
+            self.signals.close()
 
 
 def default_signals(
@@ -166,7 +170,7 @@ def default_signals(
     """The signals a deployment offers besides its access events: the host and the GPUs (sampled every
     ``period_s`` on threads, started here; without a GPU or its driver, NVML is reported unavailable once),
     torch.profiler traces written under ``profile_dir`` and ``ncu --csv`` exports under ``ncu_dir``. A
-    ``SignalHub``; ``stop_signals`` ends the sampling."""
+    ``SignalHub``; ``LiveLoop.close`` (or the hub's ``close``) ends the sampling."""
     from .errors import SignalUnavailable
     from .signals import HostCollector, NcuCollector, NvmlCollector, ProfileCollector, SignalHub
 
@@ -182,8 +186,3 @@ def default_signals(
         collectors.append(NcuCollector(directory=ncu_dir))
     return SignalHub(collectors)
 
-
-def stop_signals(hub: Any) -> None:
-    """Close ``hub`` (a ``SignalHub``, or None when the loop reads no other signals)."""
-    if hub is not None:
-        hub.close()

@@ -225,7 +225,7 @@ def watch(
     from evocache.controller import FilePolicyStore, PolicyStoreError, default_policy_store, open_policy_store
     from evocache.dsl import PolicyError, load_policy
 
-    from ._live import LiveLoop, default_signals, stop_signals
+    from ._live import LiveLoop, default_signals
     from ._loop import LoopConfig
     from .errors import AgentError, SignalUnavailable
     from .signals import EventsCollector
@@ -295,8 +295,7 @@ def watch(
     except KeyboardInterrupt:
         pass
     finally:
-        loop.close()
-        stop_signals(loop.signals)
+        loop.close()  # its signals too
     report = loop.report()
     for name, reason in (report.get("signals_unavailable") or {}).items():
         err.print(_escape(f"signal {name} unavailable: {reason}"))

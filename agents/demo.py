@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._live import LiveLoop, default_signals, stop_signals
+from ._live import LiveLoop, default_signals
 
 if TYPE_CHECKING:
     from evocache.controller import PolicyStore
@@ -401,8 +401,7 @@ def run_demo(
                     say("note: the replica had not followed the policy store within 20 s")
             report = loop.report()
         finally:
-            loop.close()
-            stop_signals(loop.signals)
+            loop.close()  # its signals too
     report["errors"] = errors[:20]
     report["requests_failed"] = len(errors)
     finding_plots = _plots_worth_showing(loop.runner.windows)

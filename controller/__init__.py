@@ -13,7 +13,7 @@ from ._cache_if import CacheInfo, cache_if
 from ._contract import Admission, SemanticOptions, Tenant, tenant_scope
 from ._events import OUTCOMES as EVENT_OUTCOMES
 from ._calls import read_events
-from ._events import AccessEvent, EventSink, JsonlSink, RedisStreamSink, RingSink
+from ._events import INCOMPLETE, AccessEvent, EventSink, JsonlSink, RedisStreamSink, RingSink
 from ._keys import derive_key, namespace_for
 from ._metrics import CacheMetrics
 from ._outcome import AsyncCallStream, CallHandle, CallId, CallOutcome, CallStream, Called, KvReport
@@ -98,6 +98,7 @@ __all__ = [
     "DiskTier",
     "EVENT_OUTCOMES",
     "EVICTION_POLICIES",
+    "INCOMPLETE",
     "EmbedderConfig",
     "Entry",
     "EntryInfo",

@@ -145,6 +145,20 @@ def test_the_memory_stays_bounded_however_many_windows_are_served(tmp_path: Path
     assert [r.requests for r in there.records(memory)][-1] == tuple(_requests(69))
 
 
+def _on_canary(tmp_path: Path) -> tuple[Loop, FilePolicyStore, str, CanaryEvidence]:
+    """A loop two windows in, its proposal on the canary, and canary evidence of a tie."""
+    loop, policies, policy = _open(tmp_path, CONFIG)
+    sim = Simulator(policy, 10_000)
+    with SqliteSaver.from_conn_string(str(tmp_path / "checkpoints.db")) as saver:
+        runner = LoopRunner(loop, build_graph(loop, saver), run_id="run")
+        for window in range(2):
+            _serve(runner, policies, sim, window)
+    (proposal,) = loop.proposals.list(status="canary")
+    arm = ArmMetrics(100, 0.4, 0.4, 0.0, 0.05, 10.0)
+    replay = Comparison(arm, arm, 0.01, (0.0, 0.02), 0.0, 200)
+    return loop, policies, proposal.id, CanaryEvidence(arm, arm, (0.0, -0.01, 0.01), replay, True)
+
+
 @pytest.mark.parametrize(
     ("phase", "status", "last"),
     [
@@ -157,20 +171,11 @@ def test_the_memory_stays_bounded_however_many_windows_are_served(tmp_path: Path
 def test_every_verdict_moves_both_stores_together(
     tmp_path: Path, phase: Phase, status: str, last: tuple[str, str]
 ) -> None:
-    loop, policies, policy = _open(tmp_path, CONFIG)
-    sim = Simulator(policy, 10_000)
-    with SqliteSaver.from_conn_string(str(tmp_path / "checkpoints.db")) as saver:
-        runner = LoopRunner(loop, build_graph(loop, saver), run_id="run")
-        for window in range(2):
-            _serve(runner, policies, sim, window)
-    (proposal,) = loop.proposals.list(status="canary")
-    arm = ArmMetrics(100, 0.4, 0.4, 0.0, 0.05, 10.0)
-    replay = Comparison(arm, arm, 0.01, (0.0, 0.02), 0.0, 200)
-    evidence = CanaryEvidence(arm, arm, (0.0, -0.01, 0.01), replay, True)
-    done = loop.actuator.act(proposal.id, CanaryVerdict(phase, 1, f"{phase}: said so"), evidence)
+    loop, policies, proposal, evidence = _on_canary(tmp_path)
+    done = loop.actuator.act(proposal, CanaryVerdict(phase, 1, f"{phase}: said so"), evidence)
     acted = {"promote": "promoted", "rollback": "rolled_back", "inconclusive": "waiting", "continue": "continue"}
     assert done == acted[phase]
-    assert loop.proposals.get(proposal.id).status == status
+    assert loop.proposals.get(proposal).status == status
     kinds = {"apply": "applied", "canary": "canary", "promote": "promoted", "rollback": "rolled_back"}
     theirs = [(kinds[h["action"]], h["ref"]) for h in policies.state().history]
     assert [(r.kind, r.ref) for r in loop.proposals.policy_history()] == theirs
@@ -178,19 +183,11 @@ def test_every_verdict_moves_both_stores_together(
 
 
 def test_a_promotions_realised_gain_is_written_by_the_actuator_as_its_actor(tmp_path: Path) -> None:
-    loop, policies, policy = _open(tmp_path, CONFIG)
-    sim = Simulator(policy, 10_000)
-    with SqliteSaver.from_conn_string(str(tmp_path / "checkpoints.db")) as saver:
-        runner = LoopRunner(loop, build_graph(loop, saver), run_id="run")
-        for window in range(2):
-            _serve(runner, policies, sim, window)
-    (proposal,) = loop.proposals.list(status="canary")
-    arm = ArmMetrics(100, 0.4, 0.4, 0.0, 0.05, 10.0)
-    evidence = CanaryEvidence(arm, arm, (0.0, -0.01, 0.01), Comparison(arm, arm, 0.01, (0.0, 0.02), 0.0, 200), True)
-    loop.actuator.act(proposal.id, CanaryVerdict("promote", 1, "promote: said so"), evidence)
-    loop.actuator.realised(proposal.id, 0.042)
-    assert loop.proposals.get(proposal.id).realised_gain == 0.042
-    assert loop.proposals.audit(proposal.id)[-1].actor == loop.actuator.actor
+    loop, _, proposal, evidence = _on_canary(tmp_path)
+    loop.actuator.act(proposal, CanaryVerdict("promote", 1, "promote: said so"), evidence)
+    loop.actuator.realised(proposal, 0.042)
+    assert loop.proposals.get(proposal).realised_gain == 0.042
+    assert loop.proposals.audit(proposal)[-1].actor == loop.actuator.actor
 
 
 def test_a_canary_no_running_replica_can_enforce_is_stale_in_both_stores_and_nothing_is_written(

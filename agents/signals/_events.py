@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from evocache.controller import AccessEvent
+from evocache.controller import INCOMPLETE, AccessEvent
 from evocache.controller.replay import CallEvents
 
 from .._types import Outcome, Request, Series, step_series
@@ -43,7 +43,6 @@ from ..errors import SignalUnavailable
 
 log = logging.getLogger("evocache.agents.signals")
 
-_INCOMPLETE = "incomplete"  # a miss's ``rejected`` when its function never completed (controller._events)
 _LOGGED_BAD = 20  # bad lines logged per source; the rest are only counted
 
 
@@ -341,7 +340,7 @@ def _pair(e: AccessEvent, seq: int) -> _Slot | None:
                       prompt_tokens=prompt)
         return _Slot(req, Outcome(1, 1, tier=e.tier or "", semantic=e.reason == "semantic"), e.policy, seq)
     if e.outcome == "miss":
-        latency = -1.0 if e.rejected == _INCOMPLETE else float(e.saved_ms)
+        latency = -1.0 if e.rejected == INCOMPLETE else float(e.saved_ms)
         req = Request(e.t, "response", keys, size=e.size, ns=e.ns, rule=e.rule, latency_ms=latency,
                       prompt_tokens=prompt)
         return _Slot(req, Outcome(1, 0), e.policy, seq)
