@@ -17,7 +17,8 @@ every refusal.
 
 A request's lifetime (``_answer``): it waits at most ``ready_timeout_s`` for a replica to take it (503 with
 ``Retry-After`` otherwise: nothing was computed, and a retry may find one), then for its answer (a stream: its
-first piece) until its deadline, ``Limits.request_timeout_s`` after it arrived (504 otherwise). When the
+first piece) until its deadline, ``Limits.request_timeout_s`` after it arrived or sooner when the client asks
+with ``x-evocache-timeout: <seconds>`` (504 otherwise). When the
 deadline passes, or the client goes away (mid-stream too), the backend call is cancelled, and with it the
 generation on the replica, between two tokens.
 
@@ -358,7 +359,7 @@ def build_fastapi(api: Api) -> FastAPI:
             body = await _read_body(request, api.limits)
             parsed = parse_request(body, "chat" if endpoint == "chat" else "completion", api.limits)
             work = api.to_generate(parsed, tenant.id, tenant.tier, endpoint)
-            deadline = arrived + api.limits.request_timeout_s
+            deadline = arrived + request_timeout(request.headers.getlist(TIMEOUT_HEADER), api.limits)
             # Until the response starts, nobody else reads the connection: a closed one cancels the call.
             # (A stream's response listens itself from its first chunk on.)
             gone = asyncio.ensure_future(_gone(request))
@@ -451,6 +452,27 @@ def serve_metrics(api: Api, host: str, port: int) -> Any:
     return server
 
 
+TIMEOUT_HEADER = "x-evocache-timeout"
+
+
+def request_timeout(values: list[str], limits: Limits) -> float:
+    """The seconds a request may take: ``limits.request_timeout_s``, or less when the client sent one
+    ``x-evocache-timeout: <seconds>`` (a positive number; more than the limit is the limit). ``BadRequest``
+    naming the header otherwise."""
+    if not values:
+        return limits.request_timeout_s
+    where = f"{TIMEOUT_HEADER}: "
+    if len(values) > 1:
+        raise BadRequest(f"{where}sent {len(values)} times; send one", TIMEOUT_HEADER)
+    try:
+        seconds = float(values[0])
+    except ValueError:
+        raise BadRequest(f"{where}{values[0][:40]!r} is not a number of seconds", TIMEOUT_HEADER) from None
+    if not 0 < seconds < float("inf"):
+        raise BadRequest(f"{where}must be a positive number of seconds", TIMEOUT_HEADER)
+    return min(seconds, limits.request_timeout_s)
+
+
 def _json_body(content_types: list[str]) -> None:
     """Returns when the body is declared JSON: one ``Content-Type`` of ``application/json``, with no parameter
     but ``charset=utf-8`` (the only encoding read); ``UnsupportedMediaType`` otherwise."""
@@ -517,8 +539,8 @@ async def _answer(api: Api, call: Callable[[asyncio.Event], Awaitable[T]], deadl
         api.cancelled.labels(endpoint, why).inc()
         if gone.done():
             raise ClientGone("the client closed the connection before its answer")
-        raise GatewayTimeout(f"the answer took longer than the request's {api.limits.request_timeout_s:g}s "
-                             "(limits.request_timeout_s); its generation was cancelled")
+        raise GatewayTimeout("the answer was not ready by the request's deadline (limits.request_timeout_s, or "
+                             f"its {TIMEOUT_HEADER} header); its generation was cancelled")
     except ApiError:
         raise
     except Exception as exc:  # a replica that died or refused (Ray's backpressure) is "unavailable"

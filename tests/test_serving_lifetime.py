@@ -33,6 +33,7 @@ from evocache.serving import (
     ServerSpec,
     build_fastapi,
 )
+from evocache.serving._ingress import request_timeout
 from evocache.serving._model import ByteTokenizer, CallableGenerator
 
 ACME = next(iter(KEYS))
@@ -139,6 +140,34 @@ def test_past_the_deadline_the_answer_is_a_504_not_retried_and_the_generation_st
         # The piece under way when the deadline passed is each generation's last one.
         assert gated.produced <= 2
     server.close()
+
+
+def test_a_client_shortens_its_deadline_with_a_header_and_never_lengthens_it(tmp_path):
+    gated = Gated()
+    api, server = serve(tmp_path, gated, limits=Limits(request_timeout_s=120))
+    with UvicornThread(build_fastapi(api)) as http:
+        headers = {"Authorization": f"Bearer {ACME}"}
+        body = {"model": "echo", "prompt": "never ends", "temperature": 0, "max_tokens": LONG}
+        r = httpx.post(f"{http.url}/v1/completions", headers={**headers, "x-evocache-timeout": "0.2"}, json=body,
+                       timeout=30)
+        assert r.status_code == 504 and r.headers["x-should-retry"] == "false"
+        assert "x-evocache-timeout" in r.json()["error"]["message"]
+        assert cancelled(api, "deadline") == 1
+        for value in ("soon", "0", "-1", "nan", "inf"):
+            r = httpx.post(f"{http.url}/v1/completions", headers={**headers, "x-evocache-timeout": value},
+                           json=body, timeout=30)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "x-evocache-timeout", value
+        r = httpx.post(f"{http.url}/v1/completions",
+                       headers=[*headers.items(), ("x-evocache-timeout", "1"), ("x-evocache-timeout", "2")],
+                       json=body, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "x-evocache-timeout"
+        assert gated.calls == 1  # refused headers start no generation
+        gated.open()
+    server.close()
+    # More than the limit is the limit: a header cannot buy a longer generation than the operator allows.
+    assert request_timeout(["99999"], Limits(request_timeout_s=5)) == 5
+    assert request_timeout([], Limits(request_timeout_s=5)) == 5
+    assert request_timeout(["1.5"], Limits(request_timeout_s=5)) == 1.5
 
 
 def test_no_replica_taking_the_request_is_a_503_with_retry_after(tmp_path):
