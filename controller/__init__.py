@@ -50,6 +50,7 @@ from ._runtime import (
     set_policy,
     use_runtime,
 )
+from ._secret import entry_secret
 from ._serialize import JsonSerializer, PickleSerializer, Serializer
 from ._slo import SloBreaker, SloBreakers
 from ._store_config import (
@@ -166,6 +167,7 @@ __all__ = [
     "default_policy_store",
     "default_runtime",
     "derive_key",
+    "entry_secret",
     "make_eviction_policy",
     "namespace_for",
     "open_policy_store",

@@ -19,6 +19,7 @@ from ._model import (
     load_tokenizer,
 )
 from ._request import Completion, Decision, Finish, GenerateRequest
+from ._upstream import UpstreamConfig, upstream_model
 from ._auth import (
     AdminKeys,
     FileKeyStore,
@@ -33,6 +34,8 @@ from ._auth import (
 from ._protocol import (
     IGNORED_CHAT_FIELDS,
     IGNORED_COMPLETION_FIELDS,
+    PASSED_CHAT_FIELDS,
+    PASSED_COMPLETION_FIELDS,
     REFUSED_CHAT_FIELDS,
     REFUSED_COMPLETION_FIELDS,
     REFUSED_MESSAGE_FIELDS,
@@ -171,4 +174,8 @@ __all__ = [
     "key_digest",
     "parse_request",
     "validation_error",
+    "UpstreamConfig",
+    "upstream_model",
+    "PASSED_CHAT_FIELDS",
+    "PASSED_COMPLETION_FIELDS",
 ]

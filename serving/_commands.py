@@ -64,7 +64,18 @@ def _metrics_key(path: Path) -> str:
 
 def serve(
     model: Annotated[Path, typer.Option(help="A model folder (config.json; weights optional).")] = Path(DEFAULT_MODEL),
-    model_id: Annotated[str, typer.Option(help="The model name clients send.")] = "tiny-llama",
+    model_id: Annotated[str | None, typer.Option(
+        help="The model name clients send (default: tiny-llama; with --upstream, the upstream's first).")] = None,
+    upstream: Annotated[str | None, typer.Option(
+        metavar="URL", help="Put evocache in front of this OpenAI-compatible server (http://host:port/v1) "
+                            "instead of serving a model itself.")] = None,
+    upstream_key_env: Annotated[str | None, typer.Option(
+        metavar="VAR", help="The environment variable holding the upstream's API key.")] = None,
+    upstream_fields: Annotated[str | None, typer.Option(
+        metavar="A,B", help="Request fields beyond OpenAI's the upstream honours (vLLM: top_k,min_p): passed "
+                            "through and keyed.")] = None,
+    no_salt: Annotated[bool, typer.Option(
+        "--no-salt", help="Do not send cache_salt upstream (for an upstream that refuses the field).")] = False,
     tokenizer: Annotated[str | None, typer.Option(help="'minilm', 'bytes' or a tokenizer folder.")] = None,
     callable_: Annotated[str | None, typer.Option("--callable", metavar="MODULE:FUNCTION",
                                                   help="Serve a Python function instead of a model.")] = None,
@@ -89,12 +100,14 @@ def serve(
     config: Annotated[Path | None, typer.Option(help="A whole ServingConfig (YAML) instead of the options.")]
     = None,
 ) -> None:
-    """Serve a model with evocache behind an OpenAI-compatible API on a local Ray."""
+    """Serve a model with evocache behind an OpenAI-compatible API on a local Ray: a model folder, a Python
+    function (--callable), or any OpenAI-compatible server such as vLLM (--upstream URL)."""
     from evocache.controller.cli_errors import usage  # noqa: PLC0415
 
     try:
         serving_config, generated, policy_file = _config(
             model=model, model_id=model_id, tokenizer=tokenizer, callable_=callable_, contract=contract,
+            upstream=upstream, upstream_key_env=upstream_key_env, upstream_fields=upstream_fields, salt=not no_salt,
             policy=policy, store=store, redis_url=redis_url, keys=keys, replicas=replicas,
             num_cpus=num_cpus, max_ongoing_requests=max_ongoing_requests, host=host, port=port,
             metrics_key=metrics_key, metrics_port=metrics_port, workdir=workdir, config=config)
@@ -122,7 +135,12 @@ def serve(
         ray_serve.shutdown()
 
 
-def _config(*, model: Path, model_id: str, tokenizer: str | None, callable_: str | None, contract: str,
+DEFAULT_MODEL_ID = "tiny-llama"
+
+
+def _config(*, model: Path, model_id: str | None, tokenizer: str | None, callable_: str | None, contract: str,
+            upstream: str | None = None, upstream_key_env: str | None = None, upstream_fields: str | None = None,
+            salt: bool = True,
             policy: Path | None, store: Path | None, redis_url: str | None, keys: Path | None, replicas: int,
             num_cpus: float, max_ongoing_requests: int, host: str, port: int, metrics_key: Path | None,
             metrics_port: int | None, workdir: Path, config: Path | None) -> tuple[Any, str | None, Path | None]:
@@ -139,20 +157,28 @@ def _config(*, model: Path, model_id: str, tokenizer: str | None, callable_: str
 
     from ._config import ApiKeysConfig, DeploymentConfig, MetricsConfig, ServingConfig  # noqa: PLC0415
     from ._model import MINILM, ModelConfig  # noqa: PLC0415
+    from ._upstream import UpstreamConfig, upstream_model  # noqa: PLC0415
     from ._server import ServerSpec  # noqa: PLC0415
 
     if config is not None:
         document = yaml.safe_load(config.read_text(encoding="utf-8"))
         return ServingConfig.model_validate(document), None, policy
     workdir.mkdir(parents=True, exist_ok=True)
-    if callable_ is not None:
-        model_config = ModelConfig(kind="callable", id=model_id, callable=callable_, tokenizer=tokenizer)
+    if upstream is not None:
+        if callable_ is not None:
+            raise ValueError("--upstream and --callable: give one engine")
+        fields = tuple(f.strip() for f in (upstream_fields or "").split(",") if f.strip())
+        model_config = upstream_model(UpstreamConfig(url=upstream, api_key_env=upstream_key_env, fields=fields,
+                                                     salt=salt), model_id, tokenizer)
+    elif callable_ is not None:
+        model_config = ModelConfig(kind="callable", id=model_id or DEFAULT_MODEL_ID, callable=callable_,
+                                   tokenizer=tokenizer)
     else:
         if not (model / "config.json").is_file():
             raise ValueError(f"--model {model}: no config.json there (run from the repository root for the "
                              f"example {DEFAULT_MODEL}, or name a model folder)")
         has_tokenizer = (model / "tokenizer.json").is_file() or (model / "vocab.txt").is_file()
-        model_config = ModelConfig(kind="hf", id=model_id, path=_abs(model),
+        model_config = ModelConfig(kind="hf", id=model_id or DEFAULT_MODEL_ID, path=_abs(model),
                                    tokenizer=tokenizer or (None if has_tokenizer else MINILM))
     if redis_url:
         store_config = StoreConfig(redis=RedisConfig(url=redis_url), disk=DiskConfig(path=_abs(workdir / "l3")),
@@ -231,8 +257,10 @@ def _banner(config: Any, ref: str | None, generated: str | None, metrics_key: Pa
     base = f"http://{config.host}:{config.port}"
     key = generated or "<your API key>"
     model = config.server.model.id
+    upstream = config.server.model.upstream
+    engine = f" from {upstream.url}" if upstream is not None else ""
     typer.echo(f"""
-evocache is serving {model} at {base}/v1  (policy {ref or 'none: the contract alone decides'})
+evocache is serving {model}{engine} at {base}/v1  (policy {ref or 'none: the contract alone decides'})
 {"API key (generated, shown once; its digest is in " + str(config.api_keys.file) + "): " + generated
  if generated else "API keys: " + str(config.api_keys.file)}
 

@@ -36,6 +36,7 @@ from ._model import load_tokenizer
 from ._protocol import Limits
 from ._request import Completion, Decision, Finish, GenerateRequest
 from ._pump import pump
+from .errors import ApiError
 from ._server import ModelServer, ServerSpec, completion_of
 
 log = logging.getLogger("evocache.serving")
@@ -153,6 +154,7 @@ class RayBackend:
                 response.cancel()
                 raise
             except Exception as exc:
+                _raise_refusal(exc)
                 if retries == 0 or not replica_died(exc):
                     raise
                 retries -= 1
@@ -172,6 +174,7 @@ class RayBackend:
                 ended = True
                 return
             except Exception as exc:
+                _raise_refusal(exc)
                 if started or retries == 0 or not replica_died(exc):
                     raise
                 retries -= 1
@@ -197,6 +200,13 @@ def replica_died(exc: BaseException) -> bool:
     died, or cannot be reached), rather than because the replica's own code raised: a ``RayTaskError``, even
     one whose cause is another actor's death, is the request's failure, not the replica's."""
     return isinstance(exc, RayActorError) and not isinstance(exc, RayTaskError)
+
+
+def _raise_refusal(exc: BaseException) -> None:
+    """Raise the ``ApiError`` a replica refused the request with (an upstream engine's 4xx, a 502, a 504), as
+    it was raised there, rather than Ray's wrapper of it; return for any other failure."""
+    if isinstance(exc, RayTaskError) and isinstance(exc.cause, ApiError):
+        raise exc.cause from None
 
 
 def _retrying(request: GenerateRequest, exc: BaseException) -> None:
@@ -235,6 +245,7 @@ class IngressDeployment:
             rate=Rate(**rate) if rate else None, block_extras=spec.block_extras(),
             admin_keys=AdminKeys.from_hex(metrics.admin_keys), limits=options.get("limits") or Limits(),
             context_tokens=spec.model.context_length(),
+            upstream_fields=frozenset(spec.model.upstream.fields) if spec.model.upstream is not None else None,
         )
         # Several ingress replicas on one host: the first to start holds the port (the others log it).
         self.metrics_listener = serve_metrics(self.api, metrics.host, metrics.port) if metrics.port else None

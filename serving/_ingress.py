@@ -69,6 +69,7 @@ from ._protocol import (
     Usage,
     error_response,
     parse_request,
+    parse_upstream_request,
 )
 from ._request import Completion, Decision, Finish, GenerateRequest
 from .errors import (
@@ -116,8 +117,12 @@ class Api:
                  keys: KeyStore, block_size: int = 16, default_max_tokens: int = 64, limits: Limits = Limits(),
                  rate: Rate | None = None, clock: Callable[[], float] = time.monotonic,
                  ready_timeout_s: float = 30.0, block_extras: tuple[str, ...] | None = None,
-                 admin_keys: AdminKeys = AdminKeys(), context_tokens: int | None = None) -> None:
+                 admin_keys: AdminKeys = AdminKeys(), context_tokens: int | None = None,
+                 upstream_fields: frozenset[str] | None = None) -> None:
         self.model_id = model_id
+        # With an upstream engine: the deployment's own fields it passes through (UpstreamConfig.fields), beside
+        # OpenAI's; None with the built-in engine, which refuses what it cannot honour.
+        self.upstream_fields = upstream_fields
         self.model_revision = model_revision
         self.tokenizer = tokenizer
         self.backend = backend
@@ -185,7 +190,8 @@ class Api:
     # -- request -> GenerateRequest ----------------------------------------------------------------------
 
     def to_generate(self, parsed: CompletionRequest | ChatCompletionRequest, tenant_id: str, tier: str,
-                    endpoint: Literal["completions", "chat"]) -> GenerateRequest:
+                    endpoint: Literal["completions", "chat"],
+                    fields: Mapping[str, Any] | None = None) -> GenerateRequest:
         if parsed.model != self.model_id:
             raise BadRequest(f"model: {parsed.model!r} is not served here; GET /v1/models lists {self.model_id!r}",
                              "model")
@@ -219,7 +225,7 @@ class Api:
             tenant=tenant_id, tenant_tier=tier, max_tokens=max_tokens,
             temperature=float(temperature), top_p=float(parsed.top_p if parsed.top_p is not None else 1.0),
             seed=parsed.seed, stop=tuple(stop), stream=parsed.stream, include_usage=include_usage,
-            created=int(time.time()), chunks=chunks,
+            created=int(time.time()), chunks=chunks, fields=fields,
         )
 
     def _prompt(self, prompt: Any) -> tuple[str, list[int]]:
@@ -269,15 +275,38 @@ class Api:
     def body(self, request: GenerateRequest, done: Completion) -> dict[str, Any]:
         usage = self.usage(done.finish)
         if request.endpoint == "chat":
-            return ChatCompletionResponse(
+            body = ChatCompletionResponse(
                 id=request.request_id, created=request.created, model=request.model, usage=usage,
                 choices=[ChatChoice(index=0, message=AssistantMessage(content=done.text),
                                     finish_reason=done.finish.finish_reason)],
             ).model_dump(mode="json", exclude_none=True)
-        return CompletionResponse(
-            id=request.request_id, created=request.created, model=request.model, usage=usage,
-            choices=[CompletionChoice(index=0, text=done.text, finish_reason=done.finish.finish_reason)],
-        ).model_dump(mode="json", exclude_none=True)
+        else:
+            body = CompletionResponse(
+                id=request.request_id, created=request.created, model=request.model, usage=usage,
+                choices=[CompletionChoice(index=0, text=done.text, finish_reason=done.finish.finish_reason)],
+            ).model_dump(mode="json", exclude_none=True)
+        if done.extras:
+            merge_extras(body["choices"][0], done.extras, request.endpoint)
+        return body
+
+    def extra_chunk(self, request: GenerateRequest, piece: bytes, first: bool = False) -> bytes:
+        """The chunk of an upstream engine's structured piece (a delta's tool calls, logprobs)."""
+        document = json.loads(piece)
+        choice: dict[str, Any] = {"index": 0}
+        if request.endpoint == "chat":
+            delta = dict(document.get("delta") or {})
+            if first:
+                delta = {"role": "assistant", **delta}
+            choice["delta"] = delta
+            kind = "chat.completion.chunk"
+        else:
+            choice["text"] = ""
+            kind = "text_completion"
+        if "logprobs" in document:
+            choice["logprobs"] = document["logprobs"]
+        choice["finish_reason"] = None
+        return _sse({"id": request.request_id, "object": kind, "created": request.created, "model": request.model,
+                     "choices": [choice]})
 
     def chunk(self, request: GenerateRequest, text: str | None, finish: Finish | None = None,
               first: bool = False) -> bytes:
@@ -325,6 +354,64 @@ def chat_chunks(tokenizer: Tokenizer, messages: list[tuple[str, str]], prompt: s
     return tuple(offsets) if tokens == list(input_ids) else ()
 
 
+def merge_extras(choice: dict[str, Any], extras: tuple[bytes, ...], endpoint: str) -> None:
+    """Fold an upstream answer's structured pieces into its whole ``choice``, as OpenAI's own non-streamed
+    answer has them: tool calls assembled by index (ids, names and argument pieces), other delta fields
+    concatenated, logprobs joined."""
+    message = choice.get("message") if endpoint == "chat" else None
+    calls: dict[int, dict[str, Any]] = {}
+    logprobs: dict[str, Any] | None = None
+    for raw in extras:
+        document = json.loads(raw)
+        for name, value in (document.get("delta") or {}).items():
+            if message is None:
+                continue
+            if name == "tool_calls" and isinstance(value, list):
+                for part in value:
+                    _add_call(calls, part)
+            elif isinstance(value, str):
+                message[name] = (message.get(name) or "") + value
+            else:
+                message[name] = value
+        got = document.get("logprobs")
+        if isinstance(got, dict):
+            logprobs = _join_logprobs(logprobs, got)
+    if calls and message is not None:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+        if not message.get("content"):
+            message["content"] = None
+    if logprobs is not None:
+        choice["logprobs"] = logprobs
+
+
+def _add_call(calls: dict[int, dict[str, Any]], part: Any) -> None:
+    if not isinstance(part, dict):
+        return
+    index = part.get("index", len(calls))
+    call = calls.setdefault(index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+    if part.get("id"):
+        call["id"] = part["id"]
+    if part.get("type"):
+        call["type"] = part["type"]
+    function = part.get("function") or {}
+    for name in ("name", "arguments"):
+        if isinstance(function.get(name), str):
+            call["function"][name] += function[name]
+
+
+def _join_logprobs(so_far: dict[str, Any] | None, more: dict[str, Any]) -> dict[str, Any]:
+    """Two chunks' logprobs as one: every list field (chat's ``content``, a completion's ``tokens``,
+    ``token_logprobs``, ``top_logprobs``, ``text_offset``) concatenated."""
+    if so_far is None:
+        return {k: list(v) if isinstance(v, list) else v for k, v in more.items()}
+    for name, value in more.items():
+        if isinstance(value, list) and isinstance(so_far.get(name), list):
+            so_far[name].extend(value)
+        elif name not in so_far or so_far[name] is None:
+            so_far[name] = list(value) if isinstance(value, list) else value
+    return so_far
+
+
 def _sse(document: Mapping[str, Any]) -> bytes:
     return b"data: " + json.dumps(document, separators=(",", ":")).encode() + b"\n\n"
 
@@ -357,8 +444,13 @@ def build_fastapi(api: Api) -> FastAPI:
             if api.limiter is not None:
                 api.limiter.acquire(tenant.id)
             body = await _read_body(request, api.limits)
-            parsed = parse_request(body, "chat" if endpoint == "chat" else "completion", api.limits)
-            work = api.to_generate(parsed, tenant.id, tenant.tier, endpoint)
+            kind: Literal["chat", "completion"] = "chat" if endpoint == "chat" else "completion"
+            fields = None
+            if api.upstream_fields is None:
+                parsed = parse_request(body, kind, api.limits)
+            else:
+                parsed, fields = parse_upstream_request(body, kind, api.limits, api.upstream_fields)
+            work = api.to_generate(parsed, tenant.id, tenant.tier, endpoint, fields)
             deadline = arrived + request_timeout(request.headers.getlist(TIMEOUT_HEADER), api.limits)
             # Until the response starts, nobody else reads the connection: a closed one cancels the call.
             # (A stream's response listens itself from its first chunk on.)
@@ -577,6 +669,9 @@ async def _stream(api: Api, work: GenerateRequest, deadline: float, gone: asynci
                     if not item:
                         continue
                     yield api.chunk(work, item, first=first)
+                    first = False
+                elif isinstance(item, bytes):
+                    yield api.extra_chunk(work, item, first=first)
                     first = False
                 elif isinstance(item, Finish):
                     if first and work.endpoint == "chat":

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ._upstream import UpstreamConfig, UpstreamGenerator
 from .errors import ServingConfigError
 
 if TYPE_CHECKING:  # the KV cache imports torch where it runs, not here
@@ -49,7 +50,9 @@ class ModelConfig(BaseModel):
     ``kind: hf``: a causal LM under ``path`` (a local folder): its weights when the folder has them, else random
     weights built from its ``config.json`` with ``seed`` (a test or demo model). ``kind: callable``: ``callable``
     is ``"package.module:function"``, called with any of ``prompt, input_ids, max_tokens, temperature, top_p,
-    seed, stop`` it declares, returning a string or yielding string pieces.
+    seed, stop`` it declares, returning a string or yielding string pieces. ``kind: upstream``: an
+    OpenAI-compatible server (``upstream``, ``serving._upstream``) answers; ``tokenizer`` is then the model's
+    own folder when the gateway has it (prompts counted and bounded in the model's tokens), else ``"bytes"``.
 
     ``id`` is the model name clients send (``model`` in requests) and the key binds; ``revision`` changes keys
     when the weights change. ``tokenizer``: ``"bytes"``, ``"minilm"`` or a local folder; default: the model's
@@ -59,7 +62,7 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["hf", "callable"] = "hf"
+    kind: Literal["hf", "callable", "upstream"] = "hf"
     id: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9_./:-]*$")
     revision: str = Field("", max_length=128)
     path: str | None = None
@@ -70,6 +73,7 @@ class ModelConfig(BaseModel):
     seed: int = 0
     max_tokens: int = Field(64, ge=1, le=8192)  # the default completion length when a request gives none
     context_tokens: int | None = Field(None, ge=1)  # prompt plus answer; default: an hf model's config.json
+    upstream: UpstreamConfig | None = None
 
     @model_validator(mode="after")
     def _source(self) -> ModelConfig:
@@ -77,6 +81,8 @@ class ModelConfig(BaseModel):
             raise ValueError("kind: hf needs path (a local folder with config.json)")
         if self.kind == "callable" and not self.callable:
             raise ValueError("kind: callable needs callable ('package.module:function')")
+        if (self.kind == "upstream") != (self.upstream is not None):
+            raise ValueError("upstream: give it with kind: upstream (and only then)")
         return self
 
     def context_length(self) -> int | None:
@@ -420,7 +426,10 @@ def _pick(torch: Any, logits: Any, params: GenerationParams, rng: Any) -> int:
     return int(torch.multinomial(probs, 1, generator=rng))
 
 
-def load_generator(config: ModelConfig, tokenizer: Tokenizer) -> Generator:
+def load_generator(config: ModelConfig, tokenizer: Tokenizer) -> Generator | UpstreamGenerator:
+    if config.kind == "upstream":
+        assert config.upstream is not None  # the validator
+        return UpstreamGenerator(config.upstream, config.id)
     if config.kind == "callable":
         assert config.callable is not None  # the validator
         return CallableGenerator(import_callable(config.callable), config.callable, tokenizer)

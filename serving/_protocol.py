@@ -73,6 +73,15 @@ REFUSED_CHAT_FIELDS: dict[str, tuple[Any, ...]] = {
     "prediction": (), "presence_penalty": (0, 0.0), "reasoning_effort": (), "response_format": ({"type": "text"},),
     "tool_choice": ("none",), "tools": ([],), "top_logprobs": (), "verbosity": (), "web_search_options": (),
 }  # fmt: skip
+# With an upstream engine (serving._upstream) these reach it as the client sent them, and are keyed; so do a
+# message's REFUSED_MESSAGE_FIELDS. ``n`` and ``best_of`` stay refused: the replica serves one choice.
+PASSED_CHAT_FIELDS = frozenset({
+    "frequency_penalty", "logit_bias", "logprobs", "parallel_tool_calls", "presence_penalty", "reasoning_effort",
+    "response_format", "tool_choice", "tools", "top_logprobs",
+})  # fmt: skip
+PASSED_COMPLETION_FIELDS = frozenset({
+    "echo", "frequency_penalty", "logit_bias", "logprobs", "presence_penalty", "suffix",
+})  # fmt: skip
 # A message's name and tool calls would reach the model only through a chat template that renders them; the
 # prompt is rendered from roles and text, so they are refused rather than dropped. A tool message answers a
 # tool call, which this server never makes.
@@ -167,7 +176,7 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
 
-FinishReason = Literal["stop", "length", "content_filter"]
+FinishReason = str  # "stop", "length", "content_filter"; an upstream engine's own too ("tool_calls")
 
 
 class CompletionChoice(BaseModel):
@@ -422,17 +431,20 @@ def _refusal(path: str, neutral: tuple[Any, ...]) -> BadRequest:
     return BadRequest(f"{path}: not supported by this server (leave it out, or send {allowed})", path)
 
 
-def _refuse_unsupported(document: dict[str, Any], kind: Literal["completion", "chat"]) -> None:
-    """Refuse each field that would change the answer and that this server cannot honour (module docstring).
-    Runs on the validated document, so every value has its field's type."""
+def _refuse_unsupported(document: dict[str, Any], kind: Literal["completion", "chat"],
+                        passed: frozenset[str] = frozenset()) -> None:
+    """Refuse each field that would change the answer and that this server cannot honour (module docstring),
+    but those ``passed`` to an upstream engine. Runs on the validated document, so every value has its
+    field's type."""
     refused = REFUSED_CHAT_FIELDS if kind == "chat" else REFUSED_COMPLETION_FIELDS
     for name, neutral in refused.items():
-        if not _neutral(document.get(name), neutral):
+        if name not in passed and not _neutral(document.get(name), neutral):
             raise _refusal(name, neutral)
     if document.get("stream_options") is not None and document.get("stream") is not True:
         raise BadRequest("stream_options: only allowed with stream: true", "stream_options")
+    message_fields = {} if passed else REFUSED_MESSAGE_FIELDS
     for i, message in enumerate(document.get("messages") or ()):
-        for name, neutral in REFUSED_MESSAGE_FIELDS.items():
+        for name, neutral in message_fields.items():
             if not _neutral(message.get(name), neutral):
                 raise _refusal(f"messages[{i}].{name}", neutral)
 
@@ -442,6 +454,23 @@ def parse_request(
 ) -> CompletionRequest | ChatCompletionRequest:
     """The request in ``body`` (JSON) for ``/v1/completions`` or ``/v1/chat/completions``; ``BadRequest``
     naming the field when it is too large, invalid, or asks for what this server cannot honour."""
+    return _parse(body, kind, limits, None)[0]
+
+
+def parse_upstream_request(
+    body: bytes, kind: Literal["completion", "chat"], limits: Limits = Limits(), extras: frozenset[str] = frozenset()
+) -> tuple[CompletionRequest | ChatCompletionRequest, dict[str, Any]]:
+    """As ``parse_request``, for an upstream engine: the fields it honours (``PASSED_CHAT_FIELDS`` or
+    ``PASSED_COMPLETION_FIELDS``, a message's ``PASSED_MESSAGE_FIELDS``, and ``extras``, the deployment's own)
+    are accepted, and returned as the client sent them with the prompt (``messages`` or ``prompt``): what
+    goes upstream and into the key besides the sampling fields."""
+    request, fields = _parse(body, kind, limits, extras)
+    assert fields is not None
+    return request, fields
+
+
+def _parse(body: bytes, kind: Literal["completion", "chat"], limits: Limits,
+           extras: frozenset[str] | None) -> tuple[CompletionRequest | ChatCompletionRequest, dict[str, Any] | None]:
     if len(body) > limits.max_body_bytes:
         raise BodyTooLarge(f"request body of more than the {limits.max_body_bytes} bytes allowed")
     document = _decode(body)
@@ -449,20 +478,31 @@ def parse_request(
         raise BadRequest("request body must be a JSON object")
     _check_values(document)
     _bound(document, kind, limits)
+    if document.get("cache_salt") is not None:
+        raise BadRequest("cache_salt: set by the server from your API key's tenant; leave it out", "cache_salt")
     ignored = IGNORED_CHAT_FIELDS if kind == "chat" else IGNORED_COMPLETION_FIELDS
     refused = REFUSED_CHAT_FIELDS if kind == "chat" else REFUSED_COMPLETION_FIELDS
+    passed: frozenset[str] = frozenset()
+    if extras is not None:
+        passed = (PASSED_CHAT_FIELDS if kind == "chat" else PASSED_COMPLETION_FIELDS) | extras
+        ignored = ignored - passed
     model = ChatCompletionRequest if kind == "chat" else CompletionRequest
-    fields = {name: value for name, value in document.items()
-              if name not in ignored and (name not in refused or name in model.model_fields)}
+    fields = {name: value for name, value in document.items() if name not in ignored and name != "cache_salt"
+              and (name in model.model_fields or (name not in refused and name not in passed))}
     try:
         request = model.model_validate(fields)
     except pydantic.ValidationError as exc:
         raise validation_error(exc) from exc
-    _refuse_unsupported(document, kind)
+    _refuse_unsupported(document, kind, passed)
     caps = [("max_tokens", request.max_tokens)]
     if isinstance(request, ChatCompletionRequest):
         caps.append(("max_completion_tokens", request.max_completion_tokens))
     for name, value in caps:
         if value is not None and value > limits.max_tokens:
             raise BadRequest(f"{name}: {value} is more than the {limits.max_tokens} allowed", name)
-    return request
+    if extras is None:
+        return request, None
+    upstream = {name: document[name] for name in sorted(passed) if document.get(name) is not None}
+    prompt = "messages" if kind == "chat" else "prompt"
+    upstream[prompt] = document[prompt]
+    return request, upstream

@@ -6,14 +6,16 @@ argument of every call, where the prefix-affinity router reads ``blocks``. The t
 verified API key, never from the body.
 
 A replica answers with a ``Decision`` (what the cache did: the ``x-evocache-*`` headers) followed by text
-pieces and a ``Finish`` (streaming), or with one ``Completion`` (not streaming).
+pieces (``str``; from an upstream engine also ``bytes``, a JSON document of the choice's other fields, see
+``serving._upstream``) and a ``Finish`` (streaming), or with one ``Completion`` (not streaming).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from evocache.controller import BlockHash
 
@@ -39,6 +41,9 @@ class GenerateRequest:
     # Token offsets where the prompt's chunks start (a chat's rendered messages; 0 first), for KV chunk reuse;
     # () when unknown: the replica then treats the prompt after its cached prefix as one chunk.
     chunks: tuple[int, ...] = ()
+    # With an upstream engine: the fields it gets as the client sent them (the prompt or messages, and those
+    # passed through: tools, response_format, ...); None with the built-in engine.
+    fields: Mapping[str, Any] | None = None
 
     @property
     def rollout_key(self) -> bytes:
@@ -81,7 +86,7 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class Finish:
-    finish_reason: Literal["stop", "length"]
+    finish_reason: str  # "stop", "length"; from an upstream engine also "tool_calls", "content_filter", ...
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
@@ -92,3 +97,5 @@ class Completion:
     decision: Decision
     text: str
     finish: Finish
+    # An upstream engine's structured pieces (JSON: a delta's tool calls, logprobs), in order.
+    extras: tuple[bytes, ...] = ()

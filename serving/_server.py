@@ -23,16 +23,19 @@ entry, and a hit replays the pieces the first answer streamed.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field
 
 from evocache.controller import (
     Admission,
     BlockHash,
+    KvReport,
     CacheRuntime,
     CallHandle,
     CallOutcome,
@@ -43,6 +46,7 @@ from evocache.controller import (
     StoreConfig,
     build_runtime,
     cache_if,
+    entry_secret,
     open_policy_store,
     tenant_scope,
     use_runtime,
@@ -60,6 +64,7 @@ from ._model import (
     load_tokenizer,
 )
 from ._request import Completion, Decision, Finish, GenerateRequest
+from ._upstream import END, SHARED_SALT_VALUE, UpstreamGenerator, tenant_salt
 from .kv._cache import SHARED_SALT, KvConfig, KvPlan, KvPrefixCache, KvUsage
 from .kv._metrics import KvMetrics
 from .kv._store import BlockGeometry
@@ -87,12 +92,34 @@ class ServerSpec(BaseModel):
         return (self.model.id, self.model.revision, self.model.dtype, self.kv.adapter if self.kv else "")
 
 
-def same_answer(a: list[str], b: list[str]) -> bool:
-    """The semantic judge: two answers agree when their texts do, however they were split into pieces."""
-    return "".join(a) == "".join(b)
+def same_answer(a: list[str | bytes], b: list[str | bytes]) -> bool:
+    """The semantic judge: two answers agree when their texts do, however they were split into pieces, and
+    so do their structured parts (an upstream engine's tool calls, say), usage and logprobs aside."""
+    return _text(a) == _text(b) and _structure(a) == _structure(b)
+
+
+def _text(pieces: list[str | bytes]) -> str:
+    return "".join(p for p in pieces if isinstance(p, str))
+
+
+def _structure(pieces: list[str | bytes]) -> list[Any]:
+    parts = []
+    for p in pieces:
+        if isinstance(p, bytes):
+            document = json.loads(p)
+            if END in document:
+                parts.append(document[END].get("finish_reason"))
+            elif "delta" in document:
+                parts.append(document["delta"])
+    return parts
 
 
 _END = object()
+
+
+def _count(value: Any, default: int = 0) -> int:
+    """A token count an upstream reported: a non-negative int, else ``default``."""
+    return value if type(value) is int and value >= 0 else default
 
 
 def completion_of(items: Iterable[Decision | str | Finish]) -> Completion:
@@ -100,15 +127,18 @@ def completion_of(items: Iterable[Decision | str | Finish]) -> Completion:
     decision: Decision | None = None
     finish: Finish | None = None
     text: list[str] = []
+    extras: list[bytes] = []
     for item in items:
         if isinstance(item, str):
             text.append(item)
+        elif isinstance(item, bytes):
+            extras.append(item)
         elif isinstance(item, Decision):
             decision = item
         else:
             finish = item
     assert decision is not None and finish is not None  # stream() always yields both
-    return Completion(decision, "".join(text), finish)
+    return Completion(decision, "".join(text), finish, tuple(extras))
 
 
 class ModelServer:
@@ -134,6 +164,16 @@ class ModelServer:
                                     lower=lower)
             self.generator.attach_kv(self.kv)
             self.kv_metrics = KvMetrics(self.kv, self.runtime.metrics.registry)
+        self.upstream = self.generator if isinstance(self.generator, UpstreamGenerator) else None
+        self._upstream_id = ""  # what the key binds of the upstream: where it is and its model's name there
+        self._salt_secret = b""
+        if self.upstream is not None:
+            self._upstream_id = f"{self.upstream.config.url} {self.upstream.model}"
+            self._salt_secret = entry_secret(spec.store)
+            self.upstream.client.errors = Counter(
+                "evocache_upstream_errors", "Failed or retried calls to the upstream engine by kind: refused "
+                "(its 4xx), failed (its 5xx), transport, timeout, retried", ["kind"],
+                registry=self.runtime.metrics.registry)
         self._inflight = 0
         self._inflight_lock = threading.Lock()
         model = spec.model
@@ -160,8 +200,12 @@ class ModelServer:
     # only places KV chunk reuse, ``blocks``, the prompt's block hashes the ingress computed under the tenant's
     # salt, and ``call``, the cache's handle of this call).
     def _answer(self, prompt: str, input_ids: list[int], max_tokens: int, temperature: float, top_p: float,
-                top_k: int, seed: int | None, stop: list[str], endpoint: str, *, chunks: tuple[int, ...] = (),
-                blocks: tuple[BlockHash, ...] = (), call: CallHandle) -> Iterator[str]:
+                top_k: int, seed: int | None, stop: list[str], endpoint: str, upstream: str, fields: dict[str, Any],
+                *, chunks: tuple[int, ...] = (), blocks: tuple[BlockHash, ...] = (),
+                call: CallHandle) -> Iterator[str | bytes]:
+        if self.upstream is not None:
+            yield from self._upstream_answer(max_tokens, temperature, top_p, seed, stop, endpoint, fields, call)
+            return
         params = GenerationParams(max_tokens, temperature, top_p, seed, tuple(stop))
         if self.kv is None:
             yield from apply_stop(self.generator.stream(prompt, input_ids, params), stop)
@@ -176,6 +220,34 @@ class ModelServer:
         # The stream ran to its end: its usage is counted and travels in the call's outcome and kv event.
         self.kv_metrics.observe(usage)
         call.report_kv(usage.report())
+
+    def _upstream_answer(self, max_tokens: int, temperature: float, top_p: float, seed: int | None,
+                         stop: list[str], endpoint: str, fields: dict[str, Any],
+                         call: CallHandle) -> Iterator[str | bytes]:
+        """The upstream engine's answer: the request's fields as the client sent them, the sampling fields as
+        the ingress resolved them, and the tenant's ``cache_salt`` (a shared one when the rule's ``kv`` shares
+        prefixes). Its end piece carries the engine's usage, reported as the call's KV usage."""
+        assert self.upstream is not None and call.decided is not None  # decided before the engine runs
+        body: dict[str, Any] = {**fields, "temperature": temperature, "top_p": top_p,
+                                "max_completion_tokens" if endpoint == "chat" else "max_tokens": max_tokens}
+        if seed is not None:
+            body["seed"] = seed
+        if stop:
+            body["stop"] = stop
+        if self.upstream.config.salt:
+            decision = call.decided.decision
+            shared = decision is not None and decision.kv is not None and decision.kv.shared_prefixes
+            body["cache_salt"] = SHARED_SALT_VALUE if shared else tenant_salt(self._salt_secret, str(call.decided.ns))
+        for piece in self.upstream.answer("chat" if endpoint == "chat" else "completions", body):
+            if isinstance(piece, bytes) and piece.startswith(b'{"' + END.encode()):
+                usage = json.loads(piece)[END]["usage"]
+                prompt_tokens = _count(usage.get("prompt_tokens"))
+                details = usage.get("prompt_tokens_details")
+                cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else 0
+                call.report_kv(KvReport(prompt_tokens=prompt_tokens, cached_tokens=cached,
+                                        tier="engine" if cached else None, load_ms=0.0, miss="",
+                                        detail={"engine": "upstream", "cached_tokens": cached}))
+            yield piece
 
     @staticmethod
     def _kv_plan(decided: CallOutcome, prompt_tokens: int, chunks: tuple[int, ...],
@@ -213,14 +285,23 @@ class ModelServer:
             first = next(pieces, _END)
             yield self._decision(pieces.handle, arm)
             text = []
+            end: dict[str, Any] | None = None
             piece = first
             while piece is not _END:
-                text.append(piece)
-                yield piece
+                if isinstance(piece, str):
+                    text.append(piece)
+                    yield piece
+                elif piece.startswith(b'{"' + END.encode()):  # an upstream answer's end: read, not forwarded
+                    end = json.loads(piece)[END]
+                else:
+                    yield piece
                 piece = next(pieces, _END)
-            completion = self._completion_tokens(text, bool(request.stop))
             self._served(request.blocks)
             outcome = pieces.handle.outcome
+            if end is not None:
+                yield self._upstream_finish(end, request, outcome)
+                return
+            completion = self._completion_tokens(text, bool(request.stop))
             cached = outcome.kv.cached_tokens if outcome is not None and outcome.kv is not None else 0
             yield Finish("length" if completion >= request.max_tokens else "stop", len(request.input_ids),
                          completion, cached)
@@ -230,6 +311,17 @@ class ModelServer:
             with self._inflight_lock:
                 self._inflight -= 1
 
+    @staticmethod
+    def _upstream_finish(end: dict[str, Any], request: GenerateRequest, outcome: CallOutcome | None) -> Finish:
+        """The finish of an upstream answer from its end piece: the engine's finish reason and token counts;
+        cached tokens: the whole prompt on a hit (nothing was computed), else what the engine reused."""
+        usage = end.get("usage") or {}
+        prompt_tokens = _count(usage.get("prompt_tokens"), len(request.input_ids))
+        hit = outcome is not None and outcome.outcome == "hit"
+        cached = prompt_tokens if hit else (outcome.kv.cached_tokens if outcome and outcome.kv else 0)
+        return Finish(str(end.get("finish_reason") or "stop"), prompt_tokens,
+                      _count(usage.get("completion_tokens")), cached)
+
     def feedback(self, request: GenerateRequest, correct: bool) -> bool:
         """Say whether the answer this replica served ``request`` semantically was right (a user's verdict):
         the semantic layer learns from it and the rule's SLO breaker counts it. False when this replica served
@@ -238,11 +330,11 @@ class ModelServer:
         with use_runtime(rt), tenant_scope(request.tenant, request.tenant_tier):
             return self.answer.feedback(**self._kwargs(request), correct=correct)
 
-    @staticmethod
-    def _kwargs(request: GenerateRequest) -> dict[str, Any]:
+    def _kwargs(self, request: GenerateRequest) -> dict[str, Any]:
         return {"prompt": request.prompt, "input_ids": list(request.input_ids), "max_tokens": request.max_tokens,
                 "temperature": request.temperature, "top_p": request.top_p, "top_k": 0, "seed": request.seed,
-                "stop": list(request.stop), "endpoint": request.endpoint}
+                "stop": list(request.stop), "endpoint": request.endpoint, "upstream": self._upstream_id,
+                "fields": dict(request.fields or {})}
 
     def _completion_tokens(self, pieces: list[str], stopped: bool) -> int:
         """A model's pieces are its tokens (unless stop sequences re-cut them); else the text's token count."""
@@ -317,6 +409,8 @@ class ModelServer:
         return self.runtime.metrics.exposition()
 
     def close(self) -> None:
+        if self.upstream is not None:
+            self.upstream.close()
         if self.follower is not None:
             self.follower.stop()
         if self.policy_store is not None:

@@ -11,7 +11,10 @@
         ├── UnsupportedMediaType  415: the body is not declared ``application/json``
         ├── RateLimited      429: the tenant is over its request rate (``retry_after`` seconds)
         ├── Unavailable      503: no replica (or key store) can serve the request now (``retry_after``)
+        ├── BadGateway       502: the upstream engine failed (a 5xx, a reset, a malformed stream)
+        ├── UpstreamRefused  the upstream engine's own 4xx, passed through with its status and fields
         ├── GatewayTimeout   504: a replica took the request but its answer outlasted the request's deadline
+        │                    (or the upstream engine said nothing for its read timeout)
         └── ClientGone       499: the client closed the connection before its answer (never sent: counted)
 
 A 503 says "try again": the official client retries it. A 504 says the work itself took too long, so an
@@ -22,6 +25,8 @@ replica's generation is cancelled when it is sent.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class ServingError(Exception):
@@ -108,6 +113,37 @@ class Unavailable(ApiError):
     def __init__(self, message: str, param: str | None = None, *, retry_after: float | None = None) -> None:
         super().__init__(message, param)
         self.retry_after = retry_after
+
+
+class BadGateway(ApiError):
+    """The upstream engine failed: nothing partial was stored, and a retry may find it well again."""
+
+    status = 502
+    error_type = "server_error"
+    code = "bad_gateway"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message, self.param))
+
+
+class UpstreamRefused(ApiError):
+    """The upstream engine's own refusal of the request (a 4xx), passed to the client as it came."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, *, error_type: str | None = None,
+                 code: str | None = None, retry_after: float | None = None) -> None:
+        super().__init__(message, param)
+        self.status = status
+        self.error_type = error_type or "invalid_request_error"
+        self.code = code
+        self.retry_after = retry_after
+
+    def __reduce__(self) -> tuple[Any, ...]:  # across Ray: every field, not only the message
+        return (_refused, (self.status, self.message, self.param, self.error_type, self.code, self.retry_after))
+
+
+def _refused(status: int, message: str, param: str | None, error_type: str | None, code: str | None,
+             retry_after: float | None) -> UpstreamRefused:
+    return UpstreamRefused(status, message, param, error_type=error_type, code=code, retry_after=retry_after)
 
 
 class GatewayTimeout(ApiError):
