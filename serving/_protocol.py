@@ -21,6 +21,10 @@ Fields OpenAI defines fall in three sets:
   that asks for nothing (``n: 1``, ``tools: []``) passes. Serving such a request the plain request's answer
   would also file it under the plain request's cache entry.
 
+With an upstream engine (``parse_upstream_request``) a fourth set, ``PASSED_CHAT_FIELDS`` or
+``PASSED_COMPLETION_FIELDS`` with a message's refused fields and the deployment's own, reaches the engine as the
+client sent it and is keyed. ``cache_salt`` is always refused: the tenant's salt comes from its key.
+
 Any other name is refused with a 400 naming it, so a misspelt field (``max_token``) never silently does
 nothing.
 """
