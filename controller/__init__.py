@@ -11,6 +11,7 @@ Public names are re-exported here; the modules behind them are private.
 from ._blocks import MAX_BLOCK_TOKENS, BlockHash, block_hashes
 from ._cache_if import CacheInfo, cache_if
 from ._contract import Admission, SemanticOptions, Tenant, tenant_scope
+from ._control import NO_STORE, REFRESH, CacheControl, cache_control
 from ._events import OUTCOMES as EVENT_OUTCOMES
 from ._calls import read_events
 from ._events import INCOMPLETE, AccessEvent, EventSink, JsonlSink, RedisStreamSink, RingSink
@@ -82,6 +83,7 @@ __all__ = [
     "Admission",
     "AsyncCallStream",
     "BlockHash",
+    "CacheControl",
     "CacheInfo",
     "CacheKey",
     "CacheMetrics",
@@ -116,6 +118,7 @@ __all__ = [
     "L3",
     "LearnedModelError",
     "MAX_BLOCK_TOKENS",
+    "NO_STORE",
     "Lookup",
     "MemoryTier",
     "Namespace",
@@ -129,6 +132,7 @@ __all__ = [
     "PolicyStoreConfig",
     "PolicyStoreError",
     "REDIS_ERRORS",
+    "REFRESH",
     "RedisConfig",
     "RedisPolicyStore",
     "RedisStreamSink",
@@ -158,6 +162,7 @@ __all__ = [
     "UnenforceablePolicy",
     "block_hashes",
     "build_runtime",
+    "cache_control",
     "cache_if",
     "canary_for",
     "check_policy",

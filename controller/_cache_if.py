@@ -66,6 +66,9 @@ from ._contract import (
 )
 from ._events import INCOMPLETE, SCHEMA_VERSION
 from ._keys import template_hash
+from evocache.dsl import CLIENT_CONTROLS
+
+from ._control import NO_STORE, REFRESH, current_control
 from ._outcome import COALESCED, AsyncCallStream, Called, CallHandle, CallOutcome, CallStream, next_call_number
 from ._metrics import LATENCY_BUCKETS
 from ._runtime import CacheRuntime, StoreConfig, build_runtime, current_runtime
@@ -452,6 +455,7 @@ class CachedFunction:
         counters = self.counters
         identity = self.identity
         tenant_get = current_tenant.get
+        control_get = current_control.get
         issimple = SIMPLE_TYPES.issuperset
         buckets = LATENCY_BUCKETS
         first_bucket = buckets[0]
@@ -477,7 +481,7 @@ class CachedFunction:
             # every breaker holds.
             if plan is None or not plan.l1_first or (
                 bypassing and (plan.rule in bypassing or plan.tenant_rule in bypassing)
-            ):
+            ) or control_get() is not None:  # a caller's directives are the full path's to apply
                 return full_path(rt, args, kwargs, plan, memo_key)
             now = clock()
             slot = plan.slot
@@ -520,7 +524,7 @@ class CachedFunction:
     # -- lookup and admission (shared by every function kind) ---------------------------------------------
 
     def _lookup(self, rt: CacheRuntime, plan: Plan, started: float, handle: CallHandle,
-                owner: object = None) -> _Lookup:
+                owner: object = None, max_age: float | None = None) -> _Lookup:
         """A hit's value, or a miss with its ``epoch``, what ``_admit`` checks its result against (see
         ``_invalidate_slot``). A payload that does not decode is deleted and counted, and the call is a miss.
         With an ``owner`` (the call coalesces), a miss joins its key's flight: as its leader (decided a miss
@@ -528,6 +532,8 @@ class CachedFunction:
         epoch = self._epoch
         found = rt.store.get(plan.ns, plan.key, plan.tiers)
         entry = found.entry
+        if entry is not None and max_age is not None and rt.clock() - entry.created_at > max_age:
+            entry = None  # older than the caller accepts: a miss for this call, kept for the others
         if entry is not None:
             try:
                 value = self._decode(entry.value)
@@ -638,10 +644,11 @@ class CachedFunction:
 
     def _admit(
         self, rt: CacheRuntime, plan: Plan, payload: bytes | None, saved_ms: float, reason: str, epoch: int,
-        handle: CallHandle,
+        handle: CallHandle, ttl: float | None = None,
     ) -> tuple[str, ...]:
-        """Store the computed payload if the plan allows it (and no invalidate overtook it); returns the tiers
-        that took it (none: not stored), and finishes the call's outcome with them."""
+        """Store the computed payload if the plan allows it (and no invalidate overtook it), for ``ttl`` (a
+        caller's, shorter than the plan's) or the plan's; returns the tiers that took it (none: not stored),
+        and finishes the call's outcome with them."""
         started = time.perf_counter()
         if payload is not None and (epoch < self._epoch_floor or self._invalidated.get(plan.slot, 0) > epoch):
             payload, reason = None, "invalidated"  # computed before an invalidate/refresh: stale on arrival
@@ -654,11 +661,11 @@ class CachedFunction:
         now = rt.clock()
         entry = Entry(
             value=payload,
-            expires_at=now + plan.ttl,
+            expires_at=now + (plan.ttl if ttl is None else ttl),
             created_at=now,
             rule=plan.rule,
             saved_ms=saved_ms,
-            sliding_ttl=plan.ttl if plan.sliding else None,
+            sliding_ttl=(plan.ttl if ttl is None else ttl) if plan.sliding else None,
         )
         stored_in = rt.store.set(plan.ns, plan.key, entry, plan.tiers)  # the tiers that took it
         if not stored_in:  # every selected tier failed the write (the store counted each failure)
@@ -743,7 +750,17 @@ class CachedFunction:
                     return False, value
                 plan = safe
             learning = None
-            if refresh_epoch is not None:
+            control = current_control.get()
+            if control is not None:
+                control = control.within(plan.decision.client_controls if plan.decision is not None
+                                         else CLIENT_CONTROLS)
+            ttl = None if control is None or control.ttl_s is None else min(plan.ttl, control.ttl_s)
+            if control is not None and control.no_cache and refresh_epoch is None:
+                refresh_epoch = self._invalidate_slot(plan.slot)
+                self.counters.misses += 1
+                self._decided(rt, plan, handle, "miss", None, 0, time.perf_counter() - started, reason=REFRESH)
+                epoch = refresh_epoch
+            elif refresh_epoch is not None:
                 epoch = refresh_epoch
                 handle.decide(self._outcome(rt, plan, handle, "miss", None, 0, time.perf_counter() - started))
             else:
@@ -752,8 +769,9 @@ class CachedFunction:
                     owner: object = threading.get_ident()  # no task can be inside a sync call but its own
                 else:
                     owner = _owner() if not self._streams or plan.stream_ok else None
+                max_age = control.max_age_s if control is not None else None
                 while True:
-                    found = yield _Store(functools.partial(self._lookup, rt, plan, started, handle, owner))
+                    found = yield _Store(functools.partial(self._lookup, rt, plan, started, handle, owner, max_age))
                     if found.follow is None:
                         break
                     landed = yield _Wait(found.follow)
@@ -781,7 +799,10 @@ class CachedFunction:
             value = yield _COMPUTE
             saved_ms = (time.perf_counter() - t0) * 1000.0
             payload, reason = self._payload(plan, value)
-            stored = yield _Store(functools.partial(self._admit, rt, plan, payload, saved_ms, reason, epoch, handle))
+            if control is not None and control.no_store and payload is not None:
+                payload, reason = None, NO_STORE
+            stored = yield _Store(functools.partial(self._admit, rt, plan, payload, saved_ms, reason, epoch, handle,
+                                                    ttl))
             if lead is not None:  # stored (or not) by now: later calls find the entry, followers get the payload
                 self._land(lead, _ALONE if payload is None else _Landed(payload, stored, saved_ms))
             if learning is not None:  # the semantic update may embed

@@ -22,6 +22,7 @@ from ._functions import FUNCTIONS, FunctionSpec
 # --- policy document exports (owned by the policy module) ---
 from ._duration import format_duration, parse_duration
 from ._policy import (
+    CLIENT_CONTROLS,
     SEMANTIC_EXPLORE,
     AutoApprove,
     Decision,
@@ -43,6 +44,7 @@ from ._policy import (
 from ._diff import Change, PolicyDiff, diff_policies
 
 __all__ = [
+    "CLIENT_CONTROLS",
     "SEMANTIC_EXPLORE",
     "AutoApprove",
     "Change",

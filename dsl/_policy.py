@@ -154,6 +154,10 @@ Int = Annotated[int, Strict()]
 Number = Annotated[float, Strict()]  # strict float still takes ints; it refuses strings and booleans
 Share = Annotated[Number, Field(ge=0, le=1)]
 CacheMode = Literal["response", "bypass"]
+# The directives a caller may give one call (HTTP Cache-Control, a gateway's body object): serve without
+# storing, store without serving, a bound on the served entry's age, a shorter ttl for what it stores.
+ClientControl = Literal["no-store", "no-cache", "max-age", "ttl"]
+CLIENT_CONTROLS: tuple[str, ...] = ("no-store", "no-cache", "max-age", "ttl")
 FieldName = Annotated[str, Strict(), AfterValidator(_check_field_name)]
 TypeName = Annotated[str, Strict(), AfterValidator(_check_type_name)]
 FrozenMapping = WrapSerializer(_dump_mapping)
@@ -412,6 +416,7 @@ class Defaults(_Model):
     stream: Bool = True
     semantic: SemanticSpec | None = None
     kv: KvSpec | None = None
+    client_controls: tuple[ClientControl, ...] | None = None  # None: every one of CLIENT_CONTROLS
 
 
 class Rule(_Model):
@@ -430,6 +435,7 @@ class Rule(_Model):
     semantic: SemanticSpec | None = None
     kv: KvSpec | None = None
     slo: SloSpec | None = None  # over the policy's slo, field by field (SloSpec.over)
+    client_controls: tuple[ClientControl, ...] | None = None  # the directives a caller may give ([]: none)
 
     @model_validator(mode="before")
     @classmethod
@@ -806,7 +812,8 @@ class Decision:
     ``kv`` is None when KV reuse is off (no ``kv`` in the rule or the defaults, or ``reuse: off``), else the
     rule's ``kv`` over the defaults', field by field, resolved (``KvSpec.resolved``: every field filled in,
     ``tiers`` from the decision's where not written). ``skipped`` names the rules before this one whose
-    ``when`` could not be evaluated on the view (see ``Policy.decide``).
+    ``when`` could not be evaluated on the view (see ``Policy.decide``). ``client_controls``: the per-call
+    directives a caller may give this call (``controller.CacheControl``); the others are ignored.
     """
 
     rule: str
@@ -820,6 +827,7 @@ class Decision:
     semantic: SemanticSpec | None
     kv: KvSpec | None
     skipped: tuple[str, ...] = ()
+    client_controls: tuple[str, ...] = CLIENT_CONTROLS
 
 
 def _resolve(defaults: Defaults, rule: Rule | None) -> Decision:
@@ -841,6 +849,7 @@ def _resolve(defaults: Defaults, rule: Rule | None) -> Decision:
         stream=pick("stream"),
         semantic=None if semantic is None else semantic.resolved(),
         kv=None if kv is None else kv.resolved(tiers),
+        client_controls=CLIENT_CONTROLS if pick("client_controls") is None else tuple(pick("client_controls")),
     )
 
 

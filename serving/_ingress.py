@@ -47,12 +47,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from evocache.controller import block_hashes, namespace_for
+from evocache.controller import CacheControl, block_hashes, namespace_for
 
 from ._auth import AdminKeys, KeyStore, Rate, RateLimiter, authenticate, authorization_header, tenant_rates
 from ._model import Tokenizer
 from ._protocol import (
     AssistantMessage,
+    CacheDirectives,
     ChatChoice,
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -190,8 +191,8 @@ class Api:
     # -- request -> GenerateRequest ----------------------------------------------------------------------
 
     def to_generate(self, parsed: CompletionRequest | ChatCompletionRequest, tenant_id: str, tier: str,
-                    endpoint: Literal["completions", "chat"],
-                    fields: Mapping[str, Any] | None = None) -> GenerateRequest:
+                    endpoint: Literal["completions", "chat"], fields: Mapping[str, Any] | None = None,
+                    control: CacheControl | None = None, partition: str = "") -> GenerateRequest:
         if parsed.model != self.model_id:
             raise BadRequest(f"model: {parsed.model!r} is not served here; GET /v1/models lists {self.model_id!r}",
                              "model")
@@ -225,7 +226,7 @@ class Api:
             tenant=tenant_id, tenant_tier=tier, max_tokens=max_tokens,
             temperature=float(temperature), top_p=float(parsed.top_p if parsed.top_p is not None else 1.0),
             seed=parsed.seed, stop=tuple(stop), stream=parsed.stream, include_usage=include_usage,
-            created=int(time.time()), chunks=chunks, fields=fields,
+            created=int(time.time()), chunks=chunks, fields=fields, control=control, cache_namespace=partition,
         )
 
     def _prompt(self, prompt: Any) -> tuple[str, list[int]]:
@@ -450,7 +451,8 @@ def build_fastapi(api: Api) -> FastAPI:
                 parsed = parse_request(body, kind, api.limits)
             else:
                 parsed, fields = parse_upstream_request(body, kind, api.limits, api.upstream_fields)
-            work = api.to_generate(parsed, tenant.id, tenant.tier, endpoint, fields)
+            control, partition = client_cache(request.headers.getlist("cache-control"), parsed.cache)
+            work = api.to_generate(parsed, tenant.id, tenant.tier, endpoint, fields, control, partition)
             deadline = arrived + request_timeout(request.headers.getlist(TIMEOUT_HEADER), api.limits)
             # Until the response starts, nobody else reads the connection: a closed one cancels the call.
             # (A stream's response listens itself from its first chunk on.)
@@ -542,6 +544,43 @@ def serve_metrics(api: Api, host: str, port: int) -> Any:
     if not server.started:
         log.warning("metrics: no listener on %s:%d (see uvicorn's error above)", host, port)
     return server
+
+
+_MAX_AGE_DIGITS = 12
+
+
+def client_cache(values: list[str], body: CacheDirectives | None) -> tuple[CacheControl | None, str]:
+    """The client's cache directives and partition: ``Cache-Control`` headers (``no-store``, ``no-cache``,
+    ``max-age=N``; other directives are ignored, as HTTP asks) and the body's ``cache`` object, together (the
+    stricter of two bounds). ``BadRequest`` naming ``Cache-Control`` for a bound that is not a number."""
+    no_store = no_cache = False
+    max_age: float | None = None
+    ttl: float | None = None
+    for value in values:
+        for directive in value.split(","):
+            name, _, argument = directive.strip().partition("=")
+            name = name.strip().lower()
+            if name == "no-store":
+                no_store = True
+            elif name == "no-cache":
+                no_cache = True
+            elif name in ("max-age", "s-maxage"):
+                seconds = argument.strip().strip('"')
+                if not seconds.isdigit() or not seconds.isascii() or len(seconds) > _MAX_AGE_DIGITS:
+                    raise BadRequest(f"Cache-Control: {name}={argument[:20]!r} is not a number of seconds",
+                                     "Cache-Control")
+                max_age = min(float(seconds), max_age if max_age is not None else float("inf"))
+    partition = ""
+    if body is not None:
+        no_store |= body.no_store
+        no_cache |= body.no_cache
+        ttl = body.ttl
+        if body.s_maxage is not None:
+            max_age = min(body.s_maxage, max_age if max_age is not None else float("inf"))
+        partition = body.namespace or ""
+    if not (no_store or no_cache or max_age is not None or ttl is not None):
+        return None, partition
+    return CacheControl(no_store=no_store, no_cache=no_cache, max_age_s=max_age, ttl_s=ttl), partition
 
 
 TIMEOUT_HEADER = "x-evocache-timeout"

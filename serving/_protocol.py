@@ -103,6 +103,21 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class CacheDirectives(_Strict):
+    """The body's ``cache`` object (LiteLLM's shape): ``no-store`` (serve, don't store), ``no-cache`` (skip the
+    lookup, store the fresh answer), ``ttl`` (seconds the stored answer lives, at most its rule's),
+    ``s-maxage`` (an entry older than this is not served), ``namespace`` (a partition within the tenant,
+    never across tenants: its own entries)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=False)
+
+    no_store: bool = Field(False, alias="no-store")
+    no_cache: bool = Field(False, alias="no-cache")
+    ttl: float | None = Field(None, ge=0, allow_inf_nan=False)
+    s_maxage: float | None = Field(None, alias="s-maxage", ge=0, allow_inf_nan=False)
+    namespace: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
 class _Sampling(_Strict):
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -115,6 +130,7 @@ class _Sampling(_Strict):
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    cache: CacheDirectives | None = None
 
 
 class CompletionRequest(_Sampling):
@@ -287,7 +303,7 @@ def _field_names(*models: type[BaseModel]) -> frozenset[str]:
 
 _FIELDS = _field_names(
     CompletionRequest, ChatCompletionRequest, Message, ContentPart, ToolCall, ToolCallFunction, StreamOptions
-)
+) | frozenset(f.alias or name for name, f in CacheDirectives.model_fields.items())
 
 
 def _path(error: Any) -> str:

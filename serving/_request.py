@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from evocache.controller import BlockHash
+from evocache.controller import BlockHash, CacheControl
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +44,10 @@ class GenerateRequest:
     # With an upstream engine: the fields it gets as the client sent them (the prompt or messages, and those
     # passed through: tools, response_format, ...); None with the built-in engine.
     fields: Mapping[str, Any] | None = None
+    # The client's cache directives (Cache-Control, the body's cache object) and its partition of the
+    # tenant's entries ("" for none).
+    control: CacheControl | None = None
+    cache_namespace: str = ""
 
     @property
     def rollout_key(self) -> bytes:
@@ -53,6 +57,12 @@ class GenerateRequest:
             return bytes(self.blocks[0])
         data = f"{len(self.tenant)}:{self.tenant}:{self.prompt}".encode()
         return hashlib.blake2b(data, digest_size=16).digest()
+
+
+CACHE_STATUS = ("HIT", "SEMANTIC HIT", "MISS", "BYPASS", "REFRESH", "STORE-SKIPPED")
+"""``x-evocache-status``: an exact or a semantic hit; a miss; not looked up (``x-evocache-reason`` says why);
+a miss whose lookup the client skipped (``no-cache``), and one whose answer it asked not to store
+(``no-store``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +79,11 @@ class Decision:
     replica: str
     reason: str = ""
     cached_tokens: int = 0
+    status: str = ""  # CACHE_STATUS: what a gateway's users read (HIT, SEMANTIC HIT, MISS, ...)
 
     def headers(self) -> dict[str, str]:
         headers = {
+            "x-evocache-status": self.status or self.outcome.upper(),
             "x-evocache-outcome": self.outcome,
             "x-evocache-tier": self.tier or "none",
             "x-evocache-rule": self.rule or "none",

@@ -30,11 +30,15 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from prometheus_client import Counter
+
+from evocache.dsl import CLIENT_CONTROLS
 from pydantic import BaseModel, ConfigDict, Field
 
 from evocache.controller import (
     Admission,
+    REFRESH,
     BlockHash,
+    CacheControl,
     KvReport,
     CacheRuntime,
     CallHandle,
@@ -45,6 +49,7 @@ from evocache.controller import (
     SemanticOptions,
     StoreConfig,
     build_runtime,
+    cache_control,
     cache_if,
     entry_secret,
     open_policy_store,
@@ -115,6 +120,22 @@ def _structure(pieces: list[str | bytes]) -> list[Any]:
 
 
 _END = object()
+
+
+def _status(decided: CallOutcome, control: CacheControl | None) -> str:
+    """The call's ``CACHE_STATUS``: a miss under the client's no-store (its rule allowing it) is
+    ``STORE-SKIPPED``, one whose lookup its no-cache skipped ``REFRESH``."""
+    if decided.outcome == "hit":
+        return "SEMANTIC HIT" if decided.reason == "semantic" else "HIT"
+    if decided.outcome != "miss":
+        return "BYPASS"
+    if decided.reason == REFRESH:
+        return "REFRESH"
+    if control is not None and control.no_store:
+        allowed = decided.decision.client_controls if decided.decision is not None else CLIENT_CONTROLS
+        if "no-store" in allowed:
+            return "STORE-SKIPPED"
+    return "MISS"
 
 
 def _count(value: Any, default: int = 0) -> int:
@@ -201,7 +222,7 @@ class ModelServer:
     # salt, and ``call``, the cache's handle of this call).
     def _answer(self, prompt: str, input_ids: list[int], max_tokens: int, temperature: float, top_p: float,
                 top_k: int, seed: int | None, stop: list[str], endpoint: str, upstream: str, fields: dict[str, Any],
-                *, chunks: tuple[int, ...] = (), blocks: tuple[BlockHash, ...] = (),
+                cache_namespace: str, *, chunks: tuple[int, ...] = (), blocks: tuple[BlockHash, ...] = (),
                 call: CallHandle) -> Iterator[str | bytes]:
         if self.upstream is not None:
             yield from self._upstream_answer(max_tokens, temperature, top_p, seed, stop, endpoint, fields, call)
@@ -279,11 +300,11 @@ class ModelServer:
         try:
             arm, rt = self.rollouts.arm_for(request.rollout_key)
             kwargs = self._kwargs(request)
-            with use_runtime(rt), tenant_scope(request.tenant, request.tenant_tier):
+            with use_runtime(rt), tenant_scope(request.tenant, request.tenant_tier), cache_control(request.control):
                 pieces = self.answer.call(**kwargs, chunks=request.chunks, blocks=request.blocks)
                 self.rollouts.compare(self.answer, (), kwargs, base=rt)
-            first = next(pieces, _END)
-            yield self._decision(pieces.handle, arm)
+                first = next(pieces, _END)  # the lookup runs here, under the client's directives
+            yield self._decision(pieces.handle, arm, request.control)
             text = []
             end: dict[str, Any] | None = None
             piece = first
@@ -334,7 +355,7 @@ class ModelServer:
         return {"prompt": request.prompt, "input_ids": list(request.input_ids), "max_tokens": request.max_tokens,
                 "temperature": request.temperature, "top_p": request.top_p, "top_k": 0, "seed": request.seed,
                 "stop": list(request.stop), "endpoint": request.endpoint, "upstream": self._upstream_id,
-                "fields": dict(request.fields or {})}
+                "fields": dict(request.fields or {}), "cache_namespace": request.cache_namespace}
 
     def _completion_tokens(self, pieces: list[str], stopped: bool) -> int:
         """A model's pieces are its tokens (unless stop sequences re-cut them); else the text's token count."""
@@ -345,13 +366,14 @@ class ModelServer:
     def complete(self, request: GenerateRequest) -> Completion:
         return completion_of(self.stream(request))
 
-    def _decision(self, handle: CallHandle, arm: str) -> Decision:
+    def _decision(self, handle: CallHandle, arm: str, control: CacheControl | None = None) -> Decision:
         """What the response headers say: the call's decision (known once its first piece is out, or its
-        stream ended), the arm and this replica."""
+        stream ended), its status (``CACHE_STATUS``), the arm and this replica."""
         decided = handle.decided
         assert decided is not None  # the cache decides every call before its first piece or its end
         return Decision(outcome=decided.outcome, tier=decided.tier or "", rule=decided.rule,
-                        policy=decided.policy, arm=arm, replica=self.replica_id, reason=decided.reason)
+                        policy=decided.policy, arm=arm, replica=self.replica_id, reason=decided.reason,
+                        status=_status(decided, control))
 
     # -- what the router, health checks and /metrics read -------------------------------------------------
 

@@ -15,6 +15,10 @@ from pathlib import Path
 import uvicorn
 from _helpers import eventually, free_port
 
+from evocache.controller import EventsConfig, StoreConfig
+from evocache.serving import Api, FileKeyStore, LocalBackend, ModelConfig, ModelServer, ServerSpec
+from evocache.serving._model import ByteTokenizer, CallableGenerator
+
 CALLS: list[str] = []
 
 KEYS = {"sk-acme-test-key-0001": ("acme", "pro"), "sk-globex-test-key-02": ("globex", "free")}
@@ -82,3 +86,14 @@ class UvicornThread:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+def serve(tmp_path, model, **api_options):
+    """The HTTP API in this process over one replica serving ``model`` (a callable): ``(api, server)``; the
+    caller serves ``build_fastapi(api)`` and closes the server."""
+    spec = ServerSpec(model=ModelConfig(kind="callable", id="echo", callable="_serving_fixtures:echo_model"),
+                      store=StoreConfig(events=EventsConfig(sink="ring")), block_size=4)
+    server = ModelServer(spec, "replica-a", generator=CallableGenerator(model, "model"), tokenizer=ByteTokenizer())
+    api = Api(model_id="echo", model_revision="", tokenizer=ByteTokenizer(), backend=LocalBackend([server]),
+              keys=FileKeyStore.load(write_keys(tmp_path / "keys.yaml")), block_size=4, **api_options)
+    return api, server

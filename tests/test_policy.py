@@ -408,7 +408,7 @@ BROKEN_EXPECTED = {
             5,
             "rules[0].tll",
             "unknown field 'tll'; known fields: name, when, cache, ttl, sliding, tiers, "
-            "max_entry_bytes, allow_sampling, stream, semantic, kv, slo",
+            "max_entry_bytes, allow_sampling, stream, semantic, kv, slo, client_controls",
         ),
     ],
     "unknown-name.yaml": [
@@ -501,7 +501,7 @@ def test_all_issues_are_collected_in_document_order() -> None:
             33,
             "defaults.sliding",
             "unknown field 'sliding'; known fields: cache, ttl, tiers, max_entry_bytes, "
-            "allow_sampling, stream, semantic, kv",
+            "allow_sampling, stream, semantic, kv, client_controls",
         ),
         (7, 11, "rules[0].when", UNKNOWN_NOPE.replace("prompt, ", "prompt, route, ")),
         (8, 22, "rules[0].max_entry_bytes", "must be greater than 0; got int -3"),

@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 from _helpers import eventually
-from _serving_fixtures import KEYS, UvicornThread, write_keys
+from _serving_fixtures import KEYS, UvicornThread, serve, write_keys
 
 from evocache.controller import EventsConfig, StoreConfig
 from evocache.serving import (
@@ -76,15 +76,6 @@ def slow_model(prompt: str, max_tokens: int) -> Iterator[str]:
     for _ in range(max_tokens):
         time.sleep(0.02)
         yield "y"
-
-
-def serve(tmp_path, model, **api_options):
-    spec = ServerSpec(model=ModelConfig(kind="callable", id="echo", callable="_serving_fixtures:echo_model"),
-                      store=StoreConfig(events=EventsConfig(sink="ring")), block_size=4)
-    server = ModelServer(spec, "replica-a", generator=CallableGenerator(model, "model"), tokenizer=ByteTokenizer())
-    api = Api(model_id="echo", model_revision="", tokenizer=ByteTokenizer(), backend=LocalBackend([server]),
-              keys=FileKeyStore.load(write_keys(tmp_path / "keys.yaml")), block_size=4, **api_options)
-    return api, server
 
 
 def cancelled(api: Api, why: str) -> float:
