@@ -7,8 +7,9 @@
 
 ``signals`` collects (access events, NVML, host, torch.profiler traces, Nsight Compute CSVs), ``diagnosis``
 tests (Granger causality, key drift, change points, knees, output shifts, bimodal latency, rules that never
-hit, tenants that push others out); the loop (``_loop``) turns findings into candidate edits, judges each by
-replay (``controller.replay.PolicySimulator``, ``_evidence``), stores the best as a proposal (``_proposals``),
-and rolls it out on the policy store's canary after a review. Heavy imports (statsmodels, ruptures, LangGraph, matplotlib) happen in
-the code that needs them.
+hit, tenants that push others out); the loop (``_loop``, a LangGraph graph) turns findings into candidate
+edits (``_proposer``), judges each by replay (``_judge``, over ``controller.replay.PolicySimulator``), stores
+the best as a proposal (``_proposals``) and rolls it out on the policy store's canary after a review, every
+write through one actuator (``_actuator``). Heavy imports (statsmodels, ruptures, LangGraph, matplotlib)
+happen in the code that needs them.
 """

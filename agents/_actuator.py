@@ -9,20 +9,22 @@ histories agree after every one:
     roll_back      roll the canary back (a breach)         record rolled_back  proposal -> rolled_back
     withdraw       roll the canary back (inconclusive)     record rolled_back  proposal -> waiting
 
-and the writes that touch the proposal store alone: ``add`` (a new proposal), ``review`` (a person's verdict),
-``approve`` (inside the guardrails), ``hold`` (too little traffic to judge: a person decides), ``invalidate``
-(evidence that no longer holds), ``stale``, ``supersede`` and ``realised`` (what a promotion gained once it
-ran). The analysis that chooses a move is
-elsewhere (``agents._canary``); what the loop remembers of it (the window a canary started at) is the
-caller's state.
+and ``adopt``, which starts the loop on the policy store: the policy in force is recorded as applied in the
+proposal store's history once, whether the loop applied it or found it there, and not again when the loop is
+opened anew on the same stores. Then the writes that touch the proposal store alone: ``add`` (a new
+proposal), ``review`` (a person's verdict), ``approve`` (inside the guardrails), ``hold`` (too little traffic
+to judge: a person decides), ``invalidate`` (evidence that no longer holds), ``stale``, ``supersede`` and
+``realised`` (what a promotion gained once it ran). The analysis that chooses a move is elsewhere
+(``agents._canary``); what the loop remembers of it (the window a canary started at) is the caller's state.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from evocache.controller import PolicyStore, UnenforceablePolicy
-from evocache.dsl import parse_policy
+from evocache.dsl import Policy, parse_policy, policy_to_yaml
 
 from ._canary import CanaryEvidence, CanaryVerdict
 
@@ -36,6 +38,19 @@ class Actuator:
         self.policies = policies
         self.proposals = proposals
         self.actor = actor
+
+    def adopt(self, policy: Policy, *, replace: bool = False) -> Policy:
+        """Put ``policy`` in force when the policy store has none (with ``replace``, over the one in force),
+        and record the policy in force as applied in the proposal store's history unless that history has it
+        in force already; the policy in force."""
+        if replace or self.policies.state().active is None:
+            self.policies.apply(policy)
+        active = self.policies.load(self.policies.state().active)
+        if _in_force(self.proposals.policy_history()) != str(active.ref):
+            self.proposals.record_policy(
+                str(active.ref), policy_to_yaml(active), kind="applied", actor=self.actor
+            )
+        return active
 
     def start_canary(self, proposal_id: str) -> str:
         """Put an approved proposal on the canary at its base's ``guardrails.canary.fraction``: ``canary``.
@@ -128,3 +143,9 @@ class Actuator:
         self.proposals.record_policy(
             proposal.new_ref, proposal.new_policy, kind=kind, actor=self.actor, proposal_id=proposal.id
         )
+
+
+def _in_force(history: Sequence[Any]) -> str | None:
+    """The ref a proposal store's policy history has in force: the newest applied or promoted (a canary
+    rolled back leaves the one before it in force)."""
+    return next((r.ref for r in reversed(history) if r.kind in ("applied", "promoted")), None)

@@ -24,9 +24,12 @@ The actuator (``agents._actuator``) acts on the verdict; this module only decide
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ._evidence import ArmMetrics, Comparison
+
+if TYPE_CHECKING:
+    from evocache.dsl import Policy
 
 Phase = Literal["promote", "rollback", "continue", "inconclusive"]
 
@@ -42,6 +45,13 @@ class CanaryRules:
     max_drop: float
     min_requests: int
     max_error_rate: float | None
+
+    @classmethod
+    def of(cls, policy: Policy) -> CanaryRules:
+        """The rules ``policy`` (the policy in force) sets."""
+        spec = policy.guardrails.rollout
+        slo = policy.slo.max_error_rate
+        return cls(spec.windows, spec.max_windows, spec.max_drop, spec.min_requests, slo)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +96,40 @@ class CanaryVerdict:
     phase: Phase
     windows: int
     reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryAnalysis:
+    """One pass's analysis of the canary of ``proposal``: the ``verdict``, the windows it covers (``span``:
+    the window the canary started at and the newest) and the ``evidence`` it was reached on (None before the
+    canary may be judged). The loop's graph carries it from the node that analyses to the node that acts as
+    plain data (``to_dict``)."""
+
+    proposal: str
+    verdict: CanaryVerdict
+    span: tuple[int, int]
+    evidence: CanaryEvidence | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "proposal": self.proposal,
+            "phase": self.verdict.phase,
+            "reason": self.verdict.reason,
+            "windows": self.verdict.windows,
+            "span": list(self.span),
+            "evidence": None if self.evidence is None else self.evidence.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CanaryAnalysis:
+        first, last = data["span"]
+        plain = data["evidence"]
+        return cls(
+            data["proposal"],
+            CanaryVerdict(data["phase"], data["windows"], data["reason"]),
+            (first, last),
+            None if plain is None else CanaryEvidence.from_dict(plain),
+        )
 
 
 def analyse_canary(rules: CanaryRules, windows: int, evidence: CanaryEvidence | None) -> CanaryVerdict:

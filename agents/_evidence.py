@@ -250,3 +250,9 @@ class Judgement:
             "windows": list(self.windows),
             "evaluated_at": self.evaluated_at,
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Judgement:
+        """The judgement ``to_dict`` wrote."""
+        first, last = data["windows"]
+        return cls(Comparison.from_dict(data), data["view"], (first, last), data["evaluated_at"])

@@ -2,40 +2,43 @@
 
     START ── reconcile ── observe ── diagnose ─┬─ analyse ── act ── END         (a canary is out)
                                                └─ retrain ── propose ─┬─ END     (nothing worth it)
-                                                                      ├─ hold ── END
-                                                                      ├─ approve ── canary ── END
-                                                                      └─ review ── decide ─┬─ canary ── END
-                                                                                           └─ END
+                                                                      └─ store   (below)
+
+    store ─┬─ hold ── END                                                        (too little traffic)
+           ├─ approve ── canary ── END
+           └─ review ── decide ─┬─ canary ── END
+                                └─ END                                           (rejected)
 
 Every window is diagnosed, a canary out or not, so a drift during a canary is seen when it comes. A route is
 named after the node it leads to.
 
-State is plain data (``LoopState``): the window's index, the findings, the proposal id, a person's verdict,
-the canary's analysis, this pass's breach and retraining (for the report), and the loop's memory
-(``agents._memory.Memory``: the newest windows served, the series, when each canary started and each promotion
-came, the kept model). The memory is handed in with each pass and handed back by it, and the SQLite
-checkpointer keeps it with the pass, so a review resumed from another process (``resume_review``) sees the
-history the waiting pass saw.
+State is plain data (``LoopState``): the window's index, the findings, the candidate planned and judged, the
+proposal id, a person's verdict, the canary's analysis, this pass's breach and retraining (for the report),
+and the loop's memory (``agents._memory.Memory``: the newest windows served, the series, when each canary
+started and each promotion came, the kept model). The memory is handed in with each pass and handed back by
+it, and the SQLite checkpointer keeps it with the pass, so a review resumed from another process
+(``resume_review``) sees the history the waiting pass saw.
 
 Each node is a function of the state that returns an update. The nodes that only read and compute
-(``observe``, ``diagnose``, ``analyse``) write nothing; every write to the policy store and the proposal store
-goes through the ``Actuator`` (``agents._actuator``), from the nodes ``reconcile`` (evidence that no longer
-holds; approved proposals with no pass waiting on them), ``act`` (the canary's verdict), ``propose`` (the new
-proposal, superseding older ones), ``hold``, ``approve``, ``decide`` and ``canary``. ``retrain`` writes the
-model file it keeps. ``review`` holds nothing but its ``interrupt``: the thread waits in the SQLite
-checkpointer, and any process that builds the graph over the same stores and checkpointer resumes it, as
-``evocache proposals approve`` does. ``canary`` refuses a proposal whose base is no longer the policy in force
-(its evidence is stale) and judges its edits again.
+(``observe``, ``diagnose``, ``analyse``, ``propose``) write nothing: ``analyse`` hands ``act`` the canary's
+analysis (``agents._canary.CanaryAnalysis``) and ``propose`` hands ``store`` the best candidate
+(``agents._proposer.Candidate``, with its typed replay judgement and its route), both as plain data in the
+state. Every write to the policy store and the proposal store goes through the ``Actuator``
+(``agents._actuator``), from the nodes ``reconcile`` (evidence that no longer holds; approved proposals with
+no pass waiting on them), ``act`` (the canary's verdict), ``store`` (the candidate as a new proposal,
+superseding older ones), ``hold``, ``approve``, ``decide`` and ``canary``. ``retrain`` writes the model file
+it keeps. ``review`` holds nothing but its ``interrupt``: the thread waits in the SQLite checkpointer, and any
+process that builds the graph over the same stores and checkpointer resumes it, as ``evocache proposals
+approve`` does. ``canary`` refuses a proposal whose base is no longer the policy in force (its evidence is
+stale) and judges its edits again.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypedDict
 from urllib.parse import urlsplit, urlunsplit
@@ -44,24 +47,13 @@ from evocache.controller import PolicyStore
 from evocache.dsl import Policy, parse_policy
 
 from ._actuator import Actuator
-from ._candidates import Edit, apply_edits, candidate_edits
-from ._canary import CanaryEvidence, CanaryRules, CanaryVerdict, analyse_canary
-from ._evidence import Comparison, Judgement, Step, arm_difference, arm_metrics, compare
-from ._memory import Memory, WindowRecord, series_from_dict, series_to_dict
-from ._types import Finding, Outcome, Request, Series, WindowStats, step_series, window_stats
-
-log = logging.getLogger("evocache.agents")
-
-DRIFT_KINDS = ("key-drift", "mix-drift")
-"""What reports a drift: the workload moved (its keys, its mix). A change point of the hit ratio is a finding
-of its own: the cache's answer to a drift, a warm-up or a policy change, not the workload."""
-
-HISTORY = 60
-"""Windows whose key counts the loop keeps (the drift tests read the newest 30)."""
-
-CACHE_WIDE = frozenset({"bypass", "tenant-share", "eviction"})
-"""Edit kinds whose effect is on the whole cache, not on the requests they decide: their canary's hit ratio is
-judged by the fresh replay alone."""
+from ._canary import CanaryAnalysis, CanaryRules, analyse_canary
+from ._candidates import Edit
+from ._config import LoopConfig
+from ._judge import Judge
+from ._memory import Memory, Records, WindowRecord, history, span
+from ._proposer import Candidate, Proposer
+from ._types import Finding, Request
 
 
 class LoopState(TypedDict, total=False):
@@ -72,43 +64,30 @@ class LoopState(TypedDict, total=False):
     policy: str
     route: str
     findings: list[dict[str, Any]]
+    candidate: dict[str, Any] | None  # the proposer's, from ``propose`` to ``store`` (``Candidate.to_dict``)
     proposal: str | None
     verdict: dict[str, Any] | None  # a person's, from the review
-    canary: dict[str, Any] | None  # the canary's analysis: proposal, phase, reason, windows, evidence, span
+    canary: dict[str, Any] | None  # the canary's analysis, from ``analyse`` to ``act`` (``CanaryAnalysis``)
     breach: dict[str, Any] | None  # this pass's rollback, for the report
     retrained: dict[str, Any] | None  # this pass's retraining, for the report
     notes: list[str]
 
 
-@dataclass(frozen=True, slots=True)
-class LoopConfig:
-    """How the loop judges: ``warmup`` windows fill the replay cache before the ``measure`` windows are
-    counted; ``realise`` windows after a promotion measure its realised gain; ``interactive``: every proposal
-    waits for a person, whatever the guardrails allow; ``max_candidates`` single edits replayed per pass;
-    ``step_s`` the series' step (None: a twentieth of the window); ``retrain_every``: the learned eviction
-    model is retrained every that many windows (0: never)."""
-
-    warmup: int = 3
-    measure: int = 1
-    realise: int = 2
-    interactive: bool = False
-    max_candidates: int = 12
-    seed: int = 0
-    step_s: float | None = None
-    retrain_every: int = 4
-
-
 class Loop:
     """What the graph's nodes work with: the stores (``policies``, the one serving reads; ``proposals``, a
-    ``ProposalStore``), the ``Actuator`` that writes them, and how to judge (``capacity`` of the replayed L1,
-    ``config``, ``vectors`` of semantic prompts, ``diagnose``, the optional ``planner``, ``model_dir`` of the
-    trained eviction models). ``model`` is what serves the traffic (model id, revision, prompt-template hash):
-    with the policy in force and a fingerprint of the recent output lengths, it is the context every
-    proposal's evidence is stored under, and a change of any of them makes undecided proposals stale.
+    ``ProposalStore``) and one piece per job over them:
 
-    It holds no memory of its own: every method that reads the history takes the ``Memory`` (or the windows
-    made from it), and every one that changes it returns the new one. It only keeps, per process, the typed
-    records it made from the memory's plain windows, so that they are made once."""
+    - ``records`` (``agents._memory.Records``): the memory's typed view, and how it grows by a window;
+    - ``judge`` (``agents._judge.Judge``): replay evidence with ``capacity`` of L1, ``config``, the
+      ``vectors`` of semantic prompts and the trained eviction models in ``model_dir``, under the context of
+      ``model`` (model id, revision, prompt-template hash), computed and returned;
+    - ``proposer`` (``agents._proposer.Proposer``): candidates planned (with the optional ``planner``) and
+      judged, as plain data;
+    - ``actuator`` (``agents._actuator.Actuator``): every write to the two stores, as ``actor``.
+
+    Its own methods join them for the graph's nodes, plus ``diagnose`` (the findings; ``plots_dir`` for their
+    plots) and ``retrain`` (the learned eviction model, into ``model_dir``). It holds no memory of its own:
+    each method that reads the history takes the ``Memory``, and each that changes it returns the new one."""
 
     def __init__(
         self,
@@ -127,106 +106,13 @@ class Loop:
     ) -> None:
         self.policies = policies
         self.proposals = proposals
-        self.actuator = Actuator(policies, proposals, actor)
-        self.capacity = capacity
         self.config = config
-        self.vectors = vectors
+        self.records = Records(policies.load, config)
+        self.judge = Judge(capacity, config, vectors=vectors, model_dir=model_dir, model=model)
+        self.proposer = Proposer(self.judge, planner)
+        self.actuator = Actuator(policies, proposals, actor)
         self._diagnose = diagnose
         self.plots_dir = plots_dir
-        self.actor = actor
-        self.planner = planner  # an ``agents._planner.Planner`` or None
-        self.model = model
-        self.model_dir = model_dir
-        self._records: dict[int, tuple[dict[str, Any], WindowRecord]] = {}
-        self._series: tuple[list[dict[str, Any]], list[Series]] | None = None
-        self._loaded: dict[str, Policy] = {}
-
-    # -- the memory's windows ------------------------------------------------------------------------------
-
-    def load(self, ref: str) -> Policy:
-        policy = self._loaded.get(ref)
-        if policy is None:
-            policy = self._loaded[ref] = self.policies.load(ref)
-        return policy
-
-    def records(self, memory: Memory) -> list[WindowRecord]:
-        """The memory's windows as typed records, oldest first."""
-        return [self._record(plain) for plain in memory["windows"]]
-
-    def _record(self, plain: dict[str, Any]) -> WindowRecord:
-        cached = self._records.get(plain["index"])
-        if cached is not None and cached[0] is plain:
-            return cached[1]
-        rec = WindowRecord.from_dict(plain, self.load)
-        self._records[rec.index] = (plain, rec)
-        return rec
-
-    def _keep(self, rec: WindowRecord) -> dict[str, Any]:
-        plain = rec.to_dict()
-        self._records[rec.index] = (plain, rec)
-        return plain
-
-    def series(self, memory: Memory) -> list[Series]:
-        plain = memory["series"]
-        if self._series is None or self._series[0] is not plain:
-            self._series = (plain, [series_from_dict(s) for s in plain])
-        return self._series[1]
-
-    def remember(
-        self,
-        memory: Memory,
-        requests: Sequence[Request],
-        outcomes: list[Outcome],
-        step: Step,
-        canary_arm: list[bool],
-        signals: Sequence[Series] = (),
-    ) -> tuple[Memory, WindowRecord]:
-        """The memory with one more served window, and its record: the window with the other ``signals``
-        read over its span (GPU, host, profiler and Nsight Compute series: kept with the cache's own series
-        for diagnosis, and their means in the window's record). Only the newest windows keep their requests
-        (what replay needs); older ones keep their summary, and only the newest ``HISTORY`` windows their key
-        counts, so a loop that runs for days holds a bounded amount."""
-        windows = list(memory["windows"])
-        index = memory["served"]
-        stats = window_stats(index, str(step[0].ref), requests, outcomes)
-        means = {_series_name(s): float(sum(s.v) / len(s.v)) for s in signals if s.v}
-        rec = WindowRecord(
-            index, tuple(requests), tuple(outcomes), step, tuple(canary_arm), stats, signals=means
-        )
-        windows.append(self._keep(rec))
-        series = memory["series"]
-        if requests:
-            first, last = min(r.t for r in requests), max(r.t for r in requests)
-            step_s = self.config.step_s or max(last - first, 1e-6) / 20
-            own = step_series(requests, outcomes, start=first, end=last, step_s=step_s)
-            merged = _merge_series([*self.series(memory), *own, *signals])
-            series = [series_to_dict(s) for s in merged]
-            self._series = (series, merged)
-        oldest = self._forget(windows, step[0].guardrails.rollout.max_windows)
-        # a promotion's realised gain replays from ``warmup`` windows before its canary: kept while those are
-        promoted = {
-            p: at for p, at in memory["promoted_at"].items() if max(0, at[0] - self.config.warmup) >= oldest
-        }
-        update = {"windows": windows, "series": series, "served": index + 1, "promoted_at": promoted}
-        return {**memory, **update}, rec
-
-    def _forget(self, windows: list[dict[str, Any]], canary_windows: int) -> int:
-        """Drop the requests of the windows older than replay reads (a canary's, a realised gain's, a
-        judgement's) and the windows older than diagnosis reads, in place; the oldest index kept."""
-        cfg = self.config
-        keep = cfg.warmup + max(cfg.measure, cfg.realise) + canary_windows + 2
-        if len(windows) > keep and windows[-keep - 1]["requests"]:
-            rec = self._record(windows[-keep - 1])
-            windows[-keep - 1] = self._keep(rec.forgotten(requests=True, keys=False))
-        del windows[: -max(HISTORY, keep + 1)]
-        oldest = windows[0]["index"]
-        for index in [i for i in self._records if i < oldest]:
-            del self._records[index]
-        return oldest
-
-    def history(self, records: Sequence[WindowRecord]) -> list[WindowStats]:
-        """The newest ``HISTORY`` windows' summaries, oldest first: what diagnosis reads."""
-        return [w.stats for w in records[-HISTORY:]]
 
     def active(self) -> Policy:
         from .errors import AgentError
@@ -234,49 +120,133 @@ class Loop:
         state = self.policies.state()
         if state.active is None:
             raise AgentError("the policy store has no policy in force")
-        return self.load(state.active)
+        return self.records.policy(state.active)
 
-    # -- diagnosis -----------------------------------------------------------------------------------------
+    def busy(self) -> bool:
+        """Whether a change is on its way out (approved, or on the canary): one change at a time. A proposal
+        waiting for a person does not hold the loop up; a newer one supersedes it."""
+        return any(p.status in ("approved", "canary") for p in self.proposals.list())
+
+    # -- reading and computing -----------------------------------------------------------------------------
 
     def diagnose(self, memory: Memory) -> tuple[list[Finding], Memory]:
         """This pass's findings, and the memory with them on the newest window."""
-        records = self.records(memory)
+        records = self.records.of(memory)
         if self._diagnose is None or not records:
             return [], memory
-        findings = self._diagnose(self.history(records), self.series(memory), plots_dir=self.plots_dir)
-        windows = list(memory["windows"])
-        windows[-1] = self._keep(replace(records[-1], findings=tuple(findings)))
-        return findings, {**memory, "windows": windows}
+        findings = self._diagnose(history(records), self.records.series(memory), plots_dir=self.plots_dir)
+        return findings, self.records.with_findings(memory, findings)
 
-    # -- the evidence's context ---------------------------------------------------------------------------
-
-    def evidence_context(self, records: Sequence[WindowRecord], policy: Policy) -> Any:
-        """What traffic is served by now (``agents._fingerprint.EvidenceContext``): ``policy``, the model, and
-        a fingerprint of the recent windows' output lengths (None with fewer than 64 known)."""
-        from ._fingerprint import EvidenceContext, OutputFingerprint
-
-        span = records[-(self.config.warmup + self.config.measure) :]
-        lengths = [n for w in span for n in w.stats.output_tokens if n >= 0]
-        fingerprint = OutputFingerprint.of_lengths(lengths) if len(lengths) >= 64 else None
-        model_id, revision, template = self.model
-        return EvidenceContext(
-            policy_ref=str(policy.ref),
-            policy_hash=policy.content_hash,
-            model_id=model_id,
-            model_revision=revision,
-            template_hash=template,
-            output_fingerprint=fingerprint,
+    def plan(self, memory: Memory, findings: Sequence[Finding]) -> tuple[Candidate | None, Memory]:
+        """The best candidate change of the policy in force (``Proposer.plan``), or None when a change is on
+        its way out, too few windows were served or nothing gains enough; and the memory after (a kept
+        retrained model is offered once). Writes nothing."""
+        if self.busy() or memory["served"] < 2:
+            return None, memory
+        base = self.active()
+        candidate = self.proposer.plan(
+            self.records.of(memory),
+            base,
+            findings,
+            version=max(memory["top_version"], base.version) + 1,
+            kept_model=memory["kept_model"],
+            last_retrain=memory["last_retrain"],
         )
+        if memory["kept_model"] is not None:
+            memory = {**memory, "kept_model": None}
+        return candidate, memory
+
+    def canary_analysis(self, memory: Memory, proposal: Any) -> CanaryAnalysis:
+        """The verdict on the canary of ``proposal`` over the windows since it started, judged by the rules of
+        the policy in force (``agents._canary.analyse_canary``), with the evidence it was reached on."""
+        records = self.records.of(memory)
+        base = self.active()
+        rules = CanaryRules.of(base)
+        start = memory["canary_started"].get(proposal.id, records[-1].index)
+        candidate = parse_policy(proposal.new_policy, proposal.new_ref)
+        windows, evidence = self.judge.canary(records, start, base, candidate, proposal.edits, rules.windows)
+        verdict = analyse_canary(rules, windows, evidence)
+        return CanaryAnalysis(proposal.id, verdict, (start, memory["served"] - 1), evidence)
+
+    def realised_gain(self, memory: Memory, proposal_id: str) -> float | None:
+        """The promoted change's gain over the ``realise`` windows after its promotion
+        (``Judge.realised_gain``); None until those windows, or when the memory no longer holds it."""
+        if proposal_id not in memory["promoted_at"]:
+            return None
+        start, promoted = memory["promoted_at"][proposal_id]
+        return self.judge.realised_gain(self.records.of(memory), start, promoted)
+
+    # -- acting: each of these writes -----------------------------------------------------------------------
+
+    def retrain(self, memory: Memory) -> tuple[dict[str, Any] | None, Memory]:
+        """Every ``retrain_every`` windows: train the learned eviction model on the recent windows' head and
+        keep it only when it beats the policy in force on their held-back tail (``agents._retrain``; a kept
+        model's file is written into ``model_dir``). A kept model makes ``eviction: {l1: learned, model: <its
+        file>}`` a candidate of the next proposal, judged by replay like any edit (over a learned policy in
+        force, the newer model is the candidate). What it found (None when it did not run), and the memory
+        after."""
+        every, judge = self.config.retrain_every, self.judge
+        records = self.records.of(memory)
+        if every <= 0 or judge.model_dir is None or not records or (memory["served"] % every):
+            return None, memory
+        from ._retrain import retrain
+
+        base = self.active()
+        reqs = span(records, records[-1].index, self.config.warmup + self.config.measure)
+        result = retrain(
+            [r for w in reqs for r in w.requests],
+            base,
+            capacity=judge.capacity,
+            model_dir=judge.model_dir,
+            seed=self.config.seed,
+            vectors=judge.vectors,
+        )
+        found = {"window": records[-1].index, **result.to_dict()}
+        memory = {**memory, "last_retrain": found}
+        if result.kept:
+            memory["kept_model"] = found
+        return found, memory
+
+    def store(self, memory: Memory, candidate: Candidate, thread: str | None) -> tuple[Any, Memory]:
+        """Store ``candidate`` as a new proposal (``thread``: the pass that may wait on its review) with its
+        evidence, under the context of the traffic the memory holds; the proposal as stored, and the memory
+        after (the candidate's version made)."""
+        from ._proposals import Evidence, Proposal
+
+        records = self.records.of(memory)
+        base = self.records.policy(candidate.base)
+        policy = candidate.policy()
+        judged = candidate.judgement
+        replay = Evidence.from_replay(
+            judged.to_dict(),
+            evaluated_at=judged.evaluated_at,
+            windows=judged.windows,
+            context=self.judge.context(records, base),
+        )
+        proposal = Proposal.create(
+            base,
+            policy,
+            at=time.time(),
+            edits=[e.to_dict() for e in candidate.edits],
+            findings=list(candidate.findings[:20]),
+            evidence=replay,
+            predicted_gain=judged.comparison.gain,
+            window=records[-1].index,
+            thread_id=thread,
+            rationale=candidate.rationale,
+        )
+        stored = self.actuator.add(proposal)
+        return stored, {**memory, "top_version": max(memory["top_version"], policy.version)}
 
     def check_evidence(self, memory: Memory) -> tuple[list[tuple[str, str]], Memory]:
         """Every proposal still to be decided or rolled out (proposed, waiting, approved) whose evidence no
         longer holds under the context now (another policy in force, another model or template, outputs of
         another shape) becomes stale; an approved one is judged again (``reevaluate``). ``(id, reason)`` of
         each, and the memory after."""
-        records = self.records(memory)
+        records = self.records.of(memory)
         if not records:
             return [], memory
-        now = self.evidence_context(records, self.active())
+        now = self.judge.context(records, self.active())
         moved = []
         for p in self.proposals.list():
             if p.status not in ("proposed", "waiting", "approved"):
@@ -289,263 +259,26 @@ class Loop:
                     _, _, memory = self.reevaluate(memory, p.id)
         return moved, memory
 
-    # -- retraining ----------------------------------------------------------------------------------------
-
-    def retrain(self, memory: Memory) -> tuple[dict[str, Any] | None, Memory]:
-        """Every ``retrain_every`` windows: train the learned eviction model on the recent windows' head and
-        keep it only when it beats the policy in force on their held-back tail (``agents._retrain``). A kept
-        model makes ``eviction: {l1: learned, model: <its file>}`` a candidate of the next proposal, judged by
-        replay like any edit (over a learned policy in force, the newer model is the candidate).
-        What it found (None when it did not run), and the memory after."""
-        every = self.config.retrain_every
-        records = self.records(memory)
-        if every <= 0 or self.model_dir is None or not records or (memory["served"] % every):
-            return None, memory
-        from ._retrain import retrain
-
-        base = self.active()
-        reqs = _span(records, records[-1].index, self.config.warmup + self.config.measure)
-        result = retrain(
-            [r for w in reqs for r in w.requests],
-            base,
-            capacity=self.capacity,
-            model_dir=self.model_dir,
-            seed=self.config.seed,
-            vectors=self.vectors,
-        )
-        found = {"window": records[-1].index, **result.to_dict()}
-        memory = {**memory, "last_retrain": found}
-        if result.kept:
-            memory["kept_model"] = found
-        return found, memory
-
-    # -- proposing -----------------------------------------------------------------------------------------
-
-    def busy(self) -> bool:
-        """Whether a change is on its way out (approved, or on the canary): one change at a time. A proposal
-        waiting for a person does not hold the loop up; a newer one supersedes it."""
-        return any(p.status in ("approved", "canary") for p in self.proposals.list())
-
     def reevaluate(self, memory: Memory, proposal_id: str) -> tuple[Any | None, str, Memory]:
-        """A stale proposal's edits judged again, on the policy in force and the newest windows: a new
-        proposal and its route (as ``propose`` gives) when the edits still apply and still gain, else
-        ``(None, "end")``; and the memory after."""
+        """A stale proposal's edits judged again, on the policy in force and the newest windows, and stored as
+        a new proposal with its route (as ``store`` after ``plan``) when they still apply and still gain,
+        else ``(None, "end")``; and the memory after."""
         old = self.proposals.get(proposal_id)
-        records = self.records(memory)
-        if not records or not old.edits:
+        records = self.records.of(memory)
+        if not records:
             return None, "end", memory
         base = self.active()
-        edits = [Edit.from_dict(e) for e in old.edits]
-        try:
-            cand = apply_edits(
-                base,
-                [replace(e, old=_current(base, e.path, e.old)) for e in edits],
-                max(memory["top_version"], base.version) + 1,
-            )
-        except (ValueError, KeyError) as exc:
-            log.info("stale proposal %s no longer applies to %s: %s", old.id, base.ref, exc)
-            return None, "end", memory
-        judged = self.judge(records, base, cand, switch=any(e.kind == "eviction" for e in edits))
-        if not self._acceptable(base, judged.comparison):
-            return None, "end", memory
-        findings = [Finding.from_dict(f) for f in old.findings]
-        proposal = self.store_proposal(records, base, cand, edits, findings, judged, None)
-        return proposal, self._route(base, edits, judged.comparison), {**memory, "top_version": cand.version}
-
-    def judge(
-        self,
-        records: Sequence[WindowRecord],
-        base: Policy,
-        candidate: Policy,
-        *,
-        last: int | None = None,
-        switch: bool = False,
-    ) -> Judgement:
-        """Replay evidence for ``candidate`` against ``base`` over the windows up to ``last`` (the newest by
-        default), from the same cold cache, the last ``measure`` counted. Each policy is in force over all
-        ``warmup + measure`` windows, so each arm's cache holds what its own policy kept and the gain is the
-        change's lasting effect, the one its promotion is measured against (``realised_gain``). With
-        ``switch`` (an eviction class: a new one takes over the cache as it is and learns from there), it is
-        also judged taking over only for the measured windows, as it would in production, and the evidence is
-        the less favourable of the two (the lower end of its interval): a class that only wins the transition
-        after a drift, or only once it has the cache to itself, is not shown to be better."""
-        cfg = self.config
-        last = records[-1].index if last is None else last
-        reqs = [w.requests for w in _span(records, last, cfg.warmup + cfg.measure)]
-        measure = min(cfg.measure, len(reqs))
-        base_steps: list[Step] = [(base, None, 0.0)] * len(reqs)
-        views: dict[str, list[Step]] = {"lasting": [(candidate, None, 0.0)] * len(reqs)}
-        if switch:
-            views["switch"] = base_steps[: len(reqs) - measure] + [(candidate, None, 0.0)] * measure
-        judged = {name: self._compare(reqs, base_steps, steps, measure) for name, steps in views.items()}
-        view = min(judged, key=lambda name: judged[name].ci[0])
-        return Judgement(judged[view], view, (last - measure + 1, last), time.time())
-
-    def _compare(
-        self, reqs: Sequence[Sequence[Request]], base: Sequence[Step], cand: Sequence[Step], measure: int
-    ) -> Comparison:
-        return compare(
-            reqs,
+        candidate = self.proposer.rejudge(
+            records,
             base,
-            cand,
-            measure=measure,
-            capacity=self.capacity,
-            vectors=self.vectors,
-            seed=self.config.seed,
-            models=self.model_dir,
+            [Edit.from_dict(e) for e in old.edits],
+            [Finding.from_dict(f) for f in old.findings],
+            version=max(memory["top_version"], base.version) + 1,
         )
-
-    def propose(
-        self, memory: Memory, findings: Sequence[Finding], thread: str | None = None
-    ) -> tuple[Any | None, str, Memory]:
-        """The best candidate as a stored proposal and its route (``end``, ``hold``, ``approve``,
-        ``review``), older undecided proposals superseded; and the memory after."""
-        records = self.records(memory)
-        if self.busy() or memory["served"] < 2:
+        if candidate is None:
             return None, "end", memory
-        base = self.active()
-        recent = self.history(records)[-(self.config.warmup + self.config.measure) :]
-        edits = candidate_edits(base, findings, recent)[: self.config.max_candidates]
-        version = max(memory["top_version"], base.version) + 1
-        kept_model = memory["kept_model"]
-        if kept_model is not None:
-            kept = Edit.from_dict(kept_model["edit"])
-            if kept.old == {"l1": base.eviction.l1 or "lru", "model": base.eviction.model}:
-                # still an edit of the policy in force (it was not replaced since the model was trained)
-                model = f" ({base.eviction.model})" if base.eviction.model else ""
-                was = f"{base.eviction.l1 or 'lru'}{model}"
-                why = (
-                    f"a retrained model beat {was} on held-back traffic: "
-                    f"{kept_model['new_hit_ratio']:.3f} against {kept_model['base_hit_ratio']:.3f}"
-                )
-                edits.append(Edit(kept.kind, kept.path, kept.old, kept.new, why))
-            memory = {**memory, "kept_model": None}
-        span = records[-(self.config.warmup + self.config.measure) :]
-        if any(f.kind in DRIFT_KINDS for w in span for f in w.findings):
-            # replayed across a drift, an eviction class is judged on how it weathers the transition, which
-            # says little about how it does in the new regime: judged once the span is past the drift
-            edits = [e for e in edits if e.kind != "eviction"]
-        rationale = ""
-        if self.planner is not None:
-            planned = self._plan(records, memory["last_retrain"], base, findings, edits, version)
-            rationale = planned.rationale
-            known = {(e.path, e.new) for e in edits}
-            edits += [e for e in planned.edits if (e.path, e.new) not in known]
-        if not edits:
-            return None, "end", memory
-        scored: list[tuple[float, list[Edit], Policy, Judgement]] = []
-        for edit in edits:
-            try:
-                cand = apply_edits(base, [edit], version)
-            except ValueError as exc:  # PolicyError, StoreConfigError: never propose what check rejects
-                log.info("edit %s refused by policy check: %s", edit.path, exc)
-                continue
-            judged = self.judge(records, base, cand, switch=edit.kind == "eviction")
-            c = judged.comparison
-            log.info(
-                "window %d: %s %s -> %s: gain %+.4f [%+.4f, %+.4f]",
-                records[-1].index, edit.kind, edit.path, edit.new, c.gain, *c.ci,
-            )
-            if self._acceptable(base, c):
-                scored.append((c.ci[0], [edit], cand, judged))
-        if len(scored) >= 2:  # the two best edits of different settings together
-            scored.sort(key=lambda s: s[0], reverse=True)
-            a, b = scored[0], scored[1]
-            if a[1][0].path != b[1][0].path:
-                try:
-                    cand = apply_edits(base, a[1] + b[1], version)
-                    switch = any(e.kind == "eviction" for e in a[1] + b[1])
-                    judged = self.judge(records, base, cand, switch=switch)
-                    if self._acceptable(base, judged.comparison) and judged.comparison.ci[0] > a[0]:
-                        scored.append((judged.comparison.ci[0], a[1] + b[1], cand, judged))
-                except ValueError as exc:
-                    log.info("combined edit refused by policy check: %s", exc)
-        if not scored:
-            return None, "end", memory
-        scored.sort(key=lambda s: s[0], reverse=True)
-        _, chosen, cand, judged = scored[0]
-        proposal = self.store_proposal(records, base, cand, chosen, findings, judged, thread, rationale)
-        self.actuator.supersede(proposal.id)
-        return proposal, self._route(base, chosen, judged.comparison), {**memory, "top_version": cand.version}
-
-    @staticmethod
-    def _acceptable(base: Policy, evidence: Comparison) -> bool:
-        floor = base.guardrails.auto_approve.min_gain if base.guardrails.auto_approve else 0.0
-        max_error = base.slo.max_error_rate
-        wrong = evidence.candidate.wrong_rate
-        within_error = wrong <= evidence.base.wrong_rate + 1e-12 or (
-            max_error is not None and wrong <= max_error
-        )
-        return evidence.gain > floor and evidence.ci[0] > floor and within_error
-
-    def _route(self, base: Policy, edits: Sequence[Edit], evidence: Comparison) -> str:
-        if evidence.requests < base.guardrails.rollout.min_requests:
-            return "hold"
-        if not self.config.interactive and all(e.auto_approvable(base) for e in edits):
-            return "approve"
-        return "review"
-
-    def _plan(
-        self,
-        records: Sequence[WindowRecord],
-        last_retrain: dict[str, Any] | None,
-        base: Policy,
-        findings: Sequence[Finding],
-        edits: Sequence[Edit],
-        version: int,
-    ) -> Any:
-        """Ask the planner (its tools: this pass's findings, replay and diff of a candidate, the last
-        retrain); its edits join the candidates, judged by replay like the others."""
-        from evocache.dsl import diff_policies
-
-        from ._planner import PlannerTools, summarise_evidence, summarise_findings
-
-        tools = PlannerTools(
-            base=base,
-            diagnose=lambda: summarise_findings(findings),
-            replay=lambda e: summarise_evidence(
-                self.judge(records, base, apply_edits(base, e, version)).comparison
-            ),
-            diff=lambda e: diff_policies(base, apply_edits(base, e, version)).text,
-            retrain=(lambda: last_retrain if last_retrain is not None else {"ran": False}),
-        )
-        return self.planner.plan(tools, findings, edits)
-
-    def store_proposal(
-        self,
-        records: Sequence[WindowRecord],
-        base: Policy,
-        cand: Policy,
-        edits: Sequence[Edit],
-        findings: Sequence[Finding],
-        judged: Judgement,
-        thread: str | None,
-        rationale: str = "",
-    ) -> Any:
-        """Store ``cand`` as a new proposal with its evidence, under the context of the traffic now."""
-        from ._proposals import Evidence, Proposal
-
-        replay = Evidence.from_replay(
-            judged.to_dict(),
-            evaluated_at=judged.evaluated_at,
-            windows=judged.windows,
-            context=self.evidence_context(records, base),
-        )
-        proposal = Proposal.create(
-            base,
-            cand,
-            at=time.time(),
-            edits=[e.to_dict() for e in edits],
-            findings=list(findings[:20]),
-            evidence=replay,
-            predicted_gain=judged.comparison.gain,
-            window=records[-1].index,
-            thread_id=thread,
-            rationale=rationale,
-        )
-        return self.actuator.add(proposal)
-
-    # -- rolling out ---------------------------------------------------------------------------------------
+        proposal, memory = self.store(memory, candidate, None)
+        return proposal, candidate.route, memory
 
     def start_canary(self, memory: Memory, proposal_id: str) -> tuple[str, Memory]:
         """Put an approved proposal on the canary (``Actuator.start_canary``), remembering the window it
@@ -577,94 +310,6 @@ class Loop:
             self.actuator.hold(fresh.id)
         return notes, memory
 
-    def canary_evidence(
-        self, memory: Memory, proposal: Any
-    ) -> tuple[int, int, CanaryRules, CanaryEvidence | None]:
-        """The canary of ``proposal`` as both views see it over the windows since it started: the window it
-        started at, the windows on it, the rules it is judged by, and the evidence (None before it may be
-        judged: no replay is run for it)."""
-        records = self.records(memory)
-        state = self.policies.state()
-        base = self.load(state.active)
-        spec = base.guardrails.rollout
-        rules = CanaryRules(
-            spec.windows, spec.max_windows, spec.max_drop, spec.min_requests, base.slo.max_error_rate
-        )
-        start = memory["canary_started"].get(proposal.id, records[-1].index)
-        recs = [w for w in records if w.index >= start and w.step[1] is not None]
-        if len(recs) < spec.windows:
-            return start, len(recs), rules, None
-        arms: dict[bool, tuple[list[Request], list[Outcome]]] = {True: ([], []), False: ([], [])}
-        for rec in recs:
-            for req, out, arm in zip(rec.requests, rec.outcomes, rec.canary_arm, strict=True):
-                arms[arm][0].append(req)
-                arms[arm][1].append(out)
-        difference = arm_difference(arms[True], arms[False], seed=self.config.seed)
-        candidate = parse_policy(proposal.new_policy, proposal.new_ref)
-        reqs = [w.requests for w in _span(records, records[-1].index, self.config.warmup + len(recs))]
-        measure = min(len(recs), len(reqs))
-        steps = [(base, None, 0.0)] * len(reqs), [(candidate, None, 0.0)] * len(reqs)
-        fresh = self._compare(reqs, *steps, measure)
-        local = not any(e.get("kind") in CACHE_WIDE for e in proposal.edits)
-        live = arm_metrics(*arms[True]), arm_metrics(*arms[False])
-        evidence = CanaryEvidence(*live, difference, fresh, local)
-        return start, len(recs), rules, evidence
-
-    def realised_gain(self, memory: Memory, proposal_id: str) -> float | None:
-        """The promoted change's gain over the ``realise`` windows after its promotion: the schedule that ran
-        against the same schedule without it, replayed from the same cold start. None until those windows."""
-        if proposal_id not in memory["promoted_at"]:
-            return None
-        start, promoted = memory["promoted_at"][proposal_id]
-        cfg = self.config
-        last = promoted + cfg.realise
-        records = self.records(memory)
-        if last > records[-1].index:
-            return None
-        first = max(0, start - cfg.warmup)
-        recs = [r for r in records if first <= r.index <= last]
-        old_base = next(r for r in recs if r.index == start).step[0]
-        actual = [r.step for r in recs]
-        without = [r.step if r.index < start else (old_base, None, 0.0) for r in recs]
-        return float(self._compare([r.requests for r in recs], without, actual, cfg.realise).gain)
-
-
-def _span(records: Sequence[WindowRecord], last: int, count: int) -> list[WindowRecord]:
-    """The ``count`` windows up to the one of index ``last``."""
-    return [w for w in records if last - count < w.index <= last]
-
-
-def _series_name(s: Series) -> str:
-    return s.name + "".join(f"[{k}={v}]" for k, v in s.labels)
-
-
-def _current(policy: Policy, path: str, default: Any) -> Any:
-    """The value at ``path`` (``rules.chat.ttl``) in ``policy``'s document, ``default`` when it has none."""
-    from evocache.dsl import policy_to_dict
-
-    node: Any = policy_to_dict(policy)
-    for part in path.split("."):
-        if isinstance(node, list):
-            node = next((r for r in node if isinstance(r, dict) and r.get("name") == part), None)
-        elif isinstance(node, dict):
-            node = node.get(part)
-        if node is None:
-            return default
-    return node
-
-
-def _merge_series(series: Sequence[Series], keep: int = 400) -> list[Series]:
-    """Series of one name and labels joined in time order, the newest ``keep`` points of each."""
-    joined: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[list[float], list[float], str]] = {}
-    for s in series:
-        t, v, _ = joined.setdefault((s.name, s.labels), ([], [], s.unit))
-        t.extend(s.t)
-        v.extend(s.v)
-    return [
-        Series(name, labels, tuple(t[-keep:]), tuple(v[-keep:]), unit)
-        for (name, labels), (t, v, unit) in joined.items()
-    ]
-
 
 # -- the graph -----------------------------------------------------------------------------------------------
 
@@ -694,6 +339,7 @@ def build_graph(loop: Loop, checkpointer: Any) -> Any:
             "memory": memory,
             "policy": rollout.active or "",
             "findings": [],
+            "candidate": None,
             "proposal": None if out is None else out.id,
             "verdict": None,
             "canary": None,
@@ -707,51 +353,25 @@ def build_graph(loop: Loop, checkpointer: Any) -> Any:
     def analyse(state: LoopState) -> LoopState:
         if state.get("proposal") is None:  # a canary no proposal of the loop's put out
             return {"canary": None}
-        memory = state["memory"]
-        proposal = loop.proposals.get(state["proposal"])
-        start, windows, rules, evidence = loop.canary_evidence(memory, proposal)
-        verdict = analyse_canary(rules, windows, evidence)
-        return {
-            "canary": {
-                "proposal": proposal.id,
-                "phase": verdict.phase,
-                "reason": verdict.reason,
-                "windows": verdict.windows,
-                "span": [start, memory["served"] - 1],
-                "evidence": None if evidence is None else evidence.to_dict(),
-            }
-        }
+        analysis = loop.canary_analysis(state["memory"], loop.proposals.get(state["proposal"]))
+        return {"canary": analysis.to_dict()}
 
     def act(state: LoopState) -> LoopState:
-        analysis = state.get("canary")
-        if analysis is None:
+        plain = state.get("canary")
+        if plain is None:
             return {"notes": ["canary: none"]}
-        plain = analysis["evidence"]
-        evidence = None if plain is None else CanaryEvidence.from_dict(plain)
-        verdict = CanaryVerdict(analysis["phase"], analysis["windows"], analysis["reason"])
-        outcome = loop.actuator.act(analysis["proposal"], verdict, evidence)
+        analysis = CanaryAnalysis.from_dict(plain)
+        outcome = loop.actuator.act(analysis.proposal, analysis.verdict, analysis.evidence)
         memory = state["memory"]
         update: LoopState = {"notes": [f"canary: {outcome}"]}
         if outcome in ("promoted", "rolled_back", "waiting"):  # the canary is over
-            started = {p: at for p, at in memory["canary_started"].items() if p != analysis["proposal"]}
+            started = {p: at for p, at in memory["canary_started"].items() if p != analysis.proposal}
             memory = {**memory, "canary_started": started}
         if outcome == "rolled_back":
-            assert plain is not None
-            replay = plain["replay"]
-            breach = {
-                "canary": plain["canary"],
-                "base": plain["base"],
-                "difference": plain["difference"],
-                "replay": [replay["gain"], *replay["ci"]],
-                "windows": analysis["span"],
-                "proposal": analysis["proposal"],
-                "reason": verdict.reason,
-                "canary_windows": verdict.windows,
-            }
-            update["breach"] = breach
+            update["breach"] = _breach(analysis)
         elif outcome == "promoted":
-            start, last = analysis["span"]
-            memory = {**memory, "promoted_at": {**memory["promoted_at"], analysis["proposal"]: [start, last]}}
+            promoted = {**memory["promoted_at"], analysis.proposal: list(analysis.span)}
+            memory = {**memory, "promoted_at": promoted}
         return {**update, "memory": memory}
 
     def retrain(state: LoopState) -> LoopState:
@@ -763,8 +383,16 @@ def build_graph(loop: Loop, checkpointer: Any) -> Any:
 
     def propose(state: LoopState) -> LoopState:
         findings = [Finding.from_dict(f) for f in state.get("findings", [])]
-        proposal, route, memory = loop.propose(state["memory"], findings, state.get("thread"))
-        return {"proposal": None if proposal is None else proposal.id, "route": route, "memory": memory}
+        candidate, memory = loop.plan(state["memory"], findings)
+        if candidate is None:
+            return {"candidate": None, "route": "end", "memory": memory}
+        return {"candidate": candidate.to_dict(), "route": "store", "memory": memory}
+
+    def store(state: LoopState) -> LoopState:
+        candidate = Candidate.from_dict(state["candidate"])
+        proposal, memory = loop.store(state["memory"], candidate, state.get("thread"))
+        loop.actuator.supersede(proposal.id)
+        return {"proposal": proposal.id, "route": candidate.route, "memory": memory}
 
     def hold(state: LoopState) -> LoopState:
         loop.actuator.hold(state["proposal"])
@@ -802,6 +430,7 @@ def build_graph(loop: Loop, checkpointer: Any) -> Any:
         ("act", act),
         ("retrain", retrain),
         ("propose", propose),
+        ("store", store),
         ("hold", hold),
         ("approve", approve),
         ("review", review),
@@ -816,9 +445,8 @@ def build_graph(loop: Loop, checkpointer: Any) -> Any:
     graph.add_edge("analyse", "act")
     graph.add_edge("act", END)
     graph.add_edge("retrain", "propose")
-    graph.add_conditional_edges(
-        "propose", _route, {"end": END, "hold": "hold", "approve": "approve", "review": "review"}
-    )
+    graph.add_conditional_edges("propose", _route, {"end": END, "store": "store"})
+    graph.add_conditional_edges("store", _route, {"hold": "hold", "approve": "approve", "review": "review"})
     graph.add_edge("hold", END)
     graph.add_edge("approve", "canary")
     graph.add_edge("review", "decide")
@@ -829,6 +457,24 @@ def build_graph(loop: Loop, checkpointer: Any) -> Any:
 
 def _route(state: LoopState) -> str:
     return state["route"]
+
+
+def _breach(analysis: CanaryAnalysis) -> dict[str, Any]:
+    """The report's row of a canary rolled back: both arms, their difference, the fresh replay's gain and
+    interval, the windows it ran over and why."""
+    evidence = analysis.evidence
+    assert evidence is not None, "a canary is rolled back on evidence"
+    replay = evidence.replay
+    return {
+        "canary": evidence.canary.to_dict(),
+        "base": evidence.base.to_dict(),
+        "difference": list(evidence.difference),
+        "replay": [replay.gain, *replay.ci],
+        "windows": list(analysis.span),
+        "proposal": analysis.proposal,
+        "reason": analysis.verdict.reason,
+        "canary_windows": analysis.verdict.windows,
+    }
 
 
 def thread_config(thread_id: str) -> dict[str, Any]:
@@ -967,7 +613,7 @@ def resume_waiting(store: Path, thread: str, verdict: str, reviewer: str = "pers
         waiting = graph.get_state(thread_config(thread))
         if not waiting.interrupts:
             return ""
-        loop.vectors = _vectors(loop.records(waiting.values["memory"]), workdir / "embeddings")
+        loop.judge.vectors = _vectors(loop.records.of(waiting.values["memory"]), workdir / "embeddings")
         result = resume_review(graph, thread, verdict, reviewer)
     return "; ".join(result.get("notes") or []) or f"resumed {thread}"
 

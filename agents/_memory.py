@@ -21,7 +21,8 @@ waiting pass saw. A pass takes the memory the last one left as its input and han
 So it stays bounded however long the loop runs. What the report lists (every window's row, the breaches, the
 retrainings) the driver keeps from each pass's end state, outside the memory.
 
-The typed objects the nodes work on (``WindowRecord``, ``Series``) are made from it and back here.
+The typed objects the nodes work on (``WindowRecord``, ``Series``) are made from it and back here, by
+``Records``, which is also the one way the memory grows by a window.
 """
 
 from __future__ import annotations
@@ -33,8 +34,12 @@ from typing import Any, TypedDict
 
 from evocache.dsl import Policy
 
+from ._config import LoopConfig
 from ._evidence import Step
-from ._types import Counts, Finding, Outcome, Request, Series, WindowStats
+from ._types import Counts, Finding, Outcome, Request, Series, WindowStats, step_series, window_stats
+
+HISTORY = 60
+"""Windows whose key counts the loop keeps (the drift tests read the newest 30)."""
 
 
 class Memory(TypedDict):
@@ -114,6 +119,139 @@ class WindowRecord:
             findings=tuple(Finding.from_dict(f) for f in data["findings"]),
             signals=dict(data["signals"]),
         )
+
+
+class Records:
+    """The memory's typed view, and the one way it grows.
+
+    ``of`` makes a memory's plain windows into ``WindowRecord``s, ``series`` its series into ``Series``, each
+    once per process: a record is made again only when its plain window is another object (a pass resumed
+    from a checkpoint holds its own copies). ``policy`` loads a ref once through ``load`` (the policy
+    store's). ``remember`` adds a served window and forgets what no reader needs any more, so the memory stays
+    bounded however long the loop runs; ``with_findings`` puts a pass's findings on the newest window. It
+    holds no memory of its own: every method takes the ``Memory``, and the ones that change it return the new
+    one."""
+
+    def __init__(self, load: Callable[[str], Policy], config: LoopConfig) -> None:
+        self._load = load
+        self.config = config
+        self._policies: dict[str, Policy] = {}
+        self._records: dict[int, tuple[dict[str, Any], WindowRecord]] = {}
+        self._series: tuple[list[dict[str, Any]], list[Series]] | None = None
+
+    def policy(self, ref: str) -> Policy:
+        policy = self._policies.get(ref)
+        if policy is None:
+            policy = self._policies[ref] = self._load(ref)
+        return policy
+
+    def of(self, memory: Memory) -> list[WindowRecord]:
+        """The memory's windows as typed records, oldest first."""
+        return [self._record(plain) for plain in memory["windows"]]
+
+    def series(self, memory: Memory) -> list[Series]:
+        plain = memory["series"]
+        if self._series is None or self._series[0] is not plain:
+            self._series = (plain, [series_from_dict(s) for s in plain])
+        return self._series[1]
+
+    def remember(
+        self,
+        memory: Memory,
+        requests: Sequence[Request],
+        outcomes: list[Outcome],
+        step: Step,
+        canary_arm: list[bool],
+        signals: Sequence[Series] = (),
+    ) -> tuple[Memory, WindowRecord]:
+        """The memory with one more served window, and its record: the window with the other ``signals``
+        read over its span (GPU, host, profiler and Nsight Compute series: kept with the cache's own series
+        for diagnosis, and their means in the window's record). Only the newest windows keep their requests
+        (what replay needs); older ones keep their summary, and only the newest ``HISTORY`` windows their key
+        counts."""
+        windows = list(memory["windows"])
+        index = memory["served"]
+        stats = window_stats(index, str(step[0].ref), requests, outcomes)
+        means = {_series_name(s): float(sum(s.v) / len(s.v)) for s in signals if s.v}
+        rec = WindowRecord(
+            index, tuple(requests), tuple(outcomes), step, tuple(canary_arm), stats, signals=means
+        )
+        windows.append(self._keep(rec))
+        series = memory["series"]
+        if requests:
+            first, last = min(r.t for r in requests), max(r.t for r in requests)
+            step_s = self.config.step_s or max(last - first, 1e-6) / 20
+            own = step_series(requests, outcomes, start=first, end=last, step_s=step_s)
+            merged = _merge_series([*self.series(memory), *own, *signals])
+            series = [series_to_dict(s) for s in merged]
+            self._series = (series, merged)
+        oldest = self._forget(windows, step[0].guardrails.rollout.max_windows)
+        # a promotion's realised gain replays from ``warmup`` windows before its canary: kept while those are
+        promoted = {
+            p: at for p, at in memory["promoted_at"].items() if max(0, at[0] - self.config.warmup) >= oldest
+        }
+        update = {"windows": windows, "series": series, "served": index + 1, "promoted_at": promoted}
+        return {**memory, **update}, rec
+
+    def with_findings(self, memory: Memory, findings: Sequence[Finding]) -> Memory:
+        """The memory with ``findings`` on its newest window."""
+        windows = list(memory["windows"])
+        windows[-1] = self._keep(replace(self._record(windows[-1]), findings=tuple(findings)))
+        return {**memory, "windows": windows}
+
+    def _record(self, plain: dict[str, Any]) -> WindowRecord:
+        cached = self._records.get(plain["index"])
+        if cached is not None and cached[0] is plain:
+            return cached[1]
+        rec = WindowRecord.from_dict(plain, self.policy)
+        self._records[rec.index] = (plain, rec)
+        return rec
+
+    def _keep(self, rec: WindowRecord) -> dict[str, Any]:
+        plain = rec.to_dict()
+        self._records[rec.index] = (plain, rec)
+        return plain
+
+    def _forget(self, windows: list[dict[str, Any]], canary_windows: int) -> int:
+        """Drop the requests of the windows older than replay reads (a canary's, a realised gain's, a
+        judgement's) and the windows older than diagnosis reads, in place; the oldest index kept."""
+        cfg = self.config
+        keep = cfg.warmup + max(cfg.measure, cfg.realise) + canary_windows + 2
+        if len(windows) > keep and windows[-keep - 1]["requests"]:
+            rec = self._record(windows[-keep - 1])
+            windows[-keep - 1] = self._keep(rec.forgotten(requests=True, keys=False))
+        del windows[: -max(HISTORY, keep + 1)]
+        oldest = windows[0]["index"]
+        for index in [i for i in self._records if i < oldest]:
+            del self._records[index]
+        return oldest
+
+
+def history(records: Sequence[WindowRecord]) -> list[WindowStats]:
+    """The newest ``HISTORY`` windows' summaries, oldest first: what diagnosis reads."""
+    return [w.stats for w in records[-HISTORY:]]
+
+
+def span(records: Sequence[WindowRecord], last: int, count: int) -> list[WindowRecord]:
+    """The ``count`` windows up to the one of index ``last``."""
+    return [w for w in records if last - count < w.index <= last]
+
+
+def _series_name(s: Series) -> str:
+    return s.name + "".join(f"[{k}={v}]" for k, v in s.labels)
+
+
+def _merge_series(series: Sequence[Series], keep: int = 400) -> list[Series]:
+    """Series of one name and labels joined in time order, the newest ``keep`` points of each."""
+    joined: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[list[float], list[float], str]] = {}
+    for s in series:
+        t, v, _ = joined.setdefault((s.name, s.labels), ([], [], s.unit))
+        t.extend(s.t)
+        v.extend(s.v)
+    return [
+        Series(name, labels, tuple(t[-keep:]), tuple(v[-keep:]), unit)
+        for (name, labels), (t, v, unit) in joined.items()
+    ]
 
 
 _REQUEST_FIELDS = ("t", "kind", "keys", "size", "ns", "rule", "prompt_tokens", "output_tokens", "latency_ms",

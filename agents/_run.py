@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from evocache.controller import FilePolicyStore
-from evocache.dsl import Policy, policy_to_yaml
+from evocache.dsl import Policy
 
 from ._candidates import Edit, apply_edits
-from ._loop import DRIFT_KINDS, Loop, LoopConfig, build_graph, embed_prompts, record_policy_store, run_pass
+from ._loop import Loop, LoopConfig, build_graph, embed_prompts, record_policy_store, run_pass
 from ._memory import Memory, WindowRecord, empty_memory
+from ._proposer import DRIFT_KINDS, Candidate
 from ._types import Request
 from evocache.controller.replay import PolicySimulator
 from ._workload import read_requests, windows
@@ -89,13 +90,13 @@ class LoopRunner:
     @property
     def windows(self) -> list[WindowRecord]:
         """The windows served so far, as the loop remembers them."""
-        return self.ctx.records(self.memory)
+        return self.ctx.records.of(self.memory)
 
     def window(
         self, requests: list[Request], outcomes: list[Any], step: Any, arms: list[bool], signals: Any = ()
     ) -> dict[str, Any]:
         loop = self.ctx
-        memory, rec = loop.remember(self.memory, requests, outcomes, step, arms, signals)
+        memory, rec = loop.records.remember(self.memory, requests, outcomes, step, arms, signals)
         if self.harmful_at is not None and rec.index >= self.harmful_at and not loop.busy():
             # at the first window from ``harmful_at`` on with no other change on its way out
             _, memory = inject_harmful(loop, memory, step[0])
@@ -104,7 +105,7 @@ class LoopRunner:
         self.memory = ended["memory"]
         self.breaches += [ended["breach"]] if ended.get("breach") else []
         self.retrains += [ended["retrained"]] if ended.get("retrained") else []
-        newest = loop.records(self.memory)[-1]
+        newest = loop.records.of(self.memory)[-1]
         assert newest.index == rec.index
         row = _row(newest, rec.requests)
         self.rows.append(row)
@@ -135,7 +136,7 @@ class LoopRunner:
             ],
             "breaches": self.breaches,
             "retrains": self.retrains,
-            "capacity": self.ctx.capacity,
+            "capacity": self.ctx.judge.capacity,
         }
 
 
@@ -150,28 +151,25 @@ def open_loop(
     diagnose: Callable[..., Any] | None = None,
     actor: str = "agent run",
     model: tuple[str, str, str] = ("", "", ""),
+    replace: bool = False,
 ) -> Loop:
     """The loop's context over ``policies`` (the store serving reads), with its proposal store and plots
-    under ``workdir``; ``policy`` applied when the store has none in force. ``model``: what serves the
-    traffic (id, revision, prompt-template hash), part of the evidence's context."""
+    under ``workdir``; ``policy`` applied when the store has none in force, or with ``replace`` over the one
+    in force (``Actuator.adopt``). ``model``: what serves the traffic (id, revision, prompt-template hash),
+    part of the evidence's context."""
     from ._proposals import ProposalStore
 
     workdir.mkdir(parents=True, exist_ok=True)
     record_policy_store(workdir, policies, capacity=capacity, config=config)  # for a review resumed elsewhere
-    if policies.state().active is None:
-        policies.apply(policy)
-    proposals = ProposalStore(workdir / "proposals.db")
-    active = policies.load(policies.state().active)
-    proposals.record_policy(str(active.ref), policy_to_yaml(active), kind="applied", actor=actor)
     if diagnose is None:
         from .diagnosis import diagnose as default_diagnose
 
         diagnose = default_diagnose
     from ._planner import planner_from_env
 
-    return Loop(
+    loop = Loop(
         policies,
-        proposals,
+        ProposalStore(workdir / "proposals.db"),
         capacity=capacity,
         config=config,
         vectors=vectors,
@@ -182,6 +180,8 @@ def open_loop(
         model=model,
         actor=actor,
     )
+    loop.actuator.adopt(policy, replace=replace)
+    return loop
 
 
 def run_trace(
@@ -207,18 +207,24 @@ def run_trace(
     vectors = embed_prompts(requests, workdir / "embeddings")
     policies = FilePolicyStore(workdir / "policies")
     active = policies.state().active
-    if active is not None and policies.load(active).content_hash != policy.content_hash:
-        if policy.version <= policies.load(active).version:
-            raise AgentError(
-                f"{workdir} already runs {active}, not the policy given ({policy.ref}): give a "
-                f"fresh --workdir, that policy, or a newer version"
-            )
-        policies.apply(policy)  # a newer version: in force from the first window on
+    newer = active is not None and policies.load(active).content_hash != policy.content_hash
+    if newer and policy.version <= policies.load(active).version:
+        raise AgentError(
+            f"{workdir} already runs {active}, not the policy given ({policy.ref}): give a "
+            f"fresh --workdir, that policy, or a newer version"
+        )
     ctx = open_loop(
-        policies, workdir, policy, capacity=capacity, config=options.loop, vectors=vectors, diagnose=diagnose
+        policies,
+        workdir,
+        policy,
+        capacity=capacity,
+        config=options.loop,
+        vectors=vectors,
+        diagnose=diagnose,
+        replace=newer,  # a newer version: in force from the first window on
     )
     live = PolicySimulator(
-        ctx.active(), capacity, seed=options.loop.seed, vectors=vectors, models=ctx.model_dir
+        ctx.active(), capacity, seed=options.loop.seed, vectors=vectors, models=ctx.judge.model_dir
     )
     with SqliteSaver.from_conn_string(str(workdir / "checkpoints.db")) as saver:
         runner = LoopRunner(ctx, build_graph(ctx, saver), harmful_at=options.harmful_at)
@@ -241,9 +247,9 @@ def inject_harmful(loop: Loop, memory: Memory, base: Policy) -> tuple[str, Memor
     canary; its id, and the memory after."""
     edits = harmful_edits(base)
     cand = apply_edits(base, edits, max(memory["top_version"], base.version) + 1)
-    memory = {**memory, "top_version": cand.version}
-    records = loop.records(memory)
-    proposal = loop.store_proposal(records, base, cand, edits, [], loop.judge(records, base, cand), None)
+    judged = loop.judge.replay(loop.records.of(memory), base, cand)
+    harmful = Candidate.of(base, cand, edits, [], judged, loop.proposer.route(base, edits, judged))
+    proposal, memory = loop.store(memory, harmful, None)
     loop.actuator.review(
         proposal.id, "approve", "injected", "approved against its evidence, to test the canary"
     )

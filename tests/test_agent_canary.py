@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evocache.agents._canary import CanaryEvidence, CanaryRules, analyse_canary
+from evocache.agents._canary import CanaryAnalysis, CanaryEvidence, CanaryRules, analyse_canary
 from evocache.agents._evidence import ArmMetrics, Comparison
 
 RULES = CanaryRules(windows=1, max_windows=3, max_drop=0.05, min_requests=50, max_error_rate=0.01)
@@ -100,3 +100,12 @@ def test_neither_a_breach_nor_a_pass_at_max_windows_is_inconclusive_never_a_pass
 def test_evidence_survives_its_plain_form() -> None:
     found = evidence(canary=arm(0.3, wrong_rate=0.001), difference=(-0.1, -0.2, 0.0), local=False)
     assert CanaryEvidence.from_dict(found.to_dict()) == found
+
+
+def test_an_analysis_survives_its_plain_form_with_its_evidence_or_without() -> None:
+    found = evidence(difference=(-0.15, -0.2, -0.1))
+    judged = CanaryAnalysis("p-1", analyse_canary(RULES, 2, found), (4, 5), found)
+    assert judged.verdict.phase == "rollback"
+    assert CanaryAnalysis.from_dict(judged.to_dict()) == judged
+    early = CanaryAnalysis("p-1", analyse_canary(RULES, 0, None), (5, 5), None)
+    assert CanaryAnalysis.from_dict(early.to_dict()) == early

@@ -1,5 +1,6 @@
 """The loop's memory is graph state: a review resumed from another process sees the history the waiting pass
-saw; and the actuator keeps the policy store's history and the proposal store's in step, a withdrawn canary
+saw, and a pass resumed before its proposal is stored sees the candidate it planned; and the actuator keeps
+the policy store's history and the proposal store's in step, a withdrawn canary and a reopened loop
 included."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from evocache.agents._evidence import ArmMetrics, Comparison, Judgement
 from evocache.agents._loop import Loop, LoopConfig, build_graph, resume_review, thread_config
 from evocache.agents._memory import empty_memory
 from evocache.agents._proposals import ProposalStore
+from evocache.agents._proposer import Candidate
 from evocache.agents._run import LoopRunner, open_loop
 from evocache.agents._types import Request
 from evocache.controller.replay import PolicySimulator as Simulator
@@ -88,8 +90,8 @@ def test_a_review_resumed_from_another_process_sees_the_memory_of_the_pass_that_
         state = graph.get_state(thread_config("run-w1"))
         assert state.interrupts
         assert json.dumps(state.values["memory"], sort_keys=True) == json.dumps(remembered, sort_keys=True)
-        records = there.records(state.values["memory"])
-        assert [r.stats for r in records] == [r.stats for r in loop.records(remembered)]
+        records = there.records.of(state.values["memory"])
+        assert [r.stats for r in records] == [r.stats for r in loop.records.of(remembered)]
         assert [list(r.requests) for r in records] == [_requests(0), _requests(1)]
         there.proposals.review(waiting.id, "approve", "alice", "")
         resumed = resume_review(graph, "run-w1", "approve", "alice")
@@ -133,7 +135,8 @@ def test_the_memory_stays_bounded_however_many_windows_are_served(tmp_path: Path
     memory = empty_memory()
     for window in range(70):
         span = _requests(window)
-        memory, _ = loop.remember(memory, span, sim.run(span), (policy, None, 0.0), [False] * len(span))
+        step = (policy, None, 0.0)
+        memory, _ = loop.records.remember(memory, span, sim.run(span), step, [False] * len(span))
     assert memory["served"] == 70
     assert [w["index"] for w in memory["windows"]] == list(range(10, 70))  # what diagnosis reads: 60
     # requests for what replay reads: warmup 1 + realise 2 + the canary's max_windows 1 + 2
@@ -141,8 +144,8 @@ def test_the_memory_stays_bounded_however_many_windows_are_served(tmp_path: Path
     # a process that has only the memory makes the same records
     stores = FilePolicyStore(tmp_path / "policies"), ProposalStore(tmp_path / "proposals.db")
     there = Loop(*stores, config=CONFIG)
-    assert [r.stats for r in there.records(memory)] == [r.stats for r in loop.records(memory)]
-    assert [r.requests for r in there.records(memory)][-1] == tuple(_requests(69))
+    assert [r.stats for r in there.records.of(memory)] == [r.stats for r in loop.records.of(memory)]
+    assert [r.requests for r in there.records.of(memory)][-1] == tuple(_requests(69))
 
 
 def _on_canary(tmp_path: Path) -> tuple[Loop, FilePolicyStore, str, CanaryEvidence]:
@@ -200,14 +203,71 @@ def test_a_canary_no_running_replica_can_enforce_is_stale_in_both_stores_and_not
         "run-1", StoreConfig(redis=RedisConfig(url="redis://10.0.0.5:6379/0")))
     cand = parse_policy(POLICY.replace("version: 1", "version: 2") + "tenants:\n  acme: {l2_share: 0.5}\n")
     span = _requests(0)
-    memory, _ = loop.remember(empty_memory(), span, Simulator(policy, 10_000).run(span), (policy, None, 0.0),
-                              [False] * len(span))
+    memory, _ = loop.records.remember(empty_memory(), span, Simulator(policy, 10_000).run(span),
+                                      (policy, None, 0.0), [False] * len(span))
     arm = ArmMetrics(100, 0.4, 0.4, 0.0, 0.05, 10.0)
     judged = Judgement(Comparison(arm, arm, 0.01, (0.0, 0.02), 0.0, 200), "lasting", (0, 0), 0.0)
-    proposal = loop.store_proposal(loop.records(memory), policy, cand, [], [], judged, None)
+    proposal, _ = loop.store(memory, Candidate.of(policy, cand, [], [], judged, "review"), None)
     loop.actuator.approve(proposal.id)
     before, history = policies.state(), loop.proposals.policy_history()
     assert loop.actuator.start_canary(proposal.id) == "stale"
     moved = loop.proposals.get(proposal.id)
     assert moved.status == "stale" and "replica model-a" in moved.history[-1].note
     assert policies.state() == before and loop.proposals.policy_history() == history
+
+
+def test_the_candidate_is_graph_state_and_a_node_of_its_own_stores_it(tmp_path: Path) -> None:
+    loop, policies, policy = _open(tmp_path, CONFIG)
+    sim = Simulator(policy, 10_000)
+    memory = empty_memory()
+    for window in range(2):
+        span = _requests(window)
+        memory, _ = loop.records.remember(memory, span, sim.run(span), (policy, None, 0.0), [False] * WINDOW)
+    with SqliteSaver.from_conn_string(str(tmp_path / "checkpoints.db")) as saver:
+        graph = build_graph(loop, saver)
+        start = {"run": "run", "thread": "run-w1", "window": 1, "memory": memory}
+        graph.invoke(start, thread_config("run-w1"), interrupt_before=["store"], durability="sync")
+        assert graph.get_state(thread_config("run-w1")).next == ("store",)
+    assert loop.proposals.list() == []  # planned and judged: nothing written yet
+
+    # another process: the candidate comes back from the checkpoint as the plain data it was left as
+    with SqliteSaver.from_conn_string(str(tmp_path / "checkpoints.db")) as saver:
+        there = Loop(FilePolicyStore(tmp_path / "policies"), ProposalStore(tmp_path / "proposals.db"),
+                     capacity=10_000, config=CONFIG)
+        graph = build_graph(there, saver)
+        plain = graph.get_state(thread_config("run-w1")).values["candidate"]
+        assert json.loads(json.dumps(plain)) == plain
+        candidate = Candidate.from_dict(plain)
+        assert Candidate.from_dict(candidate.to_dict()) == candidate
+        assert candidate.base == "chat@1" and candidate.ref == "chat@2" and candidate.route == "approve"
+        assert [(e.path, e.new) for e in candidate.edits] == [("rules.chat.ttl", 120.0)]
+        assert candidate.judgement.comparison.gain > 0
+        ended = graph.invoke(None, thread_config("run-w1"), durability="sync")
+    (stored,) = there.proposals.list()
+    assert ended["proposal"] == stored.id and ended["notes"] == ["rollout: canary"]
+    assert stored.new_policy == candidate.document and candidate.policy().ref == stored.new_ref
+    assert stored.predicted_gain == candidate.judgement.comparison.gain
+    assert [dict(e) for e in stored.edits] == [e.to_dict() for e in candidate.edits]
+    assert stored.status == "canary" and policies.state().canary == "chat@2"
+    assert ended["memory"]["top_version"] == 2
+
+
+def test_a_loop_opened_again_on_its_stores_records_the_policy_in_force_once(tmp_path: Path) -> None:
+    kinds = {"apply": "applied", "canary": "canary", "promote": "promoted", "rollback": "rolled_back"}
+
+    def histories(loop: Loop, policies: FilePolicyStore) -> tuple[list[tuple[str, str]], ...]:
+        theirs = [(kinds[h["action"]], h["ref"]) for h in policies.state().history]
+        return theirs, [(r.kind, r.ref) for r in loop.proposals.policy_history()]
+
+    for _ in range(2):
+        loop, policies, _ = _open(tmp_path, CONFIG)
+        theirs, ours = histories(loop, policies)
+        assert theirs == ours == [("applied", "chat@1")]
+    # a newer version given over the one in force (as agent run does) is applied and recorded once
+    newer = parse_policy(POLICY.replace("version: 1", "version: 2"), "policy.yaml")
+    for _ in range(2):
+        replace = policies.state().active != "chat@2"
+        loop = open_loop(policies, tmp_path, newer, capacity=10_000, config=CONFIG,
+                         diagnose=lambda *a, **k: [], replace=replace)
+        theirs, ours = histories(loop, policies)
+        assert theirs == ours == [("applied", "chat@1"), ("applied", "chat@2")]

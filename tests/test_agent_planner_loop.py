@@ -48,7 +48,7 @@ def test_the_planners_edit_is_judged_by_replay_and_its_rationale_kept(tmp_path: 
     # no findings: the loop's own candidates are only its routine ttl and min-tokens ones; the bypass is the planner's
     ctx = open_loop(policies, tmp_path, policy, capacity=capacity, config=LoopConfig(retrain_every=0),
                     diagnose=lambda *a, **k: [])
-    ctx.planner = Planner(chat)
+    ctx.proposer.planner = Planner(chat)
     runner = LoopRunner(ctx, build_graph(ctx, InMemorySaver()))
     sim = Simulator(policy, capacity)
     for span in windows(requests, 200):

@@ -10,6 +10,7 @@ from evocache.agents._candidates import Edit, apply_edits
 from evocache.agents._loop import Loop, LoopConfig
 from evocache.agents._memory import Memory, empty_memory
 from evocache.agents._proposals import ProposalStore
+from evocache.agents._proposer import Candidate
 from evocache.agents._types import Request
 from evocache.controller.replay import PolicySimulator as Simulator
 from evocache.controller import FilePolicyStore
@@ -44,15 +45,17 @@ class _Served:
 
     def serve(self, requests: list[Request]) -> None:
         base = self.loop.active()
-        self.memory, _ = self.loop.remember(self.memory, requests, self.sim.run(requests), (base, None, 0.0),
-                                            [False] * len(requests))
+        self.memory, _ = self.loop.records.remember(self.memory, requests, self.sim.run(requests),
+                                                    (base, None, 0.0), [False] * len(requests))
 
     def propose(self) -> str:
         loop, base = self.loop, self.loop.active()
         edit = Edit("ttl", "rules.chat.ttl", None, 7200.0, "test")
         cand = apply_edits(base, [edit], base.version + 1)
-        records = loop.records(self.memory)
-        return loop.store_proposal(records, base, cand, [edit], [], loop.judge(records, base, cand), None).id
+        judged = loop.judge.replay(loop.records.of(self.memory), base, cand)
+        candidate = Candidate.of(base, cand, [edit], [], judged, "review")
+        proposal, self.memory = loop.store(self.memory, candidate, None)
+        return proposal.id
 
     def check_evidence(self) -> list[tuple[str, str]]:
         moved, self.memory = self.loop.check_evidence(self.memory)
@@ -81,7 +84,7 @@ def test_a_new_model_revision_makes_an_approved_proposal_stale_before_its_canary
         served.serve(_window(rng, 200.0 * i, 100))
     approved = served.propose()
     served.loop.proposals.review(approved, "approve", "person", "")
-    served.loop.model = ("m", "r2", "t1")
+    served.loop.judge.model = ("m", "r2", "t1")
     ((pid, reason),) = served.check_evidence()
     assert pid == approved and reason == "model revision changed from r1 to r2"
     assert served.loop.proposals.get(approved).status == "stale"

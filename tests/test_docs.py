@@ -317,7 +317,7 @@ def test_the_loop_graph_is_drawn_as_the_code_builds_it() -> None:
     names = {"__start__": "START", "__end__": "END"}
     graph = build_graph(None, InMemorySaver()).get_graph()  # type: ignore[arg-type]  # no node runs
     built = {(names.get(e.source, e.source), names.get(e.target, e.target)) for e in graph.edges}
-    assert len(built) == 18
+    assert len(built) == 19
     assert _loop_graph_table() == built
     drawing = (ROOT / "docs" / "agents.md").read_text(encoding="utf-8").split("\n## The graph\n", 1)[1]
     drawn = set(re.findall(r"\b([a-z]+)\b", drawing.split("```")[1]))
