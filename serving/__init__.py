@@ -17,9 +17,10 @@ from ._model import (
     ModelConfig,
     Tokenizer,
     load_tokenizer,
+    upstream_model,
 )
 from ._request import Completion, Decision, Finish, GenerateRequest
-from ._upstream import UpstreamConfig, upstream_model
+from ._upstream import UpstreamConfig
 from ._auth import (
     AdminKeys,
     FileKeyStore,

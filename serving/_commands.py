@@ -156,8 +156,8 @@ def _config(*, model: Path, model_id: str | None, tokenizer: str | None, callabl
     )
 
     from ._config import ApiKeysConfig, DeploymentConfig, MetricsConfig, ServingConfig  # noqa: PLC0415
-    from ._model import MINILM, ModelConfig  # noqa: PLC0415
-    from ._upstream import UpstreamConfig, upstream_model  # noqa: PLC0415
+    from ._model import MINILM, ModelConfig, upstream_model  # noqa: PLC0415
+    from ._upstream import UpstreamConfig  # noqa: PLC0415
     from ._server import ServerSpec  # noqa: PLC0415
 
     if config is not None:

@@ -15,6 +15,7 @@ tiny Llama uses), or a local Hugging Face tokenizer folder. Nothing is downloade
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
 import json
@@ -27,8 +28,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ._upstream import UpstreamConfig, UpstreamGenerator
-from .errors import ServingConfigError
+from ._upstream import UpstreamClient, UpstreamConfig, UpstreamGenerator
+from .errors import ApiError, ServingConfigError
 
 if TYPE_CHECKING:  # the KV cache imports torch where it runs, not here
     from .kv import KvPlan, KvPrefixCache, KvUsage, RopeShift
@@ -458,3 +459,29 @@ def apply_stop(pieces: Iterable[str], stop: Sequence[str]) -> Iterator[str]:
     if pending:
         yield pending
 
+
+def upstream_model(config: UpstreamConfig, model_id: str | None = None, tokenizer: str | None = None) -> ModelConfig:
+    """The ``ModelConfig`` of a model an upstream serves, from its ``GET /models``: ``model_id`` when given
+    (it must be listed), else the first listed; its revision is the card's ``root`` (vLLM: the weights it
+    loaded), so a different checkpoint under the same name keys apart. The context bound (vLLM's
+    ``max_model_len``) applies only with ``tokenizer`` (the model's own), which counts prompts as it does.
+    ``ServingConfigError`` when the upstream cannot be read or does not serve the model."""
+    client = UpstreamClient(config)
+    try:
+        cards = client.models()
+    except ApiError as exc:
+        raise ServingConfigError(f"upstream {config.url}: cannot list its models: {exc.message}") from exc
+    finally:
+        client.close()
+    names = [str(card.get("id")) for card in cards]
+    if not names:
+        raise ServingConfigError(f"upstream {config.url}: GET /models lists no model")
+    name = model_id or names[0]
+    if name not in names:
+        raise ServingConfigError(f"upstream {config.url} does not serve {name!r}; it lists {', '.join(names)}")
+    card = cards[names.index(name)]
+    root = str(card.get("root") or "")
+    revision = root if len(root) <= 128 else hashlib.sha256(root.encode()).hexdigest()[:32]
+    context = card.get("max_model_len")
+    return ModelConfig(kind="upstream", id=name, revision=revision, tokenizer=tokenizer, upstream=config,
+                       context_tokens=context if tokenizer and type(context) is int and context > 0 else None)

@@ -337,31 +337,3 @@ class UpstreamGenerator:
     def close(self) -> None:
         self.client.close()
 
-
-def upstream_model(config: UpstreamConfig, model_id: str | None = None, tokenizer: str | None = None) -> Any:
-    """The ``ModelConfig`` of a model an upstream serves, from its ``GET /models``: ``model_id`` when given
-    (it must be listed), else the first listed; its revision is the card's ``root`` (vLLM: the weights it
-    loaded), so a different checkpoint under the same name keys apart. The context bound (vLLM's
-    ``max_model_len``) applies only with ``tokenizer`` (the model's own), which counts prompts as it does.
-    ``ServingConfigError`` when the upstream cannot be read or does not serve the model."""
-    from ._model import ModelConfig  # noqa: PLC0415 - _model imports this module
-
-    client = UpstreamClient(config)
-    try:
-        cards = client.models()
-    except ApiError as exc:
-        raise ServingConfigError(f"upstream {config.url}: cannot list its models: {exc.message}") from exc
-    finally:
-        client.close()
-    names = [str(card.get("id")) for card in cards]
-    if not names:
-        raise ServingConfigError(f"upstream {config.url}: GET /models lists no model")
-    name = model_id or names[0]
-    if name not in names:
-        raise ServingConfigError(f"upstream {config.url} does not serve {name!r}; it lists {', '.join(names)}")
-    card = cards[names.index(name)]
-    root = str(card.get("root") or "")
-    revision = root if len(root) <= 128 else hashlib.sha256(root.encode()).hexdigest()[:32]
-    context = card.get("max_model_len")
-    return ModelConfig(kind="upstream", id=name, revision=revision, tokenizer=tokenizer, upstream=config,
-                       context_tokens=context if tokenizer and type(context) is int and context > 0 else None)

@@ -17,7 +17,8 @@ from _serving_fixtures import KEYS, UvicornThread, write_keys
 from evocache.controller import EventsConfig, StoreConfig, entry_secret
 from evocache.serving import Api, FileKeyStore, LocalBackend, ModelConfig, ModelServer, ServerSpec, build_fastapi
 from evocache.serving._protocol import Limits
-from evocache.serving._upstream import UpstreamConfig, tenant_salt, upstream_model
+from evocache.serving import upstream_model
+from evocache.serving._upstream import UpstreamConfig, tenant_salt
 from evocache.serving.errors import ServingConfigError
 
 ACME, GLOBEX = list(KEYS)
