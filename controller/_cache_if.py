@@ -384,6 +384,7 @@ class CachedFunction:
         wrapper.invalidate = self.invalidate  # type: ignore[attr-defined]
         wrapper.bypass = self.bypass  # type: ignore[attr-defined]
         wrapper.call = self.call  # type: ignore[attr-defined]
+        wrapper.lookup = self.lookup  # type: ignore[attr-defined]
         wrapper.refresh = self.refresh  # type: ignore[attr-defined]
         wrapper.feedback = self.feedback  # type: ignore[attr-defined]
         wrapper.cached_function = self  # type: ignore[attr-defined]
@@ -1057,6 +1058,45 @@ class CachedFunction:
         if self.kind == "async":
             return self._async_called(rt, args, kwargs, None, None)
         return self._sync_called(rt, args, kwargs, None, None)
+
+    def lookup(self, *args: Any, **kwargs: Any) -> Called | None:
+        """An exact hit of this call, without running the function on a miss: ``Called(value, outcome)`` for
+        a hit in the plan's tiers (recorded as any hit: counters, metrics, its access event), or None, with
+        nothing recorded, when the call would run the function (a miss, a bypass, a caller's ``no-cache``, a
+        rule its SLO breaker holds) so that whoever computes it records it. For a front end that answers hits
+        itself and hands everything else to the process that computes (a gateway's ingress); no semantic
+        lookup, no single flight (a miss here is decided where it is computed)."""
+        rt, plan, started = self._start(args, kwargs)
+        if plan.key is None:
+            return None
+        tripped = rt.slo.tripped
+        if tripped and (plan.rule in tripped or plan.tenant_rule in tripped):
+            return None
+        control = current_control.get()
+        if control is not None:
+            control = control.within(plan.decision.client_controls if plan.decision is not None
+                                     else CLIENT_CONTROLS)
+            if control is not None and control.no_cache:
+                return None
+        found = rt.store.get(plan.ns, plan.key, plan.tiers)
+        entry = found.entry
+        if entry is None or (control is not None and control.max_age_s is not None
+                             and rt.clock() - entry.created_at > control.max_age_s):
+            return None
+        try:
+            value = self._decode(entry.value)
+        except ValueError as exc:
+            log.warning("%s: undecodable payload in %s dropped: %s", self.identity, found.tier, exc)
+            rt.metrics.tier_fault(found.tier or "", "undecodable")
+            rt.store.delete(plan.ns, [plan.key])
+            return None
+        handle = CallHandle()
+        self.counters.hits += 1
+        self._decided(rt, plan, handle, "hit", found.tier, len(entry.value), time.perf_counter() - started,
+                      entry.saved_ms)
+        self._finish(rt, handle)
+        assert handle.outcome is not None  # _finish finished it
+        return Called(value, handle.outcome)
 
     # -- per-call controls -------------------------------------------------------------------------------
 

@@ -238,6 +238,10 @@ class IngressDeployment:
         context = serve.get_replica_context()
         tokenizer = load_tokenizer(spec.model.tokenizer_source)
         rate = options.get("rate")
+        self.name = f"ingress:{context.replica_id.unique_id}"
+        # Exact hits answered here, from this replica's own L1 and the shared tiers, without the hop to a model
+        # replica or a wait in its queue: the same contract, keys, policy and rollout arm as the replicas.
+        self.hits = ModelServer.lookups_only(spec, self.name, tokenizer)
         self.api = Api(
             model_id=spec.model.id, model_revision=spec.model.revision, tokenizer=tokenizer,
             backend=RayBackend(model, context.app_name), keys=key_store(keys), block_size=spec.block_size,
@@ -246,21 +250,40 @@ class IngressDeployment:
             admin_keys=AdminKeys.from_hex(metrics.admin_keys), limits=options.get("limits") or Limits(),
             context_tokens=spec.model.context_length(),
             upstream_fields=frozenset(spec.model.upstream.fields) if spec.model.upstream is not None else None,
+            hits=self.hits.lookup,
         )
         # Several ingress replicas on one host: the first to start holds the port (the others log it).
         self.metrics_listener = serve_metrics(self.api, metrics.host, metrics.port) if metrics.port else None
         self.follower = None
         if spec.policy_store is not None:
             store = open_policy_store(spec.policy_store)
-            self.follower = PolicyFollower(store, f"ingress:{context.replica_id.unique_id}", self._follow,
+            self.follower = PolicyFollower(store, self.name, self._follow,
                                            interval=spec.policy_store.poll_interval_s)
             if run is not None:
-                self.follower.register(run, None)  # its run only: the ingress enforces no cache policy
+                self.follower.register(run, spec.store)  # it enforces the policy on the hits it serves
             self.follower.poll()
             self.follower.start()
+        self._hub = metrics_hub(context.app_name)
+        self._stop = threading.Event()
+        threading.Thread(target=self._housekeeping, name="evocache-ingress", daemon=True).start()
 
     def _follow(self, rollout: Any) -> None:
+        self.hits.rollouts.apply(rollout)  # first: a version its store cannot enforce changes nothing here
         self.api.set_policy(rollout.active)  # the active version's tenants: their rates and prompt bounds
+
+    def _housekeeping(self) -> None:
+        """Every period: write out the hits' access events and push their metrics to the hub, as a replica."""
+        while not self._stop.wait(METRICS_PERIOD_S):
+            self.hits.runtime.flush()
+            try:
+                self._hub.put.remote(self.name, self.hits.metrics())
+            except Exception as exc:  # noqa: BLE001 - a hub that went away is found again next period
+                log.info("metrics push failed: %s", exc)
+                self._hub = metrics_hub(serve.get_replica_context().app_name)
+
+    def __del__(self) -> None:
+        self._stop.set()
+        self.hits.close()
 
     def __serve_build_asgi_app__(self) -> Any:
         return build_fastapi(self.api)

@@ -72,7 +72,7 @@ from ._protocol import (
     parse_request,
     parse_upstream_request,
 )
-from ._request import Completion, Decision, Finish, GenerateRequest
+from ._request import Completion, Decision, Finish, GenerateRequest, completion_of
 from .errors import (
     ApiError,
     BadRequest,
@@ -119,8 +119,11 @@ class Api:
                  rate: Rate | None = None, clock: Callable[[], float] = time.monotonic,
                  ready_timeout_s: float = 30.0, block_extras: tuple[str, ...] | None = None,
                  admin_keys: AdminKeys = AdminKeys(), context_tokens: int | None = None,
-                 upstream_fields: frozenset[str] | None = None) -> None:
+                 upstream_fields: frozenset[str] | None = None,
+                 hits: Callable[[GenerateRequest], list[Any] | None] | None = None) -> None:
         self.model_id = model_id
+        # Exact hits served here, without a model replica (``Api.hit``); None: every request goes to one.
+        self.hits = hits
         # With an upstream engine: the deployment's own fields it passes through (UpstreamConfig.fields), beside
         # OpenAI's; None with the built-in engine, which refuses what it cannot honour.
         self.upstream_fields = upstream_fields
@@ -150,6 +153,17 @@ class Api:
         self.cancelled = Counter("evocache_http_cancelled", "Answers cancelled on their replica before their "
                                  "end: the client gone, or the request's deadline passed",
                                  ["endpoint", "why"], registry=self.registry)
+
+    async def hit(self, work: GenerateRequest) -> list[Any] | None:
+        """An exact hit of ``work`` the ingress serves itself (``hits``: ``ModelServer.lookup`` of a server
+        that only looks up), off the event loop; None to go to a model replica, also when the lookup failed
+        (the replica then looks up and computes, and its failures are counted there)."""
+        assert self.hits is not None
+        try:
+            return await asyncio.to_thread(self.hits, work)
+        except Exception as exc:  # noqa: BLE001 - the replica path answers whatever the lookup could not
+            log.warning("ingress lookup failed: %s: %s", type(exc).__name__, exc)
+            return None
 
     async def exposition(self) -> bytes:
         """The ingress's own metrics and every fresh replica's, merged (what ``/metrics`` serves)."""
@@ -458,7 +472,13 @@ def build_fastapi(api: Api) -> FastAPI:
             # (A stream's response listens itself from its first chunk on.)
             gone = asyncio.ensure_future(_gone(request))
             try:
-                if work.stream:
+                hit = await api.hit(work) if api.hits is not None else None
+                if hit is not None and work.stream:
+                    response = await _stream(api, work, deadline, gone, endpoint, hit)
+                elif hit is not None:
+                    done = completion_of(hit)
+                    response = JSONResponse(api.body(work, done), headers=done.decision.headers())
+                elif work.stream:
                     response = await _stream(api, work, deadline, gone, endpoint)
                 else:
                     call = functools.partial(api.backend.complete, work)
@@ -684,9 +704,15 @@ async def _answer(api: Api, call: Callable[[asyncio.Event], Awaitable[T]], deadl
             task.cancel()
 
 
+async def _replayed(items: list[Any]) -> AsyncIterator[Any]:
+    for item in items:
+        yield item
+
+
 async def _stream(api: Api, work: GenerateRequest, deadline: float, gone: asyncio.Future[None],
-                  endpoint: str) -> StreamingResponse:
-    """The stream's headers once its ``Decision`` is in (within ``_answer``'s waits), then its chunks."""
+                  endpoint: str, hit: list[Any] | None = None) -> StreamingResponse:
+    """The stream's headers once its ``Decision`` is in (within ``_answer``'s waits), then its chunks; for a
+    ``hit`` the ingress found itself, its items."""
     items: Any = None  # the backend's stream: an async generator, closed here when the client goes
 
     def opening(placed: asyncio.Event) -> Awaitable[Decision | str | Finish]:
@@ -694,7 +720,11 @@ async def _stream(api: Api, work: GenerateRequest, deadline: float, gone: asynci
         items = api.backend.stream(work, placed)
         return anext(items)
 
-    decision = await _answer(api, opening, deadline, gone, endpoint)
+    if hit is not None:
+        items = _replayed(hit[1:])
+        decision = hit[0]
+    else:
+        decision = await _answer(api, opening, deadline, gone, endpoint)
     if not isinstance(decision, Decision):
         await items.aclose()
         raise Unavailable("the model replica answered out of order")

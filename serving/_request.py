@@ -13,7 +13,7 @@ pieces (``str``; from an upstream engine also ``bytes``, a JSON document of the 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -111,3 +111,22 @@ class Completion:
     finish: Finish
     # An upstream engine's structured pieces (JSON: a delta's tool calls, logprobs), in order.
     extras: tuple[bytes, ...] = ()
+
+
+def completion_of(items: Iterable[Decision | str | Finish]) -> Completion:
+    """A whole answer from the items of ``ModelServer.stream``: its decision, its text and its finish."""
+    decision: Decision | None = None
+    finish: Finish | None = None
+    text: list[str] = []
+    extras: list[bytes] = []
+    for item in items:
+        if isinstance(item, str):
+            text.append(item)
+        elif isinstance(item, bytes):
+            extras.append(item)
+        elif isinstance(item, Decision):
+            decision = item
+        else:
+            finish = item
+    assert decision is not None and finish is not None  # stream() always yields both
+    return Completion(decision, "".join(text), finish, tuple(extras))

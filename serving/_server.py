@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import Counter
@@ -68,7 +68,7 @@ from ._model import (
     load_generator,
     load_tokenizer,
 )
-from ._request import Completion, Decision, Finish, GenerateRequest
+from ._request import Completion, Decision, Finish, GenerateRequest, completion_of
 from ._upstream import END, SHARED_SALT_VALUE, UpstreamGenerator, tenant_salt
 from .kv._cache import SHARED_SALT, KvConfig, KvPlan, KvPrefixCache, KvUsage
 from .kv._metrics import KvMetrics
@@ -122,6 +122,16 @@ def _structure(pieces: list[str | bytes]) -> list[Any]:
 _END = object()
 
 
+class _NoEngine:
+    """The engine of a server that only looks up: asked for nothing, ever."""
+
+    def __init__(self, pieces_are_tokens: bool) -> None:
+        self.pieces_are_tokens = pieces_are_tokens
+
+    def stream(self, prompt: str, input_ids: Any, params: Any) -> Iterator[str]:
+        raise RuntimeError("a lookups-only server never generates")
+
+
 def _status(decided: CallOutcome, control: CacheControl | None) -> str:
     """The call's ``CACHE_STATUS``: a miss under the client's no-store (its rule allowing it) is
     ``STORE-SKIPPED``, one whose lookup its no-cache skipped ``REFRESH``."""
@@ -141,25 +151,6 @@ def _status(decided: CallOutcome, control: CacheControl | None) -> str:
 def _count(value: Any, default: int = 0) -> int:
     """A token count an upstream reported: a non-negative int, else ``default``."""
     return value if type(value) is int and value >= 0 else default
-
-
-def completion_of(items: Iterable[Decision | str | Finish]) -> Completion:
-    """A whole answer from the items of ``ModelServer.stream``: its decision, its text and its finish."""
-    decision: Decision | None = None
-    finish: Finish | None = None
-    text: list[str] = []
-    extras: list[bytes] = []
-    for item in items:
-        if isinstance(item, str):
-            text.append(item)
-        elif isinstance(item, bytes):
-            extras.append(item)
-        elif isinstance(item, Decision):
-            decision = item
-        else:
-            finish = item
-    assert decision is not None and finish is not None  # stream() always yields both
-    return Completion(decision, "".join(text), finish, tuple(extras))
 
 
 class ModelServer:
@@ -186,10 +177,12 @@ class ModelServer:
             self.generator.attach_kv(self.kv)
             self.kv_metrics = KvMetrics(self.kv, self.runtime.metrics.registry)
         self.upstream = self.generator if isinstance(self.generator, UpstreamGenerator) else None
-        self._upstream_id = ""  # what the key binds of the upstream: where it is and its model's name there
+        # What the key binds of an upstream: where it is and its model's name there (from the spec, so a server
+        # that only looks up, the ingress's, keys alike).
+        upstream = spec.model.upstream
+        self._upstream_id = f"{upstream.url} {upstream.model or spec.model.id}" if upstream is not None else ""
         self._salt_secret = b""
         if self.upstream is not None:
-            self._upstream_id = f"{self.upstream.config.url} {self.upstream.model}"
             self._salt_secret = entry_secret(spec.store)
             self.upstream.client.errors = Counter(
                 "evocache_upstream_errors", "Failed or retried calls to the upstream engine by kind: refused "
@@ -216,6 +209,14 @@ class ModelServer:
                                            interval=spec.policy_store.poll_interval_s)
             self.follower.poll()  # the first rollout before the first request
             self.follower.start()
+
+    @classmethod
+    def lookups_only(cls, spec: ServerSpec, replica_id: str, tokenizer: Tokenizer) -> ModelServer:
+        """A server that answers ``lookup`` and never runs the engine (a gateway's ingress): the same contract,
+        key and policy as the model replicas, its own L1 and the spec's shared tiers, no policy follower of its
+        own (its owner applies rollouts to ``rollouts``) and no engine loaded."""
+        return cls(spec.model_copy(update={"policy_store": None}), replica_id,
+                   generator=_NoEngine(spec.model.kind == "hf"), tokenizer=tokenizer)
 
     # The function the contract is enforced on; its parameters are the request view (but ``chunks``, which
     # only places KV chunk reuse, ``blocks``, the prompt's block hashes the ingress computed under the tenant's
@@ -304,33 +305,54 @@ class ModelServer:
                 pieces = self.answer.call(**kwargs, chunks=request.chunks, blocks=request.blocks)
                 self.rollouts.compare(self.answer, (), kwargs, base=rt)
                 first = next(pieces, _END)  # the lookup runs here, under the client's directives
-            yield self._decision(pieces.handle, arm, request.control)
-            text = []
-            end: dict[str, Any] | None = None
-            piece = first
-            while piece is not _END:
-                if isinstance(piece, str):
-                    text.append(piece)
-                    yield piece
-                elif piece.startswith(b'{"' + END.encode()):  # an upstream answer's end: read, not forwarded
-                    end = json.loads(piece)[END]
-                else:
-                    yield piece
-                piece = next(pieces, _END)
-            self._served(request.blocks)
-            outcome = pieces.handle.outcome
-            if end is not None:
-                yield self._upstream_finish(end, request, outcome)
-                return
-            completion = self._completion_tokens(text, bool(request.stop))
-            cached = outcome.kv.cached_tokens if outcome is not None and outcome.kv is not None else 0
-            yield Finish("length" if completion >= request.max_tokens else "stop", len(request.input_ids),
-                         completion, cached)
+            handle = pieces.handle
+            assert handle.decided is not None  # the cache decides every call before its first piece or its end
+            yield self._decision(handle.decided, arm, request.control)
+            yield from self._answer_items(first, pieces, request, lambda: handle.outcome)
         finally:
             if pieces is not None:  # closed early (a caller gone): the model stops here, between two pieces
                 pieces.close()
             with self._inflight_lock:
                 self._inflight -= 1
+
+    def lookup(self, request: GenerateRequest) -> list[Decision | str | bytes | Finish] | None:
+        """The items ``stream`` would give for an exact hit of ``request`` in this server's tiers, or None (with
+        nothing recorded) when the request would run the engine: what a front end serves without a model
+        replica (``CachedFunction.lookup``)."""
+        arm, rt = self.rollouts.arm_for(request.rollout_key)
+        with use_runtime(rt), tenant_scope(request.tenant, request.tenant_tier), cache_control(request.control):
+            called = self.answer.lookup(**self._kwargs(request), chunks=request.chunks, blocks=request.blocks)
+        if called is None:
+            return None
+        pieces = iter(called.value)
+        return [self._decision(called.outcome, arm, request.control),
+                *self._answer_items(next(pieces, _END), pieces, request, lambda: called.outcome)]
+
+    def _answer_items(self, first: Any, pieces: Iterator[str | bytes], request: GenerateRequest,
+                      outcome_of: Callable[[], CallOutcome | None]) -> Iterator[str | bytes | Finish]:
+        """The answer's pieces as a client gets them (an upstream's end piece read, not forwarded), then its
+        ``Finish``, counted once the pieces are out (``outcome_of``: the call's outcome by then)."""
+        text = []
+        end: dict[str, Any] | None = None
+        piece = first
+        while piece is not _END:
+            if isinstance(piece, str):
+                text.append(piece)
+                yield piece
+            elif piece.startswith(b'{"' + END.encode()):
+                end = json.loads(piece)[END]
+            else:
+                yield piece
+            piece = next(pieces, _END)
+        self._served(request.blocks)
+        outcome = outcome_of()
+        if end is not None:
+            yield self._upstream_finish(end, request, outcome)
+            return
+        completion = self._completion_tokens(text, bool(request.stop))
+        cached = outcome.kv.cached_tokens if outcome is not None and outcome.kv is not None else 0
+        yield Finish("length" if completion >= request.max_tokens else "stop", len(request.input_ids),
+                     completion, cached)
 
     @staticmethod
     def _upstream_finish(end: dict[str, Any], request: GenerateRequest, outcome: CallOutcome | None) -> Finish:
@@ -366,11 +388,9 @@ class ModelServer:
     def complete(self, request: GenerateRequest) -> Completion:
         return completion_of(self.stream(request))
 
-    def _decision(self, handle: CallHandle, arm: str, control: CacheControl | None = None) -> Decision:
+    def _decision(self, decided: CallOutcome, arm: str, control: CacheControl | None = None) -> Decision:
         """What the response headers say: the call's decision (known once its first piece is out, or its
-        stream ended), its status (``CACHE_STATUS``), the arm and this replica."""
-        decided = handle.decided
-        assert decided is not None  # the cache decides every call before its first piece or its end
+        stream ended), its status (``CACHE_STATUS``), the arm and this server."""
         return Decision(outcome=decided.outcome, tier=decided.tier or "", rule=decided.rule,
                         policy=decided.policy, arm=arm, replica=self.replica_id, reason=decided.reason,
                         status=_status(decided, control))
