@@ -148,6 +148,16 @@ def _status(decided: CallOutcome, control: CacheControl | None) -> str:
     return "MISS"
 
 
+_RAW_PROMPT = ("messages", "prompt")
+
+
+def _raw_prompt(request: GenerateRequest) -> Any:
+    """The prompt as the client sent it (a chat's messages), which an upstream engine gets: another form of
+    ``prompt`` for semantic matching, so a paraphrase's neighbours are not kept apart by it."""
+    fields = request.fields or {}
+    return fields.get("messages", fields.get("prompt"))
+
+
 def _count(value: Any, default: int = 0) -> int:
     """A token count an upstream reported: a non-negative int, else ``default``."""
     return value if type(value) is int and value >= 0 else default
@@ -197,7 +207,7 @@ class ModelServer:
             model_revision=model.revision,
             name=f"evocache.serving:{model.id}",
             admission=Admission(stream=True),
-            semantic=SemanticOptions(text="prompt", text_forms=("input_ids",), judge=same_answer),
+            semantic=SemanticOptions(text="prompt", text_forms=("input_ids", "raw_prompt"), judge=same_answer),
             ignore=("chunks", "blocks"),
             call_param="call",
         )(self._answer)
@@ -223,10 +233,12 @@ class ModelServer:
     # salt, and ``call``, the cache's handle of this call).
     def _answer(self, prompt: str, input_ids: list[int], max_tokens: int, temperature: float, top_p: float,
                 top_k: int, seed: int | None, stop: list[str], endpoint: str, upstream: str, fields: dict[str, Any],
-                cache_namespace: str, *, chunks: tuple[int, ...] = (), blocks: tuple[BlockHash, ...] = (),
+                raw_prompt: Any, cache_namespace: str, *, chunks: tuple[int, ...] = (), blocks: tuple[BlockHash, ...] = (),
                 call: CallHandle) -> Iterator[str | bytes]:
         if self.upstream is not None:
-            yield from self._upstream_answer(max_tokens, temperature, top_p, seed, stop, endpoint, fields, call)
+            prompt_field = "messages" if endpoint == "chat" else "prompt"
+            yield from self._upstream_answer(max_tokens, temperature, top_p, seed, stop, endpoint,
+                                             {**fields, prompt_field: raw_prompt}, call)
             return
         params = GenerationParams(max_tokens, temperature, top_p, seed, tuple(stop))
         if self.kv is None:
@@ -377,7 +389,8 @@ class ModelServer:
         return {"prompt": request.prompt, "input_ids": list(request.input_ids), "max_tokens": request.max_tokens,
                 "temperature": request.temperature, "top_p": request.top_p, "top_k": 0, "seed": request.seed,
                 "stop": list(request.stop), "endpoint": request.endpoint, "upstream": self._upstream_id,
-                "fields": dict(request.fields or {}), "cache_namespace": request.cache_namespace}
+                "fields": {k: v for k, v in (request.fields or {}).items() if k not in _RAW_PROMPT},
+                "raw_prompt": _raw_prompt(request), "cache_namespace": request.cache_namespace}
 
     def _completion_tokens(self, pieces: list[str], stopped: bool) -> int:
         """A model's pieces are its tokens (unless stop sequences re-cut them); else the text's token count."""
