@@ -4,8 +4,13 @@ traffic, and Redis killed and restarted under that traffic, each without a faile
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from collections import Counter
 from contextlib import contextmanager
 
@@ -55,7 +60,7 @@ rules:
 
 
 @contextmanager
-def gateway(tmp_path, endpoint, redis_url):
+def gateway(tmp_path, endpoint, redis_url, events: EventsConfig = EventsConfig(sink="ring")):
     store_config = PolicyStoreConfig(directory=str(tmp_path / "policies"), poll_interval_s=0.1)
     store = open_policy_store(store_config)
     store.apply(policy(1))
@@ -63,7 +68,7 @@ def gateway(tmp_path, endpoint, redis_url):
     model = upstream_model(config, tokenizer=str(endpoint.model_dir))
     spec = ServerSpec(model=model, policy_store=store_config, block_size=16,
                       store=StoreConfig(redis=RedisConfig(url=redis_url, secret="a-test-secret-of-32-bytes-000000"),
-                                        events=EventsConfig(sink="ring")))
+                                        events=events))
     server = ModelServer(spec, "replica-a")
     api = Api(model_id=model.id, model_revision=model.revision, tokenizer=server.tokenizer,
               backend=LocalBackend([server]), keys=FileKeyStore.load(write_keys(tmp_path / "keys.yaml")),
@@ -141,3 +146,22 @@ def test_a_canary_and_a_redis_restart_under_eight_clients_fail_no_request(tmp_pa
         failed = [s for m in registry.collect() if m.name == "evocache_tier_errors" for s in m.samples
                   if s.name.endswith("_total") and s.labels.get("tier") == "l2" and s.value > 0]
         assert failed, "the stopped Redis was never noticed: the test did not exercise the outage"
+
+
+def test_agent_watch_follows_the_gateways_events(tmp_path, vllm_upstream, redis_url):
+    events = tmp_path / "events.jsonl"
+    with gateway(tmp_path, vllm_upstream, redis_url, EventsConfig(sink="jsonl", path=str(events))) as http:
+        for n in range(40):
+            chat(http, f"question {n % 8}")
+        http.model_server.runtime.flush()
+    lines = [json.loads(line) for line in events.read_text().splitlines()]
+    assert len(lines) == 40 and {line["outcome"] for line in lines} == {"hit", "miss"}
+    report = tmp_path / "report.json"
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("evocache")), "agent", "watch", "--events", str(events), "--store",
+         str(tmp_path / "policies"), "--window", "20", "--max-windows", "2", "--interval", "0.2", "--workdir",
+         str(tmp_path / "agent"), "--json", str(report)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    windows = json.loads(report.read_text())["windows"]
+    assert len(windows) == 2 and sum(w["requests"] for w in windows) == 40
