@@ -9,6 +9,8 @@ Layout (little endian)::
     created_at               f64
     saved_ms                 f64
     sliding_ttl              f64      (0.0 when absent)
+    saved_tokens             f64      (an integer count)
+    saved_cost               f64
     rule length              u16
     rule                     UTF-8
     payload                  the rest, up to the tag
@@ -38,13 +40,13 @@ _blake2b = hashlib.blake2b
 _new_tuple = tuple.__new__
 
 MAGIC = b"EVC"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 DIGEST_SIZE = 16
 MIN_SECRET_BYTES = 16
 """The shortest deployment secret accepted: 128 bits."""
 
 # Fixed part of the header; the rule and the payload follow it, the digest closes the blob.
-_HEAD = struct.Struct("<3sBBddddH")
+_HEAD = struct.Struct("<3sBBddddddH")
 _HAS_EXPIRY = 0x01
 _HAS_SLIDING = 0x02
 _KNOWN_FLAGS = _HAS_EXPIRY | _HAS_SLIDING
@@ -159,6 +161,8 @@ class EntryCodec:
             entry.created_at,
             entry.saved_ms,
             0.0 if entry.sliding_ttl is None else entry.sliding_ttl,
+            float(entry.saved_tokens),
+            entry.saved_cost,
             len(rule),
         )
         body = b"".join((head, rule, entry.value))
@@ -184,7 +188,8 @@ class EntryCodec:
         expected = _blake2b(_digest_prefix(ns, key) + body, digest_size=DIGEST_SIZE, key=self._key).digest()
         if not hmac.compare_digest(expected, blob[-DIGEST_SIZE:]):  # _tag, inlined (request path)
             raise CorruptEntry(tier, f"entry {ns}/{key}: checksum mismatch")
-        _, _, flags, expires_at, created_at, saved_ms, sliding_ttl, rule_len = _HEAD.unpack_from(body)
+        _, _, flags, expires_at, created_at, saved_ms, sliding_ttl, saved_tokens, saved_cost, rule_len = (
+            _HEAD.unpack_from(body))
         # The tag matched, so these can only fail for a blob made by a buggy writer holding the secret.
         if flags & ~_KNOWN_FLAGS or _HEAD.size + rule_len > len(body):
             raise CorruptEntry(tier, f"entry {ns}/{key}: inconsistent header")
@@ -201,4 +206,6 @@ class EntryCodec:
             rule,
             saved_ms,
             sliding_ttl if flags & _HAS_SLIDING else None,
+            int(saved_tokens),
+            saved_cost,
         ))

@@ -90,6 +90,9 @@ class CallOutcome(NamedTuple):
     why a computed result was not stored (``incomplete``: the function raised, or its stream was closed before
     its end). ``semantic``: the semantic lookup's explanation. ``kv``: the engine's KV report, when it gave one.
     ``at``: when the call was decided (the runtime's clock), the time its access event carries.
+    ``saved_tokens``, ``saved_cost``: what the call saved in an engine's tokens and in money: a hit, what its
+    entry's answer cost when it was computed; a miss, what the engine's own cache saved it (both as the engine
+    reported them, ``CallHandle.report_usage``; 0 when it did not).
 
     Immutable (a named tuple: every call on the cache's full path makes one, and a tuple is cheap to make).
     """
@@ -112,18 +115,21 @@ class CallOutcome(NamedTuple):
     rejected: str = ""
     kv: KvReport | None = None
     at: float = 0.0
+    saved_tokens: int = 0
+    saved_cost: float = 0.0
 
 
 class CallHandle:
     """One call's outcome as it becomes known (module docstring). Made by the cache, one per call."""
 
-    __slots__ = ("call_id", "decided", "outcome", "_kv")
+    __slots__ = ("call_id", "decided", "outcome", "_kv", "usage")
 
     def __init__(self) -> None:
         self.call_id = new_call_id()
         self.decided: CallOutcome | None = None
         self.outcome: CallOutcome | None = None
         self._kv: KvReport | None = None
+        self.usage: tuple[int, float, int, float] = (0, 0.0, 0, 0.0)
 
     @property
     def kv(self) -> KvReport | None:
@@ -135,6 +141,16 @@ class CallHandle:
         if not isinstance(report, KvReport):
             raise TypeError(f"report_kv() takes a KvReport, got {type(report).__qualname__}")
         self._kv = report
+
+    def report_usage(self, tokens: int, cost: float, saved_tokens: int = 0, saved_cost: float = 0.0) -> None:
+        """What computing this call's answer took (``tokens`` an engine processed, ``cost`` in money), kept with
+        its entry so that each hit says what it saved, and what the engine's own cache saved this call
+        (``saved_tokens``, ``saved_cost``: its cached prompt tokens). ``ValueError`` for a negative or
+        non-finite figure."""
+        figures = (tokens, cost, saved_tokens, saved_cost)
+        if any(not (isinstance(f, int | float) and 0 <= f < float("inf")) or isinstance(f, bool) for f in figures):
+            raise ValueError(f"report_usage() takes non-negative finite figures, got {figures!r}")
+        self.usage = (int(tokens), float(cost), int(saved_tokens), float(saved_cost))
 
     def decide(self, outcome: CallOutcome) -> None:
         self.decided = outcome

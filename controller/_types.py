@@ -26,7 +26,9 @@ class Entry(NamedTuple):
     ``value`` is the serialised payload (``controller._serialize``; tiers wrap it with ``controller._codec``);
     ``expires_at`` is an absolute time on the store's clock (wall clock by default, so L2 and L3 entries written
     by one process expire for all), ``None`` for no expiry. ``sliding_ttl`` is set only when the rule opted into sliding renewal: each hit moves
-    ``expires_at`` to ``now + sliding_ttl``. ``saved_ms`` is what computing the value cost (an eviction signal).
+    ``expires_at`` to ``now + sliding_ttl``. ``saved_ms`` is what computing the value cost (an eviction signal);
+    ``saved_tokens`` and ``saved_cost`` what it cost in an engine's tokens and in money, as the engine reported
+    (``CallHandle.report_usage``; 0 when none did): what each hit on it saves.
     """
 
     value: bytes
@@ -35,6 +37,8 @@ class Entry(NamedTuple):
     rule: str = ""
     saved_ms: float = 0.0
     sliding_ttl: float | None = None
+    saved_tokens: int = 0
+    saved_cost: float = 0.0
 
     @property
     def size(self) -> int:

@@ -26,10 +26,11 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry, Counter
 
 from evocache.dsl import CLIENT_CONTROLS
 from pydantic import BaseModel, ConfigDict, Field
@@ -58,6 +59,7 @@ from evocache.controller import (
 )
 
 from ._affinity import STATS_BLOCKS, BlockLedger, checkpoints
+from ._prices import Price
 from ._model import (
     GenerationParams,
     Generator,
@@ -90,6 +92,8 @@ class ServerSpec(BaseModel):
     block_size: int = Field(16, ge=1, le=4096)  # tokens per block: the router's hashes and the KV cache's
     kv: KvConfig | None = Field(default_factory=KvConfig)  # the KV prefix cache of a Hugging Face model
     ledger_blocks: int = Field(512, ge=1, le=4096)  # what each routing report carries
+    # What tokens cost, by model id (serving._prices): the money each call saved in its event and metrics.
+    prices: dict[str, Price] = Field(default_factory=dict)
 
 
     def block_extras(self) -> tuple[str, ...]:
@@ -148,6 +152,29 @@ def _status(decided: CallOutcome, control: CacheControl | None) -> str:
     return "MISS"
 
 
+_COUNTERS: weakref.WeakKeyDictionary[CollectorRegistry, tuple[Counter, Counter, Counter]] = (
+    weakref.WeakKeyDictionary())
+_COUNTERS_LOCK = threading.Lock()
+
+
+def _counters(registry: CollectorRegistry) -> tuple[Counter, Counter, Counter]:
+    """The serving counters of a runtime's registry, made once however many servers share the runtime: tokens
+    and money saved by rule and tenant, and the upstream's failures by kind."""
+    with _COUNTERS_LOCK:
+        made = _COUNTERS.get(registry)
+        if made is None:
+            made = _COUNTERS[registry] = (
+                Counter("evocache_tokens_saved", "Engine tokens the cache saved: a hit's prompt and completion, a "
+                        "miss's prompt tokens the engine reused", ["rule", "tenant"], registry=registry),
+                Counter("evocache_saved_cost", "Money the cache saved at the model's price (ServerSpec.prices)",
+                        ["rule", "tenant"], registry=registry),
+                Counter("evocache_upstream_errors", "Failed or retried calls to the upstream engine by kind: "
+                        "refused (its 4xx), failed (its 5xx), transport, timeout, retried", ["kind"],
+                        registry=registry),
+            )
+        return made
+
+
 _RAW_PROMPT = ("messages", "prompt")
 
 
@@ -194,10 +221,9 @@ class ModelServer:
         self._salt_secret = b""
         if self.upstream is not None:
             self._salt_secret = entry_secret(spec.store)
-            self.upstream.client.errors = Counter(
-                "evocache_upstream_errors", "Failed or retried calls to the upstream engine by kind: refused "
-                "(its 4xx), failed (its 5xx), transport, timeout, retried", ["kind"],
-                registry=self.runtime.metrics.registry)
+            self.upstream.client.errors = _counters(self.runtime.metrics.registry)[2]
+        self.price = spec.prices.get(spec.model.id)
+        self._tokens_saved, self._cost_saved, upstream_errors = _counters(self.runtime.metrics.registry)
         self._inflight = 0
         self._inflight_lock = threading.Lock()
         model = spec.model
@@ -241,8 +267,12 @@ class ModelServer:
                                              {**fields, prompt_field: raw_prompt}, call)
             return
         params = GenerationParams(max_tokens, temperature, top_p, seed, tuple(stop))
+        pieces: list[str] = []
         if self.kv is None:
-            yield from apply_stop(self.generator.stream(prompt, input_ids, params), stop)
+            for piece in apply_stop(self.generator.stream(prompt, input_ids, params), stop):
+                pieces.append(piece)
+                yield piece
+            self._report_usage(call, len(input_ids), self._completion_tokens(pieces, bool(stop)), 0)
             return
         assert call.decided is not None and self.kv_metrics is not None  # decided before the model runs
         usage = KvUsage()
@@ -250,10 +280,22 @@ class ModelServer:
         if not plan.enabled:
             usage.miss = plan.reason
             usage.prompt_tokens = usage.recomputed = len(input_ids)
-        yield from apply_stop(self.generator.stream(prompt, input_ids, params, plan, usage), stop)
+        for piece in apply_stop(self.generator.stream(prompt, input_ids, params, plan, usage), stop):
+            pieces.append(piece)
+            yield piece
         # The stream ran to its end: its usage is counted and travels in the call's outcome and kv event.
         self.kv_metrics.observe(usage)
-        call.report_kv(usage.report())
+        report = usage.report()
+        call.report_kv(report)
+        self._report_usage(call, len(input_ids), self._completion_tokens(pieces, bool(stop)), report.cached_tokens)
+
+    def _report_usage(self, call: CallHandle, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> None:
+        """What this answer took (kept with its entry: what each hit on it saves) and what the engine's prefix
+        reuse saved it, in tokens and, with a price for the model, in money."""
+        price = self.price
+        cost = price.full(prompt_tokens, completion_tokens) if price is not None else 0.0
+        reused = price.reused(cached_tokens) if price is not None else 0.0
+        call.report_usage(prompt_tokens + completion_tokens, cost, cached_tokens, reused)
 
     def _upstream_answer(self, max_tokens: int, temperature: float, top_p: float, seed: int | None,
                          stop: list[str], endpoint: str, fields: dict[str, Any],
@@ -281,6 +323,7 @@ class ModelServer:
                 call.report_kv(KvReport(prompt_tokens=prompt_tokens, cached_tokens=cached,
                                         tier="engine" if cached else None, load_ms=0.0, miss="",
                                         detail={"engine": "upstream", "cached_tokens": cached}))
+                self._report_usage(call, prompt_tokens, _count(usage.get("completion_tokens")), cached)
             yield piece
 
     @staticmethod
@@ -358,6 +401,9 @@ class ModelServer:
             piece = next(pieces, _END)
         self._served(request.blocks)
         outcome = outcome_of()
+        if outcome is not None and (outcome.saved_tokens or outcome.saved_cost):
+            self._tokens_saved.labels(outcome.rule, request.tenant).inc(outcome.saved_tokens)
+            self._cost_saved.labels(outcome.rule, request.tenant).inc(outcome.saved_cost)
         if end is not None:
             yield self._upstream_finish(end, request, outcome)
             return
