@@ -239,7 +239,7 @@ class Api:
             endpoint=endpoint, model=self.model_id, prompt=prompt, input_ids=tuple(input_ids), blocks=blocks,
             tenant=tenant_id, tenant_tier=tier, max_tokens=max_tokens,
             temperature=float(temperature), top_p=float(parsed.top_p if parsed.top_p is not None else 1.0),
-            seed=parsed.seed, stop=tuple(stop), stream=parsed.stream, include_usage=include_usage,
+            seed=parsed.seed, stop=tuple(stop), stream=bool(parsed.stream), include_usage=include_usage,
             created=int(time.time()), chunks=chunks, fields=fields, control=control, cache_namespace=partition,
         )
 
@@ -513,7 +513,11 @@ def build_fastapi(api: Api) -> FastAPI:
         return JSONResponse(listing.model_dump(mode="json"))
 
     @app.get("/healthz")
-    async def healthz() -> Response:
+    async def healthz(request: Request) -> Response:
+        try:
+            authorization_header(request.headers.getlist("authorization"))  # no key needed; never two
+        except ApiError as exc:
+            return _error(exc, "healthz", api)
         try:
             ok = await asyncio.wait_for(api.backend.ready(), timeout=min(api.ready_timeout_s, 5.0))
         except Exception as exc:  # noqa: BLE001 - any failure to reach a replica is "not ready"
@@ -677,9 +681,14 @@ async def _answer(api: Api, call: Callable[[asyncio.Event], Awaitable[T]], deadl
     task = asyncio.ensure_future(call(placed))
     waiter = asyncio.ensure_future(placed.wait())
     try:
-        ready_s = min(api.ready_timeout_s, max(0.0, deadline - time.monotonic()))
+        remaining = max(0.0, deadline - time.monotonic())
+        ready_s = min(api.ready_timeout_s, remaining)
         await asyncio.wait((task, waiter, gone), timeout=ready_s, return_when=asyncio.FIRST_COMPLETED)
         if not (placed.is_set() or task.done() or gone.done()):
+            if remaining <= api.ready_timeout_s:  # the request's own deadline passed first: a retry would too
+                api.cancelled.labels(endpoint, "deadline").inc()
+                raise GatewayTimeout("no model replica took the request before its deadline (limits.request_"
+                                     f"timeout_s, or its {TIMEOUT_HEADER} header)")
             raise Unavailable(f"no model replica took the request within {ready_s:g}s", retry_after=1.0)
         await asyncio.wait((task, gone), timeout=max(0.0, deadline - time.monotonic()),
                            return_when=asyncio.FIRST_COMPLETED)

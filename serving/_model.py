@@ -423,6 +423,7 @@ def _pick(torch: Any, logits: Any, params: GenerationParams, rng: Any) -> int:
     if params.top_p < 1.0:
         sorted_p, order = torch.sort(probs, descending=True)
         keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < params.top_p
+        keep[0] = True  # the likeliest token always: a top_p below float32's least number keeps no other
         probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
     return int(torch.multinomial(probs, 1, generator=rng))
 

@@ -128,7 +128,7 @@ class _Sampling(_Strict):
     seed: int | None = Field(default=None, ge=-INT64, lt=INT64)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    stream: bool = False
+    stream: bool | None = False  # null as OpenAI allows: not streamed
     stream_options: StreamOptions | None = None
     cache: CacheDirectives | None = None
 

@@ -184,6 +184,13 @@ def test_no_replica_taking_the_request_is_a_503_with_retry_after(tmp_path):
                            json={"model": "echo", "prompt": "x", "temperature": 0, "stream": stream})
             assert r.status_code == 503 and r.json()["error"]["code"] == "service_unavailable"
             assert r.headers["retry-after"] == "1" and "x-should-retry" not in r.headers
+    # A deadline shorter than the wait for a replica is the request's own: a 504 the client does not retry.
+    api.ready_timeout_s = 30.0
+    with UvicornThread(build_fastapi(api)) as http:
+        r = httpx.post(f"{http.url}/v1/completions", headers={"Authorization": f"Bearer {ACME}",
+                                                              "x-evocache-timeout": "0.1"},
+                       json={"model": "echo", "prompt": "x", "temperature": 0}, timeout=30)
+        assert r.status_code == 504 and r.headers["x-should-retry"] == "false", r.text
 
 
 def test_a_client_gone_before_its_answer_stops_the_generation(tmp_path):
