@@ -13,6 +13,7 @@ import typer
 from evocache.agents.commands import add_commands as add_agent_commands
 from evocache.agents.commands import add_proposal_commands, demo_command, resume_waiting_review
 from evocache.controller.commands import add_commands as add_policy_store_commands
+from evocache.controller.stats_command import stats as stats_command
 from evocache.controller.replay.commands import eviction as bench_eviction
 from evocache.controller.semantic.commands import semantic as bench_semantic
 from evocache.dsl.commands import make_app as make_policy_app
@@ -54,6 +55,7 @@ def make_app() -> typer.Typer:
     bench.command("eviction")(bench_eviction)
     bench.command("semantic")(bench_semantic)
     root.add_typer(bench, name="bench")
+    root.command("stats")(stats_command)
     agent = typer.Typer(no_args_is_help=True, add_completion=False,
                         help="The policy loop: diagnose traffic, propose and roll out policy changes.")
     add_agent_commands(agent)
