@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 import typer
 from typer.core import TyperGroup
 
@@ -175,7 +176,13 @@ def test_the_python_snippets_are_found() -> None:
 
 @pytest.mark.parametrize(("page", "n", "text"), YAML, ids=[f"{_rel(p)}[{i}]" for p, i, _ in YAML])
 def test_policy_snippets_load(page: Path, n: int, text: str) -> None:
-    """A complete document loads as it is; a fragment (``rules:`` alone) loads under a name and version."""
+    """A complete document loads as it is; a fragment (``rules:`` alone) loads under a name and version. A
+    serving configuration (``server:`` first) validates as a ``ServingConfig``."""
+    if text.startswith("server:"):
+        from evocache.serving import ServingConfig
+
+        ServingConfig.model_validate(yaml.safe_load(text))
+        return
     if not re.search(r"^policy:", text, re.MULTILINE):
         text = "policy: snippet\nversion: 1\n" + text
     parse_policy(text, source=f"{_rel(page)}[{n}]")
