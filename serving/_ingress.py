@@ -73,6 +73,7 @@ from ._protocol import (
     parse_upstream_request,
 )
 from ._request import Completion, Decision, Finish, GenerateRequest, completion_of
+from ._upstream import merge_extras
 from .errors import (
     ApiError,
     BadRequest,
@@ -367,64 +368,6 @@ def chat_chunks(tokenizer: Tokenizer, messages: list[tuple[str, str]], prompt: s
         offsets.append(len(tokens))
         tokens += tokenizer.encode(prompt[a:b])
     return tuple(offsets) if tokens == list(input_ids) else ()
-
-
-def merge_extras(choice: dict[str, Any], extras: tuple[bytes, ...], endpoint: str) -> None:
-    """Fold an upstream answer's structured pieces into its whole ``choice``, as OpenAI's own non-streamed
-    answer has them: tool calls assembled by index (ids, names and argument pieces), other delta fields
-    concatenated, logprobs joined."""
-    message = choice.get("message") if endpoint == "chat" else None
-    calls: dict[int, dict[str, Any]] = {}
-    logprobs: dict[str, Any] | None = None
-    for raw in extras:
-        document = json.loads(raw)
-        for name, value in (document.get("delta") or {}).items():
-            if message is None:
-                continue
-            if name == "tool_calls" and isinstance(value, list):
-                for part in value:
-                    _add_call(calls, part)
-            elif isinstance(value, str):
-                message[name] = (message.get(name) or "") + value
-            else:
-                message[name] = value
-        got = document.get("logprobs")
-        if isinstance(got, dict):
-            logprobs = _join_logprobs(logprobs, got)
-    if calls and message is not None:
-        message["tool_calls"] = [calls[i] for i in sorted(calls)]
-        if not message.get("content"):
-            message["content"] = None
-    if logprobs is not None:
-        choice["logprobs"] = logprobs
-
-
-def _add_call(calls: dict[int, dict[str, Any]], part: Any) -> None:
-    if not isinstance(part, dict):
-        return
-    index = part.get("index", len(calls))
-    call = calls.setdefault(index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
-    if part.get("id"):
-        call["id"] = part["id"]
-    if part.get("type"):
-        call["type"] = part["type"]
-    function = part.get("function") or {}
-    for name in ("name", "arguments"):
-        if isinstance(function.get(name), str):
-            call["function"][name] += function[name]
-
-
-def _join_logprobs(so_far: dict[str, Any] | None, more: dict[str, Any]) -> dict[str, Any]:
-    """Two chunks' logprobs as one: every list field (chat's ``content``, a completion's ``tokens``,
-    ``token_logprobs``, ``top_logprobs``, ``text_offset``) concatenated."""
-    if so_far is None:
-        return {k: list(v) if isinstance(v, list) else v for k, v in more.items()}
-    for name, value in more.items():
-        if isinstance(value, list) and isinstance(so_far.get(name), list):
-            so_far[name].extend(value)
-        elif name not in so_far or so_far[name] is None:
-            so_far[name] = list(value) if isinstance(value, list) else value
-    return so_far
 
 
 def _sse(document: Mapping[str, Any]) -> bytes:
