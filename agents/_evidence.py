@@ -7,7 +7,8 @@ paired bootstrap interval over requests (each resample draws requests, and both 
 gain that a few requests make is seen as such. The same replay gives the realised gain of a promoted change
 afterwards: the schedule that happened against the one without the change, over the windows since.
 
-Model time is the cost of what the cache did not serve: for a request whose source gives its model latency,
+Model time is the cost of what the cache did not serve, and model money its price: a request's reported cost
+(the access event's ``cost``) times the share of its keys that missed. Model time: for a request whose source gives its model latency,
 that latency times the share of its keys that missed; otherwise ``ms_per_key`` per missed key (a KV block's
 prefill, a response's generation). Lookup time counts ``lookup_ms`` per lookup made and ``semantic_ms`` per
 semantic lookup (an embedding and a search).
@@ -67,8 +68,9 @@ def replay_schedule(
 @dataclass(frozen=True, slots=True)
 class ArmMetrics:
     """One arm over its requests: how many, the hit ratio (hits over keys asked for), the byte hit ratio,
-    wrong answers per request, and the lookup and model time per request (estimates, see the module
-    docstring)."""
+    wrong answers per request, the lookup and model time per request (estimates, see the module docstring),
+    and ``model_cost``: the money per request spent on what the cache did not serve, at each request's reported
+    cost (requests whose engine reported none count nothing)."""
 
     requests: int
     hit_ratio: float
@@ -76,6 +78,7 @@ class ArmMetrics:
     wrong_rate: float
     lookup_ms: float
     model_ms: float
+    model_cost: float = 0.0
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -128,7 +131,7 @@ def arm_metrics(
     """One arm over ``requests`` (``ArmMetrics``)."""
     keys = hits = wrong = requested = served = semantic = 0
     lookups = 0
-    model_ms = 0.0
+    model_ms = model_cost = 0.0
     for req, out in zip(requests, outcomes, strict=True):
         n = len(req.keys)
         keys += n
@@ -140,6 +143,8 @@ def arm_metrics(
         served += out.hits * req.size
         missed = (n - out.hits) / n if n else 0.0
         model_ms += missed * (req.latency_ms if req.latency_ms >= 0 else costs.ms_per_key * n)
+        if req.cost > 0:
+            model_cost += missed * req.cost
     count = len(requests)
     return ArmMetrics(
         requests=count,
@@ -148,6 +153,7 @@ def arm_metrics(
         wrong_rate=wrong / count if count else 0.0,
         lookup_ms=(lookups * costs.lookup_ms + semantic * costs.semantic_ms) / max(count, 1),
         model_ms=model_ms / max(count, 1),
+        model_cost=model_cost / max(count, 1),
     )
 
 

@@ -410,7 +410,7 @@ class CachedFunction:
 
     def _decided(self, rt: CacheRuntime, plan: Plan, handle: CallHandle, outcome: str, tier: str | None,
                  size: int, seconds: float, saved_ms: float = 0.0, reason: str = "",
-                 semantic: dict | None = None, saved: tuple[int, float] = (0, 0.0)) -> None:
+                 semantic: dict | None = None, saved: tuple[int, float, float] = (0, 0.0, 0.0)) -> None:
         """The call is decided: its metrics, and its handle's ``decided`` (its event waits for its end)."""
         self._observe(rt, plan, outcome, tier, seconds, lookup=reason != COALESCED)
         handle.decided = self._outcome(rt, plan, handle, outcome, tier, size, seconds, saved_ms, reason, semantic,
@@ -419,7 +419,7 @@ class CachedFunction:
     @staticmethod
     def _outcome(rt: CacheRuntime, plan: Plan, handle: CallHandle, outcome: str, tier: str | None, size: int,
                  seconds: float, saved_ms: float = 0.0, reason: str = "",
-                 semantic: dict | None = None, saved: tuple[int, float] = (0, 0.0)) -> CallOutcome:
+                 semantic: dict | None = None, saved: tuple[int, float, float] = (0, 0.0, 0.0)) -> CallOutcome:
         key = plan.key if plan.key is not None else plan.would_key
         # Positional, in CallOutcome's field order (a keyword costs a named tuple a slower path).
         return CallOutcome(handle.call_id, outcome, plan.rule, rt.policy_ref, reason or plan.reason, key,
@@ -430,10 +430,10 @@ class CachedFunction:
         """The call's one access event, from its final outcome: a plain tuple in ``AccessEvent`` field order
         (``controller._events``)."""
         (call_id, what, rule, policy, reason, key, ns, _, arm, tier, size, latency_ms, saved_ms, semantic, stored,
-         rejected, kv, at, saved_tokens, saved_cost) = outcome
+         rejected, kv, at, saved_tokens, saved_cost, cost) = outcome
         rt.events.record((
             at, key or "", ns, rule, policy, what, tier, size, latency_ms, saved_ms, self.identity, reason, semantic,
-            call_id, arm, saved_tokens, saved_cost, None if kv is None else dict(kv.detail), ",".join(stored),
+            call_id, arm, saved_tokens, saved_cost, cost, None if kv is None else dict(kv.detail), ",".join(stored),
             rejected, SCHEMA_VERSION,
         ))
 
@@ -519,6 +519,7 @@ class CachedFunction:
             record((
                 now, plan.key, plan.ns, plan.rule, policy_ref, "hit", L1, len(entry.value), seconds * 1000.0,
                 entry.saved_ms, identity, "", None, next_call(), arm, entry.saved_tokens, entry.saved_cost,
+                entry.saved_cost,
             ))
             return value
 
@@ -547,7 +548,7 @@ class CachedFunction:
             else:
                 self.counters.hits += 1
                 self._decided(rt, plan, handle, "hit", found.tier, len(entry.value), time.perf_counter() - started,
-                              entry.saved_ms, saved=(entry.saved_tokens, entry.saved_cost))
+                              entry.saved_ms, saved=(entry.saved_tokens, entry.saved_cost, entry.saved_cost))
                 return _Lookup(True, value, epoch)
         lead = None
         if owner is not None:
@@ -634,7 +635,8 @@ class CachedFunction:
             rt.metrics.tier_fault(found.tier or "", "undecodable")
             rt.store.delete(plan.ns, [key])
             return None
-        return Served(value, found.tier, len(entry.value), entry.saved_ms, (entry.saved_tokens, entry.saved_cost))
+        return Served(value, found.tier, len(entry.value), entry.saved_ms,
+                      (entry.saved_tokens, entry.saved_cost, entry.saved_cost))
 
     def _semantic_learn(self, rt: CacheRuntime, plan: Plan, value: Any, stored: bool, learning: Any) -> None:
         """After the model answered a semantic miss (``SemanticLayer.learn``); never raises. An exploration's
@@ -661,7 +663,7 @@ class CachedFunction:
             size = 0 if payload is None else len(payload)
             self._observe(rt, plan, "reject", None, time.perf_counter() - started)
             handle.finish(size=size, saved_ms=saved_ms, rejected=reason or "too-large", saved_tokens=saved_tokens,
-                          saved_cost=saved_cost)
+                          saved_cost=saved_cost, cost=cost)
             return ()
         now = rt.clock()
         entry = Entry(
@@ -679,7 +681,7 @@ class CachedFunction:
             self.counters.rejects += 1
             self._observe(rt, plan, "reject", None, time.perf_counter() - started)
             handle.finish(size=len(payload), saved_ms=saved_ms, rejected="not-stored", saved_tokens=saved_tokens,
-                          saved_cost=saved_cost)
+                          saved_cost=saved_cost, cost=cost)
             return ()
         self.counters.stores += 1
         for tier in stored_in:
@@ -687,7 +689,7 @@ class CachedFunction:
         self._observe(rt, plan, "store", ",".join(stored_in), time.perf_counter() - started)
         stored = tuple(stored_in)
         handle.finish(size=len(payload), saved_ms=saved_ms, stored=stored, saved_tokens=saved_tokens,
-                      saved_cost=saved_cost)
+                      saved_cost=saved_cost, cost=cost)
         return stored
 
     def _invalidate_slot(self, slot: tuple[Namespace, CacheKey]) -> int:
@@ -840,8 +842,8 @@ class CachedFunction:
         if handle.decided.key is not None:
             payload, _ = self._payload(plan, value)
             size = len(payload) if payload is not None else 0
-        _, _, saved_tokens, saved_cost = handle.usage  # what the engine's own cache saved it, if it said
-        self._record(rt, handle.finish(size=size, saved_tokens=saved_tokens, saved_cost=saved_cost))
+        _, cost, saved_tokens, saved_cost = handle.usage  # the engine's report, if it made one
+        self._record(rt, handle.finish(size=size, saved_tokens=saved_tokens, saved_cost=saved_cost, cost=cost))
 
     def _abandon(self, rt: CacheRuntime, handle: CallHandle) -> None:
         """The call ended before its result was admitted: a miss's outcome says ``incomplete``, and its event
@@ -1102,7 +1104,7 @@ class CachedFunction:
         handle = CallHandle()
         self.counters.hits += 1
         self._decided(rt, plan, handle, "hit", found.tier, len(entry.value), time.perf_counter() - started,
-                      entry.saved_ms, saved=(entry.saved_tokens, entry.saved_cost))
+                      entry.saved_ms, saved=(entry.saved_tokens, entry.saved_cost, entry.saved_cost))
         self._finish(rt, handle)
         assert handle.outcome is not None  # _finish finished it
         return Called(value, handle.outcome)

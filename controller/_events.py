@@ -3,7 +3,8 @@
     {"v": 2, "call": "3fa9c2d1-1b", "t": 1732867200.123, "key": "9f2c...", "ns": "tenant-a",
      "rule": "long-context-greedy", "policy": "chat-prod@7", "arm": "", "outcome": "miss", "tier": null,
      "size": 5321, "latency_ms": 0.41, "saved_ms": 812.0, "stored": "l1,l2", "rejected": "", "reason": "",
-     "semantic": null, "kv": null, "fn": "app:answer", "saved_tokens": 0, "saved_cost": 0.0}
+     "semantic": null, "kv": null, "fn": "app:answer", "saved_tokens": 0, "saved_cost": 0.0,
+     "cost": 0.0}
 
 One event per call, written when the call ends (a stream: after its last piece), with the call's id (``call``,
 as ``CallOutcome.call_id``), the time it was decided (``t``) and the schema version (``v``). ``outcome`` is
@@ -17,8 +18,9 @@ engine's KV prefix cache usage when its model ran with one (``serving.kv.KvUsage
 tokens by tier, ``miss`` the reason the first block missed: ``never-seen``, also for tokens another tenant
 sent; ``evicted``, ``partial-block``, ``below-min-tokens``, ``off``, ``corrupt``). ``saved_tokens`` and
 ``saved_cost`` are what the call saved in an engine's tokens and in money (``CallOutcome``; 0 when the engine
-reported nothing, and in files written before they were recorded). A rule's SLO breaker
-(``controller._slo``) records its transitions as ``slo-open``, ``slo-half-open`` and ``slo-closed``, with the
+reported nothing, and in files written before they were recorded); ``cost`` what the call's answer costs
+without any cache (a hit, its entry's; a miss, the engine's report): what caching it is worth. A rule's SLO
+breaker (``controller._slo``) records its transitions as ``slo-open``, ``slo-half-open`` and ``slo-closed``, with the
 rule, the namespace and a ``reason``, and no key or call; the decisions of a rule it tripped carry reason
 ``slo-breaker``. A sink that fails never fails a call: its errors are logged and counted in ``errors``.
 
@@ -70,11 +72,12 @@ class _Fields(NamedTuple):
     fn: str = ""
     reason: str = ""
     semantic: dict[str, Any] | None = None
-    # After the fields the L1 hit path records (it stops at ``saved_cost``), those a miss or the engine fills in.
+    # After the fields the L1 hit path records (it stops at ``cost``), those a miss or the engine fills in.
     call: str = ""
     arm: str = ""
     saved_tokens: int = 0
     saved_cost: float = 0.0
+    cost: float = 0.0
     kv: dict[str, Any] | None = None
     stored: str = ""
     rejected: str = ""
@@ -175,6 +178,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "tier": _optional_string, "size": _count, "latency_ms": _number, "saved_ms": _number, "fn": _string,
     "reason": _string, "semantic": _object, "kv": _object, "call": _string, "stored": _string,
     "rejected": _string, "arm": _string, "saved_tokens": _count, "saved_cost": _number,
+    "cost": _number,
 }
 _REQUIRED = frozenset(("t", "key", "outcome", "size"))
 # What a field a record leaves out reads as (traces written by hand or by other tools carry only the required).

@@ -92,7 +92,9 @@ class CallOutcome(NamedTuple):
     ``at``: when the call was decided (the runtime's clock), the time its access event carries.
     ``saved_tokens``, ``saved_cost``: what the call saved in an engine's tokens and in money: a hit, what its
     entry's answer cost when it was computed; a miss, what the engine's own cache saved it (both as the engine
-    reported them, ``CallHandle.report_usage``; 0 when it did not).
+    reported them, ``CallHandle.report_usage``; 0 when it did not). ``cost``: what the call's answer costs
+    without any cache, in money (a hit, its entry's; a miss or bypass, the engine's report): what caching it
+    is worth, which the policy loop weighs its proposals by.
 
     Immutable (a named tuple: every call on the cache's full path makes one, and a tuple is cheap to make).
     """
@@ -117,6 +119,7 @@ class CallOutcome(NamedTuple):
     at: float = 0.0
     saved_tokens: int = 0
     saved_cost: float = 0.0
+    cost: float = 0.0
 
 
 class CallHandle:

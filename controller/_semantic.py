@@ -109,7 +109,7 @@ class Served(NamedTuple):
     tier: str | None
     size: int
     saved_ms: float
-    saved: tuple[int, float] = (0, 0.0)  # the entry's saved tokens and cost
+    saved: tuple[int, float, float] = (0, 0.0, 0.0)  # the entry's tokens and cost: saved, and its cost
 
 
 class Learning(NamedTuple):

@@ -268,6 +268,6 @@ def test_access_event_records_without_the_kv_field_still_read():
     record = (1.0, "k", "ns", "r", "p@1", "miss", None, 0, 0.1, 0.0, "fn", "", None)  # the request path's
     event = AccessEvent._make(record)
     assert event.kv is None and tuple(event)[:13] == record
-    assert AccessEvent._make((*record, "c-1", "", 0, 0.0, {"recomputed": 3})).kv == {"recomputed": 3}
+    assert AccessEvent._make((*record, "c-1", "", 0, 0.0, 0.0, {"recomputed": 3})).kv == {"recomputed": 3}
     with pytest.raises(TypeError, match=rf"{len(AccessEvent._fields)} fields, got 5"):
         AccessEvent._make(record[:5])

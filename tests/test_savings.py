@@ -52,8 +52,9 @@ def test_a_hit_says_what_its_answer_cost_in_every_tier(tmp_path):
     from_disk = answer.call("hello").outcome
     assert (from_disk.tier, from_disk.saved_tokens, from_disk.saved_cost) == ("l3", 120, 0.003)
     rt.flush()
-    events = [(e.outcome, e.saved_tokens, e.saved_cost) for e in rt.events.events()]
-    assert events == [("miss", 32, 0.0004), ("hit", 120, 0.003), ("hit", 120, 0.003), ("hit", 120, 0.003)]
+    events = [(e.outcome, e.saved_tokens, e.saved_cost, e.cost) for e in rt.events.events()]
+    assert events == [("miss", 32, 0.0004, 0.003), ("hit", 120, 0.003, 0.003), ("hit", 120, 0.003, 0.003),
+                      ("hit", 120, 0.003, 0.003)]
     rt.close()
     with pytest.raises(ValueError, match="non-negative finite"):
         CallHandle().report_usage(tokens=-1, cost=0.0)
@@ -97,3 +98,18 @@ def test_the_money_saved_over_http_by_rule_and_tenant(gateway):
     labels = {"rule": server.runtime.events.events()[0].rule, "tenant": "acme"}
     assert sample("evocache_tokens_saved_total", labels) == 23
     assert sample("evocache_saved_cost_total", labels) == pytest.approx(4.5e-06 + 2 * 3.8e-05)
+
+
+def test_the_loop_weighs_a_policy_by_the_money_its_misses_cost():
+    from evocache.agents._evidence import arm_metrics
+    from evocache.agents._types import Outcome, Request
+    from evocache.agents.signals._events import _pair
+    from evocache.controller import AccessEvent
+
+    event = AccessEvent.from_dict({"v": 2, "t": 1.0, "key": "k1", "outcome": "miss", "size": 10, "cost": 0.004})
+    request = _pair(event, 0).request
+    assert request.cost == 0.004  # the answer's cost travels from the event into the replay
+    unpriced = Request(2.0, "response", ("k2",))
+    base = arm_metrics([request, unpriced], [Outcome(1, 0), Outcome(1, 0)])
+    cand = arm_metrics([request, unpriced], [Outcome(1, 1), Outcome(1, 0)])
+    assert base.model_cost == pytest.approx(0.002) and cand.model_cost == 0.0  # per request, of two

@@ -335,17 +335,18 @@ def _pair(e: AccessEvent, seq: int) -> _Slot | None:
     """The call ``e`` as a pair (the module docstring says how); None for what is no request."""
     keys = (e.key,) if e.key else ()
     prompt = _prompt_tokens(e.kv)
+    cost = float(e.cost) if e.cost > 0 else -1.0  # what its answer costs without the cache, when reported
     if e.outcome == "hit":
         req = Request(e.t, "response", keys, size=e.size, ns=e.ns, rule=e.rule, latency_ms=float(e.saved_ms),
-                      prompt_tokens=prompt)
+                      prompt_tokens=prompt, cost=cost)
         return _Slot(req, Outcome(1, 1, tier=e.tier or "", semantic=e.reason == "semantic"), e.policy, seq)
     if e.outcome == "miss":
         latency = -1.0 if e.rejected == INCOMPLETE else float(e.saved_ms)
         req = Request(e.t, "response", keys, size=e.size, ns=e.ns, rule=e.rule, latency_ms=latency,
-                      prompt_tokens=prompt)
+                      prompt_tokens=prompt, cost=cost)
         return _Slot(req, Outcome(1, 0), e.policy, seq)
     if e.outcome == "bypass":
-        req = Request(e.t, "response", keys, size=e.size, ns=e.ns, rule=e.rule, prompt_tokens=prompt)
+        req = Request(e.t, "response", keys, size=e.size, ns=e.ns, rule=e.rule, prompt_tokens=prompt, cost=cost)
         return _Slot(req, Outcome(0, 0, bypass=True), e.policy, seq)
     return None
 

@@ -57,7 +57,9 @@ class ReplayRequest:
     use when blocks 0..i-1 are), or the one response key. ``size``: the size of one key's entry (tokens of a
     KV block, bytes of a response). ``ns``: the tenant ("" when the source has none); ``rule``: the policy
     rule the source says it matched ("" when none). ``prompt_tokens`` / ``output_tokens``: -1 when unknown.
-    ``latency_ms``: what serving it cost without the cache (the model's time), -1 when unknown. ``prompt`` and
+    ``latency_ms``: what serving it cost without the cache (the model's time), -1 when unknown; ``cost``: the
+    same in money (the engine's reported cost of its answer, the access event's ``cost``), -1 when unknown.
+    ``prompt`` and
     ``group`` (semantic streams): the prompt text and its answer group, the judge of a semantic hit.
     ``phase``: a label the source carries (a drifting benchmark's phase), never read by the loop's decisions.
     """
@@ -74,6 +76,7 @@ class ReplayRequest:
     prompt: str | None = None
     group: str | None = None
     phase: str | None = None
+    cost: float = -1.0
 
 
 class ReplayOutcome(NamedTuple):
