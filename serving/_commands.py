@@ -88,7 +88,9 @@ def serve(
     keys: Annotated[Path | None, typer.Option(help="The API-key file (default: one generated key).")] = None,
     replicas: Annotated[int, typer.Option(help="Model replicas.")] = 1,
     num_cpus: Annotated[float, typer.Option(help="CPUs per model replica (fractions allowed).")] = 0.5,
-    max_ongoing_requests: Annotated[int, typer.Option(help="Requests a replica runs at once.")] = 8,
+    max_ongoing_requests: Annotated[int | None, typer.Option(
+        help="Requests a replica runs at once (default: 8 for a model it runs, 64 in front of an upstream, "
+             "whose replicas only wait on it).")] = None,
     host: Annotated[str, typer.Option(help="The HTTP address.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="The HTTP port.")] = 8000,
     metrics_key: Annotated[Path | None, typer.Option(
@@ -136,13 +138,16 @@ def serve(
 
 
 DEFAULT_MODEL_ID = "tiny-llama"
+# A replica in front of an upstream holds connections, not a model: as many at once as the upstream client's
+# default bound (UpstreamConfig.max_concurrency), so the engine's own batching sees the load.
+UPSTREAM_ONGOING = 64
 
 
 def _config(*, model: Path, model_id: str | None, tokenizer: str | None, callable_: str | None, contract: str,
             upstream: str | None = None, upstream_key_env: str | None = None, upstream_fields: str | None = None,
             salt: bool = True,
             policy: Path | None, store: Path | None, redis_url: str | None, keys: Path | None, replicas: int,
-            num_cpus: float, max_ongoing_requests: int, host: str, port: int, metrics_key: Path | None,
+            num_cpus: float, max_ongoing_requests: int | None, host: str, port: int, metrics_key: Path | None,
             metrics_port: int | None, workdir: Path, config: Path | None) -> tuple[Any, str | None, Path | None]:
     import yaml  # noqa: PLC0415
 
@@ -199,7 +204,8 @@ def _config(*, model: Path, model_id: str | None, tokenizer: str | None, callabl
         server=ServerSpec(model=model_config, contract=contract, store=store_config, policy_store=policy_store),
         api_keys=ApiKeysConfig(file=_abs(keys)),
         deployment=DeploymentConfig(replicas=replicas, num_cpus=num_cpus,
-                                    max_ongoing_requests=max_ongoing_requests),
+                                    max_ongoing_requests=max_ongoing_requests or (
+                                        UPSTREAM_ONGOING if upstream is not None else 8)),
         host=host, port=port,
         metrics=MetricsConfig(admin_keys=(_metrics_key(metrics_key or workdir / "metrics-key"),),
                               port=metrics_port),
