@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from evocache.controller import EntryInfo, make_eviction_policy
 from evocache.controller.eviction import LookaheadPolicy, QueuedRequest
@@ -29,9 +29,11 @@ class DeviceBlocks:
     """L1: blocks as tensors on the model's device, at most ``capacity_bytes``, evicted by ``policy`` (a name
     of the controller's eviction registry, e.g. ``lru`` or ``lookahead``; ``lookahead:learned`` is the
     look-ahead over another base), with the bookkeeping of the module docstring. Thread-safe: one lock guards
-    the blocks, the policy and the bookkeeping."""
+    the blocks, the policy and the bookkeeping. ``on_evict`` is told each key the policy evicts (under the
+    lock: it must not call back into the pool), for an owner that mirrors what L1 holds elsewhere."""
 
-    def __init__(self, capacity_bytes: int, block_bytes: int, policy: str = "lru") -> None:
+    def __init__(self, capacity_bytes: int, block_bytes: int, policy: str = "lru",
+                 on_evict: Callable[[Hashable], None] | None = None) -> None:
         if capacity_bytes < block_bytes:
             raise ValueError(f"KV L1 of {capacity_bytes} bytes cannot hold one block of {block_bytes}")
         self.capacity = capacity_bytes
@@ -39,6 +41,7 @@ class DeviceBlocks:
         name, _, base = policy.partition(":")  # "lookahead:learned": the look-ahead over another policy
         options = {"base": base} if base else {}
         self.policy = make_eviction_policy(name, capacity=capacity_bytes, **options)
+        self._on_evict = on_evict
         self._blocks: dict[Hashable, Block] = {}
         self._lock = threading.Lock()
         self.used = 0
@@ -81,6 +84,8 @@ class DeviceBlocks:
                 if len(self.evicted) > MEMORY:
                     self.evicted.clear()
                 self.evicted.add(victim)
+                if self._on_evict is not None:
+                    self._on_evict(victim)
             self._blocks[key] = block
             self.used += self.block_bytes
             self.policy.on_insert(key, info)
