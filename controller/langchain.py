@@ -37,6 +37,7 @@ it. An update whose generations do not read back equal to themselves is not stor
 binds, so the entries of the old epoch are never read again (they leave by their ttl or by eviction). The epoch
 is kept in the store, in its most shared tier (Redis if there is one, else the disk, else memory), so a clear
 in one process is seen by every process sharing that tier. While that tier cannot be read, calls are misses.
+See docs/langchain.md, "clear() and the epoch".
 """
 
 from __future__ import annotations

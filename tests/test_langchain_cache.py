@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from _helpers import free_port
@@ -32,7 +33,7 @@ from evocache.controller import (
     tenant_scope,
 )
 from evocache.controller.langchain import EvocacheLLMCache, llm_params, load_generations, same_text
-from evocache.dsl import parse_policy
+from evocache.dsl import load_policy
 
 ANSWER = [Generation(text="Paris.", generation_info={"finish_reason": "stop"})]
 GREEDY = "[('_type', 'fake'), ('model_name', 'm1'), ('stop', None), ('temperature', 0.0)]"
@@ -299,21 +300,21 @@ def test_langchain_models_use_it(memory_cache):
 
 
 def test_a_policy_decides_ttl_and_bypass(clock):
-    policy = parse_policy(
-        "policy: langchain\nversion: 1\ndefaults: {ttl: 5m}\nrules:\n"
-        "  - {name: drafts, when: 'model == \"m-draft\"', cache: bypass}\n"
-        "  - {name: short, when: 'startswith(prompt, \"news\")', ttl: 10s}\n"
-    )
+    policy = load_policy(Path(__file__).resolve().parent.parent / "examples" / "policies" / "langchain.yaml")
     cache = EvocacheLLMCache(build_runtime(StoreConfig(), clock=clock), namespace="chat", policy=policy)
-    draft = GREEDY.replace("'m1'", "'m-draft'")
+    draft = GREEDY.replace("'m1'", "'draft-1'")
     cache.update("p", draft, ANSWER)
     assert cache.lookup("p", draft) is None
-    cache.update("news today", GREEDY, ANSWER)
+    with tenant_scope("acme", tier="free"):
+        cache.update("p", GREEDY, ANSWER)
     cache.update("p", GREEDY, ANSWER)
-    clock.advance(11)
-    assert cache.lookup("news today", GREEDY) is None
+    clock.advance(61)
+    with tenant_scope("acme", tier="free"):
+        assert cache.lookup("p", GREEDY) is None
     assert cache.lookup("p", GREEDY) == ANSWER
-    assert {e.rule for e in cache.runtime.events.events()} == {"drafts", "short", "default"}
+    assert [(e.rule, e.outcome) for e in cache.runtime.events.events()] == [
+        ("drafts", "bypass"), ("free-tier", "miss"), ("default", "miss"), ("default", "hit"),
+    ]
 
 
 def test_same_text_compares_the_generations_texts():
