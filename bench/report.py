@@ -49,6 +49,10 @@ PARTS: dict[str, str] = {
     "serving-miss": "make bench-serving",
     "serving-affinity": "make bench-serving",
     "serving-load": "make bench-serving",
+    "gateway-hit": "make bench-gateway",
+    "gateway-miss": "make bench-gateway",
+    "gateway-load": "make bench-gateway",
+    "gateway-savings": "make bench-gateway",
     "kv-ttft": "make bench-kv",
     "kv-chunks": "make bench-kv",
     "kv-routing": "make bench-kv",
@@ -618,10 +622,11 @@ class Compared:
     theirs: tuple[float, float]
     ratio_p50: float
     ratio_p99: float
-    target: float
+    target: float | None  # None: a baseline shown for scale (``untargeted``)
 
 
-def compared_rows(result: Result, known: Sequence[str]) -> dict[str, Compared]:
+def compared_rows(result: Result, known: Sequence[str], untargeted: Sequence[str] = ()) -> dict[str, Compared]:
+    """The comparison rows named ``known``; those named in ``untargeted`` may have no target."""
     rows = {}
     for where, row in rows_of(result):
         name = field(result, where, row, "comparison", str)
@@ -632,7 +637,7 @@ def compared_rows(result: Result, known: Sequence[str]) -> dict[str, Compared]:
             (field(result, where, row, "evocache_p50_ms"), field(result, where, row, "evocache_p99_ms")),
             (field(result, where, row, "baseline_p50_ms"), field(result, where, row, "baseline_p99_ms")),
             field(result, where, row, "ratio_p50"), field(result, where, row, "ratio_p99"),
-            field(result, where, row, "target_p50_ratio"))
+            field(result, where, row, "target_p50_ratio", optional=name in untargeted))
     missing = [name for name in known if name not in rows]
     if missing:
         raise ResultError(f"{result.path}: no row for {', '.join(missing)}")
@@ -806,6 +811,252 @@ def serving_load(results: Mapping[str, Result]) -> list[str]:
                      " / ".join(f"{g * 100:+.1f} %" for *_, g in r.rss),
                      f"0 errors, growth < {target * 100:g} %", met(r.errors == 0 and r.growth_max < target)]])
     return [*lines, "", *provenance(result)]
+
+
+# -- the gateway in front of vLLM --------------------------------------------------------------------------
+
+
+def gateway_setup(result: Result) -> str:
+    """What the gateway sections measure, from the first one's context: the two servers' commands."""
+    return (f"`{context_field(result, 'serve_command', str)}` in front of vLLM's OpenAI server (`"
+            f"{context_field(result, 'vllm_command', str)}`) on a {context_field(result, 'model', str)}, both on "
+            f"this machine beside the benchmark's clients, started once for all four sections; every request a "
+            f"{context_field(result, 'max_tokens', int)}-token greedy completion.")
+
+
+GATEWAY_AS_ABOVE = "The servers of [the exact hit](#gateway-an-exact-hit-in-front-of-vllm), in the same run."
+
+
+def _ratio(ratio: float) -> str:
+    return f"{ratio:.2f}" if ratio >= 0.1 else f"{ratio:.3f}"
+
+
+def gateway_hit(results: Mapping[str, Result]) -> list[str]:
+    result = results["gateway-hit"]
+    rows = compared_rows(result, ["hit_vs_echo", "hit_vs_vllm"], untargeted=["hit_vs_vllm"])
+    per_round = context_field(result, "per_round", dict)
+    rounds = context_field(result, "rounds", int)
+    calls = {side: field(result, "context.per_round", per_round, side, int) * rounds
+             for side in ("evocache", "echo", "vllm")}
+    body = []
+    for name, side in (("hit_vs_echo", "echo"), ("hit_vs_vllm", "vllm")):
+        c = rows[name]
+        body.append([c.baseline, f"{c.samples} / {calls[side]}", ms_pair(c.ours), ms_pair(c.theirs),
+                     _ratio(c.ratio_p50), _ratio(c.ratio_p99), "-" if c.target is None else f"≤ {c.target:g}",
+                     "" if c.target is None else met(c.ratio_p50 <= c.target)])
+    tiers = ", ".join(f"{n} from {tier.upper() or '?'}"
+                      for tier, n in context_field(result, "tiers", dict).items())
+    lines = [gateway_setup(result), "",
+             f"An exact hit (a {context_field(result, 'prompt_tokens', int)}-token prompt, a "
+             f"{context_field(result, 'completion_tokens', int)}-token answer, a "
+             f"{context_field(result, 'body_bytes', int)}-byte JSON body) through evocache's `/v1/completions`, "
+             f"against a bare FastAPI echo server under uvicorn (bench/_gateway_echo.py) answering with the hit's "
+             f"own body and `x-evocache-*` headers, and against the same request sent straight to vLLM, which "
+             f"computes it. One request at a time over one httpx client with keep-alive, {rounds} interleaved "
+             f"rounds of {per_round['evocache']} hits, {per_round['echo']} echo calls and {per_round['vllm']} "
+             f"calls to vLLM (the side going first rotates); the hits were answered by the "
+             f"{context_field(result, 'answered_by', str)} ({tiers}). Latencies are the client's, in ms. evocache "
+             "answers through Ray Serve's HTTP proxy and its ingress replica; [Serving: an exact hit through Ray "
+             "Serve](#serving-an-exact-hit-through-ray-serve) measures that path against bare Ray Serve "
+             "deployments.", ""]
+    lines += table(["baseline", "calls (evocache / baseline)", "evocache hit p50 / p99", "baseline p50 / p99",
+                    "p50 ratio", "p99 ratio", "target (p50)", ""], body)
+    return [*lines, "", *provenance(result)]
+
+
+def gateway_miss(results: Mapping[str, Result]) -> list[str]:
+    result = results["gateway-miss"]
+    c = compared_rows(result, ["miss_vs_vllm"])["miss_vs_vllm"]
+    where, row = next(iter(rows_of(result)))
+
+    def tokens(side: str) -> str:
+        return " / ".join(" or ".join(str(n) for n in field(result, where, row, f"{side}_{kind}_tokens", list))
+                          for kind in ("prompt", "cached", "completion"))
+
+    lines = [GATEWAY_AS_ABOVE, "",
+             "Every request a new prompt (the shared preamble, then a ticket name no other request carries), "
+             "through evocache (a miss: the replica streams it from vLLM and stores it) against straight to vLLM; "
+             f"{context_field(result, 'rounds', int)} interleaved rounds of {context_field(result, 'per_round', int)} "
+             "calls per side, one at a time, in ms. The overhead is the p50 ratio less one. Prompt / cached / "
+             f"completion tokens per call: {tokens('evocache')} through evocache, {tokens('baseline')} straight "
+             "(vLLM's prefix cache holds the preamble's first block for both).", ""]
+    lines += table(["baseline", "calls", "evocache p50 / p99", "baseline p50 / p99", "p50 overhead",
+                    "p99 overhead", "target (p50)", ""],
+                   [[c.baseline, str(c.samples), ms_pair(c.ours), ms_pair(c.theirs),
+                     f"{(c.ratio_p50 - 1) * 100:+.1f} %", f"{(c.ratio_p99 - 1) * 100:+.1f} %",
+                     f"≤ {(c.target - 1) * 100:+g} %", met(c.ratio_p50 <= c.target)]])
+    return [*lines, "", *provenance(result)]
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayLoad:
+    """One row of bench/gateway.py's part c: the load through evocache or straight to vLLM."""
+
+    target: str
+    duration_s: float
+    clients: int
+    requests: int
+    errors: int
+    hits: int
+    throughput: float
+    tokens_per_s: float
+    p50: float
+    p99: float
+    hit: tuple[float, float] | None
+    miss: tuple[float, float] | None
+    vllm_running: tuple[float, float]  # mean, max
+    vllm_waiting_max: float
+
+
+def gateway_loads(result: Result) -> dict[str, GatewayLoad]:
+    rows = {}
+    for where, row in rows_of(result):
+        target = field(result, where, row, "target", str)
+        if target not in ("evocache", "vllm"):
+            raise ResultError(f"{result.path}: {where}: field 'target' must be evocache or vllm, got {target!r}")
+        outcomes = field(result, where, row, "outcomes", dict)
+
+        def pair(name: str) -> tuple[float, float] | None:
+            if f"{name}_p50_ms" not in row:  # none of this outcome in the run
+                return None
+            return field(result, where, row, f"{name}_p50_ms"), field(result, where, row, f"{name}_p99_ms")
+
+        rows[target] = GatewayLoad(
+            target, field(result, where, row, "duration_s"), field(result, where, row, "clients", int),
+            field(result, where, row, "requests", int), field(result, where, row, "errors", int),
+            outcomes.get("hit", 0), field(result, where, row, "throughput_rps"),
+            field(result, where, row, "completion_tokens_per_s"), field(result, where, row, "p50_ms"),
+            field(result, where, row, "p99_ms"), pair("hit"), pair("miss"),
+            (field(result, where, row, "vllm_running_mean"), field(result, where, row, "vllm_running_max")),
+            field(result, where, row, "vllm_waiting_max"))
+    for target in ("evocache", "vllm"):
+        if target not in rows:
+            raise ResultError(f"{result.path}: no row for target {target!r}")
+    return rows
+
+
+def _pair_cell(pair: tuple[float, float] | None, fmt: str = ".1f") -> str:
+    return "-" if pair is None else f"{pair[0]:{fmt}} / {pair[1]:{fmt}}"
+
+
+def _p99(pair: tuple[float, float] | None, fmt: str = ".1f") -> str:
+    return "-" if pair is None else format(pair[1], fmt)
+
+
+def gateway_load(results: Mapping[str, Result]) -> list[str]:
+    result = results["gateway-load"]
+    loads = gateway_loads(result)
+    ours = loads["evocache"]
+    where, row = next((w, r) for w, r in rows_of(result) if r.get("target") == "evocache")
+    rss, probe, lookup = (field(result, where, row, name, dict) for name in ("rss", "probe", "hit_lookup"))
+    warm = context_field(result, "warm_up_s")
+    vllm_rss = context_field(result, "vllm_rss_mb", dict)
+    target_p99 = context_field(result, "target_hit_p99_ms")
+    body = [[{"evocache": "through evocache", "vllm": "straight to vLLM"}[r.target], f"{r.duration_s:.0f}",
+             f"{r.requests:,}", str(r.errors), f"{r.hits:,}",
+             f"{r.throughput:.1f} req/s ({r.tokens_per_s:,.0f} tokens/s)",
+             f"{r.p50:.0f} / {r.p99:.0f}", _pair_cell(r.hit), _pair_cell(r.miss, ".0f"),
+             f"{r.vllm_running[0]:.1f} / {r.vllm_running[1]:g}", f"{r.vllm_waiting_max:g}"]
+            for r in loads.values()]
+    lines = [GATEWAY_AS_ABOVE, "",
+             f"{ours.clients} clients (aiohttp), each sending its next request when the last is answered: "
+             f"{percent(context_field(result, 'repeat_share'))} repeat a prompt already answered in the run, the "
+             f"rest are new. The same load runs {context_field(result, 'order', str)}, for "
+             f"{context_field(result, 'load_s'):g} s each (a run lasts until its last request is answered), one "
+             "after the other rather than interleaved, so the machine's other load may differ between the two. "
+             "Straight to vLLM every answer is computed. vLLM's queue: `vllm:num_requests_running` (mean / max) "
+             "and `vllm:num_requests_waiting` (max) on its `/metrics`, every second. Latencies in ms.", ""]
+    lines += table(["load", "s", "requests", "errors", "hits", "throughput", "p50 / p99", "hits p50 / p99",
+                    "misses p50 / p99", "vLLM running", "vLLM waiting"], body)
+    lines += ["", f"Where a hit waits under this load: a probe sent one recorded hit to evocache and the same request "
+              f"to the bare echo server in turn every {field(result, where, probe, 'interval_s'):g} s "
+              f"({field(result, where, probe, 'samples', int)} each), and each hit's own time in the cache is its "
+              f"access event's `latency_ms` ({field(result, where, lookup, 'events', int):,} hits).", ""]
+    lines += table(["", "p50", "p99"], [
+        ["hit through evocache (probe)", f"{field(result, where, probe, 'evocache_p50_ms'):.1f}",
+         f"{field(result, where, probe, 'evocache_p99_ms'):.1f}"],
+        ["bare echo server (probe)", f"{field(result, where, probe, 'echo_p50_ms'):.1f}",
+         f"{field(result, where, probe, 'echo_p99_ms'):.1f}"],
+        ["the hit's lookup in the cache (access events)", f"{field(result, where, lookup, 'p50_ms'):.2f}",
+         f"{field(result, where, lookup, 'p99_ms'):.2f}"],
+    ])
+    lines += ["", f"Resident set of the `evocache serve` process tree (the command, its Ray and the replicas, "
+              f"{field(result, where, rss, 'processes', int)} processes; shared pages count once per process), "
+              f"MiB: {field(result, where, rss, 'start_mb'):,.0f} at the start, "
+              f"{field(result, where, rss, 'warm_mb'):,.0f} after {warm:.0f} s, "
+              f"{field(result, where, rss, 'end_mb'):,.0f} at the end, {field(result, where, rss, 'peak_mb'):,.0f} at most; vLLM's server for scale: "
+              f"{field(result, 'context.vllm_rss_mb', vllm_rss, 'end_mb'):,.0f} MiB.", ""]
+    lines += table(["target", "measured", ""], [
+        ["no errors through evocache", str(ours.errors), met(ours.errors == 0)],
+        [f"hit p99 ≤ {target_p99:g} ms while misses queue", f"{_p99(ours.hit)} ms",
+         met(ours.hit is not None and ours.hit[1] <= target_p99)],
+    ])
+    return [*lines, "", *provenance(result)]
+
+
+@dataclass(frozen=True, slots=True)
+class Spent:
+    """One outcome's row of bench/gateway.py's savings: its usage, what vLLM computed, what it cost or saved."""
+
+    outcome: str
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    computed_tokens: int
+    cost_usd: float
+    saved_tokens: int
+    saved_usd: float
+    saved_usd_prompts_cached: float
+
+
+def gateway_spent(result: Result) -> dict[str, Spent]:
+    rows = {}
+    for where, row in rows_of(result):
+        outcome = field(result, where, row, "outcome", str)
+        rows[outcome] = Spent(outcome, *(field(result, where, row, name, int) for name in (
+            "requests", "prompt_tokens", "cached_tokens", "completion_tokens", "computed_tokens")),
+            field(result, where, row, "cost_usd"), field(result, where, row, "saved_tokens", int),
+            field(result, where, row, "saved_usd"), field(result, where, row, "saved_usd_prompts_cached"))
+    if "hit" not in rows:
+        raise ResultError(f"{result.path}: no row for outcome 'hit'")
+    return rows
+
+
+def money(usd: float) -> str:
+    return f"${usd:.4f}"
+
+
+def gateway_savings(results: Mapping[str, Result]) -> list[str]:
+    result = results["gateway-savings"]
+    spent = gateway_spent(result)
+    prices = context_field(result, "prices_usd_per_million", dict)
+    price = {name: field(result, "context.prices_usd_per_million", prices, name)
+             for name in ("input", "cached_input", "output")}
+    body = [[s.outcome, f"{s.requests:,}", f"{s.prompt_tokens:,} ({s.cached_tokens:,})", f"{s.completion_tokens:,}",
+             f"{s.computed_tokens:,}", money(s.cost_usd), f"{s.saved_tokens:,}",
+             f"{money(s.saved_usd_prompts_cached)}-{money(s.saved_usd)}" if s.saved_tokens else "-"]
+            for s in spent.values()]
+    total_tokens = sum(s.prompt_tokens + s.completion_tokens for s in spent.values())
+    saved = sum(s.saved_tokens for s in spent.values())
+    cost = sum(s.cost_usd for s in spent.values())
+    high = sum(s.saved_usd for s in spent.values())
+    low = sum(s.saved_usd_prompts_cached for s in spent.values())
+    requests = context_field(result, "requests", int)
+    lines = [f"The responses of the load through evocache above ({requests:,} answered in "
+             f"{context_field(result, 'duration_s'):.0f} s), by their `usage`: a hit's counts the tokens vLLM did "
+             "not compute (its prompt, reported as cached, and its completion); a miss's `cached_tokens` are those "
+             "vLLM's own prefix cache supplied. Money at an **illustrative** price table given on the command line "
+             f"(`--price-input`, `--price-cached`, `--price-output`): ${price['input']:g} per million input tokens, "
+             f"${price['cached_input']:g} per million cached input tokens, ${price['output']:g} per million output "
+             f"tokens ({context_field(result, 'prices_note', str)}). A hit's saving is a range: its prompt at the "
+             "cached rate (an upstream whose prefix cache still held it) up to the input rate.", ""]
+    lines += table(["outcome", "requests", "prompt tokens (cached)", "completion tokens", "computed by vLLM",
+                    "cost", "tokens saved", "saved"], body)
+    lines += ["", f"Tokens vLLM did not compute: {saved:,} of {total_tokens:,} ({percent(saved / total_tokens)}); "
+              f"money saved {money(low)}-{money(high)} against {money(cost)} spent on the misses, "
+              f"{money(low / requests * 1000)}-{money(high / requests * 1000)} per 1,000 requests of this mix.", ""]
+    return [*lines, *provenance(result)]
 
 
 # -- the KV prefix cache -----------------------------------------------------------------------------------
@@ -1244,6 +1495,10 @@ SECTIONS = (
     Section("Serving: the miss path", serving_miss),
     Section("Serving: prefix-affinity routing", serving_affinity),
     Section("Serving: sustained load", serving_load),
+    Section("Gateway: an exact hit in front of vLLM", gateway_hit),
+    Section("Gateway: the miss path in front of vLLM", gateway_miss),
+    Section("Gateway: sustained load in front of vLLM", gateway_load),
+    Section("Gateway: tokens and money saved", gateway_savings),
     Section("KV cache: time to first token", kv_ttft),
     Section("KV cache: chunk reuse", kv_chunks),
     Section("KV cache: routing and eviction on the Mooncake trace", kv_routing),
@@ -1264,8 +1519,8 @@ why the mechanisms are built as they are is on the design pages: [semantic cachi
 [eviction](eviction.md), [replay](replay.md), [serving](serving.md), [the KV cache](kv.md). To measure again
 (tens of minutes on two cores) and regenerate this page and the README's headline table:
 
-    make bench bench-eviction bench-semantic bench-semantic-generalisation bench-serving bench-kv bench-loop
-    make bench-report
+    make bench bench-eviction bench-semantic bench-semantic-generalisation bench-serving bench-gateway bench-kv
+    make bench-loop bench-report
 """
 
 
@@ -1382,6 +1637,28 @@ def headline(results: Mapping[str, Result]) -> str:
                  f"{load.errors} errors, {load.throughput:.0f} req/s, p99 {load.p99:.0f} ms; replica RSS "
                  f"{max(g for *_, g in load.rss) * 100:+.1f} % after the first "
                  f"{context_field(results['serving-load'], 'warm_up_s'):g} s", link("Serving: sustained load")])
+
+    gateway = compared_rows(results["gateway-hit"], ["hit_vs_echo", "hit_vs_vllm"], untargeted=["hit_vs_vllm"])
+    echo, computed = gateway["hit_vs_echo"], gateway["hit_vs_vllm"]
+    body.append(["Exact hit through `evocache serve --upstream` in front of vLLM, p50, against a bare echo server "
+                 "returning the same body, and against vLLM computing the answer",
+                 f"{echo.ours[0]:.1f} ms: {echo.ratio_p50:.1f}× the echo server ({echo.theirs[0]:.2f} ms); vLLM "
+                 f"{computed.theirs[0]:.0f} ms", link("Gateway: an exact hit in front of vLLM")])
+    miss = compared_rows(results["gateway-miss"], ["miss_vs_vllm"])["miss_vs_vllm"]
+    body.append(["Miss path through `evocache serve --upstream` against straight to vLLM, p50",
+                 f"{(miss.ratio_p50 - 1) * 100:+.1f} % ({miss.ours[0]:.0f} ms against {miss.theirs[0]:.0f} ms)",
+                 link("Gateway: the miss path in front of vLLM")])
+    loads = gateway_loads(results["gateway-load"])
+    ours, theirs = loads["evocache"], loads["vllm"]
+    spent = gateway_spent(results["gateway-savings"])
+    saved = sum(s.saved_tokens for s in spent.values())
+    total = sum(s.prompt_tokens + s.completion_tokens for s in spent.values())
+    load_s = context_field(results["gateway-load"], "load_s")
+    body.append([f"{ours.clients} clients for {load_s:g} s through `evocache serve --upstream`, half repeats",
+                 f"{ours.requests:,} requests, {ours.errors} errors, {ours.throughput:.1f} req/s (straight to vLLM "
+                 f"{theirs.throughput:.1f}); hits p99 {_p99(ours.hit)} ms, misses p99 {_p99(ours.miss, '.0f')} ms; "
+                 f"{percent(saved / total)} of the tokens not computed by vLLM",
+                 link("Gateway: sustained load in front of vLLM")])
 
     ttft = results["kv-ttft"]
     cases = ttft_rows(ttft)

@@ -50,6 +50,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from _timing import compared, interleaved, latency, quantile  # bench/_timing.py, beside this script
+
 BENCH = Path(__file__).resolve().parent
 TRACE = BENCH / "data" / "mooncake_synthetic_trace.jsonl"
 MODEL_ID = "bench"
@@ -71,51 +73,6 @@ rules:
 """
 TARGETS = {"hit_p50_ratio": 1.2, "miss_p50_ratio": 1.05, "affinity_share_ratio": 1.5}
 PARTS = {"a": "serving-hit", "b": "serving-miss", "c": "serving-affinity", "d": "serving-load"}
-
-
-# -- figures -----------------------------------------------------------------------------------------------
-
-
-def quantile(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile of ``values`` (linear between order statistics)."""
-    ordered = sorted(values)
-    if not ordered:
-        raise ValueError("no values")
-    at = q * (len(ordered) - 1)
-    low = int(at)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
-
-
-def latency(samples_s: Sequence[float]) -> dict[str, float]:
-    return {"p50_ms": quantile(samples_s, 0.5) * 1e3, "p99_ms": quantile(samples_s, 0.99) * 1e3}
-
-
-def compared(name: str, path: str, evocache_s: list[float], baseline_s: list[float], baseline: str,
-             target: float) -> dict[str, Any]:
-    ours, theirs = latency(evocache_s), latency(baseline_s)
-    return {"comparison": name, "path": path, "baseline": baseline, "samples": len(evocache_s),
-            "evocache_p50_ms": ours["p50_ms"], "evocache_p99_ms": ours["p99_ms"],
-            "baseline_p50_ms": theirs["p50_ms"], "baseline_p99_ms": theirs["p99_ms"],
-            "ratio_p50": ours["p50_ms"] / theirs["p50_ms"], "ratio_p99": ours["p99_ms"] / theirs["p99_ms"],
-            "target_p50_ratio": target}
-
-
-def interleaved(sides: dict[str, Callable[[], object]], rounds: int,
-                per_round: int) -> dict[str, list[float]]:
-    """Seconds per call of each side over ``rounds`` rounds of ``per_round`` calls, the sides' order rotating
-    from round to round, so a noisy spell of the machine falls on both."""
-    names = list(sides)
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for name in order:
-            call = sides[name]
-            for _ in range(per_round):
-                t0 = time.perf_counter()
-                call()
-                samples[name].append(time.perf_counter() - t0)
-    return samples
 
 
 # -- the applications --------------------------------------------------------------------------------------

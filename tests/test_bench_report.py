@@ -152,6 +152,7 @@ def fixtures() -> dict[str, dict[str, Any]]:
              "target": 1.05},
         ], {"rounds": 21}, ".venv/bin/python bench/overhead.py --results bench/results"),
         **serving_fixtures(),
+        **gateway_fixtures(),
         **kv_fixtures(),
     }
 
@@ -198,6 +199,65 @@ def serving_fixtures() -> dict[str, dict[str, Any]]:
              "rss_growth_max": 5 / 165},
         ], {"replicas": 2, "pool": 256, "fresh_share": 0.5, "warm_up_s": 10.0, "model": "instant",
             "rss_samples": 61, "error_examples": [], "target_rss_growth": 0.1}, command),
+    }
+
+
+def gateway_fixtures() -> dict[str, dict[str, Any]]:
+    command = ".venv/bin/python bench/gateway.py --results bench/results"
+    setup = {"vllm_command": "python -m vllm.entrypoints.openai.api_server --model MODEL_DIR",
+             "serve_command": "evocache serve --upstream http://127.0.0.1:VLLM_PORT/v1 --tokenizer MODEL_DIR",
+             "model": "tiny random-weight Llama", "max_tokens": 64, "temperature": 0, "vllm_start_s": 30.0,
+             "serve_start_s": 30.0}
+    hit = {"comparison": "hit_vs_echo", "path": "http", "baseline": "bare echo server", "samples": 480,
+           "baseline_samples": 480, "evocache_p50_ms": 9.0, "evocache_p99_ms": 18.0, "baseline_p50_ms": 1.5,
+           "baseline_p99_ms": 3.0, "ratio_p50": 6.0, "ratio_p99": 6.0, "target_p50_ratio": 1.2}
+    computed = {**hit, "comparison": "hit_vs_vllm", "baseline": "vLLM straight", "baseline_samples": 60,
+                "baseline_p50_ms": 300.0, "baseline_p99_ms": 600.0, "ratio_p50": 0.03, "ratio_p99": 0.03,
+                "target_p50_ratio": None}
+    miss = {**hit, "comparison": "miss_vs_vllm", "baseline": "vLLM straight", "samples": 80, "baseline_samples": 80,
+            "evocache_p50_ms": 315.0, "evocache_p99_ms": 700.0, "baseline_p50_ms": 300.0, "baseline_p99_ms": 650.0,
+            "ratio_p50": 1.05, "ratio_p99": 700 / 650, "target_p50_ratio": 1.05,
+            "evocache_prompt_tokens": [170], "evocache_cached_tokens": [0, 128], "evocache_completion_tokens": [64],
+            "baseline_prompt_tokens": [170], "baseline_cached_tokens": [128], "baseline_completion_tokens": [64]}
+
+    def load(target: str, requests: int, hits: int, hit: tuple[float, float] | None,
+             running: tuple[float, float]) -> dict[str, Any]:
+        row = {"target": target, "duration_s": 62.0, "clients": 32, "requests": requests, "errors": 0,
+               "ok": requests, "throughput_rps": requests / 62.0, "outcomes": {"miss": requests - hits},
+               "completion_tokens_per_s": requests * 64 / 62.0, "max_in_flight": 32, "p50_ms": 900.0,
+               "p99_ms": 3000.0, "miss_p50_ms": 1800.0, "miss_p99_ms": 3000.0, "vllm_running_mean": running[0],
+               "vllm_running_max": running[1], "vllm_waiting_max": 0.0}
+        if hit is not None:
+            row |= {"outcomes": {"miss": requests - hits, "hit": hits}, "hit_p50_ms": hit[0], "hit_p99_ms": hit[1]}
+        return row
+
+    ours = load("evocache", 1200, 600, (20.0, 80.0), (7.5, 8.0)) | {
+        "rss": {"start_mb": 2400.0, "warm_mb": 2450.0, "end_mb": 2460.0, "peak_mb": 2470.0, "processes": 14},
+        "probe": {"interval_s": 0.1, "samples": 300, "errors": 0, "evocache_p50_ms": 12.0, "evocache_p99_ms": 90.0,
+                  "echo_p50_ms": 1.2, "echo_p99_ms": 30.0},
+        "hit_lookup": {"events": 900, "p50_ms": 0.3, "p99_ms": 2.5}}
+    return {
+        "gateway-hit": _doc("gateway-hit", [hit, computed], {
+            **setup, "rounds": 12, "per_round": {"evocache": 40, "echo": 40, "vllm": 5}, "prompt_tokens": 170,
+            "completion_tokens": 64, "body_bytes": 721, "tiers": {"l1": 480}, "answered_by": "ingress",
+            "target_p50_ratio": 1.2}, command),
+        "gateway-miss": _doc("gateway-miss", [miss], {**setup, "rounds": 40, "per_round": 2,
+                                                      "streamed_upstream": True}, command),
+        "gateway-load": _doc("gateway-load", [ours, load("vllm", 2000, 0, None, (28.0, 32.0))], {
+            **setup, "load_s": 60.0, "repeat_share": 0.5, "warm_up_s": 10.0, "order": "through evocache, then straight to vLLM",
+            "error_examples": [], "probe_error_examples": [], "rss_samples": 61,
+            "vllm_rss_mb": {"start_mb": 1650.0, "end_mb": 1700.0}, "target_hit_p99_ms": 50.0, "target_errors": 0},
+            command),
+        "gateway-savings": _doc("gateway-savings", [
+            {"outcome": "hit", "requests": 600, "prompt_tokens": 102000, "cached_tokens": 102000,
+             "completion_tokens": 38400, "computed_tokens": 0, "cost_usd": 0.0, "saved_tokens": 140400,
+             "saved_usd": 0.1086, "saved_usd_prompts_cached": 0.0627},
+            {"outcome": "miss", "requests": 600, "prompt_tokens": 102000, "cached_tokens": 76800,
+             "completion_tokens": 38400, "computed_tokens": 63600, "cost_usd": 0.0740, "saved_tokens": 0,
+             "saved_usd": 0.0, "saved_usd_prompts_cached": 0.0},
+        ], {"prices_usd_per_million": {"input": 0.5, "cached_input": 0.05, "output": 1.5},
+            "prices_note": "illustrative, given on the command line; not any provider's", "duration_s": 62.0,
+            "requests": 1200}, command),
     }
 
 
@@ -307,6 +367,10 @@ def test_the_headline_quotes_the_figures_of_the_result_files(tmp_path: Path, rep
         "+2.0 % (52.0 ms against 51.0 ms)",
         "0.90 against 0.50 (1.80×)",
         "9,000 requests, 0 errors, 150 req/s, p99 400 ms; replica RSS +3.0 % after the first 10 s",
+        "9.0 ms: 6.0× the echo server (1.50 ms); vLLM 300 ms",
+        "+5.0 % (315 ms against 300 ms)",
+        "1,200 requests, 0 errors, 19.4 req/s (straight to vLLM 32.3); hits p99 80.0 ms, misses p99 3000 ms; "
+        "50.0 % of the tokens not computed by vLLM",  # (102,000 + 38,400) of 2 * 140,400
         "5.56× from L1, 4.00× from Redis (L2) prefetched while queued, 75.0 % of its load hidden (cold 1000 ms)",
         "0.250 against 0.150 (1.67×)",
         "14.6 M accesses per minute",
