@@ -9,7 +9,7 @@ Layout (little endian)::
     created_at               f64
     saved_ms                 f64
     sliding_ttl              f64      (0.0 when absent)
-    saved_tokens             f64      (an integer count)
+    saved_tokens             u64
     saved_cost               f64
     rule length              u16
     rule                     UTF-8
@@ -46,7 +46,7 @@ MIN_SECRET_BYTES = 16
 """The shortest deployment secret accepted: 128 bits."""
 
 # Fixed part of the header; the rule and the payload follow it, the digest closes the blob.
-_HEAD = struct.Struct("<3sBBddddddH")
+_HEAD = struct.Struct("<3sBBddddQdH")
 _HAS_EXPIRY = 0x01
 _HAS_SLIDING = 0x02
 _KNOWN_FLAGS = _HAS_EXPIRY | _HAS_SLIDING
@@ -142,14 +142,16 @@ class EntryCodec:
     def encode(self, ns: Namespace, key: CacheKey, entry: Entry) -> bytes:
         """The signed blob of ``entry`` as stored under ``(ns, key)``.
 
-        Raises ``ValueError`` for a rule name over 65535 UTF-8 bytes, ``TypeError`` for a value that is not
-        bytes.
+        Raises ``ValueError`` for a rule name over 65535 UTF-8 bytes or ``saved_tokens`` outside 0 to 2**64 - 1,
+        ``TypeError`` for a value that is not bytes.
         """
         if not isinstance(entry.value, bytes | bytearray):
             raise TypeError(f"Entry.value must be bytes, not {type(entry.value).__name__}")
         rule = entry.rule.encode()
         if len(rule) > _MAX_RULE:
             raise ValueError(f"rule name is {len(rule)} bytes; at most {_MAX_RULE} fit the header")
+        if not 0 <= entry.saved_tokens < 1 << 64:
+            raise ValueError(f"saved_tokens {entry.saved_tokens} is outside 0 to 2**64 - 1")
         flags = (_HAS_EXPIRY if entry.expires_at is not None else 0) | (
             _HAS_SLIDING if entry.sliding_ttl is not None else 0
         )
@@ -161,7 +163,7 @@ class EntryCodec:
             entry.created_at,
             entry.saved_ms,
             0.0 if entry.sliding_ttl is None else entry.sliding_ttl,
-            float(entry.saved_tokens),
+            entry.saved_tokens,
             entry.saved_cost,
             len(rule),
         )
@@ -206,6 +208,6 @@ class EntryCodec:
             rule,
             saved_ms,
             sliding_ttl if flags & _HAS_SLIDING else None,
-            int(saved_tokens),
+            saved_tokens,
             saved_cost,
         ))

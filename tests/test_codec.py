@@ -41,6 +41,8 @@ entries = st.builds(
     rule=st.text(max_size=40),
     saved_ms=finite,
     sliding_ttl=st.none() | finite,
+    saved_tokens=st.integers(0, 2**64 - 1),
+    saved_cost=finite,
 )
 
 
