@@ -181,3 +181,16 @@ def test_the_configuration_names_its_bad_fields() -> None:
         "kv_connector_extra_config.disk.path: Field required",
         "kv_connector_extra_config.l1_bytes: Input should be greater than 0",
     ]
+
+
+def test_blocks_round_trip_through_redis_for_a_fresh_store(redis_url: str) -> None:
+    hashes, blocks = chain(2), [block(i) for i in range(2)]
+    cfg = config(redis={"url": redis_url})
+    store, _ = store_for(cfg)
+    store.put(list(zip(hashes, blocks, strict=True)))
+    store.flush()
+    store.close()
+    fresh, counters = store_for(cfg)
+    loaded = fresh.load(hashes)
+    assert loaded.tiers == ("l2", "l2") and all(map(same, loaded.blocks, blocks))
+    assert counters.take() == {"loaded_l2": 2}

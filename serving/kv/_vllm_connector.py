@@ -22,7 +22,9 @@ while a disk or Redis read is in flight; it is not done yet.
 A block that cannot be loaded (gone from L1 and the lower tiers since the scheduler counted it, a payload
 that fails its signature, size or geometry check) is reported through ``get_block_ids_with_load_errors``,
 and vLLM recomputes from the first such block: a request never gets a wrong token and never fails because of
-the cache. This needs ``"kv_load_failure_policy": "recompute"`` (vLLM's default, ``fail``, would fail the
+the cache. The step that found it saves nothing of that request (its forward attended to the block that did
+not load, so what it computed after it is wrong); the worker says so in its report, and the scheduler asks
+for the request's blocks again once vLLM has recomputed them. This needs ``"kv_load_failure_policy": "recompute"`` (vLLM's default, ``fail``, would fail the
 request instead): the connector refuses to start without it.
 
 Processes. vLLM builds two instances of this class: the scheduler's (role ``SCHEDULER``, in the engine
@@ -107,15 +109,19 @@ class EvocacheMetadata(KVConnectorMetadata):
 
 @dataclass
 class EvocacheReport(KVConnectorWorkerMetadata):
-    """What the worker's store changed in a step, for the scheduler's index: blocks it now holds, blocks it
-    no longer holds (evicted with no lower tier, or found missing or corrupt at a load)."""
+    """What the worker's store changed in a step, for the scheduler: blocks it now holds, blocks it no longer
+    holds (evicted with no lower tier, or found missing or corrupt at a load), and the requests whose blocks
+    it did not save because one of their loads failed (the scheduler asks for them again once vLLM has
+    recomputed them)."""
 
     stored: tuple[bytes, ...] = ()
     dropped: tuple[bytes, ...] = ()
+    unsaved: tuple[str, ...] = ()
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         assert isinstance(other, EvocacheReport)
-        return EvocacheReport(self.stored + other.stored, self.dropped + other.dropped)
+        return EvocacheReport(self.stored + other.stored, self.dropped + other.dropped,
+                              self.unsaved + other.unsaved)
 
 
 @dataclass
@@ -204,6 +210,7 @@ class EvocacheConnector(KVConnectorBase_V1):
             self._layers: list[torch.Tensor] = []
             self._load_errors: set[int] = set()
             self._missing: list[bytes] = []
+            self._failed: set[str] = set()  # requests with a failed load in this step
         log.info("evocache KV connector (%s): namespace %s, L1 %d bytes, lower tiers %s", role.name,
                  self.namespace, self.config.l1_bytes, sorted(tiers) or "none")
 
@@ -288,6 +295,8 @@ class EvocacheConnector(KVConnectorBase_V1):
         if isinstance(report, EvocacheReport):
             self.index.discard([BlockHash(h) for h in report.dropped])
             self.index.add([BlockHash(h) for h in report.stored])
+            for req_id in report.unsaved:
+                self._saved.pop(req_id, None)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         req_id = request.request_id
@@ -321,6 +330,7 @@ class EvocacheConnector(KVConnectorBase_V1):
                 self._write_block(block_id, block)
             failed = transfer.block_ids[len(loaded.blocks):]
             if failed:
+                self._failed.add(transfer.req_id)
                 self._load_errors.update(failed)
                 self._missing += transfer.hashes[len(loaded.blocks):]
                 self.counters.add("load_errors", len(failed))
@@ -349,6 +359,10 @@ class EvocacheConnector(KVConnectorBase_V1):
         assert isinstance(meta, EvocacheMetadata) and self.store is not None
         g = self.geometry
         for transfer in meta.saves:
+            if transfer.req_id in self._failed:
+                # This step's forward attended to blocks that did not load: what it computed after them is
+                # wrong, and vLLM computes it again. Nothing of the request is saved until then.
+                continue
             ids = torch.tensor(transfer.block_ids, dtype=torch.long)
             per_layer = [cache.index_select(0, ids).view(len(ids), g.kv_heads, 2 * g.block_size, g.head_dim)
                          for cache in self._layers]
@@ -368,10 +382,11 @@ class EvocacheConnector(KVConnectorBase_V1):
             return None
         stored, dropped = self.store.take_report()
         dropped = (*dropped, *self._missing)
-        self._missing = []
-        if not stored and not dropped:
+        unsaved = tuple(self._failed)
+        self._missing, self._failed = [], set()
+        if not stored and not dropped and not unsaved:
             return None
-        return EvocacheReport(tuple(bytes(h) for h in stored), tuple(bytes(h) for h in dropped))
+        return EvocacheReport(tuple(bytes(h) for h in stored), tuple(bytes(h) for h in dropped), unsaved)
 
     def shutdown(self) -> None:
         if self._role is KVConnectorRole.WORKER and self.store is not None:
