@@ -28,6 +28,7 @@ import hmac
 import json
 import logging
 import os
+import queue
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
@@ -42,6 +43,15 @@ log = logging.getLogger("evocache.serving")
 SHARED_SALT_VALUE = "evocache-shared"  # the salt a rule with kv.shared_prefixes sends: every tenant's alike
 END = "end"  # the key of the last structured piece: the answer's finish reason and usage
 _DONE = object()
+
+
+class _Ended:
+    """A stream's failure, handed from the client's loop to the reader."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
 # Response fields that say nothing about the answer, dropped from each piece (they differ call to call).
 _QUIET_DELTA = frozenset({"role"})
 
@@ -208,23 +218,48 @@ class UpstreamClient:
             raise BadGateway(f"the upstream could not be reached ({type(exc).__name__}: {exc})") from exc
 
     def events(self, path: str, body: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
-        """The JSON events of a streamed ``POST path`` (``chat/completions`` or ``completions``), one per
-        ``next``; closing the iterator closes the upstream request."""
-        stream = self._events(path, body)
+        """The JSON events of a streamed ``POST path`` (``chat/completions`` or ``completions``). A task on the
+        client's loop reads the stream into a queue this iterator takes from, so an event costs the reader one
+        queue hand-off, not a round trip to the loop; closing the iterator cancels the task, which closes the
+        upstream request."""
+        handoff: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+        async def read() -> None:
+            try:
+                async for event in self._events(path, body):
+                    handoff.put(event)
+                handoff.put(_DONE)
+            except BaseException as exc:  # noqa: BLE001 - every end, a cancellation included, reaches the reader
+                handoff.put(_Ended(self._mapped(exc)))
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+
+        task = asyncio.run_coroutine_threadsafe(read(), self._loop)
         ended = False
         try:
             while True:
-                event = self._run(self._guard(anext(stream, _DONE)))
-                if event is _DONE:
+                item = handoff.get()
+                if item is _DONE:
                     ended = True
                     return
-                yield event
+                if type(item) is _Ended:
+                    ended = True
+                    raise item.error
+                yield item
         finally:
             if not ended:
-                try:
-                    self._run(stream.aclose(), timeout=self.config.connect_timeout_s)
-                except Exception as exc:  # noqa: BLE001 - the connection is dropped either way
-                    log.info("closing an upstream stream: %s: %s", type(exc).__name__, exc)
+                task.cancel()  # the reader stops; its stream and the upstream request close
+
+    def _mapped(self, exc: BaseException) -> BaseException:
+        """A stream's failure as the API's: a timeout a 504, a transport failure a 502, an ``ApiError`` itself."""
+        httpx = self._httpx
+        if isinstance(exc, httpx.TimeoutException):
+            self._count("timeout")
+            return GatewayTimeout(f"the upstream did not answer in time ({type(exc).__name__})")
+        if isinstance(exc, httpx.HTTPError):
+            self._count("transport")
+            return BadGateway(f"the upstream could not be reached ({type(exc).__name__}: {exc})")
+        return exc
 
     async def _events(self, path: str, body: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
         httpx = self._httpx
