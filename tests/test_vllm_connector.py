@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -80,13 +80,16 @@ def disk(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def server(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory, disk: Path) -> Iterator[callable]:
+def server(
+    tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory, disk: Path
+) -> Iterator[Callable[..., VllmEndpoint]]:
     """Starts vLLM with the connector on the module's disk tier; stops what it started after the test."""
     started: list[VllmServer] = []
 
     def start(*extra: str) -> VllmEndpoint:
         # a short working directory: vLLM's IPC socket paths under it must fit in 107 bytes
-        s = VllmServer(tiny_llama_dir, tmp_path_factory.mktemp("vc"), extra_args=(*connector_args(disk), *extra))
+        s = VllmServer(tiny_llama_dir, tmp_path_factory.mktemp("vc"),
+                       extra_args=(*connector_args(disk), *extra))
         started.append(s)
         try:
             s.start()

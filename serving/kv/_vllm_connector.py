@@ -24,8 +24,9 @@ that fails its signature, size or geometry check) is reported through ``get_bloc
 and vLLM recomputes from the first such block: a request never gets a wrong token and never fails because of
 the cache. The step that found it saves nothing of that request (its forward attended to the block that did
 not load, so what it computed after it is wrong); the worker says so in its report, and the scheduler asks
-for the request's blocks again once vLLM has recomputed them. This needs ``"kv_load_failure_policy": "recompute"`` (vLLM's default, ``fail``, would fail the
-request instead): the connector refuses to start without it.
+for the request's blocks again once vLLM has recomputed them. This needs ``"kv_load_failure_policy":
+"recompute"`` (vLLM's default, ``fail``, would fail the request instead): the connector refuses to start
+without it.
 
 Processes. vLLM builds two instances of this class: the scheduler's (role ``SCHEDULER``, in the engine
 process) and the worker's (role ``WORKER``, in the worker process; the same process when
@@ -166,14 +167,15 @@ class EvocacheConnector(KVConnectorBase_V1):
     """The connector (module docstring). Built by vLLM, once per role; configured by
     ``kv_connector_extra_config`` (``_vllm_store.ConnectorConfig``)."""
 
-    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
+                 kv_cache_config: KVCacheConfig) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         transfer = self._kv_transfer_config
         if transfer.kv_load_failure_policy != "recompute":
             raise ValueError(
                 "EvocacheConnector needs \"kv_load_failure_policy\": \"recompute\" in --kv-transfer-config: "
-                "with vLLM's default, \"fail\", a block that fails its checks would fail the request instead of "
-                "being recomputed")
+                "with vLLM's default, \"fail\", a block that fails its checks would fail the request "
+                "instead of being recomputed")
         self.config = ConnectorConfig.parse(transfer.kv_connector_extra_config or {})
         groups = kv_cache_config.kv_cache_groups
         if len(groups) != 1:
@@ -185,8 +187,8 @@ class EvocacheConnector(KVConnectorBase_V1):
             raise ValueError(f"block size {self.block_size} is not a multiple of the hash block size "
                              f"{self.hash_block_size}")
         self.layer_names = list(groups[0].layer_names)
-        self.geometry = BlockGeometry(len(self.layer_names), spec.num_kv_heads, spec.head_size, self.block_size,
-                                      str(spec.dtype).removeprefix("torch."))
+        self.geometry = BlockGeometry(len(self.layer_names), spec.num_kv_heads, spec.head_size,
+                                      self.block_size, str(spec.dtype).removeprefix("torch."))
         model = vllm_config.model_config
         self.namespace = model_namespace({
             "model": str(model.model), "revision": str(model.revision or ""), "dtype": self.geometry.dtype,
@@ -242,7 +244,8 @@ class EvocacheConnector(KVConnectorBase_V1):
         hashes = request.block_hashes
         return [hashes[i] for i in range(step - 1, len(hashes), step)]
 
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(self, request: Request,
+                                   num_computed_tokens: int) -> tuple[int | None, bool]:
         hashes = self._hashes(request)
         # Never the block with the last token: vLLM computes at least one token of a prompt.
         usable = min(len(hashes), (request.num_tokens - 1) // self.block_size)
@@ -255,7 +258,8 @@ class EvocacheConnector(KVConnectorBase_V1):
         self._asked[request.request_id] = start
         return run * self.block_size, False
 
-    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
+                                 num_external_tokens: int) -> None:
         req_id = request.request_id
         self._requests[req_id] = request
         start = self._asked.pop(req_id, None)
@@ -347,7 +351,8 @@ class EvocacheConnector(KVConnectorBase_V1):
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # every load was done whole in start_load_kv, before the forward
 
-    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any,
+                      **kwargs: Any) -> None:
         # Blocks are copied once per step, in wait_for_save, from every layer at once: on the CPU a copy
         # gains nothing from overlapping the forward's later layers.
         return

@@ -55,7 +55,7 @@ log = logging.getLogger("evocache.serving.kv.vllm")
 MiB = 1 << 20
 EVENTS = ("lookups", "matched_blocks", "probed_l2", "probed_l3", "loaded_l1", "loaded_l2", "loaded_l3",
           "load_errors", "stored", "evicted", "corrupt", "tier_faults", "tier_errors")
-"""What the connector counts (``Counters``), each a number of blocks but ``lookups`` (requests asked about)."""
+"""What the connector counts (``Counters``): numbers of blocks, but ``lookups`` (requests asked about)."""
 
 
 class ConnectorConfig(BaseModel):
@@ -173,7 +173,8 @@ class BlockStore:
         self.counters = counters
         self.lower = LowerTiers(dict(tiers), geometry, layer_group=config.layer_group, ttl_s=config.ttl_s,
                                 device="cpu")
-        self.l1 = DeviceBlocks(config.l1_bytes, geometry.block_bytes(), config.eviction, on_evict=self._evicted)
+        self.l1 = DeviceBlocks(config.l1_bytes, geometry.block_bytes(), config.eviction,
+                               on_evict=self._evicted)
         self._report_lock = threading.Lock()
         self._stored: list[BlockHash] = []
         self._dropped: list[BlockHash] = []
