@@ -22,19 +22,9 @@ import pytest
 from _helpers import eventually
 from _serving_fixtures import KEYS, UvicornThread, serve, write_keys
 
-from evocache.controller import EventsConfig, StoreConfig
-from evocache.serving import (
-    Api,
-    FileKeyStore,
-    Limits,
-    LocalBackend,
-    ModelConfig,
-    ModelServer,
-    ServerSpec,
-    build_fastapi,
-)
+from evocache.serving import Api, FileKeyStore, Limits, build_fastapi
 from evocache.serving._ingress import request_timeout
-from evocache.serving._model import ByteTokenizer, CallableGenerator
+from evocache.serving._model import ByteTokenizer
 
 ACME = next(iter(KEYS))
 LONG = 1000  # max_tokens of a generation the tests never let finish
