@@ -76,7 +76,12 @@ def test_a_chunked_body_past_the_limit_stops_being_read_and_the_connection_is_cl
     sock.sendall(head)
     for _ in range(6):  # 6 KiB in chunks, past the 4 KiB the server reads
         sock.sendall(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
-    received, closed = _answer(sock)
+    try:
+        received, closed = _answer(sock)
+    except ConnectionResetError:
+        # The server closed with our unread chunks in its buffer, so its kernel reset the connection, which
+        # can drop the 400 it sent before we read it: closed all the same, and the rest never read.
+        return
     assert received.startswith(b"HTTP/1.1 400 ") and b"more than the 4096 bytes allowed" in received
     assert closed
 
