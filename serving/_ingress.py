@@ -40,7 +40,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from fastapi import FastAPI, Request
@@ -398,7 +398,7 @@ def build_fastapi(api: Api) -> FastAPI:
         arrived = time.monotonic()
         try:
             tenant = authenticate(api.keys, authorization_header(request.headers.getlist("authorization")))
-            _json_body(request.headers.getlist("content-type"))
+            _json_body(request.headers.getlist("content-type"), request.headers.getlist("content-encoding"))
             if api.limiter is not None:
                 api.limiter.acquire(tenant.id)
             body = await _read_body(request, api.limits)
@@ -571,9 +571,12 @@ def request_timeout(values: list[str], limits: Limits) -> float:
     return min(seconds, limits.request_timeout_s)
 
 
-def _json_body(content_types: list[str]) -> None:
+def _json_body(content_types: list[str], encodings: Sequence[str] = ()) -> None:
     """Returns when the body is declared JSON: one ``Content-Type`` of ``application/json``, with no parameter
-    but ``charset=utf-8`` (the only encoding read); ``UnsupportedMediaType`` otherwise."""
+    but ``charset=utf-8`` (the only encoding read), and no ``Content-Encoding`` but ``identity`` (a compressed
+    body is not decoded); ``UnsupportedMediaType`` otherwise."""
+    if any(part.strip().lower() not in ("identity", "") for value in encodings for part in value.split(",")):
+        raise UnsupportedMediaType("Content-Encoding: send the body uncompressed", "Content-Encoding")
     if len(content_types) != 1:
         raise UnsupportedMediaType("Content-Type: send one, application/json", "Content-Type")
     media, *parameters = (part.strip().lower() for part in content_types[0].split(";"))

@@ -402,7 +402,11 @@ def _decode(body: bytes) -> Any:
     """The JSON document in ``body``, with NaN, Infinity, numbers beyond a double and integers beyond 64 bits
     left as ``_Unfit`` (``json.loads`` would take them, and the first two are not JSON)."""
     try:
-        return json.loads(body, parse_constant=_constant, parse_float=_float, parse_int=_int)
+        text = body.decode("utf-8")  # json.loads would also guess UTF-16 and UTF-32; only UTF-8 is read
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"request body is not UTF-8 text (byte {exc.start})") from None
+    try:
+        return json.loads(text, parse_constant=_constant, parse_float=_float, parse_int=_int)
     except (ValueError, RecursionError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from exc
 

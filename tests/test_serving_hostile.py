@@ -550,3 +550,13 @@ def test_the_hugging_face_model_refuses_ids_beyond_its_vocabulary_and_prompts_be
                                       "temperature": 0})
     assert tiny.status_code == greedy.status_code == 200
     assert tiny.json()["choices"][0]["text"] == greedy.json()["choices"][0]["text"]
+
+
+def test_a_compressed_or_non_utf8_body_is_refused_by_name(make_api):
+    api = make_api()
+    gzip = _post(api, COMPLETIONS, completion(temperature=0), AUTH | JSON | {"content-encoding": "gzip"})
+    assert _openai_error(gzip, 415, "Content-Encoding")["code"] == "unsupported_media_type"
+    plain = _post(api, COMPLETIONS, completion(temperature=0), AUTH | JSON | {"content-encoding": "identity"})
+    assert plain.status_code == 200
+    utf16 = _post(api, COMPLETIONS, completion(temperature=0).decode().encode("utf-16"), AUTH | JSON)
+    assert utf16.status_code == 400 and "not UTF-8" in utf16.json()["error"]["message"]
