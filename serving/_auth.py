@@ -118,7 +118,7 @@ class _FileRecord(_Record):
 class _KeyFile(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    keys: list[_FileRecord] = pydantic.Field(min_length=1)  # a file no key can use serves nobody
+    keys: list[_FileRecord]
 
 
 def _yaml_document(path: Path, data: bytes) -> tuple[Any, yaml.Node | None]:

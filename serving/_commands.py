@@ -224,9 +224,11 @@ def _check_key_file(config: Any, option: str) -> None:
     if config.api_keys.file is None:
         return
     try:
-        FileKeyStore.load(config.api_keys.file)
+        store = FileKeyStore.load(config.api_keys.file)
     except ServingConfigError as exc:
         raise usage(option, str(exc)) from None
+    if not store.table:  # a server no key can use serves nobody
+        raise usage(option, f"{config.api_keys.file}: lists no key; a server no key can use serves nobody")
 
 
 def _apply_policy(config: Any, policy_file: Path | None) -> str | None:

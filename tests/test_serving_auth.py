@@ -100,7 +100,6 @@ def test_a_group_or_world_writable_key_file_is_refused(tmp_path, mode):
         ("- just a list", r"\(document\): Input should be a valid dictionary"),
         ("keys: [{key: k, tenant: !!python/object:os.system a}]", "not valid YAML or JSON"),
         ("keys: [unclosed", "not valid YAML or JSON"),
-        ("keys: []", "keys: List should have at least 1 item"),  # a file no key can use serves nobody
     ],
 )
 def test_an_invalid_key_file_names_the_place(tmp_path, text, match):
