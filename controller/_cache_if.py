@@ -68,7 +68,7 @@ from ._events import INCOMPLETE, SCHEMA_VERSION
 from ._keys import template_hash
 from evocache.dsl import CLIENT_CONTROLS
 
-from ._control import NO_STORE, REFRESH, current_control
+from ._control import NO_STORE, REFRESH, CacheControl, current_control
 from ._outcome import COALESCED, AsyncCallStream, Called, CallHandle, CallOutcome, CallStream, next_call_number
 from ._metrics import LATENCY_BUCKETS
 from ._runtime import CacheRuntime, StoreConfig, build_runtime, current_runtime
@@ -621,12 +621,14 @@ class CachedFunction:
                       semantic=outcome.explanation)
         return False, None, outcome.learning
 
-    def _read_neighbour(self, rt: CacheRuntime, plan: Plan, key: CacheKey) -> Served | None:
-        """A semantic neighbour's entry, read and decoded like an exact hit; None if gone (an undecodable one
-        is dropped and counted)."""
+    def _read_neighbour(self, rt: CacheRuntime, plan: Plan, key: CacheKey,
+                        max_age: float | None = None) -> Served | None:
+        """An entry in the plan's tiers (a semantic neighbour's, or the call's own for ``lookup``), read and
+        decoded like an exact hit; None if gone or older than ``max_age`` (an undecodable one is dropped and
+        counted)."""
         found = rt.store.get(plan.ns, key, plan.tiers)
         entry = found.entry
-        if entry is None:
+        if entry is None or (max_age is not None and rt.clock() - entry.created_at > max_age):
             return None
         try:
             value = self._decode(entry.value)
@@ -761,10 +763,7 @@ class CachedFunction:
                     return False, value
                 plan = safe
             learning = None
-            control = current_control.get()
-            if control is not None:
-                control = control.within(plan.decision.client_controls if plan.decision is not None
-                                         else CLIENT_CONTROLS)
+            control = _control_for(plan)
             ttl = None if control is None or control.ttl_s is None else min(plan.ttl, control.ttl_s)
             if control is not None and control.no_cache and refresh_epoch is None:
                 refresh_epoch = self._invalidate_slot(plan.slot)
@@ -1083,31 +1082,19 @@ class CachedFunction:
         tripped = rt.slo.tripped
         if tripped and (plan.rule in tripped or plan.tenant_rule in tripped):
             return None
-        control = current_control.get()
-        if control is not None:
-            control = control.within(plan.decision.client_controls if plan.decision is not None
-                                     else CLIENT_CONTROLS)
-            if control is not None and control.no_cache:
-                return None
-        found = rt.store.get(plan.ns, plan.key, plan.tiers)
-        entry = found.entry
-        if entry is None or (control is not None and control.max_age_s is not None
-                             and rt.clock() - entry.created_at > control.max_age_s):
+        control = _control_for(plan)
+        if control is not None and control.no_cache:
             return None
-        try:
-            value = self._decode(entry.value)
-        except ValueError as exc:
-            log.warning("%s: undecodable payload in %s dropped: %s", self.identity, found.tier, exc)
-            rt.metrics.tier_fault(found.tier or "", "undecodable")
-            rt.store.delete(plan.ns, [plan.key])
+        served = self._read_neighbour(rt, plan, plan.key, control.max_age_s if control is not None else None)
+        if served is None:
             return None
         handle = CallHandle()
         self.counters.hits += 1
-        self._decided(rt, plan, handle, "hit", found.tier, len(entry.value), time.perf_counter() - started,
-                      entry.saved_ms, saved=(entry.saved_tokens, entry.saved_cost, entry.saved_cost))
+        self._decided(rt, plan, handle, "hit", served.tier, served.size, time.perf_counter() - started,
+                      served.saved_ms, saved=served.saved)
         self._finish(rt, handle)
         assert handle.outcome is not None  # _finish finished it
-        return Called(value, handle.outcome)
+        return Called(served.value, handle.outcome)
 
     # -- per-call controls -------------------------------------------------------------------------------
 
@@ -1173,6 +1160,14 @@ class CachedFunction:
         if self.kind == "async":
             return _value_of(self._await(rt, steps, handle, args, kwargs))
         return self._call(steps, handle, args, kwargs)
+
+
+def _control_for(plan: Plan) -> CacheControl | None:
+    """The caller's directives for this call (``cache_control``), less those its rule does not allow."""
+    control = current_control.get()
+    if control is None:
+        return None
+    return control.within(plan.decision.client_controls if plan.decision is not None else CLIENT_CONTROLS)
 
 
 async def _value_of(called: Awaitable[Called]) -> Any:
